@@ -1,0 +1,131 @@
+"""MongoDB store backends: sync (pymongo) and async (pymongo's AsyncMongoClient or Motor).
+
+Both execute the plans translated in :mod:`docoutbox_mongo.plans` and translate errors
+in :mod:`docoutbox_mongo.errors`; they differ only in ``await``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+import bson
+from pymongo import ASCENDING
+from pymongo.errors import DuplicateKeyError
+
+from docoutbox.document import Document
+from docoutbox.errors import InvalidPayload
+from docoutbox.model import AggregateId
+from docoutbox.plan import CommitPlan, InsertPlan, WritePlan
+from docoutbox_mongo.errors import is_duplicate_id, translated
+from docoutbox_mongo.plans import INDEXES, commit_update, pending_filter, trim_update
+
+MAX_BSON_BYTES = 16 * 1024 * 1024
+
+
+def bson_size(document: Document) -> int:
+    try:
+        return len(bson.encode(document))
+    except (bson.errors.InvalidDocument, OverflowError) as exc:
+        raise InvalidPayload(f"document {document.get('_id')!r} is not BSON: {exc}") from exc
+
+
+def _update_args(plan: WritePlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    return commit_update(plan) if isinstance(plan, CommitPlan) else trim_update(plan)  # type: ignore[arg-type]
+
+
+class MongoBackend:
+    """Aggregate documents in a pymongo ``Collection``."""
+
+    max_document_bytes = MAX_BSON_BYTES
+
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+
+    def document_size(self, document: Document) -> int:
+        return bson_size(document)
+
+    def load(self, aggregate_id: AggregateId) -> Document | None:
+        with translated(aggregate_id):
+            doc: Document | None = self.collection.find_one({"_id": aggregate_id})
+        return doc
+
+    def write(self, plan: WritePlan) -> bool:
+        with translated(plan.aggregate_id):
+            if isinstance(plan, InsertPlan):
+                try:
+                    self.collection.insert_one(plan.document)
+                except DuplicateKeyError as exc:
+                    if not is_duplicate_id(exc):
+                        raise
+                    return False
+                return True
+            query, update = _update_args(plan)
+            return bool(self.collection.update_one(query, update).matched_count == 1)
+
+    def find_pending(
+        self,
+        *,
+        after: AggregateId | None,
+        limit: int,
+        older_than: datetime | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        query = pending_filter(after, older_than, partitions)
+        with translated():
+            return list(self.collection.find(query).sort("_id", ASCENDING).limit(limit))
+
+    def ensure_indexes(self) -> None:
+        with translated():
+            for name, keys in INDEXES:
+                self.collection.create_index(keys, name=name)
+
+
+class AsyncMongoBackend:
+    """Aggregate documents in an async collection: pymongo's ``AsyncCollection`` or Motor's."""
+
+    max_document_bytes = MAX_BSON_BYTES
+
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+
+    def document_size(self, document: Document) -> int:
+        return bson_size(document)
+
+    async def load(self, aggregate_id: AggregateId) -> Document | None:
+        with translated(aggregate_id):
+            doc: Document | None = await self.collection.find_one({"_id": aggregate_id})
+        return doc
+
+    async def write(self, plan: WritePlan) -> bool:
+        with translated(plan.aggregate_id):
+            if isinstance(plan, InsertPlan):
+                try:
+                    await self.collection.insert_one(plan.document)
+                except DuplicateKeyError as exc:
+                    if not is_duplicate_id(exc):
+                        raise
+                    return False
+                return True
+            query, update = _update_args(plan)
+            result = await self.collection.update_one(query, update)
+            return bool(result.matched_count == 1)
+
+    async def find_pending(
+        self,
+        *,
+        after: AggregateId | None,
+        limit: int,
+        older_than: datetime | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        query = pending_filter(after, older_than, partitions)
+        with translated():
+            cursor = self.collection.find(query).sort("_id", ASCENDING).limit(limit)
+            return [doc async for doc in cursor]
+
+    async def ensure_indexes(self) -> None:
+        with translated():
+            for name, keys in INDEXES:
+                await self.collection.create_index(keys, name=name)

@@ -1,0 +1,112 @@
+"""The stored document layout, shared by every store.
+
+::
+
+    { _id, type, version, partition, state: {...},
+      inbox: ["msg-id", ...],                          newest last, bounded
+      inbox_marks: [{source, hw, above: [...]}, ...],  exact de-duplication
+      outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...}],
+      outbox_seq, created_at, updated_at }
+
+Business state lives under one key so that "set the state" is a single operation on
+every store (a Cosmos patch allows at most 10 operations).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from docoutbox.errors import MalformedDocument
+from docoutbox.inbox import Mark
+from docoutbox.model import AggregateId, OutboxMessage
+
+S = TypeVar("S", bound=BaseModel)
+Document = dict[str, Any]
+
+ID = "_id"
+
+
+def utcnow() -> datetime:
+    """Now, in UTC, truncated to milliseconds (the precision every store keeps)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def partition_of(aggregate_id: AggregateId, partitions: int) -> int:
+    """A stable partition number in ``range(partitions)`` for dispatcher ownership."""
+    key = f"{type(aggregate_id).__name__}:{aggregate_id}".encode()
+    return zlib.crc32(key) % partitions
+
+
+def new_document(
+    aggregate_id: AggregateId,
+    aggregate_type: str,
+    state: dict[str, Any],
+    partition: int,
+    now: datetime,
+) -> Document:
+    return {
+        ID: aggregate_id,
+        "type": aggregate_type,
+        "version": 0,
+        "partition": partition,
+        "state": state,
+        "inbox": [],
+        "inbox_marks": [],
+        "outbox": [],
+        "outbox_seq": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+@dataclass(frozen=True)
+class Snapshot(Generic[S]):
+    """One aggregate as read from its document."""
+
+    aggregate_id: AggregateId
+    aggregate_type: str
+    version: int
+    state: S
+    inbox: tuple[str, ...]
+    marks: dict[str, Mark]
+    outbox_seq: int
+    partition: int
+    updated_at: datetime | None
+    raw_outbox: tuple[dict[str, Any], ...] = field(repr=False)
+
+    @cached_property
+    def outbox(self) -> tuple[OutboxMessage, ...]:
+        """The pending entries, in stored order (ascending ``seq``)."""
+        return tuple(OutboxMessage.parse(entry) for entry in self.raw_outbox)
+
+
+def read_snapshot(doc: Document, model: type[S]) -> Snapshot[S]:
+    """Parse a stored document; raise MalformedDocument if it is not docoutbox's layout."""
+    try:
+        marks = {
+            m["source"]: Mark(m["source"], int(m["hw"]), tuple(m.get("above", ())))
+            for m in doc.get("inbox_marks") or ()
+        }
+        return Snapshot(
+            aggregate_id=doc[ID],
+            aggregate_type=doc["type"],
+            version=int(doc["version"]),
+            state=model.model_validate(doc["state"]),
+            inbox=tuple(doc.get("inbox") or ()),
+            marks=marks,
+            outbox_seq=int(doc.get("outbox_seq", 0)),
+            partition=int(doc.get("partition", 0)),
+            updated_at=doc.get("updated_at"),
+            raw_outbox=tuple(doc.get("outbox") or ()),
+        )
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        raise MalformedDocument(
+            f"document {doc.get(ID)!r} is not a {model.__name__} aggregate: {exc!r}"
+        ) from exc

@@ -1,0 +1,108 @@
+"""The docoutbox error tree.
+
+Every error the library raises derives from :class:`DocOutboxError`::
+
+    DocOutboxError
+    ├── InvalidInput (also a ValueError)      rejected before anything is written
+    │   ├── InvalidAggregateId
+    │   ├── InvalidMessage
+    │   ├── InvalidPayload
+    │   ├── InvalidHandlerResult
+    │   ├── UnknownMessageType
+    │   └── MalformedDocument                 a stored document the core cannot read
+    ├── ConcurrencyConflict                   the optimistic-concurrency guard did not match
+    ├── NotFound
+    ├── DocumentTooLarge                      the write would exceed the store's item limit
+    ├── InboxSaturated                        exact de-duplication would exceed its bound
+    ├── StoreError
+    │   ├── TransientStoreError               worth retrying (network, throttling, failover)
+    │   └── PermanentStoreError               retrying will not help (auth, bad config)
+    └── PublishError                          a broker refused or did not confirm a message
+        └── PermanentPublishError             the broker will never accept this message
+
+Adapters translate their driver's errors in exactly one place, using structured
+codes, never message text.
+"""
+
+from __future__ import annotations
+
+
+class DocOutboxError(Exception):
+    """Root of every error raised by docoutbox."""
+
+
+class InvalidInput(DocOutboxError, ValueError):
+    """Input was rejected before anything was written."""
+
+
+class InvalidAggregateId(InvalidInput):
+    """An aggregate ID must be a non-empty string or an integer."""
+
+
+class InvalidMessage(InvalidInput):
+    """A message is missing its ID or has malformed fields."""
+
+
+class InvalidPayload(InvalidInput):
+    """A payload, header or state value cannot be serialized to JSON-compatible data."""
+
+
+class InvalidHandlerResult(InvalidInput):
+    """A handler returned something other than a state or a Decision of the right type."""
+
+
+class UnknownMessageType(InvalidInput):
+    """No handler is registered for a message type."""
+
+
+class MalformedDocument(InvalidInput):
+    """A stored document does not have the layout docoutbox writes."""
+
+
+class ConcurrencyConflict(DocOutboxError):
+    """The document changed since it was read; reload and try again."""
+
+
+class NotFound(DocOutboxError):
+    """The aggregate does not exist."""
+
+
+class DocumentTooLarge(DocOutboxError):
+    """The write would make the document larger than the store accepts."""
+
+    def __init__(self, aggregate_id: object, size: int, limit: int) -> None:
+        super().__init__(
+            f"aggregate {aggregate_id!r}: the document would be {size} bytes, "
+            f"over the store's limit of {limit} bytes; nothing was written"
+        )
+        self.aggregate_id = aggregate_id
+        self.size = size
+        self.limit = limit
+
+
+class InboxSaturated(DocOutboxError):
+    """Exact de-duplication would keep more out-of-order sequence numbers than allowed.
+
+    Nothing is written: advancing the watermark over unseen numbers could drop a later
+    message, so the receiver must see the gap filled (or raise ``max_above``) first.
+    """
+
+
+class StoreError(DocOutboxError):
+    """The database failed."""
+
+
+class TransientStoreError(StoreError):
+    """A database failure that may succeed when retried."""
+
+
+class PermanentStoreError(StoreError):
+    """A database failure that will not succeed when retried."""
+
+
+class PublishError(DocOutboxError):
+    """A broker refused, returned or did not confirm a message."""
+
+
+class PermanentPublishError(PublishError):
+    """The broker will never accept this message; retrying cannot help."""

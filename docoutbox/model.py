@@ -1,0 +1,231 @@
+"""Data the library reads and writes: messages, outbox entries, inbox policy, aggregates."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+
+from docoutbox.errors import InvalidInput, InvalidMessage, InvalidPayload
+
+AggregateId = str | int
+JsonObject = dict[str, JsonValue]
+
+MAX_ID_LENGTH = 255
+_PAYLOAD_FIELDS = frozenset({"payload", "headers"})
+
+
+def check_aggregate_id(aggregate_id: object) -> AggregateId:
+    """Return ``aggregate_id`` if it is a plain scalar a database filter can use safely.
+
+    Only non-empty strings and integers are accepted, so an operator document such as
+    ``{"$ne": None}`` can never reach a query filter.
+    """
+    from docoutbox.errors import InvalidAggregateId
+
+    if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
+        raise InvalidAggregateId(
+            f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"
+        )
+    if isinstance(aggregate_id, str):
+        if not aggregate_id or len(aggregate_id) > MAX_ID_LENGTH:
+            raise InvalidAggregateId(
+                f"aggregate id must have 1 to {MAX_ID_LENGTH} characters: {aggregate_id!r}"
+            )
+        if "\x00" in aggregate_id:
+            raise InvalidAggregateId("aggregate id must not contain NUL")
+    elif abs(aggregate_id) >= 2**63:
+        raise InvalidAggregateId(f"aggregate id {aggregate_id} does not fit in 64 bits")
+    return aggregate_id
+
+
+def check_json(value: object, what: str) -> None:
+    """Raise InvalidPayload unless ``value`` serializes to strict JSON (no NaN/Infinity)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} does not serialize to JSON: {exc}") from exc
+
+
+class _Strict(BaseModel):
+    """A model whose validation errors surface as docoutbox's typed errors."""
+
+    _invalid: ClassVar[type[InvalidInput]] = InvalidMessage
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise self._typed(exc) from exc
+
+    @classmethod
+    def parse(cls, data: object) -> Any:
+        """Validate ``data`` (a mapping or an instance) into this model, or raise typed."""
+        if isinstance(data, cls):
+            return data
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise cls._typed(exc) from exc
+
+    @classmethod
+    def _typed(cls, exc: ValidationError) -> InvalidInput:
+        fields = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        kind = InvalidPayload if fields and fields <= _PAYLOAD_FIELDS else cls._invalid
+        return kind(f"invalid {cls.__name__}: {exc}")
+
+
+def _json_object(value: object) -> object:
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    return value
+
+
+def _finite(value: JsonObject) -> JsonObject:
+    def walk(item: object) -> None:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and Infinity are not JSON")
+        if isinstance(item, dict):
+            for sub in item.values():
+                walk(sub)
+        elif isinstance(item, list):
+            for sub in item:
+                walk(sub)
+
+    walk(value)
+    return value
+
+
+class Message(_Strict):
+    """An incoming message.
+
+    ``source`` and ``seq`` identify the message within its producer's stream; when both
+    are present, exact (watermark) de-duplication can be used instead of the ID window.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, max_length=512)
+    type: str = Field(min_length=1, max_length=256)
+    payload: JsonObject = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    source: str | None = Field(default=None, min_length=1)
+    seq: int | None = Field(default=None, ge=1)
+
+    _payload_in = field_validator("payload", mode="before")(_json_object)
+    _payload_finite = field_validator("payload")(_finite)
+
+
+class Emit(_Strict):
+    """An outgoing message a handler asks to send; the store seals it into the outbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    _invalid: ClassVar[type[InvalidInput]] = InvalidMessage
+
+    type: str = Field(min_length=1, max_length=256)
+    payload: JsonObject = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    destination: str | None = None
+    id: str | None = Field(default=None, min_length=1, max_length=512)
+
+    _payload_in = field_validator("payload", mode="before")(_json_object)
+    _payload_finite = field_validator("payload")(_finite)
+
+
+def emit(
+    type: str,
+    payload: JsonObject | BaseModel | None = None,
+    *,
+    destination: str | None = None,
+    headers: dict[str, str] | None = None,
+    id: str | None = None,
+) -> Emit:
+    """Describe an outgoing message. Pure: nothing is sent until the commit succeeds."""
+    return Emit(
+        type=type,
+        payload=payload if payload is not None else {},
+        destination=destination,
+        headers=headers or {},
+        id=id,
+    )
+
+
+class OutboxMessage(_Strict):
+    """An entry of a document's outbox: sealed, numbered and ready to publish."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    _invalid: ClassVar[type[InvalidInput]] = InvalidMessage
+
+    id: str = Field(min_length=1)
+    type: str = Field(min_length=1)
+    payload: JsonObject
+    headers: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    seq: int = Field(ge=1)
+    aggregate_id: AggregateId
+    aggregate_type: str
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    destination: str | None = None
+    attempts: int = 0
+    last_error: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The producer stream this entry belongs to, as used by exact de-duplication."""
+        return stream_name(self.aggregate_type, self.aggregate_id)
+
+    def to_message(self) -> Message:
+        """The message a receiver handles for this entry."""
+        return Message(
+            id=self.id,
+            type=self.type,
+            payload=self.payload,
+            headers=self.headers,
+            correlation_id=self.correlation_id,
+            causation_id=self.causation_id,
+            source=self.source,
+            seq=self.seq,
+        )
+
+
+def stream_name(aggregate_type: str, aggregate_id: AggregateId) -> str:
+    return f"{aggregate_type}/{aggregate_id}"
+
+
+class InboxPolicy(BaseModel):
+    """How a document remembers which messages it has processed.
+
+    ``window``: keep the IDs of the last ``window`` messages (0 disables the window).
+    ``exact``: for messages that carry ``source`` and ``seq``, keep per source a high
+    watermark plus the sparse sequence numbers seen above it. It is exact, needs O(sources)
+    space while each receiver sees its sources' streams without permanent gaps, and
+    tolerates reordering up to ``max_above`` outstanding numbers per source.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window: int = Field(default=100, ge=0, le=100_000)
+    exact: bool = False
+    max_above: int = Field(default=1000, ge=1)
+
+
+class Aggregate(BaseModel):
+    """Convenience base for aggregate state. Any pydantic model works as state.
+
+    Set ``aggregate_type`` on a subclass to name its documents' ``type`` field; by default
+    it is the class name.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    aggregate_type: ClassVar[str] = ""
+
+
+def aggregate_type_of(model: type[BaseModel]) -> str:
+    name = getattr(model, "aggregate_type", "")
+    return name if isinstance(name, str) and name else model.__name__

@@ -1,0 +1,197 @@
+"""Pure write plans. Adapters translate them into one conditional single-document write.
+
+- :class:`InsertPlan`: create a document; an existing ``_id`` means "not applied".
+- :class:`CommitPlan`: state + version + inbox + new outbox entries, applied only if the
+  stored ``version`` still equals ``expected_version``. Entries are *appended*, never set,
+  so a commit cannot drop an entry it did not publish.
+- :class:`TrimPlan`: remove published entries by ID. It does not touch ``version``, so it
+  never conflicts with a business write.
+
+:func:`apply_plan` is the reference semantics every store must match; the in-memory store
+and the size guard use it directly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from docoutbox.aggregate import Decision
+from docoutbox.document import ID, Document, Snapshot
+from docoutbox.errors import DocumentTooLarge
+from docoutbox.inbox import Mark, record_mark, uses_marks
+from docoutbox.model import AggregateId, Emit, InboxPolicy, Message, OutboxMessage
+
+DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
+
+
+@dataclass(frozen=True)
+class InsertPlan:
+    aggregate_id: AggregateId
+    document: Document
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    aggregate_id: AggregateId
+    expected_version: int
+    state: dict[str, Any]
+    outbox_push: tuple[dict[str, Any], ...]
+    outbox_seq: int
+    inbox_push: tuple[str, ...]
+    inbox_window: int
+    inbox_marks: tuple[dict[str, Any], ...] | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class TrimPlan:
+    aggregate_id: AggregateId
+    entry_ids: tuple[str, ...]
+
+
+WritePlan = InsertPlan | CommitPlan | TrimPlan
+
+
+def entry_id(aggregate_type: str, aggregate_id: AggregateId, seq: int) -> str:
+    """The deterministic ID of the entry numbered ``seq`` of an aggregate."""
+    return str(uuid.uuid5(DETERMINISTIC_NAMESPACE, f"{aggregate_type}/{aggregate_id}/{seq}"))
+
+
+def seal(
+    emits: Sequence[Emit],
+    *,
+    aggregate_id: AggregateId,
+    aggregate_type: str,
+    last_seq: int,
+    cause: Message,
+    now: datetime,
+    deterministic_ids: bool,
+) -> list[OutboxMessage]:
+    """Number and stamp a handler's emits as outbox entries, seq ``last_seq + 1`` onward."""
+    sealed = []
+    for offset, item in enumerate(emits, start=1):
+        seq = last_seq + offset
+        if item.id is not None:
+            message_id = item.id
+        elif deterministic_ids:
+            message_id = entry_id(aggregate_type, aggregate_id, seq)
+        else:
+            message_id = str(uuid.uuid4())
+        sealed.append(
+            OutboxMessage(
+                id=message_id,
+                type=item.type,
+                payload=item.payload,
+                headers=item.headers,
+                created_at=now,
+                seq=seq,
+                aggregate_id=aggregate_id,
+                aggregate_type=aggregate_type,
+                correlation_id=cause.correlation_id or cause.id,
+                causation_id=cause.id,
+                destination=item.destination,
+            )
+        )
+    return sealed
+
+
+def plan_commit(
+    snapshot: Snapshot[Any],
+    message: Message,
+    decision: Decision[Any],
+    *,
+    policy: InboxPolicy,
+    now: datetime,
+    deterministic_ids: bool,
+) -> tuple[CommitPlan, list[OutboxMessage]]:
+    """The conditional write that records ``decision`` as the handling of ``message``."""
+    entries = seal(
+        decision.emits,
+        aggregate_id=snapshot.aggregate_id,
+        aggregate_type=snapshot.aggregate_type,
+        last_seq=snapshot.outbox_seq,
+        cause=message,
+        now=now,
+        deterministic_ids=deterministic_ids,
+    )
+    marks = None
+    inbox_push: tuple[str, ...] = ()
+    if uses_marks(policy, message):
+        marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
+    elif policy.window:
+        inbox_push = (message.id,)
+    plan = CommitPlan(
+        aggregate_id=snapshot.aggregate_id,
+        expected_version=snapshot.version,
+        state=decision.state.model_dump(mode="json"),
+        outbox_push=tuple(entry.model_dump() for entry in entries),
+        outbox_seq=snapshot.outbox_seq + len(entries),
+        inbox_push=inbox_push,
+        inbox_window=policy.window,
+        inbox_marks=marks,
+        updated_at=now,
+    )
+    return plan, entries
+
+
+def plan_trim(aggregate_id: AggregateId, entry_ids: Sequence[str]) -> TrimPlan:
+    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)))
+
+
+def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
+    """The document after ``plan``, or None when the plan would not apply to ``doc``."""
+    if isinstance(plan, InsertPlan):
+        return None if doc is not None else dict(plan.document)
+    if doc is None:
+        return None
+    if isinstance(plan, TrimPlan):
+        drop = set(plan.entry_ids)
+        return {**doc, "outbox": [e for e in doc.get("outbox", ()) if e.get("id") not in drop]}
+    if doc.get("version") != plan.expected_version:
+        return None
+    after = {
+        **doc,
+        "state": plan.state,
+        "version": plan.expected_version + 1,
+        "outbox": [*doc.get("outbox", ()), *plan.outbox_push],
+        "outbox_seq": plan.outbox_seq,
+        "updated_at": plan.updated_at,
+    }
+    if plan.inbox_push:
+        inbox = [*doc.get("inbox", ()), *plan.inbox_push]
+        after["inbox"] = inbox[-plan.inbox_window :]
+    if plan.inbox_marks is not None:
+        after["inbox_marks"] = list(plan.inbox_marks)
+    return after
+
+
+def marks_to_doc(marks: Sequence[Mark]) -> tuple[dict[str, Any], ...]:
+    return tuple(mark.to_doc() for mark in marks)
+
+
+def guard_size(
+    doc: Document, aggregate_id: AggregateId, size_of: Callable[[Document], int], limit: int
+) -> None:
+    """Raise DocumentTooLarge, naming the aggregate and the sizes, before a write."""
+    size = size_of(doc)
+    if size > limit:
+        raise DocumentTooLarge(aggregate_id, size, limit)
+
+
+__all__ = [
+    "ID",
+    "CommitPlan",
+    "InsertPlan",
+    "TrimPlan",
+    "WritePlan",
+    "apply_plan",
+    "entry_id",
+    "guard_size",
+    "plan_commit",
+    "plan_trim",
+    "seal",
+]

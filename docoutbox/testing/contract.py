@@ -1,0 +1,244 @@
+"""The store contract: every backend, sync or async, must pass these tests.
+
+Reuse it for your own backend by subclassing and providing a ``make_store`` fixture that
+returns a factory ``make_store(model, config=None)``. Every store the factory returns
+within one test must share one fresh, empty collection (they play separate processes).
+Async stores can be wrapped in :class:`docoutbox.testing.blocking.BlockingStore`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox.aggregate import Decision, Handlers
+from docoutbox.document import utcnow
+from docoutbox.errors import (
+    DocumentTooLarge,
+    InvalidAggregateId,
+    InvalidMessage,
+    NotFound,
+    UnknownMessageType,
+)
+from docoutbox.flows import StoreConfig
+from docoutbox.model import Aggregate, InboxPolicy, Message, emit
+from docoutbox.plan import entry_id
+
+MakeStore = Callable[..., Any]
+
+
+class Counter(Aggregate):
+    total: int = 0
+    applied: list[str] = []
+
+
+counter_handlers: Handlers[Counter] = Handlers()
+
+
+@counter_handlers.on("Add")
+def add(state: Counter, message: Message) -> Decision[Counter]:
+    amount = message.payload.get("n", 1)
+    assert isinstance(amount, int)
+    emits = int(message.payload.get("emits", 1) or 0)  # type: ignore[arg-type]
+    new = state.model_copy(
+        update={"total": state.total + amount, "applied": [*state.applied, message.id]}
+    )
+    blob = message.payload.get("blob", "")
+    return Decision(new, [emit("Added", {"n": amount, "blob": blob}) for _ in range(emits)])
+
+
+def add_msg(message_id: str, n: int = 1, emits: int = 1, **extra: Any) -> Message:
+    return Message(id=message_id, type="Add", payload={"n": n, "emits": emits}, **extra)
+
+
+class StoreContract:
+    """Behaviour every store backend must show."""
+
+    @pytest.fixture
+    def store(self, make_store: MakeStore) -> Any:
+        return make_store(Counter)
+
+    def test_create_is_idempotent(self, store: Any) -> None:
+        first = store.create("c1", Counter(total=5))
+        second = store.create("c1", Counter(total=99))
+        assert first.created and not second.created
+        assert second.snapshot.state.total == 5
+        assert second.snapshot.version == 0
+
+    def test_handle_commits_state_inbox_and_outbox_together(self, store: Any) -> None:
+        store.create("c1", Counter())
+        outcome = store.handle("c1", add_msg("m1", n=3, emits=2), counter_handlers)
+        assert outcome.applied and outcome.version == 1
+        snap = store.get("c1")
+        assert snap.version == 1 and snap.state.total == 3
+        assert "m1" in snap.inbox
+        assert [e.seq for e in snap.outbox] == [1, 2]
+        assert [e.id for e in snap.outbox] == [e.id for e in outcome.emitted]
+        entry = snap.outbox[0]
+        assert (entry.causation_id, entry.correlation_id) == ("m1", "m1")
+        assert (entry.aggregate_id, entry.aggregate_type) == ("c1", "Counter")
+
+    def test_redelivery_is_a_reported_no_op(self, store: Any) -> None:
+        store.create("c1", Counter())
+        store.handle("c1", add_msg("m1"), counter_handlers)
+        before = store.get("c1")
+        again = store.handle("c1", add_msg("m1"), counter_handlers)
+        assert again.duplicate and not again.applied
+        after = store.get("c1")
+        assert (after.version, after.state, after.raw_outbox) == (
+            before.version,
+            before.state,
+            before.raw_outbox,
+        )
+
+    def test_missing_aggregate(self, store: Any) -> None:
+        with pytest.raises(NotFound):
+            store.handle("nobody", add_msg("m1"), counter_handlers)
+        assert store.load("nobody") is None
+        created = store.handle("nobody", add_msg("m1"), counter_handlers, create=True)
+        assert created.applied and created.version == 1
+        assert store.get("nobody").state.total == 1
+
+    def test_seq_is_gap_free_across_commits(self, store: Any) -> None:
+        store.create("c1", Counter())
+        for i, emits in enumerate([2, 0, 3, 1]):
+            store.handle("c1", add_msg(f"m{i}", emits=emits), counter_handlers)
+        snap = store.get("c1")
+        assert snap.outbox_seq == 6
+        assert [e.seq for e in snap.outbox] == [1, 2, 3, 4, 5, 6]
+
+    def test_trim_removes_only_named_entries_and_keeps_version(self, store: Any) -> None:
+        store.create("c1", Counter())
+        store.handle("c1", add_msg("m1", emits=3), counter_handlers)
+        ids = [e.id for e in store.get("c1").outbox]
+        assert store.trim("c1", [ids[0], ids[2], "not-an-entry"])
+        snap = store.get("c1")
+        assert [e.id for e in snap.outbox] == [ids[1]]
+        assert snap.version == 1
+        assert not store.trim("missing", ["x"])
+
+    def test_stale_writer_reloads_instead_of_overwriting(self, make_store: MakeStore) -> None:
+        a, b = make_store(Counter), make_store(Counter)
+        a.create("c1", Counter())
+        a.handle("c1", add_msg("m1", n=1), counter_handlers)  # a now holds version 1
+        b.handle("c1", add_msg("m2", n=10), counter_handlers)  # b moves it to version 2
+        outcome = a.handle("c1", add_msg("m3", n=100), counter_handlers)
+        assert outcome.applied and outcome.version == 3
+        snap = a.get("c1")
+        assert snap.state.total == 111
+        assert snap.state.applied == ["m1", "m2", "m3"]
+        assert [e.seq for e in snap.outbox] == [1, 2, 3]
+
+    def test_trim_never_makes_a_commit_fail(self, make_store: MakeStore) -> None:
+        writer, dispatcher = make_store(Counter), make_store(Counter)
+        writer.create("c1", Counter())
+        first = writer.handle("c1", add_msg("m1"), counter_handlers)
+        assert dispatcher.trim("c1", [e.id for e in first.emitted])
+        second = writer.handle("c1", add_msg("m2"), counter_handlers)
+        assert second.applied and second.attempts == 1
+        snap = writer.get("c1")
+        assert [e.seq for e in snap.outbox] == [2]  # the trimmed entry did not come back
+
+    def test_commit_keeps_entries_it_did_not_publish(self, make_store: MakeStore) -> None:
+        a, b = make_store(Counter), make_store(Counter)
+        a.create("c1", Counter())
+        a.handle("c1", add_msg("m1"), counter_handlers)
+        b.handle("c1", add_msg("m2"), counter_handlers)
+        a.handle("c1", add_msg("m3"), counter_handlers)
+        assert [e.seq for e in a.get("c1").outbox] == [1, 2, 3]
+
+    def test_inbox_window_is_bounded(self, make_store: MakeStore) -> None:
+        store = make_store(Counter, StoreConfig(inbox=InboxPolicy(window=3)))
+        store.create("c1", Counter())
+        for i in range(5):
+            store.handle("c1", add_msg(f"m{i}"), counter_handlers)
+        assert store.get("c1").inbox == ("m2", "m3", "m4")
+        assert store.handle("c1", add_msg("m4"), counter_handlers).duplicate
+
+    def test_exact_mode_dedups_shuffled_stream_with_bounded_state(
+        self, make_store: MakeStore
+    ) -> None:
+        store = make_store(Counter, StoreConfig(inbox=InboxPolicy(window=0, exact=True)))
+        store.create("c1", Counter())
+        rng = random.Random(7)
+        seqs = list(range(1, 61)) + rng.sample(range(1, 61), 30)
+        rng.shuffle(seqs)
+        outcomes = [
+            store.handle(
+                "c1", add_msg(f"id-{s}-{i}", n=s, source="P/p1", seq=s), counter_handlers
+            )
+            for i, s in enumerate(seqs)
+        ]
+        assert sum(o.applied for o in outcomes) == 60
+        snap = store.get("c1")
+        assert snap.state.total == sum(range(1, 61))
+        assert snap.inbox == ()
+        mark = snap.marks["P/p1"]
+        assert (mark.hw, mark.above) == (60, ())
+
+    def test_document_too_large_writes_nothing(self, store: Any) -> None:
+        store.create("c1", Counter())
+        big = Message(id="big", type="Add", payload={"n": 1, "blob": "x" * (17 * 1024 * 1024)})
+        with pytest.raises(DocumentTooLarge) as caught:
+            store.handle("c1", big, counter_handlers)
+        assert caught.value.aggregate_id == "c1" and caught.value.size > caught.value.limit
+        snap = store.get("c1")
+        assert snap.version == 0 and snap.raw_outbox == ()
+
+    def test_pending_streams_pages_with_filters(self, store: Any) -> None:
+        for i in range(5):
+            store.create(f"c{i}", Counter())
+            if i != 2:
+                store.handle(f"c{i}", add_msg(f"m{i}"), counter_handlers)
+        found = [s.aggregate_id for s in store.pending(batch_size=2)]
+        assert found == ["c0", "c1", "c3", "c4"]
+        assert list(store.pending(older_than=utcnow() - timedelta(hours=1))) == []
+        later = utcnow() + timedelta(seconds=1)
+        assert len(list(store.pending(older_than=later))) == 4
+        partition = store.get("c3").partition
+        ids = {s.aggregate_id for s in store.pending(partitions={partition})}
+        assert "c3" in ids and all(store.get(i).partition == partition for i in ids)
+
+    def test_integer_ids_page_before_strings(self, store: Any) -> None:
+        for aggregate_id in [3, 1, "b", 2, "a"]:
+            store.handle(aggregate_id, add_msg("m"), counter_handlers, create=True)
+        assert [s.aggregate_id for s in store.pending(batch_size=2)] == [1, 2, 3, "a", "b"]
+
+    @pytest.mark.parametrize("bad", [{"$ne": None}, ["c1"], None, True, "", 1.5])
+    def test_operator_ids_never_reach_a_filter(self, store: Any, bad: Any) -> None:
+        store.create("c1", Counter())
+        with pytest.raises(InvalidAggregateId):
+            store.handle(bad, add_msg("m1"), counter_handlers)
+        with pytest.raises(InvalidAggregateId):
+            store.trim(bad, ["x"])
+        with pytest.raises(InvalidAggregateId):
+            store.load(bad)
+        assert store.get("c1").version == 0
+
+    def test_rejected_input_writes_nothing(self, store: Any) -> None:
+        store.create("c1", Counter())
+        with pytest.raises(InvalidMessage):
+            store.handle("c1", {"type": "Add"}, counter_handlers)
+        with pytest.raises(UnknownMessageType):
+            store.handle("c1", Message(id="m1", type="Nope"), counter_handlers)
+
+        def explode(state: Counter, message: Message) -> Counter:
+            raise RuntimeError("business rule")
+
+        with pytest.raises(RuntimeError):
+            store.handle("c1", add_msg("m2"), explode)
+        snap = store.get("c1")
+        assert snap.version == 0 and snap.inbox == ()
+
+    def test_deterministic_ids(self, make_store: MakeStore) -> None:
+        store = make_store(Counter, StoreConfig(deterministic_ids=True))
+        store.create("c1", Counter())
+        outcome = store.handle("c1", add_msg("m1", emits=2), counter_handlers)
+        assert [e.id for e in outcome.emitted] == [
+            entry_id("Counter", "c1", 1),
+            entry_id("Counter", "c1", 2),
+        ]

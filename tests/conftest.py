@@ -1,0 +1,145 @@
+"""Shared fixtures: the servers the tests reach, and the matrix of store adapters.
+
+Servers: the MongoDB wire-protocol server (mongo-java-server, started here) and, when
+``MONGODB_URI`` is set, a real deployment too. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` (CI
+sets it) a missing server fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.blocking import BlockingStore
+from tests.support.servers import MongoWireServer, mongo_wire_server_available
+
+REQUIRE_SERVERS = os.environ.get("DOCOUTBOX_REQUIRE_SERVERS") == "1"
+MONGODB_URI = os.environ.get("MONGODB_URI")
+
+#: Store adapters of the contract matrix. "wire-*" reach mongo-java-server; "uri-*" reach
+#: MONGODB_URI and exist only when it is set.
+STORE_KINDS = ["memory", "memory-async", "mongomock", "mongomock-motor"]
+SERVER_KINDS = ["wire"] + (["uri"] if MONGODB_URI else [])
+for _server in SERVER_KINDS:
+    STORE_KINDS += [f"{_server}-sync", f"{_server}-async", f"{_server}-motor"]
+
+
+def missing(reason: str) -> None:
+    """Skip a test that needs an absent server; fail instead when servers are required."""
+    if REQUIRE_SERVERS:
+        pytest.fail(f"required server missing: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def wire_server() -> Iterator[MongoWireServer]:
+    reason = mongo_wire_server_available()
+    if reason:
+        missing(f"MongoDB wire server unavailable ({reason}); run scripts/servers.sh install")
+    with MongoWireServer() as server:
+        yield server
+
+
+def server_uri(kind: str, request: pytest.FixtureRequest) -> str:
+    if kind == "uri":
+        assert MONGODB_URI
+        return MONGODB_URI
+    server: MongoWireServer = request.getfixturevalue("wire_server")
+    return server.uri
+
+
+@pytest.fixture
+def mongo_uri(request: pytest.FixtureRequest) -> str:
+    """The URI of the wire server (or of MONGODB_URI when set)."""
+    return server_uri("uri" if MONGODB_URI else "wire", request)
+
+
+@pytest.fixture
+def event_loop_() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _collection_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """A factory of stores of one adapter kind, all over one fresh collection."""
+    kind: str = request.param
+    name = _collection_name()
+    closers: list[Callable[[], None]] = []
+    sync_factory: Callable[[], Any] | None = None
+    async_factory: Callable[[], Any] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    if kind == "memory":
+        memory = MemoryBackend()
+        sync_factory = lambda: memory  # noqa: E731
+    elif kind == "memory-async":
+        shared = MemoryBackend()
+        async_factory = lambda: AsyncMemoryBackend(shared)  # noqa: E731
+    elif kind == "mongomock":
+        import mongomock
+
+        from docoutbox_mongo import MongoBackend
+
+        collection = mongomock.MongoClient()["docoutbox"][name]
+        sync_factory = lambda: MongoBackend(collection)  # noqa: E731
+    elif kind == "mongomock-motor":
+        from mongomock_motor import AsyncMongoMockClient
+
+        from docoutbox_mongo import AsyncMongoBackend
+
+        mock = AsyncMongoMockClient()["docoutbox"][name]
+        async_factory = lambda: AsyncMongoBackend(mock)  # noqa: E731
+    else:
+        server, flavour = kind.split("-")
+        uri = server_uri(server, request)
+        if flavour == "sync":
+            from pymongo import MongoClient
+
+            from docoutbox_mongo import MongoBackend
+
+            client: Any = MongoClient(uri, uuidRepresentation="standard")
+            closers.append(client.close)
+            sync_factory = lambda: MongoBackend(client["docoutbox_test"][name])  # noqa: E731
+        else:
+            from docoutbox_mongo import AsyncMongoBackend
+
+            loop = asyncio.new_event_loop()
+            if flavour == "motor":
+                from motor.motor_asyncio import AsyncIOMotorClient
+
+                aclient: Any = AsyncIOMotorClient(uri, io_loop=loop)
+                closers.append(aclient.close)
+            else:
+                from pymongo import AsyncMongoClient
+
+                aclient = AsyncMongoClient(uri)
+                closers.append(lambda: loop.run_until_complete(aclient.close()))  # type: ignore[union-attr]
+            async_factory = lambda: AsyncMongoBackend(aclient["docoutbox_test"][name])  # noqa: E731
+
+    if async_factory is not None and loop is None:
+        loop = asyncio.new_event_loop()
+
+    def make(model: type[Any], config: StoreConfig | None = None) -> Any:
+        if sync_factory is not None:
+            return AggregateStore(sync_factory(), model, config)
+        assert async_factory is not None and loop is not None
+        return BlockingStore(AsyncAggregateStore(async_factory(), model, config), loop)
+
+    yield make
+    for close in closers:
+        close()
+    if loop is not None:
+        loop.close()
