@@ -17,8 +17,9 @@ Every error the library raises derives from :class:`DocOutboxError`::
     ├── StoreError
     │   ├── TransientStoreError               worth retrying (network, throttling, failover)
     │   └── PermanentStoreError               retrying will not help (auth, bad config)
-    └── PublishError                          a broker refused or did not confirm a message
-        └── PermanentPublishError             the broker will never accept this message
+    ├── PublishError                          a broker refused or did not confirm a message
+    │   └── PermanentPublishError             the broker will never accept this message
+    └── BrokerUnavailable                     the broker cannot be reached: not the message's fault
 
 Adapters translate their driver's errors in exactly one place, using structured
 codes, never message text.
@@ -106,3 +107,7 @@ class PublishError(DocOutboxError):
 
 class PermanentPublishError(PublishError):
     """The broker will never accept this message; retrying cannot help."""
+
+
+class BrokerUnavailable(DocOutboxError):
+    """The broker cannot be reached. Entries stay pending; they do not count as failing."""

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import Field
 
 from docoutbox.aggregate import Decision, Handlers
 from docoutbox.document import utcnow
@@ -33,7 +34,7 @@ MakeStore = Callable[..., Any]
 
 class Counter(Aggregate):
     total: int = 0
-    applied: list[str] = []
+    applied: list[str] = Field(default_factory=list)
 
 
 counter_handlers: Handlers[Counter] = Handlers()
@@ -168,9 +169,7 @@ class StoreContract:
         seqs = list(range(1, 61)) + rng.sample(range(1, 61), 30)
         rng.shuffle(seqs)
         outcomes = [
-            store.handle(
-                "c1", add_msg(f"id-{s}-{i}", n=s, source="P/p1", seq=s), counter_handlers
-            )
+            store.handle("c1", add_msg(f"id-{s}-{i}", n=s, source="P/p1", seq=s), counter_handlers)
             for i, s in enumerate(seqs)
         ]
         assert sum(o.applied for o in outcomes) == 60
