@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from docoutbox.document import Document
-from docoutbox.model import AggregateId
+from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.plan import WritePlan
 
 
@@ -80,3 +80,33 @@ class AsyncStoreBackend(Protocol):
     ) -> list[Document]: ...
 
     async def ensure_indexes(self) -> None: ...
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """Sends outbox entries to a broker, one at a time, in the order given.
+
+    ``publish`` returns only once the broker has durably accepted the entry (publisher
+    confirms). It raises :class:`~docoutbox.errors.PublishError` when the broker refuses
+    or returns the message, :class:`~docoutbox.errors.PermanentPublishError` when it never
+    will accept it, and :class:`~docoutbox.errors.BrokerUnavailable` when it cannot be
+    reached. It never returns normally for a message that was not accepted.
+    """
+
+    def publish(self, entry: OutboxMessage) -> None: ...
+
+
+@runtime_checkable
+class AsyncPublisher(Protocol):
+    """The async twin of :class:`Publisher`."""
+
+    async def publish(self, entry: OutboxMessage) -> None: ...
+
+
+@runtime_checkable
+class DeadLetters(Protocol):
+    """Where quarantined entries go, with their error. ``put`` is idempotent by entry ID."""
+
+    def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None: ...

@@ -1,5 +1,12 @@
 """Test doubles and contract suites that users can reuse for their own adapters."""
 
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters, MemoryPublisher
 
-__all__ = ["AsyncMemoryBackend", "MemoryBackend"]
+__all__ = [
+    "AsyncMemoryBackend",
+    "AsyncMemoryPublisher",
+    "MemoryBackend",
+    "MemoryDeadLetters",
+    "MemoryPublisher",
+]

@@ -1,0 +1,186 @@
+"""Pure dispatch decisions: publish one aggregate's pending entries in ``seq`` order, then trim.
+
+:func:`dispatch_document` is a sans-IO flow like those in :mod:`docoutbox.flows`. It
+yields :class:`Publish`, :class:`Quarantine`, :class:`~docoutbox.flows.Write` (one
+batched trim) and :class:`~docoutbox.flows.Sleep`; a sync or async engine performs them.
+
+Failure handling, per entry:
+
+- :class:`~docoutbox.errors.PublishError` (a nack, a return): retried with exponential
+  backoff and jitter; after ``max_attempts`` the entry is quarantined.
+- :class:`~docoutbox.errors.PermanentPublishError` or a malformed stored entry:
+  quarantined at once.
+- :class:`~docoutbox.errors.BrokerUnavailable`: publishing stops; what was published is
+  trimmed, the rest stays pending (``result.unavailable``) and the engine retries the
+  document later. It never counts against an entry.
+
+A quarantined entry is written to the dead-letter store *before* it is trimmed, and the
+entries after it keep flowing. Entries after a still-failing entry are never published
+ahead of it (per-aggregate order, I4).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from docoutbox.document import ID, Document
+from docoutbox.errors import (
+    BrokerUnavailable,
+    InvalidInput,
+    PermanentPublishError,
+    PublishError,
+)
+from docoutbox.flows import Sleep, Write
+from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.plan import plan_trim
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish one entry and wait for the broker's confirmation."""
+
+    entry: OutboxMessage
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Record an entry that cannot be published, with why, in the dead-letter store."""
+
+    aggregate_id: AggregateId
+    entry: dict[str, Any]
+    error: str
+    attempts: int
+
+
+DispatchOp = Publish | Quarantine | Write | Sleep
+
+
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """Retries per entry within one pass, and ordering."""
+
+    max_attempts: int = 5  # at least 1
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+
+
+@dataclass
+class DispatchResult:
+    aggregate_id: AggregateId
+    published: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    #: Entries left pending because the broker became unavailable.
+    held: list[str] = field(default_factory=list)
+    trimmed: bool = False
+
+    @property
+    def unavailable(self) -> bool:
+        return bool(self.held)
+
+
+def pending_entries(doc: Document) -> list[dict[str, Any]]:
+    """The document's outbox in publish order (ascending ``seq``; unnumbered last)."""
+    outbox = doc.get("outbox") or []
+
+    def key(entry: Any) -> tuple[int, int]:
+        seq = entry.get("seq") if isinstance(entry, dict) else None
+        return (0, seq) if isinstance(seq, int) else (1, 0)
+
+    return sorted(outbox, key=key)
+
+
+def dispatch_document(
+    doc: Document, policy: DispatchPolicy, rng: random.Random
+) -> Generator[DispatchOp, Any, DispatchResult]:
+    """Publish the document's pending entries in order, quarantine poison, trim in one write."""
+    result = DispatchResult(doc[ID])
+    removable: list[str] = []
+    blocked = False
+    for raw in pending_entries(doc):
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        try:
+            entry: OutboxMessage = OutboxMessage.parse(raw)
+        except InvalidInput as exc:
+            yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
+            if isinstance(raw_id, str):
+                removable.append(raw_id)
+                result.quarantined.append(raw_id)
+            continue
+        if blocked:
+            result.held.append(entry.id)
+            continue
+        outcome = yield from _publish_with_retries(entry, policy, rng)
+        if outcome == "published":
+            result.published.append(entry.id)
+            removable.append(entry.id)
+        elif outcome == "quarantined":
+            result.quarantined.append(entry.id)
+            removable.append(entry.id)
+        else:
+            result.held.append(entry.id)
+            blocked = True
+    if removable:
+        result.trimmed = bool((yield Write(plan_trim(result.aggregate_id, removable))))
+    return result
+
+
+def _publish_with_retries(
+    entry: OutboxMessage, policy: DispatchPolicy, rng: random.Random
+) -> Generator[DispatchOp, Any, str]:
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            yield Publish(entry)
+            return "published"
+        except PermanentPublishError as exc:
+            yield Quarantine(entry.aggregate_id, entry.model_dump(), _describe(exc), attempt)
+            return "quarantined"
+        except BrokerUnavailable:
+            return "held"
+        except PublishError as exc:
+            if attempt >= policy.max_attempts:
+                yield Quarantine(entry.aggregate_id, entry.model_dump(), _describe(exc), attempt)
+                return "quarantined"
+            yield Sleep(policy.delay(attempt, rng))
+    raise AssertionError("max_attempts must be at least 1")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _as_dict(raw: object) -> dict[str, Any]:
+    return raw if isinstance(raw, dict) else {"value": repr(raw)}
+
+
+def encode_entry(entry: OutboxMessage) -> bytes:
+    """The broker body for an entry: compact JSON of the whole entry."""
+    return entry.model_dump_json().encode()
+
+
+def decode_entry(body: bytes | str) -> OutboxMessage:
+    """Parse a broker body written by :func:`encode_entry`; typed error if malformed."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        from docoutbox.errors import InvalidMessage
+
+        raise InvalidMessage(f"body is not JSON: {exc}") from exc
+    parsed: OutboxMessage = OutboxMessage.parse(data)
+    return parsed
+
+
+def checkpoint_after(done: Sequence[bool]) -> int:
+    """How many leading events of a batch are complete: the checkpoint may pass those only."""
+    count = 0
+    for ok in done:
+        if not ok:
+            break
+        count += 1
+    return count

@@ -1,0 +1,66 @@
+"""An in-memory publisher and dead-letter store, with scriptable failures."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from docoutbox.model import AggregateId, OutboxMessage
+
+#: Decides, per entry, whether to fail: return an exception to raise, or None to accept.
+FailureRule = Callable[[OutboxMessage], BaseException | None]
+
+
+class MemoryPublisher:
+    """Records every accepted entry in ``published``, in publish order. Thread-safe."""
+
+    def __init__(self, fail: FailureRule | None = None) -> None:
+        self.published: list[OutboxMessage] = []
+        self.fail = fail
+        self._lock = threading.Lock()
+
+    def publish(self, entry: OutboxMessage) -> None:
+        if self.fail is not None:
+            error = self.fail(entry)
+            if error is not None:
+                raise error
+        with self._lock:
+            self.published.append(entry)
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return [entry.id for entry in self.published]
+
+
+class AsyncMemoryPublisher:
+    """The async twin of :class:`MemoryPublisher`, sharing its record."""
+
+    def __init__(self, sync: MemoryPublisher | None = None) -> None:
+        self.sync = sync or MemoryPublisher()
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        self.sync.publish(entry)
+
+
+class MemoryDeadLetters:
+    """Quarantined entries by entry ID (or a fallback key for entries without one)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        key = str(entry.get("id") or f"{aggregate_id}/{entry!r}")
+        with self._lock:
+            self.entries.setdefault(
+                key,
+                {
+                    "aggregate_id": aggregate_id,
+                    "entry": entry,
+                    "error": error,
+                    "attempts": attempts,
+                },
+            )
