@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
@@ -174,6 +174,12 @@ class OutboxMessage(_Strict):
     destination: str | None = None
     attempts: int = 0
     last_error: str | None = None
+
+    @field_validator("created_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        # Drivers may return naive UTC datetimes (pymongo without tz_aware).
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
     @property
     def source(self) -> str:

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Install, start and stop the servers the docoutbox test suite talks to.
+#
+# Usage: scripts/servers.sh <subcommand>
+#   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven)
+#   install-rabbitmq  apt-get install rabbitmq-server if it is missing
+#   install           both of the above
+#   start-rabbitmq    start RabbitMQ detached (no-op if running) and wait until it is ready
+#   stop-rabbitmq     stop RabbitMQ and wait for it to exit (no-op if not running), then epmd
+#
+# All subcommands are idempotent, never read stdin and work with CI=true.
+# The MongoDB wire server is not started here: tests/support/servers.py launches one per
+# test session (java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java 0).
+#
+# Environment:
+#   RABBITMQ_START_TIMEOUT  seconds to wait for RabbitMQ to come up (default 60)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
+MONGO_LIB="$MONGO_DIR/lib"
+RABBITMQ_START_TIMEOUT="${RABBITMQ_START_TIMEOUT:-60}"
+
+log() { printf '[servers] %s\n' "$*" >&2; }
+die() { printf '[servers] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Run a command as root: directly when we are root, else through non-interactive sudo.
+as_root() {
+    if [[ "$(id -u)" -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        die "'$*' needs root, and sudo is not available. Re-run as root."
+    fi
+}
+
+# RabbitMQ's Debian wrappers (rabbitmqctl, rabbitmq-server) only run as root or rabbitmq.
+as_rabbitmq_admin() {
+    if [[ "$(id -un)" == "rabbitmq" ]]; then
+        "$@"
+    else
+        as_root "$@"
+    fi
+}
+
+find_rabbitmq_cmd() {
+    # /usr/sbin is not always on PATH for non-root users.
+    local name="$1"
+    if command -v "$name" >/dev/null 2>&1; then
+        command -v "$name"
+    elif [[ -x "/usr/sbin/$name" ]]; then
+        echo "/usr/sbin/$name"
+    else
+        return 1
+    fi
+}
+
+cmd_install_mongo() {
+    if compgen -G "$MONGO_LIB/mongo-java-server-[0-9]*.jar" >/dev/null; then
+        log "mongo-java-server already in $MONGO_LIB"
+        return 0
+    fi
+    command -v mvn >/dev/null 2>&1 || die "mvn (Maven) is required for install-mongo"
+    command -v java >/dev/null 2>&1 || die "java (17+) is required to run the MongoDB wire server"
+    log "fetching mongo-java-server and its dependencies into $MONGO_LIB"
+    # Output is captured (Debian's Maven 3.8 prints stray ANSI resets even with -q) and shown
+    # only on failure.
+    local mvn_log
+    mvn_log="$(mktemp)"
+    if ! mvn -B -q -f "$MONGO_DIR/pom.xml" \
+        dependency:copy-dependencies -DoutputDirectory=lib </dev/null >"$mvn_log" 2>&1; then
+        cat "$mvn_log" >&2
+        rm -f "$mvn_log"
+        die "Maven could not fetch mongo-java-server (is Maven Central reachable?)"
+    fi
+    rm -f "$mvn_log"
+    compgen -G "$MONGO_LIB/mongo-java-server-[0-9]*.jar" >/dev/null \
+        || die "Maven finished but no mongo-java-server jar is in $MONGO_LIB"
+    log "mongo-java-server installed"
+}
+
+cmd_install_rabbitmq() {
+    if find_rabbitmq_cmd rabbitmq-server >/dev/null; then
+        log "rabbitmq-server already installed"
+        return 0
+    fi
+    command -v apt-get >/dev/null 2>&1 \
+        || die "rabbitmq-server is missing and apt-get is not available; install it manually"
+    log "installing rabbitmq-server with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server </dev/null
+    find_rabbitmq_cmd rabbitmq-server >/dev/null \
+        || die "apt-get finished but rabbitmq-server is still missing"
+    log "rabbitmq-server installed"
+}
+
+rabbitmq_running() {
+    local ctl
+    ctl="$(find_rabbitmq_cmd rabbitmqctl)" || return 1
+    as_rabbitmq_admin "$ctl" -q status </dev/null >/dev/null 2>&1
+}
+
+cmd_start_rabbitmq() {
+    local server ctl
+    server="$(find_rabbitmq_cmd rabbitmq-server)" \
+        || die "rabbitmq-server is not installed; run: $0 install-rabbitmq"
+    ctl="$(find_rabbitmq_cmd rabbitmqctl)" || die "rabbitmqctl not found"
+
+    if rabbitmq_running; then
+        log "RabbitMQ already running"
+    else
+        log "starting RabbitMQ (detached)"
+        as_rabbitmq_admin "$server" -detached </dev/null >/dev/null 2>&1 \
+            || log "rabbitmq-server -detached returned non-zero; waiting for the node anyway"
+    fi
+
+    local deadline=$((SECONDS + RABBITMQ_START_TIMEOUT))
+    local out=""
+    while true; do
+        if out="$(as_rabbitmq_admin "$ctl" -q await_startup --timeout 5 </dev/null 2>&1)"; then
+            log "RabbitMQ is ready (amqp://guest:guest@127.0.0.1:5672/)"
+            return 0
+        fi
+        if ((SECONDS >= deadline)); then
+            printf '%s\n' "$out" >&2
+            for f in /var/log/rabbitmq/startup_err /var/log/rabbitmq/startup_log; do
+                if [[ -s "$f" ]]; then
+                    log "--- $f ---"
+                    tail -n 20 "$f" >&2 || true
+                fi
+            done
+            die "RabbitMQ did not become ready within ${RABBITMQ_START_TIMEOUT}s"
+        fi
+        sleep 1
+    done
+}
+
+cmd_stop_rabbitmq() {
+    local ctl
+    if ! ctl="$(find_rabbitmq_cmd rabbitmqctl)"; then
+        log "rabbitmqctl not installed; nothing to stop"
+        return 0
+    fi
+    if rabbitmq_running; then
+        log "stopping RabbitMQ"
+        # `shutdown` is `stop` that also waits for the Erlang VM to exit, so an immediate
+        # start-rabbitmq cannot race with the old node. Fall back to plain `stop`.
+        as_rabbitmq_admin "$ctl" -q shutdown </dev/null >/dev/null 2>&1 \
+            || as_rabbitmq_admin "$ctl" -q stop </dev/null >/dev/null 2>&1 \
+            || true
+    else
+        log "RabbitMQ not running"
+    fi
+    if command -v epmd >/dev/null 2>&1; then
+        epmd -kill >/dev/null 2>&1 || true
+    fi
+}
+
+cmd_install() {
+    cmd_install_mongo
+    cmd_install_rabbitmq
+}
+
+usage() {
+    # Print the header comment (line 2 up to the first non-comment line).
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}" >&2
+    exit 2
+}
+
+main() {
+    [[ $# -eq 1 ]] || usage
+    case "$1" in
+        install-mongo) cmd_install_mongo ;;
+        install-rabbitmq) cmd_install_rabbitmq ;;
+        install) cmd_install ;;
+        start-rabbitmq) cmd_start_rabbitmq ;;
+        stop-rabbitmq) cmd_stop_rabbitmq ;;
+        -h | --help | help) usage ;;
+        *) log "unknown subcommand: $1"; usage ;;
+    esac
+}
+
+main "$@"
