@@ -71,11 +71,15 @@ class NotFound(DocOutboxError):
 class DocumentTooLarge(DocOutboxError):
     """The write would make the document larger than the store accepts."""
 
-    def __init__(self, aggregate_id: object, size: int, limit: int) -> None:
-        super().__init__(
-            f"aggregate {aggregate_id!r}: the document would be {size} bytes, "
-            f"over the store's limit of {limit} bytes; nothing was written"
+    def __init__(
+        self, aggregate_id: object, size: int | None = None, limit: int | None = None
+    ) -> None:
+        sizes = (
+            f"the document would be {size} bytes, over the store's limit of {limit} bytes"
+            if size is not None and limit is not None
+            else "the database refused the document as too large"
         )
+        super().__init__(f"aggregate {aggregate_id!r}: {sizes}; nothing was written")
         self.aggregate_id = aggregate_id
         self.size = size
         self.limit = limit

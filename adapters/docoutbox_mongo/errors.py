@@ -36,12 +36,12 @@ def translated(aggregate_id: AggregateId | None = None) -> Iterator[None]:
     try:
         yield
     except pm.DocumentTooLarge as exc:
-        raise DocumentTooLarge(aggregate_id, -1, -1) from exc
+        raise DocumentTooLarge(aggregate_id) from exc
     except (pm.ConnectionFailure, pm.WTimeoutError, pm.ExecutionTimeout) as exc:
         raise TransientStoreError(f"MongoDB unavailable: {type(exc).__name__}: {exc}") from exc
     except pm.OperationFailure as exc:
         if exc.code in TOO_LARGE_CODES:
-            raise DocumentTooLarge(aggregate_id, -1, -1) from exc
+            raise DocumentTooLarge(aggregate_id) from exc
         if exc.code in TRANSIENT_CODES or exc.has_error_label("RetryableWriteError"):
             raise TransientStoreError(f"MongoDB error {exc.code}: {exc}") from exc
         raise PermanentStoreError(f"MongoDB error {exc.code}: {exc}") from exc

@@ -1,0 +1,156 @@
+"""The handle flow against a scripted backend: retries, transient errors, the cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from docoutbox import (
+    AggregateStore,
+    DocumentTooLarge,
+    Message,
+    RetryPolicy,
+    Status,
+    StoreConfig,
+    TransientStoreError,
+)
+from docoutbox.plan import CommitPlan, WritePlan
+from docoutbox.testing import MemoryBackend
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+
+
+class Scripted(MemoryBackend):
+    """A memory backend that counts calls and can fail on cue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+        self.writes = 0
+        self.fail_loads = 0
+        self.fail_writes_after_applying = 0
+        self.reject_writes = 0
+
+    def load(self, aggregate_id: Any) -> Any:
+        self.loads += 1
+        if self.fail_loads:
+            self.fail_loads -= 1
+            raise TransientStoreError("network blip")
+        return super().load(aggregate_id)
+
+    def write(self, plan: WritePlan) -> bool:
+        self.writes += 1
+        if self.reject_writes and isinstance(plan, CommitPlan):
+            self.reject_writes -= 1
+            return False
+        applied = super().write(plan)
+        if self.fail_writes_after_applying:
+            self.fail_writes_after_applying -= 1
+            raise TransientStoreError("reply lost")
+        return applied
+
+
+def make(backend: Scripted, attempts: int = 5, **config: Any) -> AggregateStore[Counter]:
+    retry = RetryPolicy(max_attempts=attempts, base_delay=0.001)
+    return AggregateStore(
+        backend, Counter, StoreConfig(retry=retry, **config), sleep=lambda s: None
+    )
+
+
+def test_one_round_trip_when_the_cached_document_is_current() -> None:
+    backend = Scripted()
+    store = make(backend)
+    store.create("c", Counter())
+    store.handle("c", add_msg("m1"), counter_handlers)
+    loads, writes = backend.loads, backend.writes
+    store.handle("c", add_msg("m2"), counter_handlers)
+    assert (backend.loads - loads, backend.writes - writes) == (0, 1)
+
+
+def test_without_cache_two_round_trips() -> None:
+    backend = Scripted()
+    store = make(backend, cache_size=0)
+    store.create("c", Counter())
+    loads, writes = backend.loads, backend.writes
+    store.handle("c", add_msg("m1"), counter_handlers)
+    assert (backend.loads - loads, backend.writes - writes) == (1, 1)
+
+
+def test_a_lost_reply_after_an_applied_write_resolves_as_duplicate() -> None:
+    backend = Scripted()
+    store = make(backend)
+    store.create("c", Counter())
+    backend.fail_writes_after_applying = 1
+    outcome = store.handle("c", add_msg("m1"), counter_handlers)
+    assert outcome.status is Status.DUPLICATE
+    assert store.get("c").state.total == 1  # applied once, not twice
+
+
+def test_transient_load_errors_are_retried_then_raised() -> None:
+    backend = Scripted()
+    store = make(backend, attempts=3, cache_size=0)
+    store.create("c", Counter())
+    backend.fail_loads = 2
+    assert store.handle("c", add_msg("m1"), counter_handlers).applied
+    backend.fail_loads = 3
+    with pytest.raises(TransientStoreError):
+        store.handle("c", add_msg("m2"), counter_handlers)
+
+
+def test_gives_up_after_bounded_conflicts_and_writes_nothing() -> None:
+    backend = Scripted()
+    store = make(backend, attempts=4)
+    store.create("c", Counter())
+    backend.reject_writes = 10
+    outcome = store.handle("c", add_msg("m1"), counter_handlers)
+    assert outcome.status is Status.GAVE_UP
+    assert outcome.attempts == 4
+    assert store.get("c").version == 0
+
+
+def test_backoff_grows_and_is_jittered() -> None:
+    slept: list[float] = []
+    backend = Scripted()
+    retry = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05)
+    store = AggregateStore(
+        backend, Counter, StoreConfig(retry=retry, cache_size=0), sleep=slept.append
+    )
+    store.create("c", Counter())
+    backend.reject_writes = 10
+    store.handle("c", add_msg("m1"), counter_handlers)
+    assert len(slept) == 5
+    caps = [min(0.05, 0.01 * 2**i) for i in range(5)]
+    assert all(0 <= s <= cap for s, cap in zip(slept, caps, strict=True))
+
+
+def test_stale_cache_reloads_without_sleeping() -> None:
+    slept: list[float] = []
+    backend = Scripted()
+    store = AggregateStore(backend, Counter, sleep=slept.append)
+    other = AggregateStore(backend, Counter)
+    store.create("c", Counter())
+    store.handle("c", add_msg("m1"), counter_handlers)
+    other.handle("c", add_msg("m2"), counter_handlers)
+    outcome = store.handle("c", add_msg("m3"), counter_handlers)
+    assert outcome.applied and outcome.attempts == 2
+    assert slept == []
+
+
+def blob(message_id: str, size: int) -> Message:
+    return Message(id=message_id, type="Add", payload={"n": 1, "blob": "x" * size})
+
+
+def test_size_guard_rechecks_a_cached_document_before_refusing() -> None:
+    backend = Scripted()
+    backend.max_document_bytes = 6000
+    store = make(backend)
+    store.create("c", Counter())
+    first = store.handle("c", blob("m1", 3000), counter_handlers)
+    # Another process publishes and trims; our cache still holds the big entry.
+    AggregateStore(backend, Counter).trim("c", [e.id for e in first.emitted])
+    loads = backend.loads
+    assert store.handle("c", blob("m2", 3000), counter_handlers).applied
+    assert backend.loads == loads + 1  # the cached copy looked too large: reloaded once
+    with pytest.raises(DocumentTooLarge):
+        store.handle("c", blob("m3", 4000), counter_handlers)
+    assert store.get("c").version == 2
