@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from docoutbox.errors import InvalidInput, InvalidMessage, InvalidPayload
 
+M = TypeVar("M", bound=BaseModel)
 AggregateId = str | int
 JsonObject = dict[str, JsonValue]
 
@@ -119,6 +121,15 @@ class Message(_Strict):
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
     _payload_finite = field_validator("payload")(_finite)
+
+    def payload_as(self, model: builtins.type[M]) -> M:
+        """The payload validated as ``model``; InvalidPayload if it does not fit."""
+        try:
+            return model.model_validate(self.payload)
+        except ValidationError as exc:
+            raise InvalidPayload(
+                f"{self.type} {self.id}: payload is not a {model.__name__}: {exc}"
+            ) from exc
 
 
 class Emit(_Strict):

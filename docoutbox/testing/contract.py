@@ -184,7 +184,9 @@ class StoreContract:
         big = Message(id="big", type="Add", payload={"n": 1, "blob": "x" * (17 * 1024 * 1024)})
         with pytest.raises(DocumentTooLarge) as caught:
             store.handle("c1", big, counter_handlers)
-        assert caught.value.aggregate_id == "c1" and caught.value.size > caught.value.limit
+        error = caught.value
+        assert error.aggregate_id == "c1"
+        assert error.size is not None and error.limit is not None and error.size > error.limit
         snap = store.get("c1")
         assert snap.version == 0 and snap.raw_outbox == ()
 

@@ -1,0 +1,30 @@
+"""The bank example, in memory and on the MongoDB wire server."""
+
+from __future__ import annotations
+
+import pytest
+
+from examples.bank import app
+
+
+def check(capsys: pytest.CaptureFixture[str]) -> None:
+    out = capsys.readouterr().out
+    assert "cmd-2 Withdraw: applied" in out
+    assert "cmd-2 Withdraw: duplicate" in out
+    assert "relayed 3 messages; again: 0" in out
+    assert "alice: owner='Alice' balance=70" in out
+    assert "ledger: deposited=100 withdrawn=30 rejected=500" in out
+
+
+def test_in_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert app.main([]) == 0
+    check(capsys)
+
+
+@pytest.mark.wire
+def test_on_mongodb(mongo_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pymongo import MongoClient
+
+    MongoClient(mongo_uri).drop_database("bank")
+    assert app.main([mongo_uri]) == 0
+    check(capsys)
