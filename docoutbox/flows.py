@@ -279,6 +279,7 @@ class Core(Generic[S]):
         doc = self._new_document(aggregate_id, state)
         guard_size(doc, aggregate_id, self._size_of, self._limit)
         if (yield Write(InsertPlan(aggregate_id, doc))):
+            self.cache.put(aggregate_id, doc)
             return Created(True, read_snapshot(doc, self.model))
         existing = yield Load(aggregate_id)
         if existing is None:

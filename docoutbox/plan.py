@@ -43,6 +43,9 @@ class CommitPlan:
     outbox_seq: int
     inbox_push: tuple[str, ...]
     inbox_window: int
+    #: The whole inbox after the commit (when it changes), for stores that cannot append
+    #: and slice in one operation. Safe to set: only version-guarded commits change it.
+    inbox_after: tuple[str, ...] | None
     inbox_marks: tuple[dict[str, Any], ...] | None
     updated_at: datetime
 
@@ -120,10 +123,12 @@ def plan_commit(
     )
     marks = None
     inbox_push: tuple[str, ...] = ()
+    inbox_after = None
     if uses_marks(policy, message):
         marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
     elif policy.window:
         inbox_push = (message.id,)
+        inbox_after = (*snapshot.inbox, message.id)[-policy.window :]
     plan = CommitPlan(
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
@@ -132,6 +137,7 @@ def plan_commit(
         outbox_seq=snapshot.outbox_seq + len(entries),
         inbox_push=inbox_push,
         inbox_window=policy.window,
+        inbox_after=inbox_after,
         inbox_marks=marks,
         updated_at=now,
     )

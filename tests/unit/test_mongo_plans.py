@@ -24,6 +24,7 @@ def commit(**overrides: object) -> CommitPlan:
         "outbox_seq": 8,
         "inbox_push": ("m",),
         "inbox_window": 100,
+        "inbox_after": ("m",),
         "inbox_marks": None,
         "updated_at": NOW,
     }
