@@ -1,0 +1,230 @@
+"""Publish outbox entries to RabbitMQ with publisher confirms (pika ``BlockingConnection``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import pika  # type: ignore[import-untyped, unused-ignore]
+import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
+
+from docoutbox.dispatch import encode_entry
+from docoutbox.errors import PermanentPublishError
+from docoutbox.model import OutboxMessage
+from docoutbox_rabbitmq.errors import translated
+from docoutbox_rabbitmq.topology import declare
+
+log = logging.getLogger("docoutbox.rabbitmq")
+
+#: RabbitMQ's default ``max_message_size`` (128 MiB).
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+
+
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``, safe for logs and reprs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def properties_for(entry: OutboxMessage) -> Any:
+    """AMQP properties of an entry: persistent JSON, ids, and its stream position in headers.
+
+    The entry's own headers (for example a W3C ``traceparent``) are kept; the names
+    ``seq``, ``aggregate_id``, ``aggregate_type`` and ``causation_id`` are reserved.
+    """
+    headers: dict[str, Any] = dict(entry.headers)
+    headers.update(
+        seq=entry.seq, aggregate_id=entry.aggregate_id, aggregate_type=entry.aggregate_type
+    )
+    if entry.causation_id is not None:
+        headers["causation_id"] = entry.causation_id
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=entry.id,
+        type=entry.type,
+        timestamp=int(entry.created_at.timestamp()),
+        correlation_id=entry.correlation_id,
+        headers=headers,
+    )
+
+
+@dataclass(eq=False)
+class _Link:
+    """One thread's connection and confirm-mode channel."""
+
+    connection: Any
+    channel: Any = None
+    used_at: float = 0.0
+
+
+class RabbitPublisher:
+    """A :class:`docoutbox.ports.Publisher` for RabbitMQ: returns only once confirmed.
+
+    Each entry is published persistent, ``mandatory``, to ``exchange`` with routing key
+    ``route(entry)`` if given, else the entry's ``destination``, else ``routing_key``, else
+    the entry's ``type``. The body is :func:`docoutbox.dispatch.encode_entry`.
+
+    Errors: a nack or a return raises ``PublishError``; a message over
+    ``max_message_size`` or refused with 311/406 raises ``PermanentPublishError``; a lost
+    connection, a missing exchange or refused access raises ``BrokerUnavailable``, and the
+    next call reconnects. An idle connection is probed before use, so one the broker
+    closed meanwhile is replaced without failing the publish.
+
+    Threads: pika connections must stay on the thread that opened them. The publisher
+    opens one connection per thread, lazily, so one instance can serve a pool of worker
+    threads. Call :meth:`close` once the workers have stopped.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        exchange: str = "",
+        *,
+        routing_key: str | None = None,
+        route: Callable[[OutboxMessage], str] | None = None,
+        mandatory: bool = True,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        connection_name: str = "docoutbox-publisher",
+        blocked_timeout: float = 30.0,
+        probe_idle: float = 1.0,
+    ) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.route = route
+        self.mandatory = mandatory
+        self.max_message_size = max_message_size
+        self.probe_idle = probe_idle
+        self._url = url
+        self._params = pika.URLParameters(url)
+        self._params.client_properties = {"connection_name": connection_name}
+        self._params.blocked_connection_timeout = blocked_timeout
+        self._local = threading.local()
+        self._links: list[_Link] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<RabbitPublisher {masked(self._url)} exchange={self.exchange!r}>"
+
+    def routing_key_for(self, entry: OutboxMessage) -> str:
+        if self.route is not None:
+            return self.route(entry)
+        return entry.destination or self.routing_key or entry.type
+
+    def publish(self, entry: OutboxMessage) -> None:
+        body = encode_entry(entry)
+        if len(body) > self.max_message_size:
+            raise PermanentPublishError(
+                f"entry {entry.id}: {len(body)} bytes, over the broker's "
+                f"max_message_size of {self.max_message_size} bytes"
+            )
+        link = self._link()
+        try:
+            with translated(f"publish entry {entry.id} to {masked(self._url)}"):
+                link.channel.basic_publish(
+                    self.exchange,
+                    self.routing_key_for(entry),
+                    body,
+                    properties_for(entry),
+                    mandatory=self.mandatory,
+                )
+        finally:
+            link.used_at = time.monotonic()
+            if link.connection.is_closed or link.channel.is_closed:
+                self._discard(link)
+
+    def declare(
+        self,
+        *,
+        exchange_type: str = "topic",
+        queues: Mapping[str, Iterable[str]] | None = None,
+        dead_letters: str | None = None,
+    ) -> None:
+        """:func:`declare` this publisher's exchange, on the calling thread's connection."""
+        link = self._link()
+        try:
+            declare(
+                link.channel,
+                self.exchange,
+                exchange_type=exchange_type,
+                queues=queues,
+                dead_letters=dead_letters,
+            )
+        finally:
+            if link.connection.is_closed or link.channel.is_closed:
+                self._discard(link)
+
+    def close(self) -> None:
+        """Close every thread's connection. A later publish opens a new one."""
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            _close_quietly(link.connection)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _link(self) -> _Link:
+        link: _Link | None = getattr(self._local, "link", None)
+        if link is not None and not self._alive(link):
+            self._discard(link)
+            link = None
+        if link is None:
+            with translated(f"connect to {masked(self._url)}"):
+                link = _Link(pika.BlockingConnection(self._params))
+            self._local.link = link
+            with self._lock:
+                self._links.append(link)
+        if link.channel is None or link.channel.is_closed:
+            try:
+                with translated(f"open a channel on {masked(self._url)}"):
+                    link.channel = link.connection.channel()
+                    link.channel.confirm_delivery()
+            except BaseException:
+                self._discard(link)
+                raise
+            link.used_at = time.monotonic()
+        return link
+
+    def _alive(self, link: _Link) -> bool:
+        if link.connection.is_closed:
+            return False
+        if time.monotonic() - link.used_at < self.probe_idle:
+            return True
+        try:
+            link.connection.process_data_events(time_limit=0)
+        except (px.AMQPError, OSError) as exc:
+            log.info("reconnecting to %s: %r", masked(self._url), exc)
+            return False
+        return bool(link.connection.is_open)
+
+    def _discard(self, link: _Link) -> None:
+        if getattr(self._local, "link", None) is link:
+            self._local.link = None
+        with self._lock:
+            if link in self._links:
+                self._links.remove(link)
+        _close_quietly(link.connection)
+
+
+def _close_quietly(connection: Any) -> None:
+    if connection.is_closed:
+        return
+    try:
+        connection.close()
+    except (px.AMQPError, OSError) as exc:  # already broken: nothing left to release
+        log.debug("closing a broken RabbitMQ connection: %r", exc)
