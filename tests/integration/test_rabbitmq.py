@@ -1,0 +1,194 @@
+"""RabbitPublisher against a real broker: confirms, properties, routing and failures."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from docoutbox.dispatch import decode_entry
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
+from docoutbox.ports import Publisher
+from docoutbox_rabbitmq import RabbitPublisher
+from tests.support.e2e import (
+    Sandbox,
+    broker_address,
+    make_entry,
+    require_rabbitmq,
+    sandbox,
+    through,
+)
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.rabbitmq
+
+
+@pytest.fixture(scope="module")
+def url() -> str:
+    return require_rabbitmq()
+
+
+@pytest.fixture
+def box(url: str) -> Iterator[Sandbox]:
+    with sandbox(url) as created:
+        yield created
+
+
+@pytest.fixture
+def proxy(url: str) -> Iterator[TcpProxy]:
+    with TcpProxy(broker_address(url)) as created:
+        yield created
+
+
+def test_round_trip_of_properties_headers_and_body(url: str, box: Sandbox) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(url, exchange) as publisher:
+        assert isinstance(publisher, Publisher)
+        publisher.declare(queues={queue: ["orders.#"]})
+        entry = make_entry(
+            "p1",
+            7,
+            destination="orders.created",
+            headers={"traceparent": "00-abc-def-01", "tenant": "t1"},
+            correlation_id="corr-1",
+            causation_id="cause-1",
+        )
+        publisher.publish(entry)
+    props, body = box.drain(queue)[0]
+    assert decode_entry(body) == entry
+    assert props.content_type == "application/json"
+    assert props.delivery_mode == 2
+    assert (props.message_id, props.type, props.correlation_id) == (entry.id, "Event", "corr-1")
+    assert props.timestamp == int(entry.created_at.timestamp())
+    assert props.headers == {
+        "traceparent": "00-abc-def-01",
+        "tenant": "t1",
+        "seq": 7,
+        "aggregate_id": "p1",
+        "aggregate_type": "Producer",
+        "causation_id": "cause-1",
+    }
+
+
+def test_routing_key_from_route_destination_default_or_type(url: str, box: Sandbox) -> None:
+    exchange, queue, _ = box.names()
+    keys = ["by-route", "by-destination", "by-default", "Event"]
+    with RabbitPublisher(url, exchange, routing_key="by-default") as publisher:
+        publisher.declare(exchange_type="direct", queues={queue: keys})
+        publisher.publish(make_entry(seq=1, destination="by-destination"))
+        publisher.publish(make_entry(seq=2))
+        publisher.route = lambda entry: "by-route"
+        publisher.publish(make_entry(seq=3, destination="by-destination"))
+    with RabbitPublisher(url, exchange) as publisher:
+        publisher.publish(make_entry(seq=4))  # no destination nor default: the type
+    assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 2, 3, 4]
+
+
+def test_unroutable_message_raises_publish_error_and_channel_stays_usable(
+    url: str, box: Sandbox
+) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(url, exchange) as publisher:
+        publisher.declare(exchange_type="direct", queues={queue: ["known"]})
+        with pytest.raises(PublishError) as caught:
+            publisher.publish(make_entry(destination="nobody-listens"))
+        assert not isinstance(caught.value, PermanentPublishError)
+        assert "312" in str(caught.value)
+        publisher.publish(make_entry(destination="known"))
+    assert len(box.drain(queue)) == 1
+
+
+def test_missing_exchange_holds_entries_until_declared(url: str, box: Sandbox) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(url, exchange) as publisher:
+        with pytest.raises(BrokerUnavailable) as caught:
+            publisher.publish(make_entry())
+        assert "404" in str(caught.value)
+        publisher.declare(queues={queue: ["#"]})  # reopens the channel the 404 closed
+        publisher.publish(make_entry())
+    assert len(box.drain(queue)) == 1
+
+
+def test_oversized_message_is_permanent_and_never_sent(url: str, box: Sandbox) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(url, exchange, max_message_size=2000) as publisher:
+        publisher.declare(queues={queue: ["#"]})
+        big = make_entry(headers={"blob": "x" * 3000})
+        with pytest.raises(PermanentPublishError, match="max_message_size"):
+            publisher.publish(big)
+        publisher.publish(make_entry())
+    assert [decode_entry(b).id != big.id for _, b in box.drain(queue)] == [True]
+
+
+def test_lost_publish_raises_broker_unavailable_then_reconnects(
+    url: str, box: Sandbox, proxy: TcpProxy
+) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(through(url, proxy.port), exchange) as publisher:
+        publisher.declare(queues={queue: ["#"]})
+        proxy.drop_on_next_send()  # the publish frames vanish with the connection
+        with pytest.raises(BrokerUnavailable):
+            publisher.publish(make_entry(seq=1))
+        publisher.publish(make_entry(seq=2))
+    assert [decode_entry(b).seq for _, b in box.drain(queue)] == [2]
+
+
+def test_broker_down_raises_until_it_is_back(url: str, box: Sandbox, proxy: TcpProxy) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
+        publisher.declare(queues={queue: ["#"]})
+        proxy.refuse = True
+        proxy.cut()
+        for seq in (1, 2):
+            with pytest.raises(BrokerUnavailable) as caught:
+                publisher.publish(make_entry(seq=seq))
+            assert "guest:***@" in str(caught.value) and ":guest@" not in str(caught.value)
+        proxy.refuse = False
+        publisher.publish(make_entry(seq=3))
+    assert [decode_entry(b).seq for _, b in box.drain(queue)] == [3]
+
+
+def test_idle_connection_closed_by_peer_is_replaced_without_failing(
+    url: str, box: Sandbox, proxy: TcpProxy
+) -> None:
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
+        publisher.declare(queues={queue: ["#"]})
+        publisher.publish(make_entry(seq=1))
+        proxy.cut()
+        publisher.publish(make_entry(seq=2))
+    assert [decode_entry(b).seq for _, b in box.drain(queue)] == [1, 2]
+
+
+def test_one_connection_per_thread(url: str, box: Sandbox) -> None:
+    exchange, queue, _ = box.names()
+    publisher = RabbitPublisher(url, exchange)
+    publisher.declare(queues={queue: ["#"]})
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for seq in range(1, 26):
+                publisher.publish(make_entry(f"w{worker}", seq))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(publisher._links) == 5  # the declaring thread and four workers
+    publisher.close()
+    assert publisher._links == []
+    entries = [decode_entry(b) for _, b in box.drain(queue)]
+    assert len(entries) == 100
+    for worker in range(4):  # one thread's publishes keep their order
+        assert [e.seq for e in entries if e.aggregate_id == f"w{worker}"] == list(range(1, 26))
+
+
+def test_repr_masks_the_password() -> None:
+    publisher = RabbitPublisher("amqp://user:s3cret@broker.example:5672/%2F", "ex")
+    assert "s3cret" not in repr(publisher) and "user:***@broker.example" in repr(publisher)

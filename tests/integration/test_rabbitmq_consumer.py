@@ -1,0 +1,220 @@
+"""RabbitConsumer against a real broker: ack after commit, de-duplication, requeue, reject."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox.dispatch import decode_entry, encode_entry
+from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
+from docoutbox.flows import RetryPolicy
+from docoutbox.model import OutboxMessage
+from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
+from tests.support.e2e import (
+    FaultyBackend,
+    Ledger,
+    Sandbox,
+    broker_address,
+    by_source,
+    ledger_handlers,
+    make_entry,
+    require_rabbitmq,
+    sandbox,
+    through,
+)
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.rabbitmq
+
+EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
+
+
+@pytest.fixture(scope="module")
+def url() -> str:
+    return require_rabbitmq()
+
+
+@pytest.fixture
+def box(url: str) -> Iterator[Sandbox]:
+    with sandbox(url) as created:
+        yield created
+
+
+@pytest.fixture
+def queue(url: str, box: Sandbox) -> str:
+    """A fresh durable queue on the default exchange, dead-lettering to ``<queue>-dead``."""
+    _, name, dead = box.names(exchange=False)
+    with RabbitPublisher(url) as publisher:
+        publisher.declare(queues={name: []}, dead_letters=dead)
+    return name
+
+
+def dead_letters_of(box: Sandbox) -> str:
+    return box.queues[-1]
+
+
+def publish(url: str, queue: str, entries: list[OutboxMessage]) -> None:
+    with RabbitPublisher(url, routing_key=queue) as publisher:
+        for entry in entries:
+            publisher.publish(entry)
+
+
+def consumer(
+    url: str, queue: str, backend: FaultyBackend, config: StoreConfig = EXACT, **options: object
+) -> RabbitConsumer[Ledger]:
+    store = AggregateStore(backend, Ledger, config)
+    return RabbitConsumer(
+        url,
+        queue,
+        store,
+        ledger_handlers,
+        aggregate_id_of=by_source,
+        create=True,
+        requeue_delay=0.01,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def ledger(backend: FaultyBackend, producer: str) -> Ledger:
+    snapshot = AggregateStore(backend, Ledger).get(f"Producer/{producer}")
+    return snapshot.state
+
+
+def test_applies_each_delivery_once_in_order(url: str, box: Sandbox, queue: str) -> None:
+    entries = [make_entry(p, seq) for seq in range(1, 11) for p in ("a", "b", "c")]
+    publish(url, queue, entries)
+    backend = FaultyBackend()
+    worker = consumer(url, queue, backend)
+    stats = worker.run(max_messages=30, idle_timeout=5)
+    worker.close()
+    assert (stats.delivered, stats.applied, stats.duplicates) == (30, 30, 0)
+    for producer in "abc":
+        assert ledger(backend, producer).seqs == {f"Producer/{producer}": list(range(1, 11))}
+    assert box.depth(queue) == 0
+
+
+@pytest.mark.parametrize("config", [EXACT, StoreConfig()], ids=["watermarks", "id-window"])
+def test_redelivered_duplicates_are_acked_without_reapplying(
+    url: str, box: Sandbox, queue: str, config: StoreConfig
+) -> None:
+    entries = [make_entry("a", seq) for seq in range(1, 6)]
+    publish(url, queue, entries + entries[::-1])
+    backend = FaultyBackend()
+    stats = consumer(url, queue, backend, config).run(max_messages=10, idle_timeout=5)
+    assert (stats.applied, stats.duplicates, stats.rejected) == (5, 5, 0)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3, 4, 5]
+    assert ledger(backend, "a").total == 5
+    assert box.depth(queue) == 0
+
+
+def test_crash_between_commit_and_ack_redelivers_a_duplicate(
+    url: str, box: Sandbox, queue: str
+) -> None:
+    publish(url, queue, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    with TcpProxy(broker_address(url)) as proxy:
+
+        def crash() -> None:  # the connection dies between commit and ack
+            time.sleep(0.3)  # an ack sent before the commit would have reached the broker
+            proxy.cut()
+
+        backend.after_write = crash
+        first = consumer(through(url, proxy.port), queue, backend)
+        with pytest.raises(BrokerUnavailable):
+            first.run(idle_timeout=2)
+    backend.after_write = None
+    second = consumer(url, queue, backend)
+    stats = second.run(max_messages=1, idle_timeout=5)  # nothing comes if it was acked early
+    assert (stats.applied, stats.duplicates, stats.redelivered) == (0, 1, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1]
+    assert box.depth(queue) == 0
+
+
+def test_malformed_and_invalid_deliveries_are_rejected_to_dead_letters(
+    url: str, box: Sandbox, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad_bodies = [b"not json at all", b'{"id": "x", "type": "Event"}']
+    box.channel.confirm_delivery()
+    for body in bad_bodies:
+        box.channel.basic_publish("", queue, body)
+    unknown = make_entry("a", 1, type="NoSuchType")
+    good = make_entry("a", 2)
+    exploding = make_entry("b", 1)
+    publish(url, queue, [unknown, good, exploding])
+
+    def handler(state: Ledger, message: Message) -> Ledger:
+        if message.source == "Producer/b":
+            raise RuntimeError("business rule broken")
+        return ledger_handlers(state, message)  # type: ignore[return-value]
+
+    backend = FaultyBackend()
+    worker = consumer(url, queue, backend)
+    worker.handler = handler
+    with caplog.at_level(logging.ERROR, logger="docoutbox.rabbitmq"):
+        stats = worker.run(max_messages=5, idle_timeout=5)
+    assert (stats.applied, stats.rejected, stats.requeued) == (1, 4, 0)
+    assert box.depth(queue) == 0
+    dead = [body for _, body in box.drain(dead_letters_of(box))]
+    assert dead[:2] == bad_bodies
+    assert [decode_entry(b).id for b in dead[2:]] == [unknown.id, exploding.id]
+    assert len([r for r in caplog.records if r.message.startswith("rejecting")]) == 4
+    assert "UnknownMessageType" in caplog.text and "business rule broken" in caplog.text
+
+
+def test_gave_up_is_requeued_then_applied(url: str, box: Sandbox, queue: str) -> None:
+    publish(url, queue, [make_entry("a", 1), make_entry("a", 2)])
+    backend = FaultyBackend()
+    backend.refuse_writes = 1  # one conflict; with a single attempt the store gives up
+    config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(1))
+    stats = consumer(url, queue, backend, config, prefetch=1).run(max_messages=3, idle_timeout=5)
+    assert (stats.requeued, stats.applied, stats.redelivered) == (1, 2, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2]  # prefetch 1 keeps the order
+    assert box.depth(queue) == 0
+
+
+def test_transient_store_error_is_requeued(url: str, box: Sandbox, queue: str) -> None:
+    publish(url, queue, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    backend.load_errors = [TransientStoreError("flaky")] * 4  # twice what the store retries
+    config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(2))
+    stats = consumer(url, queue, backend, config).run(max_messages=3, idle_timeout=5)
+    assert (stats.requeued, stats.applied) == (2, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1]
+
+
+def test_permanent_store_error_requeues_and_stops(url: str, box: Sandbox, queue: str) -> None:
+    entry = make_entry("a", 1)
+    publish(url, queue, [entry])
+    backend = FaultyBackend()
+    backend.load_errors = [PermanentStoreError("auth failed")]
+    worker = consumer(url, queue, backend)
+    with pytest.raises(PermanentStoreError):
+        worker.run(idle_timeout=2)
+    worker.close()
+    assert box.depth(queue) == 1
+    assert consumer(url, queue, backend).run(max_messages=1, idle_timeout=5).applied == 1
+
+
+def test_idle_timeout_and_stop_event(url: str, queue: str) -> None:
+    worker = consumer(url, queue, FaultyBackend())
+    started = time.monotonic()
+    assert worker.run(idle_timeout=0.3, poll=0.05).delivered == 0
+    assert time.monotonic() - started < 3
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    worker.run(stop=stop, poll=0.05)
+    assert time.monotonic() - started < 3
+    worker.close()
+
+
+def test_body_is_the_encoded_entry(url: str, box: Sandbox, queue: str) -> None:
+    entry = make_entry("a", 3, headers={"traceparent": "t"})
+    publish(url, queue, [entry])
+    item = box.get(queue)
+    assert item is not None and item[1] == encode_entry(entry)
