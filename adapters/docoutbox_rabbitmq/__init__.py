@@ -1,9 +1,10 @@
 """RabbitMQ adapter for docoutbox: a confirming publisher and a consumer that acks after commit."""
 
-from docoutbox_rabbitmq.consumer import Action, ConsumerStats, RabbitConsumer, Verdict
+from docoutbox_rabbitmq.amqp import declare, masked, properties_for
+from docoutbox_rabbitmq.consumer import ConsumerStats, RabbitConsumer
 from docoutbox_rabbitmq.errors import translate, translated
-from docoutbox_rabbitmq.publisher import RabbitPublisher, masked, properties_for
-from docoutbox_rabbitmq.topology import declare
+from docoutbox_rabbitmq.publisher import RabbitPublisher
+from docoutbox_rabbitmq.settle import Action, Verdict, receive
 
 __all__ = [
     "Action",
@@ -14,6 +15,7 @@ __all__ = [
     "declare",
     "masked",
     "properties_for",
+    "receive",
     "translate",
     "translated",
 ]

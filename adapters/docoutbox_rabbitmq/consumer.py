@@ -7,59 +7,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 import pika  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel
 
 from docoutbox.aggregate import Handler
-from docoutbox.dispatch import decode_entry
-from docoutbox.errors import (
-    ConcurrencyConflict,
-    DocumentTooLarge,
-    InboxSaturated,
-    InvalidInput,
-    NotFound,
-    PermanentStoreError,
-    TransientStoreError,
-)
-from docoutbox.flows import Outcome, Status
 from docoutbox.model import AggregateId, Message
 from docoutbox.store import AggregateStore
+from docoutbox_rabbitmq.amqp import masked
 from docoutbox_rabbitmq.errors import translated
-from docoutbox_rabbitmq.publisher import masked
+from docoutbox_rabbitmq.settle import Action, Verdict, describe, receive
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
-
-
-class Action(StrEnum):
-    ACK = "ack"  # committed (applied) or already in the inbox (duplicate)
-    REQUEUE = "requeue"  # worth another try: nack with requeue
-    REJECT = "reject"  # never acceptable: reject without requeue (dead-letter exchange)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What to do with one delivery, and why."""
-
-    action: Action
-    message: Message | None = None
-    outcome: Outcome[Any] | None = None
-    error: BaseException | None = None
-    #: Stop consuming after settling: the store failed in a way retrying will not fix.
-    fatal: bool = False
-
-
-#: Errors that make a delivery unacceptable as it is: requeueing would loop forever.
-REJECT_ERRORS: tuple[type[Exception], ...] = (InvalidInput, DocumentTooLarge, NotFound)
-#: Errors that may pass when the delivery comes again.
-REQUEUE_ERRORS: tuple[type[Exception], ...] = (
-    TransientStoreError,
-    ConcurrencyConflict,
-    InboxSaturated,
-)
 
 
 @dataclass
@@ -76,17 +37,12 @@ class ConsumerStats:
 class RabbitConsumer(Generic[S]):
     """Feed a queue's deliveries to ``store.handle`` and acknowledge only after the commit.
 
-    Each body is decoded with :func:`docoutbox.dispatch.decode_entry`; the entry's message
-    (with ``source`` and ``seq``, so exact de-duplication works) is handled on the
-    aggregate ``aggregate_id_of(message)``. A delivery is
-
-    - acked once the outcome is ``applied`` or ``duplicate``;
-    - nacked with requeue (after ``requeue_delay``) on ``gave_up``, a transient store
-      error, a conflict or a saturated inbox;
-    - rejected without requeue, and logged, when the body is malformed, the input invalid,
-      the document would grow too large, the aggregate is missing (``create=False``) or
-      the handler raised: declare the queue with a dead-letter exchange to keep these;
-    - nacked with requeue on a permanent store error, and :meth:`run` raises it.
+    Each body is an entry (:func:`docoutbox.dispatch.decode_entry`); its message carries
+    ``source`` and ``seq``, so exact de-duplication works. It is handled on the aggregate
+    ``aggregate_id_of(message)`` and settled as :func:`~docoutbox_rabbitmq.settle.receive`
+    decides: acked after the commit (or as a duplicate), nacked with requeue after
+    ``requeue_delay``, or rejected without requeue and logged. Declare the queue with a
+    dead-letter exchange to keep rejected deliveries.
 
     A requeued delivery may be overtaken by later ones when ``prefetch`` > 1; use
     ``prefetch=1`` where a source's order must hold across requeues. Like any pika
@@ -104,7 +60,7 @@ class RabbitConsumer(Generic[S]):
         create: bool = False,
         prefetch: int = 16,
         requeue_delay: float = 0.05,
-        on_verdict: Callable[[Verdict], None] | None = None,
+        on_verdict: Callable[[Verdict, bool], None] | None = None,
     ) -> None:
         self.queue = queue
         self.store = store
@@ -125,23 +81,7 @@ class RabbitConsumer(Generic[S]):
 
     def decide(self, body: bytes) -> Verdict:
         """Handle one body against the store and decide how to settle it. No broker I/O."""
-        message: Message | None = None
-        try:
-            message = decode_entry(body).to_message()
-            outcome = self.store.handle(
-                self.aggregate_id_of(message), message, self.handler, create=self.create
-            )
-        except REJECT_ERRORS as exc:
-            return Verdict(Action.REJECT, message, error=exc)
-        except REQUEUE_ERRORS as exc:
-            return Verdict(Action.REQUEUE, message, error=exc)
-        except PermanentStoreError as exc:
-            return Verdict(Action.REQUEUE, message, error=exc, fatal=True)
-        except Exception as exc:  # noqa: BLE001 - a handler bug: dead-letter it, do not loop
-            return Verdict(Action.REJECT, message, error=exc)
-        if outcome.status is Status.GAVE_UP:
-            return Verdict(Action.REQUEUE, message, outcome)
-        return Verdict(Action.ACK, message, outcome)
+        return receive(body, self.store, self.handler, self.aggregate_id_of, create=self.create)
 
     def run(
         self,
@@ -174,8 +114,7 @@ class RabbitConsumer(Generic[S]):
                             break
                         continue
                     verdict = self.decide(body)
-                    self.stats.redelivered += bool(method.redelivered)
-                    self._settle(channel, method.delivery_tag, verdict, body)
+                    self._settle(channel, method, verdict, body)
                     if verdict.fatal and verdict.error is not None:
                         raise verdict.error
                     count += 1
@@ -196,9 +135,10 @@ class RabbitConsumer(Generic[S]):
                 self._connection.close()
         self._connection = None
 
-    def _settle(self, channel: Any, tag: int, verdict: Verdict, body: bytes) -> None:
-        stats = self.stats
+    def _settle(self, channel: Any, method: Any, verdict: Verdict, body: bytes) -> None:
+        stats, tag, redelivered = self.stats, method.delivery_tag, bool(method.redelivered)
         stats.delivered += 1
+        stats.redelivered += redelivered
         if verdict.action is Action.ACK:
             channel.basic_ack(tag)
             if verdict.outcome is not None and verdict.outcome.duplicate:
@@ -206,31 +146,18 @@ class RabbitConsumer(Generic[S]):
             else:
                 stats.applied += 1
         elif verdict.action is Action.REQUEUE:
-            log.warning("requeueing %s: %s", _name(verdict), _why(verdict))
+            log.warning("requeueing %s", describe(verdict))
             time.sleep(self.requeue_delay)
             channel.basic_nack(tag, requeue=True)
             stats.requeued += 1
         else:
             log.error(
-                "rejecting %s (dead-lettered if the queue has a dead-letter exchange): %s; "
-                "body starts %r",
-                _name(verdict),
-                _why(verdict),
+                "rejecting %s (kept only if the queue has a dead-letter exchange); body %r",
+                describe(verdict),
                 body[:200],
                 exc_info=verdict.error,
             )
             channel.basic_reject(tag, requeue=False)
             stats.rejected += 1
         if self.on_verdict is not None:
-            self.on_verdict(verdict)
-
-
-def _name(verdict: Verdict) -> str:
-    return f"message {verdict.message.id}" if verdict.message is not None else "a delivery"
-
-
-def _why(verdict: Verdict) -> str:
-    if verdict.error is not None:
-        return f"{type(verdict.error).__name__}: {verdict.error}"
-    assert verdict.outcome is not None
-    return f"gave up after {verdict.outcome.attempts} attempts"
+            self.on_verdict(verdict, redelivered)

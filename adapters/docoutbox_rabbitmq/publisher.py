@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit, urlunsplit
 
 import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
@@ -17,45 +16,13 @@ import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 from docoutbox.dispatch import encode_entry
 from docoutbox.errors import PermanentPublishError
 from docoutbox.model import OutboxMessage
+from docoutbox_rabbitmq.amqp import declare, masked, properties_for
 from docoutbox_rabbitmq.errors import translated
-from docoutbox_rabbitmq.topology import declare
 
 log = logging.getLogger("docoutbox.rabbitmq")
 
 #: RabbitMQ's default ``max_message_size`` (128 MiB).
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
-
-
-def masked(url: str) -> str:
-    """``url`` with its password replaced by ``***``, safe for logs and reprs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def properties_for(entry: OutboxMessage) -> Any:
-    """AMQP properties of an entry: persistent JSON, ids, and its stream position in headers.
-
-    The entry's own headers (for example a W3C ``traceparent``) are kept; the names
-    ``seq``, ``aggregate_id``, ``aggregate_type`` and ``causation_id`` are reserved.
-    """
-    headers: dict[str, Any] = dict(entry.headers)
-    headers.update(
-        seq=entry.seq, aggregate_id=entry.aggregate_id, aggregate_type=entry.aggregate_type
-    )
-    if entry.causation_id is not None:
-        headers["causation_id"] = entry.causation_id
-    return pika.BasicProperties(
-        content_type="application/json",
-        delivery_mode=pika.DeliveryMode.Persistent,
-        message_id=entry.id,
-        type=entry.type,
-        timestamp=int(entry.created_at.timestamp()),
-        correlation_id=entry.correlation_id,
-        headers=headers,
-    )
 
 
 @dataclass(eq=False)

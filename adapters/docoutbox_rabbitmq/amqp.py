@@ -1,11 +1,47 @@
-"""Declare the exchange, queues and dead-letter queue the publisher and consumers use."""
+"""AMQP details: credential-free URLs, an entry's message properties, and topology."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import pika  # type: ignore[import-untyped, unused-ignore]
+
+from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.errors import translated
+
+
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``, safe for logs and reprs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def properties_for(entry: OutboxMessage) -> Any:
+    """AMQP properties of an entry: persistent JSON, ids, and its stream position in headers.
+
+    The entry's own headers (for example a W3C ``traceparent``) are kept; the names
+    ``seq``, ``aggregate_id``, ``aggregate_type`` and ``causation_id`` are reserved.
+    """
+    headers: dict[str, Any] = dict(entry.headers)
+    headers.update(
+        seq=entry.seq, aggregate_id=entry.aggregate_id, aggregate_type=entry.aggregate_type
+    )
+    if entry.causation_id is not None:
+        headers["causation_id"] = entry.causation_id
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=entry.id,
+        type=entry.type,
+        timestamp=int(entry.created_at.timestamp()),
+        correlation_id=entry.correlation_id,
+        headers=headers,
+    )
 
 
 def declare(
