@@ -16,7 +16,8 @@ Every error the library raises derives from :class:`DocOutboxError`::
     ├── InboxSaturated                        exact de-duplication would exceed its bound
     ├── StoreError
     │   ├── TransientStoreError               worth retrying (network, throttling, failover)
-    │   └── PermanentStoreError               retrying will not help (auth, bad config)
+    │   ├── PermanentStoreError               retrying will not help (auth, bad config)
+    │   └── ChangeStreamLost                  the stream position cannot be resumed
     ├── PublishError                          a broker refused or did not confirm a message
     │   └── PermanentPublishError             the broker will never accept this message
     └── BrokerUnavailable                     the broker cannot be reached: not the message's fault
@@ -103,6 +104,14 @@ class TransientStoreError(StoreError):
 
 class PermanentStoreError(StoreError):
     """A database failure that will not succeed when retried."""
+
+
+class ChangeStreamLost(StoreError):
+    """The change stream cannot resume from its position (history lost, bad token).
+
+    The dispatcher recovers by sweeping documents with pending entries and restarting the
+    stream from a fresh position; nothing is lost.
+    """
 
 
 class PublishError(DocOutboxError):

@@ -6,7 +6,8 @@ lives in :mod:`docoutbox.flows` and is driven against either twin.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -110,3 +111,91 @@ class DeadLetters(Protocol):
     def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None: ...
+
+
+#: Where a change stream stands: opaque to the core, stored as is by :class:`Checkpoints`.
+Position = Any
+
+
+@dataclass(frozen=True)
+class ChangeEvent:
+    """One change of an aggregate document, as a :class:`ChangeSource` delivers it.
+
+    ``document`` is the document after the change (None when unknown, e.g. deleted);
+    ``position`` is where to resume so that the next event is the one after this.
+    """
+
+    position: Position
+    document: Document | None
+
+
+@runtime_checkable
+class ChangeSource(Protocol):
+    """A resumable stream of document changes, polled without blocking.
+
+    ``open`` and ``poll`` raise :class:`~docoutbox.errors.ChangeStreamLost` when the
+    position cannot be resumed, and :class:`~docoutbox.errors.StoreError` otherwise.
+    """
+
+    def start_marker(self) -> Position:
+        """A position no later than now: changes committed after this call follow it."""
+        ...
+
+    def open(self, position: Position) -> None:
+        """(Re)start the stream right after ``position``, closing any open one."""
+        ...
+
+    def poll(self, max_events: int) -> list[ChangeEvent]:
+        """The next changes, at most ``max_events``; an empty list when there are none yet."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Checkpoints(Protocol):
+    """Durable stream positions by dispatcher name."""
+
+    def load(self, name: str) -> Position | None: ...
+
+    def save(self, name: str, position: Position) -> None: ...
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """Every lease and live member of one lease group, as read at one moment.
+
+    ``leases`` maps a partition to ``(owner, expires_at)``; ``members`` maps an owner to
+    the expiry of its membership heartbeat. Expiries are timezone-aware UTC datetimes.
+    """
+
+    leases: Mapping[int, tuple[str, datetime]]
+    members: Mapping[str, datetime]
+
+
+@runtime_checkable
+class LeaseTable(Protocol):
+    """Partition leases of one group (the aggregates of one collection).
+
+    Every write is conditional; a lost race is reported as False, never as an error.
+    """
+
+    def read(self) -> LeaseView: ...
+
+    def join(self, owner: str, expires_at: datetime) -> None:
+        """Record (or refresh) ``owner`` as a live member until ``expires_at``."""
+        ...
+
+    def leave(self, owner: str) -> None: ...
+
+    def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
+        """Take ``partition`` if it is free, expired at ``now``, or already ``owner``'s."""
+        ...
+
+    def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        """Extend those of ``partitions`` that ``owner`` still holds."""
+        ...
+
+    def release(self, partition: int, owner: str) -> None:
+        """Give ``partition`` up if ``owner`` holds it."""
+        ...

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pymongo import errors as pm
 
 from docoutbox.errors import (
+    ChangeStreamLost,
     DocumentTooLarge,
     PermanentStoreError,
     TransientStoreError,
@@ -21,6 +22,9 @@ TRANSIENT_CODES = frozenset(
 #: Server error codes for an object over the BSON size limit.
 TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
 DUPLICATE_KEY = 11000
+#: Server codes meaning a change stream cannot resume from its position:
+#: InvalidResumeToken, ChangeStreamFatalError, ChangeStreamHistoryLost.
+STREAM_LOST_CODES = frozenset({260, 280, 286})
 
 
 def is_duplicate_id(exc: pm.DuplicateKeyError) -> bool:
@@ -47,3 +51,27 @@ def translated(aggregate_id: AggregateId | None = None) -> Iterator[None]:
         raise PermanentStoreError(f"MongoDB error {exc.code}: {exc}") from exc
     except pm.PyMongoError as exc:
         raise PermanentStoreError(f"MongoDB error: {type(exc).__name__}: {exc}") from exc
+
+
+@contextmanager
+def translated_stream() -> Iterator[None]:
+    """Like :func:`translated`, but an unresumable stream position is ChangeStreamLost.
+
+    That is a code in :data:`STREAM_LOST_CODES`, the ``NonResumableChangeStreamError``
+    label, or no code at all: mongo-java-server reports a malformed resume token as an
+    ``OperationFailure`` without a code (real MongoDB always sends one).
+    """
+    try:
+        yield
+    except pm.OperationFailure as exc:
+        if (
+            exc.code is None
+            or exc.code in STREAM_LOST_CODES
+            or exc.has_error_label("NonResumableChangeStreamError")
+        ):
+            raise ChangeStreamLost(f"change stream cannot resume: {exc.code}: {exc}") from exc
+        with translated():
+            raise
+    except pm.PyMongoError:
+        with translated():
+            raise

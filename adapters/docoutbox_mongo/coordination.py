@@ -1,0 +1,141 @@
+"""Dispatcher coordination in MongoDB collections: checkpoints, leases, dead letters.
+
+- :class:`MongoCheckpoints`: ``{_id: <dispatcher name>, token, updated_at}``.
+- :class:`MongoLeaseTable`: per group, one document per partition,
+  ``{_id: "<group>/<partition>", group, kind: "lease", partition, owner, expires_at}``,
+  and one membership heartbeat per instance, ``{_id: "<group>/member/<owner>", ...}``.
+  Acquiring is a conditional upsert: a race loser gets ``DuplicateKeyError`` (or matches
+  nothing) and simply does not get the partition.
+- :class:`MongoDeadLetters`: ``{_id: <entry id>, aggregate_id, entry, error, attempts,
+  quarantined_at}``; a second ``put`` of the same entry is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError
+
+from docoutbox.document import utcnow
+from docoutbox.model import AggregateId
+from docoutbox.ports import LeaseView, Position
+from docoutbox_mongo.errors import translated
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class MongoCheckpoints:
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+
+    def load(self, name: str) -> Position | None:
+        with translated():
+            doc = self.collection.find_one({"_id": name})
+        return None if doc is None else doc.get("token")
+
+    def save(self, name: str, position: Position) -> None:
+        with translated():
+            self.collection.update_one(
+                {"_id": name}, {"$set": {"token": position, "updated_at": utcnow()}}, upsert=True
+            )
+
+
+class MongoLeaseTable:
+    """The leases of one ``group`` (usually the dispatched collection's name)."""
+
+    def __init__(self, collection: Any, group: str) -> None:
+        self.collection = collection
+        self.group = group
+
+    def _lease_id(self, partition: int) -> str:
+        return f"{self.group}/{partition}"
+
+    def _member_id(self, owner: str) -> str:
+        return f"{self.group}/member/{owner}"
+
+    def read(self) -> LeaseView:
+        leases: dict[int, tuple[str, datetime]] = {}
+        members: dict[str, datetime] = {}
+        with translated():
+            docs = list(self.collection.find({"group": self.group}))
+        for doc in docs:
+            owner, expires = doc.get("owner"), doc.get("expires_at")
+            if not isinstance(owner, str) or not isinstance(expires, datetime):
+                continue
+            if doc.get("kind") == "member":
+                members[owner] = _aware(expires)
+            elif doc.get("kind") == "lease" and isinstance(doc.get("partition"), int):
+                leases[doc["partition"]] = (owner, _aware(expires))
+        return LeaseView(leases, members)
+
+    def join(self, owner: str, expires_at: datetime) -> None:
+        fields = {"group": self.group, "kind": "member", "owner": owner, "expires_at": expires_at}
+        with translated():
+            self.collection.update_one(
+                {"_id": self._member_id(owner)}, {"$set": fields}, upsert=True
+            )
+
+    def leave(self, owner: str) -> None:
+        with translated():
+            self.collection.delete_one({"_id": self._member_id(owner)})
+
+    def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
+        query = {
+            "_id": self._lease_id(partition),
+            "$or": [{"expires_at": {"$lt": now}}, {"owner": owner}],
+        }
+        fields = {
+            "group": self.group,
+            "kind": "lease",
+            "partition": partition,
+            "owner": owner,
+            "expires_at": expires_at,
+        }
+        with translated():
+            try:
+                result = self.collection.update_one(query, {"$set": fields}, upsert=True)
+            except DuplicateKeyError:
+                return False  # someone else holds it
+        return bool(result.matched_count == 1 or result.upserted_id is not None)
+
+    def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        ids = [self._lease_id(p) for p in partitions]
+        with translated():
+            self.collection.update_many(
+                {"_id": {"$in": ids}, "owner": owner}, {"$set": {"expires_at": expires_at}}
+            )
+
+    def release(self, partition: int, owner: str) -> None:
+        with translated():
+            self.collection.delete_one({"_id": self._lease_id(partition), "owner": owner})
+
+
+class MongoDeadLetters:
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+
+    def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        entry_id = entry.get("id")
+        if not isinstance(entry_id, str) or not entry_id:
+            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+        doc = {
+            "_id": entry_id,
+            "aggregate_id": aggregate_id,
+            "entry": entry,
+            "error": error,
+            "attempts": attempts,
+            "quarantined_at": utcnow(),
+        }
+        with translated(aggregate_id):
+            try:
+                self.collection.insert_one(doc)
+            except DuplicateKeyError:
+                return  # already quarantined

@@ -1,0 +1,221 @@
+"""The ``docoutbox`` command.
+
+- ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
+  SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.demo`).
+
+Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from docoutbox import logs
+from docoutbox.dispatch import DispatchPolicy, encode_entry
+from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.errors import DocOutboxError
+from docoutbox.leases import LeaseTiming
+from docoutbox.metrics import LoggingMetrics
+from docoutbox.model import OutboxMessage
+from docoutbox.ownership import LeaseKeeper, Ownership, SoleOwner
+
+log = logging.getLogger("docoutbox.cli")
+
+
+class CountingPublisher:
+    """Accepts every entry and counts it (demos, benchmarks, dry runs)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def publish(self, entry: OutboxMessage) -> None:
+        with self._lock:
+            self.count += 1
+        log.debug("published entry=%s aggregate=%r seq=%d", entry.id, entry.aggregate_id, entry.seq)
+
+
+class StdoutPublisher:
+    """Writes each entry as one JSON line to stdout (the broker body)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def publish(self, entry: OutboxMessage) -> None:
+        line = encode_entry(entry).decode() + "\n"
+        with self._lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="docoutbox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
+    d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
+    env = os.environ.get
+    d.add_argument("--mongo-uri", default=env("DOCOUTBOX_MONGO_URI"), help="MongoDB URI")
+    d.add_argument("--db", required=True)
+    d.add_argument("--collection", required=True)
+    d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
+    d.add_argument("--rabbitmq-url", default=env("DOCOUTBOX_RABBITMQ_URL"))
+    d.add_argument("--exchange", default="")
+    d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
+    d.add_argument("--partitions", type=int, default=16, help="must match the stores' config")
+    d.add_argument("--lease-ttl", type=float, default=10.0, help="seconds; failover time")
+    d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
+    d.add_argument("--concurrency", type=int, default=8, help="aggregates in parallel")
+    d.add_argument("--sweep-interval", type=float, default=60.0)
+    d.add_argument("--grace", type=float, default=30.0, help="sweep entries older than this")
+    d.add_argument("--max-attempts", type=int, default=5, help="publish attempts per entry")
+    d.add_argument("--server-timeout", type=float, default=5.0, help="seconds to reach MongoDB")
+    d.add_argument("--progress-interval", type=float, default=10.0)
+    d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:
+        import docoutbox.demo  # type: ignore[import-not-found, unused-ignore]
+
+        code: int = docoutbox.demo.main(args_list[1:])
+        return code
+    args = _parser().parse_args(args_list)
+    return dispatch(args)
+
+
+def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
+    print(f"docoutbox: error: {logs.mask(message, secrets)}", file=sys.stderr)
+    return code
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not args.mongo_uri:
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required"
+    if args.partitions < 1 or args.concurrency < 1 or args.max_attempts < 1:
+        return "--partitions, --concurrency and --max-attempts must be at least 1"
+    if args.sweep_interval <= 0 or args.grace < 0 or args.lease_ttl <= 0:
+        return "--sweep-interval and --lease-ttl must be positive, --grace not negative"
+    if not args.no_leases:
+        try:
+            LeaseTiming(ttl=args.lease_ttl)
+        except ValueError as exc:
+            return str(exc)
+    if args.publisher == "rabbitmq" and not args.rabbitmq_url:
+        return "--publisher rabbitmq needs --rabbitmq-url (or DOCOUTBOX_RABBITMQ_URL)"
+    return None
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(args.rabbitmq_url)
+    logs.configure(args.log_level, secrets=secrets)
+    problem = _check(args)
+    if problem:
+        return _fail(problem, secrets, code=2)
+    try:
+        from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+            connect_dispatch,
+        )
+    except ImportError as exc:
+        return _fail(
+            f"the MongoDB adapter is not installed ({exc}); pip install 'docoutbox[mongodb]'",
+            secrets,
+        )
+    where = logs.mask(args.mongo_uri, secrets)
+    try:
+        target = connect_dispatch(
+            args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
+        )
+    except DocOutboxError as exc:
+        return _fail(f"cannot use MongoDB at {where}: {_short(exc)}", secrets)
+    try:
+        publisher = _publisher(args)
+    except (DocOutboxError, ImportError, ValueError) as exc:
+        target.close()
+        return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
+    name = args.name or f"dispatch:{args.db}.{args.collection}"
+    ownership: Ownership = SoleOwner()
+    if not args.no_leases:
+        timing = LeaseTiming(ttl=args.lease_ttl)
+        owner = f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        ownership = LeaseKeeper(
+            target.leases, partitions=args.partitions, owner=owner, timing=timing
+        )
+    config = DispatcherConfig(
+        name=name,
+        partitions=args.partitions,
+        concurrency=args.concurrency,
+        policy=DispatchPolicy(max_attempts=args.max_attempts),
+        sweep_interval=args.sweep_interval,
+        grace=args.grace,
+    )
+    metrics = LoggingMetrics(every=args.progress_interval)
+    dispatcher = Dispatcher(
+        target.backend,
+        publisher,
+        target.dead_letters,
+        source=target.source,
+        checkpoints=target.checkpoints,
+        ownership=ownership,
+        config=config,
+        metrics=metrics,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal_received signal=%s; stopping", signal.Signals(signum).name)
+        dispatcher.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    log.info(
+        "dispatch_starting mongo=%s db=%s collection=%s publisher=%s name=%s leases=%s",
+        where,
+        args.db,
+        args.collection,
+        args.publisher,
+        name,
+        not args.no_leases,
+    )
+    try:
+        dispatcher.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        close = getattr(publisher, "close", None)
+        if callable(close):
+            close()
+        target.close()
+        metrics.report()
+    return 0
+
+
+def _publisher(args: argparse.Namespace) -> Any:
+    if args.publisher == "memory":
+        return CountingPublisher()
+    if args.publisher == "stdout":
+        return StdoutPublisher()
+    from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]
+        RabbitPublisher,
+    )
+
+    return RabbitPublisher(args.rabbitmq_url, exchange=args.exchange)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

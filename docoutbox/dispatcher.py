@@ -1,0 +1,327 @@
+"""The dispatcher: turns committed outbox entries into confirmed publishes, then trims them.
+
+Sources of work: a :class:`~docoutbox.ports.ChangeSource` (optional) and sweeps of
+documents with pending entries (periodic, with a grace period; on every partition
+acquired; and in full whenever the stream position is lost). Each aggregate is handled by
+:func:`docoutbox.dispatch.dispatch_document`, run by an :class:`AggregateScheduler`:
+concurrent across aggregates, serial per aggregate. The checkpoint moves only past events
+whose work is complete (:mod:`docoutbox.tracking`).
+
+Call :meth:`Dispatcher.run` on a thread of your choice and :meth:`Dispatcher.stop` (for
+example from a SIGTERM handler) to finish in-flight work, checkpoint and release leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+
+from docoutbox.dispatch import DispatchPolicy
+from docoutbox.document import ID, Document, partition_of, utcnow
+from docoutbox.errors import ChangeStreamLost, StoreError
+from docoutbox.metrics import Metrics, NullMetrics
+from docoutbox.model import AggregateId
+from docoutbox.ownership import Ownership, SoleOwner
+from docoutbox.ports import (
+    ChangeSource,
+    Checkpoints,
+    DeadLetters,
+    Position,
+    Publisher,
+    StoreBackend,
+)
+from docoutbox.runner import DispatchRunner
+from docoutbox.scheduler import AggregateScheduler, Backoff
+from docoutbox.tracking import Gate, PositionTracker, Sweep
+
+log = logging.getLogger("docoutbox.dispatcher")
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    name: str = "docoutbox"
+    #: Must equal the stores' ``StoreConfig.partitions``.
+    partitions: int = 16
+    concurrency: int = 8
+    policy: DispatchPolicy = field(default_factory=DispatchPolicy)
+    sweep_interval: float = 60.0
+    grace: float = 30.0
+    poll_interval: float = 0.05
+    batch_size: int = 500
+    sweep_page: int = 100
+    max_outstanding: int = 10_000
+    max_backlog: int = 1_000
+    checkpoint_interval: float = 1.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+def event_target(doc: Document | None, partitions: int) -> tuple[AggregateId, int] | None:
+    """The aggregate and partition of a document with pending entries, else None."""
+    if not doc or not doc.get("outbox"):
+        return None
+    aggregate_id = doc.get(ID)
+    if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
+        return None
+    partition = doc.get("partition")
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        partition = partition_of(aggregate_id, partitions)
+    return aggregate_id, partition % partitions
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        backend: StoreBackend,
+        publisher: Publisher,
+        dead_letters: DeadLetters,
+        *,
+        source: ChangeSource | None = None,
+        checkpoints: Checkpoints | None = None,
+        ownership: Ownership | None = None,
+        config: DispatcherConfig | None = None,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or DispatcherConfig()
+        self.backend = backend
+        self.source = source
+        self.checkpoints = checkpoints
+        self.ownership = ownership or SoleOwner()
+        self.metrics = metrics or NullMetrics()
+        self._rng = rng or random.Random()
+        self._stop = threading.Event()
+        self._crashed = threading.Event()
+        self.runner = DispatchRunner(
+            backend,
+            publisher,
+            dead_letters,
+            self.ownership,
+            policy=self.config.policy,
+            metrics=self.metrics,
+            stop=self._stop,
+            crashed=self._crashed,
+            clock=utcnow,
+            rng=self._rng,
+        )
+        self.scheduler = AggregateScheduler(
+            self.runner.run,
+            workers=self.config.concurrency,
+            backoff=self.config.backoff,
+            rng=self._rng,
+        )
+        self.tracker = PositionTracker()
+        self.sweeps: deque[Sweep] = deque()
+        self._resume: Position | None = None
+        self._stream_open = False
+        self._stream_failures = 0
+        self._stream_retry_at = 0.0
+        self._saved: Position | None = None
+        self._next_save = 0.0
+        self._next_sweep = 0.0
+        self.started = threading.Event()
+
+    def stop(self) -> None:
+        """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns."""
+        self._stop.set()
+
+    def halt(self) -> None:
+        """Stop as abruptly as a crash: abandon work, no checkpoint, keep the leases."""
+        self._crashed.set()
+        self._stop.set()
+
+    def run(self) -> None:
+        cfg = self.config
+        log.info(
+            "dispatcher_started name=%s partitions=%d concurrency=%d stream=%s",
+            cfg.name,
+            cfg.partitions,
+            cfg.concurrency,
+            self.source is not None,
+        )
+        self.ownership.start()
+        self._load_checkpoint()
+        self._next_sweep = time.monotonic() + cfg.sweep_interval
+        if self.source is None:
+            self.sweeps.append(Sweep(self.ownership.owned(), None))
+        self.started.set()
+        try:
+            while not self._stop.is_set():
+                busy = self._step()
+                if not busy:
+                    self._stop.wait(cfg.poll_interval)
+        finally:
+            self._shutdown()
+
+    # -- one turn of the loop ---------------------------------------------------------
+
+    def _step(self) -> bool:
+        now = time.monotonic()
+        for scope in self.ownership.take_acquired():
+            self.sweeps.append(Sweep(scope, None))
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.config.sweep_interval
+            self._queue_periodic_sweep()
+        self.scheduler.pump()
+        busy = self._sweep_step()
+        if self.source is not None:
+            busy = self._stream_step(now) or busy
+        self._checkpoint(now)
+        self.metrics.backlog(self.scheduler.backlog())
+        return busy
+
+    def _queue_periodic_sweep(self) -> None:
+        scope = self.ownership.owned()
+        if scope is not None and not scope:
+            return
+        if any(s.gate is None and s.older_than is not None for s in self.sweeps):
+            return
+        older_than = utcnow() - timedelta(seconds=self.config.grace)
+        self.sweeps.append(Sweep(scope, older_than))
+
+    def _sweep_step(self) -> bool:
+        if not self.sweeps or self.scheduler.backlog() >= self.config.max_backlog:
+            return False
+        sweep = self.sweeps[0]
+        partitions = None if sweep.scope is None else sorted(sweep.scope)
+        try:
+            docs = self.backend.find_pending(
+                after=sweep.after,
+                limit=self.config.sweep_page,
+                older_than=sweep.older_than,
+                partitions=partitions,
+            )
+        except StoreError as exc:
+            log.warning("sweep_failed error=%r", exc)
+            return False
+        for doc in docs:
+            target = event_target(doc, self.config.partitions)
+            if target is not None and self.ownership.valid(target[1]):
+                ticket = self.scheduler.request(*target)
+                sweep.requested += 1
+                if sweep.gate is not None:
+                    sweep.gate.add(partial(self.scheduler.done, ticket))
+        sweep.pages += 1
+        if docs:
+            sweep.after = docs[-1][ID]
+        if len(docs) < self.config.sweep_page:
+            self.sweeps.popleft()
+            if sweep.gate is not None:
+                sweep.gate.finished = True
+            log.info(
+                "sweep_done scope=%s grace=%s aggregates=%d",
+                "all" if sweep.scope is None else sorted(sweep.scope),
+                sweep.older_than is not None,
+                sweep.requested,
+            )
+        return True
+
+    def _stream_step(self, now: float) -> bool:
+        assert self.source is not None
+        if not self._stream_open:
+            if now < self._stream_retry_at:
+                return False
+            self._open_stream()
+            return self._stream_open
+        if len(self.tracker) >= self.config.max_outstanding:
+            return False
+        try:
+            events = self.source.poll(self.config.batch_size)
+        except ChangeStreamLost as exc:
+            log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
+            self._resume = None
+            self._stream_open = False
+            return True
+        except StoreError as exc:
+            self._stream_failed(exc)
+            return False
+        for event in events:
+            target = event_target(event.document, self.config.partitions)
+            if target is not None and self.ownership.valid(target[1]):
+                ticket = self.scheduler.request(*target)
+                self.tracker.add(event.position, partial(self.scheduler.done, ticket))
+            else:
+                self.tracker.add(event.position)
+        self._resume = self.tracker.latest
+        return bool(events)
+
+    def _load_checkpoint(self) -> None:
+        if self.source is None or self.checkpoints is None:
+            return
+        try:
+            self._resume = self.checkpoints.load(self.config.name)
+        except StoreError as exc:
+            log.warning("checkpoint_load_failed error=%r", exc)
+            self._stream_failed(exc)
+            return
+        self.tracker = PositionTracker(self._resume)
+        self._saved = self._resume
+
+    def _open_stream(self) -> None:
+        assert self.source is not None
+        try:
+            if self._resume is None:
+                self._fresh_start()
+            else:
+                try:
+                    self.source.open(self._resume)
+                except ChangeStreamLost as exc:
+                    log.warning("stream_position_unusable error=%r; sweeping", exc)
+                    self._fresh_start()
+        except StoreError as exc:
+            self._stream_failed(exc)
+            return
+        self._stream_open = True
+        self._stream_failures = 0
+        log.info("stream_opened")
+
+    def _fresh_start(self) -> None:
+        """Open the stream at "now", and sweep everything owned with no grace period."""
+        assert self.source is not None
+        marker = self.source.start_marker()
+        self.source.open(marker)
+        gate = Gate()
+        self.tracker.reset(marker, gate)
+        self._resume = marker
+        self.sweeps.append(Sweep(self.ownership.owned(), None, gate))
+
+    def _stream_failed(self, exc: StoreError) -> None:
+        self._stream_open = False
+        self._stream_failures += 1
+        delay = self.config.backoff.delay(self._stream_failures, self._rng)
+        self._stream_retry_at = time.monotonic() + delay
+        log.warning("stream_unavailable error=%r retry_in_s=%.2f", exc, delay)
+
+    def _checkpoint(self, now: float, *, force: bool = False) -> None:
+        if self.checkpoints is None:
+            return
+        self.tracker.advance()
+        safe = self.tracker.safe
+        if safe is None or safe == self._saved or (now < self._next_save and not force):
+            return
+        try:
+            self.checkpoints.save(self.config.name, safe)
+        except StoreError as exc:
+            log.warning("checkpoint_save_failed error=%r", exc)
+            return
+        self._saved = safe
+        self._next_save = now + self.config.checkpoint_interval
+
+    def _shutdown(self) -> None:
+        crashed = self._crashed.is_set()
+        log.info("dispatcher_stopping name=%s crashed=%s", self.config.name, crashed)
+        self.scheduler.close()
+        if not crashed:
+            self._checkpoint(time.monotonic(), force=True)
+        self.ownership.stop(release=not crashed)
+        if self.source is not None:
+            try:
+                self.source.close()
+            except StoreError as exc:
+                log.warning("stream_close_failed error=%r", exc)
+        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, self._saved)

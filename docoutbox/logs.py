@@ -1,0 +1,76 @@
+"""Logging for the command line: ``key=value`` lines with every credential masked."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from typing import TextIO
+from urllib.parse import unquote, urlsplit
+
+#: ``scheme://user:password@`` in any text.
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):(?P<secret>[^@\s/]*)@")
+#: ``password=...`` style parameters (query strings, key=value pairs).
+_PARAM = re.compile(r"(?i)(?P<head>\b[\w.]*(?:password|passwd|pwd|secret|token)=)[^&\s,;]+")
+
+MASK = "***"
+
+
+def mask(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with URI passwords, ``password=`` values and the given secrets replaced."""
+    text = _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
+    text = _PARAM.sub(lambda m: f"{m['head']}{MASK}", text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def secrets_of(uri: str | None) -> list[str]:
+    """The password of ``uri`` (raw and percent-decoded), to be masked wherever it shows."""
+    if not uri:
+        return []
+    try:
+        password = urlsplit(uri).password
+    except ValueError:
+        return []
+    if not password:
+        return []
+    return sorted({password, unquote(password)}, key=len, reverse=True)
+
+
+class MaskingFilter(logging.Filter):
+    """Masks credentials in every record's final message (arguments included)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = list(secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = mask(record.exc_text, self.secrets)
+        record.msg, record.args = mask(message, self.secrets), None
+        return True
+
+
+def configure(
+    level: str | int = "INFO", *, secrets: Iterable[str] = (), stream: TextIO | None = None
+) -> logging.Handler:
+    """Log ``ts level=... logger=... event key=value`` lines to stderr, masked."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    )
+    handler.addFilter(MaskingFilter(secrets))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level if isinstance(level, int) else level.upper())
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    logging.getLogger("pymongo").setLevel(logging.WARNING)
+    return handler

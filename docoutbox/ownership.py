@@ -1,0 +1,238 @@
+"""Which partitions this dispatcher instance may touch, right now.
+
+:class:`SoleOwner` owns every partition (a single instance). :class:`LeaseKeeper` holds
+partition leases in a :class:`~docoutbox.ports.LeaseTable`, renewed by a heartbeat
+thread and planned by :func:`docoutbox.leases.plan_leases`.
+
+Workers bracket their work on an aggregate with ``enter``/``leave`` and check ``valid``
+before every publish and trim. A partition is released only once no worker is inside it,
+and stops being valid ``margin`` seconds before its lease could expire unrenewed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from docoutbox.document import utcnow
+from docoutbox.errors import DocOutboxError
+from docoutbox.leases import LeaseTiming, plan_leases
+from docoutbox.ports import LeaseTable
+
+log = logging.getLogger("docoutbox.leases")
+
+#: A set of partitions to sweep; None means every document, whatever its partition.
+Scope = frozenset[int] | None
+
+
+class Ownership(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self, *, release: bool = True) -> None: ...
+
+    def owned(self) -> Scope:
+        """The partitions currently held (None: all of them)."""
+        ...
+
+    def enter(self, partition: int) -> bool:
+        """Start work in ``partition``; False (and no work) if it is not held."""
+        ...
+
+    def leave(self, partition: int) -> None: ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether work inside ``partition`` may still publish or trim."""
+        ...
+
+    def take_acquired(self) -> list[Scope]:
+        """Scopes gained since the last call, to be swept without grace."""
+        ...
+
+
+class SoleOwner:
+    """Every partition, always: for a single dispatcher instance.
+
+    Nothing is ever acquired, so nothing triggers a sweep: a single instance relies on
+    its checkpoint (and sweeps in full when it has none or cannot resume from it).
+    """
+
+    def start(self) -> None:
+        return None
+
+    def stop(self, *, release: bool = True) -> None:
+        return None
+
+    def owned(self) -> Scope:
+        return None
+
+    def enter(self, partition: int) -> bool:
+        return True
+
+    def leave(self, partition: int) -> None:
+        return None
+
+    def valid(self, partition: int) -> bool:
+        return True
+
+    def take_acquired(self) -> list[Scope]:
+        return []
+
+
+class LeaseKeeper:
+    """Partition leases with heartbeat renewal, fair sharing and safe hand-over."""
+
+    def __init__(
+        self,
+        table: LeaseTable,
+        *,
+        partitions: int,
+        owner: str,
+        timing: LeaseTiming | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.table = table
+        self.partitions = partitions
+        self.owner = owner
+        self.timing = timing or LeaseTiming()
+        self._clock = clock
+        self._mono = monotonic
+        self._rng = rng or random.Random()
+        self._until: dict[int, float] = {}  # held partition -> valid until (monotonic)
+        self._releasing: set[int] = set()
+        self._busy: Counter[int] = Counter()
+        self._gained: set[int] = set()
+        self._cond = threading.Condition()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what workers see -------------------------------------------------------------
+
+    def owned(self) -> Scope:
+        with self._cond:
+            return frozenset(p for p in self._until if self._valid(p))
+
+    def valid(self, partition: int) -> bool:
+        with self._cond:
+            return self._valid(partition)
+
+    def _valid(self, partition: int) -> bool:
+        until = self._until.get(partition)
+        return until is not None and partition not in self._releasing and self._mono() < until
+
+    def enter(self, partition: int) -> bool:
+        with self._cond:
+            if not self._valid(partition):
+                return False
+            self._busy[partition] += 1
+            return True
+
+    def leave(self, partition: int) -> None:
+        with self._cond:
+            self._busy[partition] -= 1
+            if self._busy[partition] <= 0:
+                del self._busy[partition]
+            self._cond.notify_all()
+
+    def take_acquired(self) -> list[Scope]:
+        with self._cond:
+            gained, self._gained = self._gained, set()
+        return [frozenset(gained)] if gained else []
+
+    # -- heartbeat --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take a first share synchronously, then heartbeat on a daemon thread."""
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name="docoutbox-leases", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._halt.wait(self.timing.heartbeat):
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self.tick()
+        except DocOutboxError as exc:
+            log.warning("lease_heartbeat_failed owner=%s error=%r", self.owner, exc)
+
+    def tick(self) -> None:
+        """One heartbeat: join, renew, read, then release surplus and acquire a share."""
+        started, now = self._mono(), self._clock()
+        expires = now + timedelta(seconds=self.timing.ttl)
+        with self._cond:
+            held = set(self._until)
+        self.table.join(self.owner, expires)
+        if held:
+            self.table.renew(held, self.owner, expires)
+        view = self.table.read()
+        plan = plan_leases(
+            view, me=self.owner, partitions=self.partitions, now=now, held=held, rng=self._rng
+        )
+        with self._cond:
+            for p in plan.lost:
+                self._drop(p)
+            for p in plan.keep:
+                if not self._valid(p):
+                    self._gained.add(p)  # unusable for a while: events may have been skipped
+                self._releasing.discard(p)
+                self._until[p] = self.timing.valid_until(started)
+            for p in plan.release:
+                self._until[p] = self.timing.valid_until(started)
+                self._releasing.add(p)
+        if plan.lost:
+            log.warning("leases_lost owner=%s partitions=%s", self.owner, list(plan.lost))
+        for p in plan.release:
+            self._release_when_idle(p, timeout=self.timing.heartbeat / 2)
+        for p in plan.acquire:
+            self._acquire(p)
+
+    def _acquire(self, partition: int) -> None:
+        started, now = self._mono(), self._clock()
+        expires = now + timedelta(seconds=self.timing.ttl)
+        if self.table.acquire(partition, self.owner, now, expires):
+            with self._cond:
+                self._until[partition] = self.timing.valid_until(started)
+                self._releasing.discard(partition)
+                self._gained.add(partition)
+            log.info("lease_acquired owner=%s partition=%d", self.owner, partition)
+
+    def _release_when_idle(self, partition: int, timeout: float) -> bool:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._busy[partition] <= 0, timeout):
+                return False  # still busy: renewed next beat, released once idle
+        self.table.release(partition, self.owner)
+        with self._cond:
+            self._drop(partition)
+        log.info("lease_released owner=%s partition=%d", self.owner, partition)
+        return True
+
+    def _drop(self, partition: int) -> None:
+        self._until.pop(partition, None)
+        self._releasing.discard(partition)
+        self._gained.discard(partition)
+
+    def stop(self, *, release: bool = True) -> None:
+        """Stop the heartbeat; with ``release``, give every lease back (workers are done)."""
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not release:
+            return
+        with self._cond:
+            held = sorted(self._until)
+            self._releasing.update(held)
+        try:
+            for p in held:
+                self._release_when_idle(p, timeout=self.timing.safety)
+            self.table.leave(self.owner)
+        except DocOutboxError as exc:
+            log.warning("lease_release_failed owner=%s error=%r", self.owner, exc)
