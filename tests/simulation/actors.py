@@ -1,0 +1,297 @@
+"""The simulated processes: producer workers, consumer workers and one dispatcher.
+
+Each process is a generator that yields operations and receives their results, like the
+library's own flows, which it runs with ``yield from``: :meth:`Core.handle` on both
+sides, :func:`dispatch_document` and :meth:`Core.pending_page` in the dispatcher. The
+simulator performs every operation, so it can interleave processes, inject a fault at
+any step and kill a process between any two steps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, Field
+
+from docoutbox.aggregate import Decision, Handlers
+from docoutbox.dispatch import DispatchOp, DispatchPolicy, checkpoint_after, decode_entry
+from docoutbox.dispatch import dispatch_document as _dispatch_document
+from docoutbox.document import ID, Document
+from docoutbox.errors import StoreError
+from docoutbox.flows import Core, Load, Op, RetryPolicy, Status, StoreConfig
+from docoutbox.model import Aggregate, AggregateId, InboxPolicy, Message, emit
+from docoutbox.ports import StoreBackend
+from tests.simulation.schedule import Schedule
+
+M = TypeVar("M", bound=BaseModel)
+
+COMMANDS = "commands"
+DELIVERIES = "deliveries"
+
+
+class Producer(Aggregate):
+    """Applies ``Work`` commands; each emits one ``Effect`` per target consumer."""
+
+    aggregate_type: ClassVar[str] = "Producer"
+    applied: list[str] = Field(default_factory=list)
+
+
+class Sink(Aggregate):
+    """Records every ``Effect`` it processes: one entry per processing."""
+
+    aggregate_type: ClassVar[str] = "Sink"
+    seen: list[str] = Field(default_factory=list)
+
+
+producer_handlers: Handlers[Producer] = Handlers()
+sink_handlers: Handlers[Sink] = Handlers()
+
+
+@producer_handlers.on("Work")
+def work(state: Producer, message: Message) -> Decision[Producer]:
+    targets = message.payload["targets"]
+    assert isinstance(targets, list)
+    new = state.model_copy(update={"applied": [*state.applied, message.id]})
+    effects = [
+        emit("Effect", {"command": message.id, "k": k}, destination=str(target))
+        for k, target in enumerate(targets)
+    ]
+    return Decision(new, effects)
+
+
+@sink_handlers.on("Effect")
+def effect(state: Sink, message: Message) -> Sink:
+    return state.model_copy(update={"seen": [*state.seen, message.id]})
+
+
+@dataclass(frozen=True)
+class Command:
+    aggregate_id: str
+    message: Message
+    targets: tuple[str, ...]
+
+
+# Operations of the simulated environment, next to the library's own.
+@dataclass(frozen=True)
+class Receive:
+    """Wait for a delivery from a queue."""
+
+    queue: str
+
+
+@dataclass(frozen=True)
+class Ack:
+    queue: str
+    tag: int
+
+
+@dataclass(frozen=True)
+class Nack:
+    queue: str
+    tag: int
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Nothing to do for now: wait a few steps."""
+
+
+@dataclass(frozen=True)
+class ReadChanges:
+    """Wait for changes ``start, start + 1, ...`` of the producers' change log."""
+
+    start: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    """The change log's current length."""
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    """The dispatcher's saved position, or None."""
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    position: int
+
+
+SimOp = (
+    Op | DispatchOp | Receive | Ack | Nack | Idle | ReadChanges | LogEnd | LoadCheckpoint
+) | SaveCheckpoint
+Process = Generator[SimOp, Any, None]
+Step = Generator[SimOp, Any, Any]
+
+
+@dataclass
+class Env:
+    """What every process of one schedule shares: its configuration and the stores."""
+
+    schedule: Schedule
+    producers: StoreBackend
+    sinks: StoreBackend
+    clock: Callable[[], datetime]
+    stats: Counter[str]
+
+    def core(self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: Any) -> Core[M]:
+        retry = RetryPolicy(self.schedule.store_attempts, base_delay=0.002, max_delay=0.02)
+        config = StoreConfig(
+            inbox=inbox,
+            retry=retry,
+            deterministic_ids=self.schedule.deterministic_ids,
+            clock=self.clock,
+            rng=rng,
+        )
+        return Core(model, config, backend.document_size, backend.max_document_bytes)
+
+    def producer_inbox(self) -> InboxPolicy:
+        if self.schedule.producer_exact:
+            return InboxPolicy(window=0, exact=True)
+        return InboxPolicy(window=self.schedule.commands)  # every command, no more
+
+    def sink_inbox(self) -> InboxPolicy:
+        s = self.schedule
+        if s.consumer_exact:
+            return InboxPolicy(window=0, exact=True)
+        bound = s.producers * s.commands * s.max_targets  # the most one sink can receive
+        return InboxPolicy(window=bound if s.consumer_window < 0 else s.consumer_window)
+
+    @property
+    def dispatch_policy(self) -> DispatchPolicy:
+        return DispatchPolicy(self.schedule.publish_attempts, base_delay=0.002, max_delay=0.02)
+
+
+def producer(env: Env, rng: random.Random) -> Process:
+    """Handle commands on producer aggregates; acknowledge only after the commit."""
+    core = env.core(Producer, env.producers, env.producer_inbox(), rng)
+    while True:
+        delivery = yield Receive(COMMANDS)
+        command: Command = delivery.body
+        try:
+            flow = core.handle(
+                command.aggregate_id, command.message, producer_handlers, create=True
+            )
+            outcome = yield from flow
+        except StoreError:
+            env.stats["producer.store_error"] += 1
+            yield Nack(COMMANDS, delivery.tag)
+            continue
+        env.stats[f"producer.{outcome.status}"] += 1
+        settle = Nack if outcome.status is Status.GAVE_UP else Ack
+        yield settle(COMMANDS, delivery.tag)
+
+
+def consumer(env: Env, rng: random.Random) -> Process:
+    """Handle broker deliveries on sink aggregates; acknowledge only after the commit."""
+    core = env.core(Sink, env.sinks, env.sink_inbox(), rng)
+    while True:
+        delivery = yield Receive(DELIVERIES)
+        entry = decode_entry(delivery.body)
+        assert entry.destination is not None
+        try:
+            flow = core.handle(entry.destination, entry.to_message(), sink_handlers, create=True)
+            outcome = yield from flow
+        except StoreError:
+            env.stats["consumer.store_error"] += 1
+            yield Nack(DELIVERIES, delivery.tag)
+            continue
+        env.stats[f"consumer.{outcome.status}"] += 1
+        settle = Nack if outcome.status is Status.GAVE_UP else Ack
+        yield settle(DELIVERIES, delivery.tag)
+
+
+def dispatch(env: Env, doc: Document, rng: random.Random) -> Step:
+    """Publish and trim one document's pending entries: True when none is left behind."""
+    if not doc.get("outbox"):
+        return True
+    result = yield from _dispatch_document(doc, env.dispatch_policy, rng)
+    env.stats["dispatch.pass"] += 1
+    env.stats["dispatch.held"] += bool(result.held)
+    if result.unavailable:
+        return False
+    return result.trimmed or not (result.published or result.quarantined)
+
+
+def sweep(env: Env, core: Core[Producer], rng: random.Random) -> Step:
+    """Dispatch every document with pending entries, page by page: True if all completed."""
+    complete = True
+    after: AggregateId | None = None
+    while True:
+        page = yield from core.pending_page(after, env.schedule.batch, None, None)
+        for snapshot in page:
+            doc = {ID: snapshot.aggregate_id, "outbox": list(snapshot.raw_outbox)}
+            complete = (yield from dispatch(env, doc, rng)) and complete
+        if len(page) < env.schedule.batch:
+            env.stats["dispatch.sweep"] += 1
+            return complete
+        after = page[-1].aggregate_id
+
+
+def sweeping_dispatcher(env: Env, rng: random.Random) -> Process:
+    """Sweep for pending documents, again and again (works on every store)."""
+    core = env.core(Producer, env.producers, InboxPolicy(), rng)
+    while True:
+        try:
+            yield from sweep(env, core, rng)
+        except StoreError:
+            env.stats["dispatcher.store_error"] += 1
+        yield Idle()
+
+
+def log_dispatcher(env: Env, rng: random.Random) -> Process:
+    """Follow the change log; the checkpoint passes only completely dispatched changes."""
+    core = env.core(Producer, env.producers, InboxPolicy(), rng)
+    position = yield LoadCheckpoint()
+    if position is None:
+        env.stats["dispatcher.recovery"] += 1
+        position = yield from recover(env, core, rng)
+    while True:
+        events = yield ReadChanges(position, env.schedule.batch)
+        done: list[bool] = []
+        for event in events:
+            try:
+                done.append((yield from dispatch_change(env, event, rng)))
+            except StoreError:
+                env.stats["dispatcher.store_error"] += 1
+                done.append(False)
+            if not done[-1]:
+                break
+        passed = checkpoint_after(done)
+        if passed:
+            position += passed
+            yield SaveCheckpoint(position)
+        if passed < len(events):
+            yield Idle()
+
+
+def recover(env: Env, core: Core[Producer], rng: random.Random) -> Step:
+    """Without a checkpoint: replay the whole log, or sweep and continue from its end."""
+    if env.schedule.recovery == "replay":
+        return 0
+    while True:
+        position = yield LogEnd()  # taken before the sweep: later changes are followed
+        try:
+            if (yield from sweep(env, core, rng)):
+                yield SaveCheckpoint(position)
+                return position
+        except StoreError:
+            env.stats["dispatcher.store_error"] += 1
+        yield Idle()
+
+
+def dispatch_change(env: Env, event: Document, rng: random.Random) -> Step:
+    """Dispatch the document of one change: as recorded, or as it is now (lookup)."""
+    if not env.schedule.lookup:
+        return (yield from dispatch(env, event, rng))
+    doc: Document | None = yield Load(event[ID])
+    if doc is None:  # documents are never deleted; nothing would be pending
+        return True
+    return (yield from dispatch(env, doc, rng))

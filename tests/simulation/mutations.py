@@ -1,0 +1,98 @@
+"""Deliberate bugs, to prove the simulation can fail.
+
+- ``inbox-off``: de-duplication never finds a message (``is_duplicate`` returns False);
+- ``consumer-window-0``: consumers keep no inbox at all (a schedule setting, see
+  :data:`tests.simulation.schedule.MUTATION_SETTINGS`);
+- ``version-off``: a commit applies whatever the stored version (the memory store's
+  ``apply_plan`` and the MongoDB ``commit_update`` filter lose their version guard);
+- ``order-off``: the dispatcher publishes a document's entries newest first;
+- ``outbox-overwrite``: a commit replaces the outbox instead of appending to it, dropping
+  entries it did not publish (memory store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import replace
+from typing import Any
+from unittest import mock
+
+from docoutbox import dispatch, flows
+from docoutbox.document import Document
+from docoutbox.plan import CommitPlan, WritePlan, apply_plan
+from docoutbox.testing import memory
+
+
+@contextmanager
+def inbox_off() -> Iterator[None]:
+    def never(*args: Any) -> bool:
+        return False
+
+    with mock.patch.object(flows, "is_duplicate", never):
+        yield
+
+
+@contextmanager
+def version_off() -> Iterator[None]:
+    def blind_apply(doc: Document | None, plan: WritePlan) -> Document | None:
+        if isinstance(plan, CommitPlan) and doc is not None:
+            plan = replace(plan, expected_version=int(doc["version"]))
+        return apply_plan(doc, plan)
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(memory, "apply_plan", blind_apply))
+        try:
+            from docoutbox_mongo import backend, plans
+        except ImportError:  # pymongo absent: only the memory store can run
+            pass
+        else:
+            commit_update = plans.commit_update
+
+            def blind_update(plan: CommitPlan) -> tuple[dict[str, Any], dict[str, Any]]:
+                query, update = commit_update(plan)
+                return {k: v for k, v in query.items() if k != "version"}, update
+
+            for module in (plans, backend):
+                stack.enter_context(mock.patch.object(module, "commit_update", blind_update))
+        yield
+
+
+@contextmanager
+def order_off() -> Iterator[None]:
+    pending_entries = dispatch.pending_entries
+
+    def newest_first(doc: Document) -> list[dict[str, Any]]:
+        return pending_entries(doc)[::-1]
+
+    with mock.patch.object(dispatch, "pending_entries", newest_first):
+        yield
+
+
+@contextmanager
+def outbox_overwrite() -> Iterator[None]:
+    def overwrite(doc: Document | None, plan: WritePlan) -> Document | None:
+        after = apply_plan(doc, plan)
+        if isinstance(plan, CommitPlan) and after is not None:
+            after["outbox"] = list(plan.outbox_push)
+        return after
+
+    with mock.patch.object(memory, "apply_plan", overwrite):
+        yield
+
+
+MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+    "inbox-off": inbox_off,
+    "consumer-window-0": nullcontext,
+    "version-off": version_off,
+    "order-off": order_off,
+    "outbox-overwrite": outbox_overwrite,
+}
+
+
+def applied(name: str | None) -> AbstractContextManager[Any]:
+    if name is None:
+        return nullcontext()
+    if name not in MUTATIONS:
+        raise ValueError(f"unknown mutation {name!r}; expected one of {sorted(MUTATIONS)}")
+    return MUTATIONS[name]()

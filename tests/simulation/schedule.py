@@ -1,0 +1,181 @@
+"""What one simulated schedule looks like: every parameter is drawn from its seed.
+
+A :class:`Variant` names a schedule exactly (seed, store, mutation and any parameter
+overrides), and :meth:`Variant.command` prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields, replace
+
+#: Every fault the simulator injects, and what it does.
+FAULTS: dict[str, str] = {
+    "crash": "a process dies between two steps; its unacknowledged deliveries come back",
+    "load_error": "a document read fails (TransientStoreError)",
+    "write_error": "a write fails before it applies (TransientStoreError)",
+    "write_lost_reply": "a write applies, then its reply is lost (TransientStoreError)",
+    "find_error": "a sweep query fails (TransientStoreError)",
+    "publish_nack": "the broker refuses a message (PublishError)",
+    "publish_lost_confirm": "the broker takes a message, then the confirm is lost (PublishError)",
+    "broker_down": "the broker cannot be reached (BrokerUnavailable)",
+    "poison": "the broker rejects a message for good (PermanentPublishError)",
+    "deadletter_error": "the dead-letter store fails (TransientStoreError)",
+    "checkpoint_lost": "a restarting dispatcher finds its checkpoint gone",
+    "duplicate": "the broker or a client delivers a message twice",
+    "delay": "a message becomes visible only some steps later",
+}
+
+#: The probabilities a schedule draws from, per fault. Swarm testing: many schedules
+#: switch some faults off entirely, which reaches states that an even mix rarely does.
+LEVELS: dict[str, tuple[float, ...]] = {
+    "crash": (0.0, 0.01, 0.03),
+    "load_error": (0.0, 0.05, 0.15),
+    "write_error": (0.0, 0.05, 0.15),
+    "write_lost_reply": (0.0, 0.05, 0.15),
+    "find_error": (0.0, 0.1),
+    "publish_nack": (0.0, 0.1, 0.3),
+    "publish_lost_confirm": (0.0, 0.1, 0.3),
+    "broker_down": (0.0, 0.05),
+    "poison": (0.0, 0.0, 0.02),
+    "deadletter_error": (0.0, 0.2),
+    "checkpoint_lost": (0.0, 0.5),
+    "duplicate": (0.0, 0.1, 0.3),
+    "delay": (0.0, 0.2),
+}
+
+STORES = ("memory", "wire")
+
+#: Mutations that are schedule settings rather than patches of the library.
+MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "consumer-window-0": (("consumer_exact", "false"), ("consumer_window", "0")),
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The shape of one run. Defaults are placeholders; :func:`draw` sets every field."""
+
+    seed: int
+    store: str = "memory"
+    producers: int = 2
+    consumers: int = 2
+    #: Commands per producer aggregate.
+    commands: int = 4
+    #: Each command emits 0..max_targets messages, each to a consumer aggregate.
+    max_targets: int = 2
+    #: Processes handling commands (two make concurrent writers on one aggregate).
+    producer_workers: int = 2
+    consumer_workers: int = 2
+    #: Exact (watermark) de-duplication instead of the ID window.
+    producer_exact: bool = False
+    consumer_exact: bool = False
+    #: The consumers' ID window; -1 sizes it to what one consumer can receive.
+    consumer_window: int = -1
+    deterministic_ids: bool = False
+    #: "log": follow the store's change log with a checkpoint (memory store only);
+    #: "sweep": query documents with pending entries, again and again.
+    dispatcher: str = "sweep"
+    #: Log mode: re-read each changed document (like updateLookup) instead of using the
+    #: document as the change recorded it.
+    lookup: bool = True
+    #: Log mode, checkpoint missing: "sweep" all pending documents from the log's end,
+    #: or "replay" the whole log.
+    recovery: str = "sweep"
+    #: Changes read per batch, and documents per sweep page.
+    batch: int = 2
+    #: The broker hands out any visible message rather than the oldest.
+    reorder: bool = True
+    store_attempts: int = 5
+    publish_attempts: int = 3
+    #: Steps with faults on; afterwards everything runs fault-free until quiescent.
+    fault_steps: int = 300
+    faults: tuple[tuple[str, float], ...] = ()
+
+    def fault(self, kind: str) -> float:
+        return dict(self.faults).get(kind, 0.0)
+
+
+def draw(seed: int, store: str = "memory") -> Schedule:
+    """The schedule of ``seed``: small (a few aggregates, a few commands), varied faults."""
+    if store not in STORES:
+        raise ValueError(f"unknown store {store!r}; expected one of {STORES}")
+    rng = random.Random(f"schedule/{seed}")
+    producers = rng.randint(2, 3)
+    commands = rng.randint(3, 6)
+    return Schedule(
+        seed=seed,
+        store=store,
+        producers=producers,
+        consumers=rng.randint(1, 2),
+        commands=commands,
+        max_targets=rng.randint(1, 2),
+        producer_workers=rng.randint(1, 2),
+        consumer_workers=rng.randint(1, 2),
+        producer_exact=rng.random() < 0.3,
+        consumer_exact=rng.random() < 0.5,
+        deterministic_ids=rng.random() < 0.5,
+        dispatcher="log" if store == "memory" and rng.random() < 0.6 else "sweep",
+        lookup=rng.random() < 0.5,
+        recovery=rng.choice(("sweep", "replay")),
+        batch=rng.randint(1, 3),
+        reorder=rng.random() < 0.7,
+        store_attempts=rng.choice((2, 3, 5, 10)),
+        publish_attempts=rng.choice((3, 5)),
+        fault_steps=rng.randint(40, 60) * producers * commands // 3,
+        faults=tuple((kind, rng.choice(LEVELS[kind])) for kind in FAULTS),
+    )
+
+
+def _parse(kind: type | str, text: str) -> object:
+    name = kind if isinstance(kind, str) else kind.__name__
+    if name == "bool":
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return text.lower() in ("true", "1")
+    if name == "int":
+        return int(text)
+    if name == "str":
+        return text
+    raise ValueError(f"cannot set a field of type {name}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One replayable run: a seed, a store, an optional mutation and overrides."""
+
+    seed: int
+    store: str = "memory"
+    mutation: str | None = None
+    #: Field overrides, as ``(field, text)`` pairs (``--set field=text``).
+    settings: tuple[tuple[str, str], ...] = ()
+    #: Faults switched off (``--off kind``).
+    off: tuple[str, ...] = ()
+
+    def schedule(self) -> Schedule:
+        schedule = draw(self.seed, self.store)
+        types = {f.name: f.type for f in fields(Schedule)}
+        changes: dict[str, object] = {}
+        for name, text in (*MUTATION_SETTINGS.get(self.mutation or "", ()), *self.settings):
+            if name not in types or name in ("seed", "store", "faults"):
+                raise ValueError(f"unknown or fixed schedule field {name!r}")
+            changes[name] = _parse(types[name], text)
+        for kind in self.off:
+            if kind not in FAULTS:
+                raise ValueError(f"unknown fault {kind!r}; expected one of {sorted(FAULTS)}")
+        faults = tuple((k, 0.0 if k in self.off else p) for k, p in schedule.faults)
+        schedule = replace(schedule, faults=faults, **changes)  # type: ignore[arg-type]
+        if schedule.store == "wire" and schedule.dispatcher == "log":
+            raise ValueError("the change-log dispatcher exists only on the memory store")
+        return schedule
+
+    def command(self) -> str:
+        """The shell command that replays this run."""
+        parts = ["python -m tests.simulation", f"--seed {self.seed}"]
+        if self.store != "memory":
+            parts.append(f"--store {self.store}")
+        if self.mutation:
+            parts.append(f"--mutation {self.mutation}")
+        parts += [f"--set {name}={text}" for name, text in self.settings]
+        parts += [f"--off {kind}" for kind in self.off]
+        return " ".join(parts)

@@ -1,0 +1,57 @@
+"""The simulation can fail: with a deliberate bug in the library, it reports violations
+within a few seeds, and of the invariant the bug breaks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.simulation.harness import Report, run_schedule
+from tests.simulation.schedule import Variant
+
+#: A mutation must be caught within this many seeds (in practice: the first one or two).
+WITHIN = 10
+
+
+def first_violation(store: str, mutation: str, client: Any = None) -> Report:
+    for seed in range(WITHIN):
+        report = run_schedule(Variant(seed, store, mutation), client=client)
+        if not report.ok:
+            return report
+    pytest.fail(f"mutation {mutation} on {store} went unnoticed for {WITHIN} seeds")
+
+
+@pytest.mark.parametrize(
+    ("mutation", "invariant"),
+    [
+        ("inbox-off", "command-once"),  # redelivered commands apply twice
+        ("consumer-window-0", "consumed-once"),  # redelivered messages apply twice
+        ("version-off", "command-once"),  # stale writers overwrite each other
+        ("order-off", "order"),
+        ("outbox-overwrite", "published"),  # a commit drops entries it did not publish
+    ],
+)
+def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:
+    report = first_violation("memory", mutation)
+    assert invariant in {v.invariant for v in report.violations}, report.describe()
+    assert run_schedule(Variant(report.variant.seed)).ok  # the patch is undone
+
+
+@pytest.mark.wire
+@pytest.mark.parametrize(
+    ("mutation", "invariant"),
+    [("version-off", "command-once"), ("inbox-off", "consumed-once")],
+)
+def test_mutation_is_caught_on_the_wire_server(
+    mongo_uri: str, mutation: str, invariant: str
+) -> None:
+    from pymongo import MongoClient
+
+    client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
+    try:
+        report = first_violation("wire", mutation, client)
+        assert invariant in {v.invariant for v in report.violations}, report.describe()
+        assert run_schedule(Variant(report.variant.seed, "wire"), client=client).ok
+    finally:
+        client.close()
