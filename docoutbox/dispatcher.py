@@ -298,9 +298,9 @@ class Dispatcher:
         log.warning("stream_unavailable error=%r retry_in_s=%.2f", exc, delay)
 
     def _checkpoint(self, now: float, *, force: bool = False) -> None:
+        self.tracker.advance()
         if self.checkpoints is None:
             return
-        self.tracker.advance()
         safe = self.tracker.safe
         if safe is None or safe == self._saved or (now < self._next_save and not force):
             return

@@ -64,6 +64,10 @@ class LeasePlan:
     acquire: tuple[int, ...]
     #: Partitions held locally that the view no longer shows as ours.
     lost: tuple[int, ...]
+    #: The fair share this plan aims for.
+    share: int = 0
+    #: When the first lease held by another instance expires (a takeover chance).
+    next_expiry: datetime | None = None
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -100,4 +104,12 @@ def plan_leases(
     free = [p for p in range(partitions) if p not in taken]
     wanted = max(0, share - len(keep))
     acquire = tuple(sorted(rng.sample(free, min(wanted, len(free)))))
-    return LeasePlan(keep=keep, release=release, acquire=acquire, lost=lost)
+    foreign = [e for o, e in view.leases.values() if o != me and e > now]
+    return LeasePlan(
+        keep=keep,
+        release=release,
+        acquire=acquire,
+        lost=lost,
+        share=share,
+        next_expiry=min(foreign) if foreign else None,
+    )

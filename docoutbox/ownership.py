@@ -112,6 +112,7 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
+        self._next_wait = self.timing.heartbeat
 
     # -- what workers see -------------------------------------------------------------
 
@@ -155,7 +156,7 @@ class LeaseKeeper:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._halt.wait(self.timing.heartbeat):
+        while not self._halt.wait(self._next_wait):
             self._beat()
 
     def _beat(self) -> None:
@@ -192,10 +193,14 @@ class LeaseKeeper:
             log.warning("leases_lost owner=%s partitions=%s", self.owner, list(plan.lost))
         for p in plan.release:
             self._release_when_idle(p, timeout=self.timing.heartbeat / 2)
-        for p in plan.acquire:
-            self._acquire(p)
+        got = sum(self._acquire(p) for p in plan.acquire)
+        self._next_wait = self.timing.heartbeat
+        if plan.next_expiry is not None and len(plan.keep) + got < plan.share:
+            # Short of a fair share: look again right when another lease may expire.
+            until = (plan.next_expiry - now).total_seconds() + 0.01
+            self._next_wait = min(self.timing.heartbeat, max(0.01, until))
 
-    def _acquire(self, partition: int) -> None:
+    def _acquire(self, partition: int) -> bool:
         started, now = self._mono(), self._clock()
         expires = now + timedelta(seconds=self.timing.ttl)
         if self.table.acquire(partition, self.owner, now, expires):
@@ -204,6 +209,8 @@ class LeaseKeeper:
                 self._releasing.discard(partition)
                 self._gained.add(partition)
             log.info("lease_acquired owner=%s partition=%d", self.owner, partition)
+            return True
+        return False
 
     def _release_when_idle(self, partition: int, timeout: float) -> bool:
         with self._cond:

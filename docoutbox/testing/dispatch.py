@@ -6,7 +6,6 @@ import copy
 import threading
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
 
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.ports import ChangeEvent, LeaseView, Position
@@ -17,7 +16,8 @@ class MemoryChangeSource:
     """The writes recorded in a :class:`MemoryBackend`'s ``changes``, as a change stream.
 
     A position is the number of changes already seen. Anything else, or a number beyond
-    the end of the log, is an unusable position (:class:`ChangeStreamLost`).
+    the end of the log (say, after a test truncated it), is an unusable position
+    (:class:`ChangeStreamLost`).
     """
 
     def __init__(self, backend: MemoryBackend) -> None:
@@ -40,6 +40,8 @@ class MemoryChangeSource:
         if self._cursor is None:
             raise ChangeStreamLost("the stream is not open")
         start = self._cursor
+        if start > len(self.backend.changes):
+            raise ChangeStreamLost(f"position {start} is no longer in the change log")
         docs = self.backend.changes[start : start + max_events]
         self._cursor = start + len(docs)
         return [ChangeEvent(start + i + 1, copy.deepcopy(doc)) for i, doc in enumerate(docs)]
@@ -115,4 +117,4 @@ class MemoryLeaseTable:
                 self.members[owner] = at
 
 
-__all__: list[Any] = ["MemoryChangeSource", "MemoryCheckpoints", "MemoryLeaseTable"]
+__all__ = ["MemoryChangeSource", "MemoryCheckpoints", "MemoryLeaseTable"]

@@ -1,0 +1,341 @@
+"""The dispatcher engine on the in-memory backend, change source and publisher."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore, OutboxMessage
+from docoutbox.dispatch import DispatchPolicy
+from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.errors import (
+    BrokerUnavailable,
+    ChangeStreamLost,
+    PermanentPublishError,
+    PublishError,
+)
+from docoutbox.metrics import CountingMetrics
+from docoutbox.ownership import SoleOwner
+from docoutbox.ports import Position
+from docoutbox.scheduler import Backoff
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+
+FAST = DispatcherConfig(
+    name="t",
+    concurrency=4,
+    sweep_interval=3600,
+    poll_interval=0.005,
+    checkpoint_interval=0,
+    policy=DispatchPolicy(max_attempts=3, base_delay=0.001, max_delay=0.005),
+    backoff=Backoff(base=0.005, cap=0.05),
+)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+class Harness:
+    def __init__(self, publisher: Any = None, config: DispatcherConfig = FAST) -> None:
+        self.backend = MemoryBackend()
+        self.store = AggregateStore(self.backend, Counter)
+        self.source = MemoryChangeSource(self.backend)
+        self.checkpoints = MemoryCheckpoints()
+        self.publisher = publisher or MemoryPublisher()
+        self.dead = MemoryDeadLetters()
+        self.metrics = CountingMetrics()
+        self.config = config
+        self.dispatcher: Dispatcher | None = None
+        self.thread: threading.Thread | None = None
+
+    def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
+        outcome = self.store.handle(
+            aggregate, add_msg(message_id, emits=emits), counter_handlers, create=True
+        )
+        assert outcome.applied
+
+    def start(self, ownership: Any = None) -> Dispatcher:
+        self.dispatcher = Dispatcher(
+            self.backend,
+            self.publisher,
+            self.dead,
+            source=self.source,
+            checkpoints=self.checkpoints,
+            ownership=ownership or SoleOwner(),
+            config=self.config,
+            metrics=self.metrics,
+        )
+        self.thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self.thread.start()
+        assert self.dispatcher.started.wait(5)
+        return self.dispatcher
+
+    def stop(self) -> None:
+        assert self.dispatcher is not None and self.thread is not None
+        self.dispatcher.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+    def pending(self) -> int:
+        return sum(len(doc.get("outbox") or []) for doc in self.backend.docs.values())
+
+    def emitted(self) -> dict[str, list[int]]:
+        seqs: dict[str, list[int]] = {}
+        for doc in self.backend.docs.values():
+            seqs[doc["_id"]] = list(range(1, doc["outbox_seq"] + 1))
+        return seqs
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    h = Harness()
+    yield h
+    if h.thread is not None and h.thread.is_alive():
+        h.stop()
+
+
+def published_seqs(entries: list[OutboxMessage]) -> dict[str, list[int]]:
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for entry in entries:
+        assert isinstance(entry.aggregate_id, str)
+        seqs[entry.aggregate_id].append(entry.seq)
+    return dict(seqs)
+
+
+def test_stream_events_are_published_in_seq_order_trimmed_and_checkpointed(
+    harness: Harness,
+) -> None:
+    harness.start()
+    for i in range(30):
+        harness.write(f"a{i % 5}", f"m{i}", emits=2)
+    wait_until(lambda: harness.pending() == 0 and len(harness.publisher.published) == 60)
+    # The checkpoint reaches the end of the log (the dispatcher's own trims included).
+    wait_until(lambda: harness.checkpoints.load("t") == len(harness.backend.changes))
+    harness.stop()
+    assert published_seqs(harness.publisher.published) == harness.emitted()
+    assert harness.metrics.totals().published == 60
+
+
+class OrderCheckingCheckpoints(MemoryCheckpoints):
+    """Fails the test if a saved position passes a change whose entries are not out yet."""
+
+    def __init__(self, harness: Harness) -> None:
+        super().__init__()
+        self.harness = harness
+        self.violations: list[str] = []
+
+    def save(self, name: str, position: Position) -> None:
+        published = set(self.harness.publisher.ids())
+        quarantined = set(self.harness.dead.entries)
+        for doc in self.harness.backend.changes[:position]:
+            current = self.harness.backend.docs.get(doc["_id"]) or {}
+            still = {e["id"] for e in current.get("outbox") or []}
+            for entry in doc.get("outbox") or []:
+                if entry["id"] in still or entry["id"] not in published | quarantined:
+                    self.violations.append(f"{position}: {entry['id']}")
+        super().save(name, position)
+
+
+def test_checkpoint_never_passes_unpublished_entries_during_an_outage() -> None:
+    down = threading.Event()
+    down.set()
+
+    def fail(entry: OutboxMessage) -> BaseException | None:
+        return BrokerUnavailable("broker down") if down.is_set() else None
+
+    h = Harness(MemoryPublisher(fail=fail))
+    h.checkpoints = checks = OrderCheckingCheckpoints(h)
+    h.start()
+    for i in range(20):
+        h.write(f"a{i % 4}", f"m{i}")
+    time.sleep(0.3)
+    assert h.publisher.published == []
+    assert h.pending() == 20
+    assert checks.load("t") in (None, 0)  # the fresh start position at most
+    down.clear()
+    wait_until(lambda: h.pending() == 0)
+    wait_until(lambda: checks.load("t") == len(h.backend.changes))
+    h.stop()
+    assert checks.violations == []
+    assert published_seqs(h.publisher.published) == h.emitted()
+
+
+def test_a_poison_entry_is_quarantined_and_the_rest_flow(harness: Harness) -> None:
+    poison: set[str] = set()
+
+    def fail(entry: OutboxMessage) -> BaseException | None:
+        return PermanentPublishError("refused") if entry.id in poison else None
+
+    harness.publisher = MemoryPublisher(fail=fail)
+    harness.write("a", "m0", emits=3)
+    poison.add(harness.store.get("a").outbox[1].id)
+    harness.start()
+    harness.write("b", "m1")
+    wait_until(lambda: harness.pending() == 0)
+    harness.stop()
+    assert [e.seq for e in harness.publisher.published if e.aggregate_id == "a"] == [1, 3]
+    [(entry_id, record)] = harness.dead.entries.items()
+    assert entry_id in poison and "refused" in record["error"]
+    assert harness.metrics.totals().quarantined == 1
+
+
+def test_retried_failures_keep_order_and_eventually_quarantine(harness: Harness) -> None:
+    attempts: dict[str, int] = defaultdict(int)
+
+    def fail(entry: OutboxMessage) -> BaseException | None:
+        attempts[entry.id] += 1
+        if entry.seq == 2 and attempts[entry.id] <= 2:
+            return PublishError("nack")  # succeeds on the third attempt
+        return None
+
+    harness.publisher = MemoryPublisher(fail=fail)
+    harness.start()
+    harness.write("a", "m0", emits=4)
+    wait_until(lambda: harness.pending() == 0)
+    harness.stop()
+    assert [e.seq for e in harness.publisher.published] == [1, 2, 3, 4]
+    assert harness.dead.entries == {}
+    assert harness.metrics.totals().failed == 2
+
+
+def test_an_unusable_checkpoint_leads_to_a_full_sweep(harness: Harness) -> None:
+    for i in range(12):
+        harness.write(f"a{i % 3}", f"m{i}")
+    harness.checkpoints.save("t", "garbage")
+    harness.start()
+    wait_until(lambda: harness.pending() == 0)
+    harness.write("late", "m-late")  # the restarted stream sees this
+    wait_until(lambda: harness.pending() == 0)
+    wait_until(lambda: harness.checkpoints.load("t") == len(harness.backend.changes))
+    harness.stop()
+    assert published_seqs(harness.publisher.published) == harness.emitted()
+
+
+class LosingSource(MemoryChangeSource):
+    """Can pause (see nothing) and then lose its position, like ChangeStreamHistoryLost."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend)
+        self.paused = False
+        self.lose = False
+
+    def poll(self, max_events: int) -> list[Any]:
+        if self.lose:
+            self.lose = False
+            raise ChangeStreamLost("history lost")
+        return [] if self.paused else super().poll(max_events)
+
+
+def test_stream_loss_while_running_is_recovered_by_the_sweep(harness: Harness) -> None:
+    harness.source = source = LosingSource(harness.backend)
+    harness.start()
+    harness.write("a", "m0")
+    wait_until(lambda: harness.pending() == 0)
+    source.paused = True
+    harness.write("b", "m1")
+    harness.write("c", "m2")
+    time.sleep(0.05)
+    assert harness.pending() == 2
+    source.lose, source.paused = True, False  # the new stream starts after b and c
+    wait_until(lambda: harness.pending() == 0)
+    harness.write("d", "m3")
+    wait_until(lambda: harness.pending() == 0)
+    harness.stop()
+    assert sorted(e.aggregate_id for e in harness.publisher.published) == ["a", "b", "c", "d"]
+    assert source.opened[-1] > 2  # restarted from a fresh marker, past b and c
+
+
+class SerialCheckingPublisher(MemoryPublisher):
+    """Slow publishes that record how many run at once, overall and per aggregate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: dict[Any, int] = defaultdict(int)
+        self.overlaps: list[Any] = []
+        self.peak = 0
+        self._guard = threading.Lock()
+
+    def publish(self, entry: OutboxMessage) -> None:
+        with self._guard:
+            self.active[entry.aggregate_id] += 1
+            if self.active[entry.aggregate_id] > 1:
+                self.overlaps.append(entry.aggregate_id)
+            self.peak = max(self.peak, sum(self.active.values()))
+        time.sleep(0.002)
+        super().publish(entry)
+        with self._guard:
+            self.active[entry.aggregate_id] -= 1
+
+
+def test_aggregates_run_concurrently_but_each_one_serially() -> None:
+    h = Harness(SerialCheckingPublisher())
+    h.start()
+    writers = [
+        threading.Thread(target=lambda w=w: [h.write(f"a{i % 6}", f"w{w}-{i}") for i in range(25)])
+        for w in range(3)
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    wait_until(lambda: h.pending() == 0)
+    h.stop()
+    assert h.publisher.overlaps == []
+    assert h.publisher.peak > 1
+    seqs = published_seqs(h.publisher.published)
+    assert seqs == h.emitted()  # every entry once, in seq order per aggregate
+
+
+class Revoking(SoleOwner):
+    """Owns everything until ``revoke()``; then nothing is valid any more."""
+
+    def __init__(self) -> None:
+        self.revoked = threading.Event()
+
+    def valid(self, partition: int) -> bool:
+        return not self.revoked.is_set()
+
+
+def test_no_publish_or_trim_once_the_partition_is_no_longer_held(harness: Harness) -> None:
+    ownership = Revoking()
+
+    def fail(entry: OutboxMessage) -> BaseException | None:
+        if entry.seq == 1:
+            ownership.revoked.set()  # the lease lapses while publishing the first entry
+        return None
+
+    harness.publisher = MemoryPublisher(fail=fail)
+    harness.write("a", "m0", emits=3)
+    harness.start(ownership)
+    wait_until(lambda: len(harness.publisher.published) >= 1)
+    time.sleep(0.1)
+    harness.stop()
+    assert [e.seq for e in harness.publisher.published] == [1]
+    assert harness.pending() == 3  # not trimmed: the next owner will dispatch them
+
+
+def test_stop_abandons_backoff_sleeps_and_keeps_entries_pending(harness: Harness) -> None:
+    harness.config = DispatcherConfig(
+        name="t",
+        poll_interval=0.005,
+        policy=DispatchPolicy(max_attempts=50, base_delay=5, max_delay=5),
+    )
+    harness.publisher = MemoryPublisher(fail=lambda e: PublishError("nack"))
+    harness.write("a", "m0")
+    harness.start()
+    wait_until(lambda: harness.metrics.totals().failed >= 1)
+    began = time.monotonic()
+    harness.stop()
+    assert time.monotonic() - began < 2
+    assert harness.pending() == 1 and harness.dead.entries == {}

@@ -1,0 +1,176 @@
+"""Pure lease planning, and the lease keeper over the in-memory lease table."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from docoutbox.leases import LeaseTiming, fair_share, plan_leases
+from docoutbox.ownership import LeaseKeeper
+from docoutbox.ports import LeaseView
+from docoutbox.testing.dispatch import MemoryLeaseTable
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+LATER = NOW + timedelta(seconds=10)
+PAST = NOW - timedelta(seconds=1)
+
+
+def plan(view: LeaseView, me: str = "a", held: tuple[int, ...] = (), partitions: int = 16):
+    return plan_leases(view, me=me, partitions=partitions, now=NOW, held=held, rng=random.Random(1))
+
+
+@pytest.mark.parametrize(
+    ("partitions", "live", "share"), [(16, 1, 16), (16, 2, 8), (16, 3, 6), (16, 5, 4), (3, 5, 1)]
+)
+def test_fair_share_covers_every_partition(partitions: int, live: int, share: int) -> None:
+    assert fair_share(partitions, live) == share
+    assert share * live >= partitions
+
+
+def test_a_lone_instance_takes_everything() -> None:
+    p = plan(LeaseView({}, {}))
+    assert p.acquire == tuple(range(16)) and p.keep == () and p.release == ()
+
+
+def test_a_holder_releases_surplus_when_another_member_is_live() -> None:
+    leases = {p: ("a", LATER) for p in range(16)}
+    p = plan(LeaseView(leases, {"a": LATER, "b": LATER}), held=tuple(range(16)))
+    assert len(p.keep) == 8 and len(p.release) == 8 and p.acquire == ()
+    assert set(p.keep) | set(p.release) == set(range(16))
+
+
+def test_a_newcomer_takes_only_free_or_expired_partitions() -> None:
+    leases = {p: ("a", LATER) for p in range(8)} | {p: ("c", PAST) for p in range(8, 12)}
+    p = plan(LeaseView(leases, {"a": LATER}), me="b")
+    # live: a and b -> share 8; 8..11 expired and 12..15 free.
+    assert p.acquire == tuple(range(8, 16))
+    assert p.next_expiry == LATER
+
+
+def test_expired_members_do_not_count_as_live() -> None:
+    leases = {p: ("a", LATER) for p in range(16)}
+    p = plan(LeaseView(leases, {"a": LATER, "gone": PAST}), held=tuple(range(16)))
+    assert p.release == () and len(p.keep) == 16
+
+
+def test_partitions_taken_over_are_reported_lost() -> None:
+    leases = {0: ("a", LATER), 1: ("b", LATER), 2: ("a", PAST)}
+    p = plan(LeaseView(leases, {}), held=(0, 1, 2), partitions=3)
+    assert p.lost == (1, 2)
+    assert p.keep == (0,)
+    assert 2 in p.acquire  # our own expired lease is free again (and must be swept)
+
+
+def test_timing_rejects_a_margin_that_leaves_no_time() -> None:
+    with pytest.raises(ValueError, match="shorter"):
+        LeaseTiming(ttl=2, interval=1, margin=1)
+    assert LeaseTiming(ttl=8).valid_until(100.0) == 106.0
+
+
+class Clock:
+    """A wall clock and a monotonic clock that move together, by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def wall(self) -> datetime:
+        return NOW + timedelta(seconds=self.t)
+
+    def mono(self) -> float:
+        return self.t
+
+
+def keeper(table: MemoryLeaseTable, owner: str, clock: Clock, partitions: int = 16) -> LeaseKeeper:
+    return LeaseKeeper(
+        table,
+        partitions=partitions,
+        owner=owner,
+        timing=LeaseTiming(ttl=4, interval=1, margin=1),
+        clock=clock.wall,
+        monotonic=clock.mono,
+        rng=random.Random(owner),
+    )
+
+
+def test_two_keepers_split_the_partitions_without_overlap() -> None:
+    table, clock = MemoryLeaseTable(), Clock()
+    a, b = keeper(table, "a", clock), keeper(table, "b", clock)
+    a.tick()
+    assert a.owned() == frozenset(range(16))
+    assert a.take_acquired() == [frozenset(range(16))]
+    b.tick()  # b is live now, but everything is held
+    assert b.owned() == frozenset()
+    for _ in range(3):
+        clock.t += 1
+        a.tick()
+        b.tick()
+        owned_a, owned_b = a.owned(), b.owned()
+        assert owned_a is not None and owned_b is not None
+        assert not owned_a & owned_b
+    assert len(owned_a) == 8 and len(owned_b) == 8
+    assert b.take_acquired() == [owned_b]  # b sweeps what it gained
+
+
+def test_a_crashed_keepers_partitions_move_after_expiry_not_before() -> None:
+    table, clock = MemoryLeaseTable(), Clock()
+    a, b = keeper(table, "a", clock), keeper(table, "b", clock)
+    a.tick()
+    b.tick()
+    clock.t += 1
+    a.tick()
+    b.tick()
+    held_a = a.owned()
+    assert held_a and len(held_a) == 8
+    # a crashes: no more ticks. Its leases expire 4 s after its last renewal (t=1).
+    clock.t = 4.5
+    b.tick()
+    assert a.owned() == frozenset()  # a itself stopped trusting them at t=1+4-1
+    assert not (b.owned() or frozenset()) & held_a
+    clock.t = 5.01
+    b.tick()
+    assert b.owned() == frozenset(range(16))
+
+
+def test_validity_ends_margin_before_expiry_without_renewal() -> None:
+    table, clock = MemoryLeaseTable(), Clock()
+    a = keeper(table, "a", clock, partitions=2)
+    a.tick()
+    clock.t = 2.9
+    assert a.valid(0) and a.enter(0)
+    a.leave(0)
+    clock.t = 3.0  # ttl 4 - margin 1
+    assert not a.valid(0)
+    assert not a.enter(0)
+
+
+def test_a_lease_is_released_only_once_no_worker_is_inside() -> None:
+    table, clock = MemoryLeaseTable(), Clock()
+    a = keeper(table, "a", clock, partitions=2)
+    a.tick()
+    assert a.enter(1)
+    released = threading.Event()
+
+    def stop() -> None:
+        a.stop(release=True)
+        released.set()
+
+    t = threading.Thread(target=stop)
+    t.start()
+    assert not released.wait(0.3)
+    assert table.leases.get(1, ("", NOW))[0] == "a"
+    assert not a.valid(1)  # no new work starts meanwhile
+    a.leave(1)
+    t.join(5)
+    assert released.is_set()
+    assert table.leases == {} and table.members == {}
+
+
+def test_stop_without_release_keeps_the_leases() -> None:
+    table, clock = MemoryLeaseTable(), Clock()
+    a = keeper(table, "a", clock, partitions=2)
+    a.tick()
+    a.stop(release=False)
+    assert {owner for owner, _ in table.leases.values()} == {"a"}
