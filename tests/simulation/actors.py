@@ -1,10 +1,10 @@
-"""The simulated processes: producer workers, consumer workers and one dispatcher.
+"""The simulated processes' shared parts, and the producer and consumer workers.
 
 Each process is a generator that yields operations and receives their results, like the
-library's own flows, which it runs with ``yield from``: :meth:`Core.handle` on both
-sides, :func:`dispatch_document` and :meth:`Core.pending_page` in the dispatcher. The
-simulator performs every operation, so it can interleave processes, inject a fault at
-any step and kill a process between any two steps.
+library's own flows, which it runs with ``yield from`` (:meth:`Core.handle` here; the
+dispatcher is in :mod:`tests.simulation.dispatcher`). The simulator performs every
+operation, so it can interleave processes, inject a fault at any step and kill a process
+between any two steps.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, Field
 
 from docoutbox.aggregate import Decision, Handlers
-from docoutbox.dispatch import DispatchOp, DispatchPolicy, checkpoint_after, decode_entry
-from docoutbox.dispatch import dispatch_document as _dispatch_document
-from docoutbox.document import ID, Document
+from docoutbox.dispatch import DispatchOp, DispatchPolicy, decode_entry
 from docoutbox.errors import StoreError
-from docoutbox.flows import Core, Load, Op, RetryPolicy, Status, StoreConfig
-from docoutbox.model import Aggregate, AggregateId, InboxPolicy, Message, emit
+from docoutbox.flows import Core, Op, RetryPolicy, Status, StoreConfig
+from docoutbox.model import Aggregate, InboxPolicy, Message, emit
 from docoutbox.ports import StoreBackend
 from tests.simulation.schedule import Schedule
 
@@ -206,92 +204,3 @@ def consumer(env: Env, rng: random.Random) -> Process:
         env.stats[f"consumer.{outcome.status}"] += 1
         settle = Nack if outcome.status is Status.GAVE_UP else Ack
         yield settle(DELIVERIES, delivery.tag)
-
-
-def dispatch(env: Env, doc: Document, rng: random.Random) -> Step:
-    """Publish and trim one document's pending entries: True when none is left behind."""
-    if not doc.get("outbox"):
-        return True
-    result = yield from _dispatch_document(doc, env.dispatch_policy, rng)
-    env.stats["dispatch.pass"] += 1
-    env.stats["dispatch.held"] += bool(result.held)
-    if result.unavailable:
-        return False
-    return result.trimmed or not (result.published or result.quarantined)
-
-
-def sweep(env: Env, core: Core[Producer], rng: random.Random) -> Step:
-    """Dispatch every document with pending entries, page by page: True if all completed."""
-    complete = True
-    after: AggregateId | None = None
-    while True:
-        page = yield from core.pending_page(after, env.schedule.batch, None, None)
-        for snapshot in page:
-            doc = {ID: snapshot.aggregate_id, "outbox": list(snapshot.raw_outbox)}
-            complete = (yield from dispatch(env, doc, rng)) and complete
-        if len(page) < env.schedule.batch:
-            env.stats["dispatch.sweep"] += 1
-            return complete
-        after = page[-1].aggregate_id
-
-
-def sweeping_dispatcher(env: Env, rng: random.Random) -> Process:
-    """Sweep for pending documents, again and again (works on every store)."""
-    core = env.core(Producer, env.producers, InboxPolicy(), rng)
-    while True:
-        try:
-            yield from sweep(env, core, rng)
-        except StoreError:
-            env.stats["dispatcher.store_error"] += 1
-        yield Idle()
-
-
-def log_dispatcher(env: Env, rng: random.Random) -> Process:
-    """Follow the change log; the checkpoint passes only completely dispatched changes."""
-    core = env.core(Producer, env.producers, InboxPolicy(), rng)
-    position = yield LoadCheckpoint()
-    if position is None:
-        env.stats["dispatcher.recovery"] += 1
-        position = yield from recover(env, core, rng)
-    while True:
-        events = yield ReadChanges(position, env.schedule.batch)
-        done: list[bool] = []
-        for event in events:
-            try:
-                done.append((yield from dispatch_change(env, event, rng)))
-            except StoreError:
-                env.stats["dispatcher.store_error"] += 1
-                done.append(False)
-            if not done[-1]:
-                break
-        passed = checkpoint_after(done)
-        if passed:
-            position += passed
-            yield SaveCheckpoint(position)
-        if passed < len(events):
-            yield Idle()
-
-
-def recover(env: Env, core: Core[Producer], rng: random.Random) -> Step:
-    """Without a checkpoint: replay the whole log, or sweep and continue from its end."""
-    if env.schedule.recovery == "replay":
-        return 0
-    while True:
-        position = yield LogEnd()  # taken before the sweep: later changes are followed
-        try:
-            if (yield from sweep(env, core, rng)):
-                yield SaveCheckpoint(position)
-                return position
-        except StoreError:
-            env.stats["dispatcher.store_error"] += 1
-        yield Idle()
-
-
-def dispatch_change(env: Env, event: Document, rng: random.Random) -> Step:
-    """Dispatch the document of one change: as recorded, or as it is now (lookup)."""
-    if not env.schedule.lookup:
-        return (yield from dispatch(env, event, rng))
-    doc: Document | None = yield Load(event[ID])
-    if doc is None:  # documents are never deleted; nothing would be pending
-        return True
-    return (yield from dispatch(env, doc, rng))

@@ -53,6 +53,7 @@ from tests.simulation.actors import (
     SaveCheckpoint,
     SimOp,
 )
+from tests.simulation.dispatcher import dispatcher
 from tests.simulation.invariants import Record, Violation, check
 from tests.simulation.mutations import applied
 from tests.simulation.queues import Delivery, Queue
@@ -125,7 +126,6 @@ class Simulator:
         self.env = Env(s, stores.producers, stores.sinks, self.clock, self.stats)
         self.producer_ids = [f"p{i}" for i in range(1, s.producers + 1)]
         self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
-        dispatcher = actors.log_dispatcher if s.dispatcher == "log" else actors.sweeping_dispatcher
         self.actors = [
             *(
                 Actor(f"producer{i}", stores.producers, actors.producer)
@@ -323,8 +323,6 @@ class Simulator:
                 self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
                 self.stats["quarantined"] += 1
             case ReadChanges(start=start, limit=limit):
-                if start >= len(self._log()):
-                    return self._wait(actor, 2, 8)
                 return self._log()[start : start + limit]
             case LogEnd():
                 return len(self._log())

@@ -7,18 +7,19 @@
   ``apply_plan`` and the MongoDB ``commit_update`` filter lose their version guard);
 - ``order-off``: the dispatcher publishes a document's entries newest first;
 - ``outbox-overwrite``: a commit replaces the outbox instead of appending to it, dropping
-  entries it did not publish (memory store).
+  entries it did not publish (memory store);
+- ``checkpoint-early``: the position tracker lets the checkpoint pass unfinished events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 from unittest import mock
 
-from docoutbox import dispatch, flows
+from docoutbox import dispatch, flows, tracking
 from docoutbox.document import Document
 from docoutbox.plan import CommitPlan, WritePlan, apply_plan
 from docoutbox.testing import memory
@@ -81,12 +82,22 @@ def outbox_overwrite() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def checkpoint_early() -> Iterator[None]:
+    def everything(done: Sequence[bool]) -> int:
+        return len(done)
+
+    with mock.patch.object(tracking, "checkpoint_after", everything):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
     "version-off": version_off,
     "order-off": order_off,
     "outbox-overwrite": outbox_overwrite,
+    "checkpoint-early": checkpoint_early,
 }
 
 

@@ -76,9 +76,6 @@ class Schedule:
     #: "log": follow the store's change log with a checkpoint (memory store only);
     #: "sweep": query documents with pending entries, again and again.
     dispatcher: str = "sweep"
-    #: Log mode: re-read each changed document (like updateLookup) instead of using the
-    #: document as the change recorded it.
-    lookup: bool = True
     #: Log mode, checkpoint missing: "sweep" all pending documents from the log's end,
     #: or "replay" the whole log.
     recovery: str = "sweep"
@@ -116,7 +113,6 @@ def draw(seed: int, store: str = "memory") -> Schedule:
         consumer_exact=rng.random() < 0.5,
         deterministic_ids=rng.random() < 0.5,
         dispatcher="log" if store == "memory" and rng.random() < 0.6 else "sweep",
-        lookup=rng.random() < 0.5,
         recovery=rng.choice(("sweep", "replay")),
         batch=rng.randint(1, 3),
         reorder=rng.random() < 0.7,

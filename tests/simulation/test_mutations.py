@@ -30,6 +30,7 @@ def first_violation(store: str, mutation: str, client: Any = None) -> Report:
         ("version-off", "command-once"),  # stale writers overwrite each other
         ("order-off", "order"),
         ("outbox-overwrite", "published"),  # a commit drops entries it did not publish
+        ("checkpoint-early", "checkpoint"),  # I5, and then entries stranded for good
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

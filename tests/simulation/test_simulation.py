@@ -77,7 +77,8 @@ MUST_HAPPEN = [
     "consumer.store_error",
     "quarantined",
     "dispatch.held",
-    "dispatcher.recovery",
+    "dispatcher.fresh_start",  # no checkpoint: sweep behind a gate
+    "dispatcher.replay",
     "dispatcher.store_error",
     "redelivery.after_crash",
     "deliveries.redelivered",
