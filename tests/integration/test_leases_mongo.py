@@ -1,0 +1,239 @@
+"""Partition leases on the wire server: the table's conditional writes, and two dispatchers
+sharing one collection (no aggregate dispatched by both at once, failover within a TTL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox import OutboxMessage
+from docoutbox.dispatcher import Dispatcher
+from docoutbox.errors import TransientStoreError
+from docoutbox.leases import LeaseTiming
+from docoutbox.ownership import LeaseKeeper
+from docoutbox_mongo import MongoLeaseTable
+from tests.integration.test_dispatcher_mongo import Env, wait_until
+
+pytestmark = pytest.mark.wire
+
+TTL = 2.0
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def env(mongo_uri: str) -> Iterator[Env]:
+    e = Env(mongo_uri)
+    yield e
+    e.close()
+
+
+def test_lease_table_writes_are_conditional(env: Env) -> None:
+    table = MongoLeaseTable(env.db["leases"], "aggs")
+    other_group = MongoLeaseTable(env.db["leases"], "other")
+    soon, later = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
+    assert table.acquire(3, "a", NOW, soon)
+    assert not table.acquire(3, "b", NOW, soon)  # held: the upsert loses on _id
+    assert table.acquire(3, "a", NOW, later)  # the holder may re-acquire
+    assert table.acquire(3, "b", later + timedelta(seconds=1), later)  # expired: taken over
+    table.renew([3], "a", later + timedelta(days=1))  # not a's any more: no effect
+    table.release(3, "a")  # not a's: no effect
+    table.join("b", soon)
+    view = table.read()
+    assert view.leases == {3: ("b", later)}
+    assert view.members == {"b": soon}
+    assert other_group.read().leases == {}
+    table.release(3, "b")
+    table.leave("b")
+    view = table.read()
+    assert view.leases == {} and view.members == {}
+
+
+class OverlapDetector:
+    """Shared by every instance's publisher: flags one aggregate published by two at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: dict[Any, tuple[str, int]] = {}
+        self.overlaps: list[tuple[Any, str, str]] = []
+        self.log: list[tuple[str, OutboxMessage, float]] = []
+
+    def publisher(self, instance: str) -> InstancePublisher:
+        return InstancePublisher(self, instance)
+
+
+class InstancePublisher:
+    def __init__(self, detector: OverlapDetector, instance: str) -> None:
+        self.d = detector
+        self.instance = instance
+
+    def publish(self, entry: OutboxMessage) -> None:
+        key = entry.aggregate_id
+        with self.d.lock:
+            holder, count = self.d.active.get(key, (self.instance, 0))
+            if holder != self.instance:
+                self.d.overlaps.append((key, holder, self.instance))
+            self.d.active[key] = (self.instance, count + 1 if holder == self.instance else 1)
+        time.sleep(0.002)
+        with self.d.lock:
+            holder, count = self.d.active.get(key, (self.instance, 1))
+            if count <= 1:
+                self.d.active.pop(key, None)
+            else:
+                self.d.active[key] = (holder, count - 1)
+            self.d.log.append((self.instance, entry, time.monotonic()))
+
+
+def keeper(env: Env, owner: str) -> LeaseKeeper:
+    return LeaseKeeper(
+        MongoLeaseTable(env.db["leases"], "aggs"),
+        partitions=16,
+        owner=owner,
+        timing=LeaseTiming(ttl=TTL),
+    )
+
+
+class Writer(threading.Thread):
+    def __init__(self, env: Env, aggregates: int) -> None:
+        super().__init__(daemon=True)
+        self.env, self.aggregates = env, aggregates
+        self.halt = threading.Event()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                self.env.write(f"agg{self.count % self.aggregates}", f"w{self.count}")
+                self.count += 1
+                time.sleep(0.002)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def owned(dispatcher: Dispatcher) -> frozenset[int]:
+    scope = dispatcher.ownership.owned()
+    assert scope is not None
+    return scope
+
+
+def test_two_instances_share_partitions_and_fail_over_after_a_crash(env: Env) -> None:
+    detector = OverlapDetector()
+    writer = Writer(env, aggregates=30)
+    writer.start()
+    a = env.start(detector.publisher("a"), ownership=keeper(env, "a"))
+    wait_until(lambda: len(owned(a)) == 16)
+    time.sleep(0.5)
+    b = env.start(detector.publisher("b"), ownership=keeper(env, "b"))
+    wait_until(lambda: len(owned(a)) == 8 and len(owned(b)) == 8, timeout=3 * TTL)
+    assert not owned(a) & owned(b)
+    time.sleep(1.0)
+
+    env.stop(a, crash=True)
+    crashed_at = time.monotonic()
+    wait_until(lambda: len(owned(b)) == 16, timeout=3 * TTL)
+    takeover = time.monotonic() - crashed_at
+    assert takeover <= TTL + 0.3, f"took {takeover:.2f}s"
+    time.sleep(0.5)
+    writer.halt.set()
+    writer.join()
+    assert writer.error is None, writer.error
+    wait_until(lambda: env.pending() == 0)
+    env.stop(b)
+
+    assert detector.overlaps == []
+    first: dict[tuple[Any, int], tuple[str, float]] = {}
+    by_instance: dict[tuple[str, Any], list[int]] = defaultdict(list)
+    duplicates = []
+    for instance, entry, at in detector.log:
+        key = (entry.aggregate_id, entry.seq)
+        by_instance[(instance, entry.aggregate_id)].append(entry.seq)
+        if key in first:
+            duplicates.append((key, first[key], instance, at))
+        else:
+            first[key] = (instance, at)
+    emitted = {(agg, seq) for agg, seqs in env.emitted().items() for seq in seqs}
+    assert set(first) == emitted  # every entry published (I1)
+    for seqs in by_instance.values():
+        assert seqs == sorted(set(seqs))  # in order, and never twice by one instance (I4)
+    # Only the crash can cause duplicates: entries a published but did not trim.
+    for _key, (who, _at), again_by, again_at in duplicates:
+        assert (who, again_by) == ("a", "b") and again_at >= crashed_at
+    assert writer.count > 300
+
+
+def test_a_graceful_stop_hands_over_without_waiting_for_expiry(env: Env) -> None:
+    detector = OverlapDetector()
+    a = env.start(detector.publisher("a"), ownership=keeper(env, "a"))
+    b = env.start(detector.publisher("b"), ownership=keeper(env, "b"))
+    wait_until(lambda: len(owned(a)) == 8 and len(owned(b)) == 8, timeout=3 * TTL)
+    for i in range(40):
+        env.write(f"agg{i % 10}", f"m{i}")
+    wait_until(lambda: env.pending() == 0)
+    env.stop(a)
+    stopped_at = time.monotonic()
+    assert MongoLeaseTable(env.db["leases"], "aggs").read().members.keys() == {b.ownership.owner}  # type: ignore[attr-defined]
+    wait_until(lambda: len(owned(b)) == 16, timeout=3 * TTL)
+    assert time.monotonic() - stopped_at < TTL  # released, not expired
+    env.write("agg0", "after")
+    wait_until(lambda: env.pending() == 0)
+    assert detector.overlaps == []
+    assert len({(e.aggregate_id, e.seq) for _, e, _ in detector.log}) == len(detector.log)
+
+
+class CutOffTable(MongoLeaseTable):
+    """A lease table that can be cut off, as in a network partition: every call fails."""
+
+    cut = False
+
+    def _check(self) -> None:
+        if self.cut:
+            raise TransientStoreError("lease table unreachable")
+
+    def read(self) -> Any:
+        self._check()
+        return super().read()
+
+    def join(self, owner: str, expires_at: datetime) -> None:
+        self._check()
+        super().join(owner, expires_at)
+
+    def renew(self, partitions: Any, owner: str, expires_at: datetime) -> None:
+        self._check()
+        super().renew(partitions, owner, expires_at)
+
+    def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
+        self._check()
+        return super().acquire(partition, owner, now, expires_at)
+
+
+def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: Env) -> None:
+    detector = OverlapDetector()
+    writer = Writer(env, aggregates=30)
+    writer.start()
+    table = CutOffTable(env.db["leases"], "aggs")
+    a = env.start(
+        detector.publisher("a"),
+        ownership=LeaseKeeper(table, partitions=16, owner="a", timing=LeaseTiming(ttl=TTL)),
+    )
+    b = env.start(detector.publisher("b"), ownership=keeper(env, "b"))
+    wait_until(lambda: len(owned(a)) == 8 and len(owned(b)) == 8, timeout=3 * TTL)
+    time.sleep(0.5)
+    table.cut = True  # a keeps dispatching, but can no longer renew its leases
+    wait_until(lambda: len(owned(b)) == 16, timeout=3 * TTL)
+    assert owned(a) == frozenset()
+    time.sleep(0.5)
+    table.cut = False  # a is back: the partitions are shared again
+    wait_until(lambda: len(owned(a)) == 8 and len(owned(b)) == 8, timeout=4 * TTL)
+    writer.halt.set()
+    writer.join()
+    assert writer.error is None, writer.error
+    wait_until(lambda: env.pending() == 0)
+    assert detector.overlaps == []
+    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
+    assert published == {(agg, s) for agg, seqs in env.emitted().items() for s in seqs}
