@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--sweep-interval", type=float, default=60.0)
     d.add_argument("--grace", type=float, default=30.0, help="sweep entries older than this")
     d.add_argument("--max-attempts", type=int, default=5, help="publish attempts per entry")
+    d.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
     d.add_argument("--server-timeout", type=float, default=5.0, help="seconds to reach MongoDB")
     d.add_argument("--progress-interval", type=float, default=10.0)
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -160,6 +161,7 @@ def dispatch(args: argparse.Namespace) -> int:
         policy=DispatchPolicy(max_attempts=args.max_attempts),
         sweep_interval=args.sweep_interval,
         grace=args.grace,
+        checkpoint_interval=args.checkpoint_interval,
     )
     metrics = LoggingMetrics(every=args.progress_interval)
     dispatcher = Dispatcher(

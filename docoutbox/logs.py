@@ -15,6 +15,7 @@ _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):(?P<secr
 _PARAM = re.compile(r"(?i)(?P<head>\b[\w.]*(?:password|passwd|pwd|secret|token)=)[^&\s,;]+")
 
 MASK = "***"
+_HANDLER_NAME = "docoutbox-cli"
 
 
 def mask(text: str, secrets: Iterable[str] = ()) -> str:
@@ -66,9 +67,11 @@ def configure(
         logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     )
     handler.addFilter(MaskingFilter(secrets))
+    handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if old.get_name() == _HANDLER_NAME:
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
     logging.getLogger("pika").setLevel(logging.WARNING)

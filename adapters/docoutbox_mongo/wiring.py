@@ -7,6 +7,7 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from docoutbox.errors import PermanentStoreError
 from docoutbox_mongo.backend import MongoBackend
 from docoutbox_mongo.changes import MongoChangeSource
 from docoutbox_mongo.coordination import MongoCheckpoints, MongoDeadLetters, MongoLeaseTable
@@ -42,14 +43,17 @@ def connect_dispatch(
     Raises :class:`~docoutbox.errors.StoreError` for a bad URI or an unreachable server.
     """
     ms = max(1, int(timeout * 1000))
-    with translated():
-        client: Any = MongoClient(
-            uri,
-            serverSelectionTimeoutMS=ms,
-            connectTimeoutMS=ms,
-            uuidRepresentation="standard",
-            appname="docoutbox-dispatch",
-        )
+    try:
+        with translated():
+            client: Any = MongoClient(
+                uri,
+                serverSelectionTimeoutMS=ms,
+                connectTimeoutMS=ms,
+                uuidRepresentation="standard",
+                appname="docoutbox-dispatch",
+            )
+    except ValueError as exc:  # pymongo reports some malformed URIs as plain ValueError
+        raise PermanentStoreError(f"invalid MongoDB URI: {exc}") from exc
     try:
         with translated():
             database = client[db]
