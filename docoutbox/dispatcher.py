@@ -24,7 +24,8 @@ from functools import partial
 
 from docoutbox.dispatch import DispatchPolicy
 from docoutbox.document import ID, Document, partition_of, utcnow
-from docoutbox.errors import ChangeStreamLost, StoreError
+from docoutbox.errors import StoreError
+from docoutbox.following import StreamFollower
 from docoutbox.metrics import Metrics, NullMetrics
 from docoutbox.model import AggregateId
 from docoutbox.ownership import Ownership, SoleOwner
@@ -32,13 +33,12 @@ from docoutbox.ports import (
     ChangeSource,
     Checkpoints,
     DeadLetters,
-    Position,
     Publisher,
     StoreBackend,
 )
 from docoutbox.runner import DispatchRunner
 from docoutbox.scheduler import AggregateScheduler, Backoff
-from docoutbox.tracking import Gate, PositionTracker, Sweep
+from docoutbox.tracking import Done, Gate, Sweep
 
 log = logging.getLogger("docoutbox.dispatcher")
 
@@ -115,14 +115,24 @@ class Dispatcher:
             backoff=self.config.backoff,
             rng=self._rng,
         )
-        self.tracker = PositionTracker()
         self.sweeps: deque[Sweep] = deque()
-        self._resume: Position | None = None
-        self._stream_open = False
-        self._stream_failures = 0
-        self._stream_retry_at = 0.0
-        self._saved: Position | None = None
-        self._next_save = 0.0
+        self.follower: StreamFollower | None = None
+        if source is not None:
+            cfg = self.config
+            self.follower = StreamFollower(
+                source,
+                checkpoints,
+                cfg.name,
+                request=self._request_for,
+                sweep_all=lambda gate: self.sweeps.append(
+                    Sweep(self.ownership.owned(), None, gate)
+                ),
+                batch_size=cfg.batch_size,
+                max_outstanding=cfg.max_outstanding,
+                checkpoint_interval=cfg.checkpoint_interval,
+                backoff=cfg.backoff,
+                rng=self._rng,
+            )
         self._next_sweep = 0.0
         self.started = threading.Event()
 
@@ -145,9 +155,8 @@ class Dispatcher:
             self.source is not None,
         )
         self.ownership.start()
-        self._load_checkpoint()
         self._next_sweep = time.monotonic() + cfg.sweep_interval
-        if self.source is None:
+        if self.follower is None:
             self.sweeps.append(Sweep(self.ownership.owned(), None))
         self.started.set()
         try:
@@ -169,9 +178,9 @@ class Dispatcher:
             self._queue_periodic_sweep()
         self.scheduler.pump()
         busy = self._sweep_step()
-        if self.source is not None:
-            busy = self._stream_step(now) or busy
-        self._checkpoint(now)
+        if self.follower is not None:
+            busy = self.follower.step(now) or busy
+            self.follower.checkpoint(now)
         self.metrics.backlog(self.scheduler.backlog())
         return busy
 
@@ -200,12 +209,11 @@ class Dispatcher:
             log.warning("sweep_failed error=%r", exc)
             return False
         for doc in docs:
-            target = event_target(doc, self.config.partitions)
-            if target is not None and self.ownership.valid(target[1]):
-                ticket = self.scheduler.request(*target)
+            done = self._request_for(doc)
+            if done is not None:
                 sweep.requested += 1
                 if sweep.gate is not None:
-                    sweep.gate.add(partial(self.scheduler.done, ticket))
+                    sweep.gate.add(done)
         sweep.pages += 1
         if docs:
             sweep.after = docs[-1][ID]
@@ -221,107 +229,24 @@ class Dispatcher:
             )
         return True
 
-    def _stream_step(self, now: float) -> bool:
-        assert self.source is not None
-        if not self._stream_open:
-            if now < self._stream_retry_at:
-                return False
-            self._open_stream()
-            return self._stream_open
-        if len(self.tracker) >= self.config.max_outstanding:
-            return False
-        try:
-            events = self.source.poll(self.config.batch_size)
-        except ChangeStreamLost as exc:
-            log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
-            self._resume = None
-            self._stream_open = False
-            return True
-        except StoreError as exc:
-            self._stream_failed(exc)
-            return False
-        for event in events:
-            target = event_target(event.document, self.config.partitions)
-            if target is not None and self.ownership.valid(target[1]):
-                ticket = self.scheduler.request(*target)
-                self.tracker.add(event.position, partial(self.scheduler.done, ticket))
-            else:
-                self.tracker.add(event.position)
-        self._resume = self.tracker.latest
-        return bool(events)
-
-    def _load_checkpoint(self) -> None:
-        if self.source is None or self.checkpoints is None:
-            return
-        try:
-            self._resume = self.checkpoints.load(self.config.name)
-        except StoreError as exc:
-            log.warning("checkpoint_load_failed error=%r", exc)
-            self._stream_failed(exc)
-            return
-        self.tracker = PositionTracker(self._resume)
-        self._saved = self._resume
-
-    def _open_stream(self) -> None:
-        assert self.source is not None
-        try:
-            if self._resume is None:
-                self._fresh_start()
-            else:
-                try:
-                    self.source.open(self._resume)
-                except ChangeStreamLost as exc:
-                    log.warning("stream_position_unusable error=%r; sweeping", exc)
-                    self._fresh_start()
-        except StoreError as exc:
-            self._stream_failed(exc)
-            return
-        self._stream_open = True
-        self._stream_failures = 0
-        log.info("stream_opened")
-
-    def _fresh_start(self) -> None:
-        """Open the stream at "now", and sweep everything owned with no grace period."""
-        assert self.source is not None
-        marker = self.source.start_marker()
-        self.source.open(marker)
-        gate = Gate()
-        self.tracker.reset(marker, gate)
-        self._resume = marker
+    def _sweep_all(self, gate: Gate) -> None:
         self.sweeps.append(Sweep(self.ownership.owned(), None, gate))
 
-    def _stream_failed(self, exc: StoreError) -> None:
-        self._stream_open = False
-        self._stream_failures += 1
-        delay = self.config.backoff.delay(self._stream_failures, self._rng)
-        self._stream_retry_at = time.monotonic() + delay
-        log.warning("stream_unavailable error=%r retry_in_s=%.2f", exc, delay)
-
-    def _checkpoint(self, now: float, *, force: bool = False) -> None:
-        self.tracker.advance()
-        if self.checkpoints is None:
-            return
-        safe = self.tracker.safe
-        if safe is None or safe == self._saved or (now < self._next_save and not force):
-            return
-        try:
-            self.checkpoints.save(self.config.name, safe)
-        except StoreError as exc:
-            log.warning("checkpoint_save_failed error=%r", exc)
-            return
-        self._saved = safe
-        self._next_save = now + self.config.checkpoint_interval
+    def _request_for(self, doc: Document | None) -> Done | None:
+        """Ask for a run of the document's aggregate if it has pending entries and is ours."""
+        target = event_target(doc, self.config.partitions)
+        if target is None or not self.ownership.valid(target[1]):
+            return None
+        return partial(self.scheduler.done, self.scheduler.request(*target))
 
     def _shutdown(self) -> None:
         crashed = self._crashed.is_set()
         log.info("dispatcher_stopping name=%s crashed=%s", self.config.name, crashed)
         self.scheduler.close()
-        if not crashed:
-            self._checkpoint(time.monotonic(), force=True)
+        if self.follower is not None and not crashed:
+            self.follower.checkpoint(time.monotonic(), force=True)
         self.ownership.stop(release=not crashed)
-        if self.source is not None:
-            try:
-                self.source.close()
-            except StoreError as exc:
-                log.warning("stream_close_failed error=%r", exc)
-        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, self._saved)
+        if self.follower is not None:
+            self.follower.close()
+        saved = self.follower.saved if self.follower is not None else None
+        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, saved)
