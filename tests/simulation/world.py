@@ -1,0 +1,214 @@
+"""Everything outside the processes: stores, queues, broker, dead letters, checkpoint.
+
+:meth:`World.perform` carries out one operation for a process and decides, from the
+schedule's fault rates, whether it fails before it happens or happens and then fails (a
+write whose reply is lost, a publish whose confirm is lost). Whatever happens is written
+to the :class:`~tests.simulation.invariants.Record` that the invariants check.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+from docoutbox.dispatch import Publish, Quarantine, encode_entry
+from docoutbox.document import Document
+from docoutbox.errors import (
+    BrokerUnavailable,
+    PermanentPublishError,
+    PublishError,
+    TransientStoreError,
+)
+from docoutbox.flows import FindPending, Load, Write
+from docoutbox.model import Message, OutboxMessage
+from docoutbox.plan import CommitPlan, InsertPlan, WritePlan
+from docoutbox.ports import StoreBackend
+from docoutbox.testing import MemoryDeadLetters
+from tests.simulation.actors import (
+    COMMANDS,
+    DELIVERIES,
+    Ack,
+    Command,
+    LoadCheckpoint,
+    LogEnd,
+    Nack,
+    ReadChanges,
+    Receive,
+    SaveCheckpoint,
+    SimOp,
+)
+from tests.simulation.invariants import Record, Violation
+from tests.simulation.queues import Queue
+from tests.simulation.schedule import Schedule
+from tests.simulation.stores import Stores
+
+#: What :meth:`World.perform` returns when the operation must wait (nothing to receive).
+BLOCKED = object()
+
+
+class World:
+    def __init__(self, schedule: Schedule, stores: Stores, stats: Counter[str]) -> None:
+        self.schedule = s = schedule
+        self.stores = stores
+        self.stats = stats
+        self.fault_rng = random.Random(f"{s.seed}/faults")
+        self.faulty = True
+        self.now = 0
+        self.record = Record()
+        self.dead_letters = MemoryDeadLetters()
+        self.published_ids: set[str] = set()
+        self.checkpoint: int | None = None
+        self.queues: dict[str, Queue[Any]] = {
+            name: Queue(name, random.Random(f"{s.seed}/{name}"), reorder=s.reorder)
+            for name in (COMMANDS, DELIVERIES)
+        }
+        self.producer_ids = [f"p{i}" for i in range(1, s.producers + 1)]
+        self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
+
+    def fault(self, kind: str) -> bool:
+        p = self.schedule.fault(kind) if self.faulty else 0.0
+        if p and self.fault_rng.random() < p:
+            self.stats[f"fault.{kind}"] += 1
+            return True
+        return False
+
+    def violation(self, invariant: str, detail: str) -> None:
+        self.record.violations.append(Violation(invariant, detail))
+
+    def issue_commands(self) -> None:
+        """The clients' commands, each visible at a random step of the faulty phase."""
+        s = self.schedule
+        rng = random.Random(f"{s.seed}/clients")
+        for pid in self.producer_ids:
+            for j in range(1, s.commands + 1):
+                count = rng.randint(0, s.max_targets)
+                targets = tuple(rng.choice(self.sink_ids) for _ in range(count))
+                message = Message(
+                    id=f"cmd-{pid}-{j}",
+                    type="Work",
+                    payload={"targets": list(targets)},
+                    source=f"client/{pid}",
+                    seq=j,
+                )
+                command = Command(pid, message, targets)
+                self.record.commands.append(command)
+                self.send(COMMANDS, command, rng.randint(0, s.fault_steps * 2 // 3))
+
+    def send(self, queue: str, body: Any, visible_at: int) -> None:
+        if self.fault("delay"):
+            visible_at += self.fault_rng.randint(1, 40)
+        self.queues[queue].put(body, visible_at)
+        if self.fault("duplicate"):
+            self.queues[queue].put(body, visible_at + self.fault_rng.randint(0, 30))
+
+    def quiescent(self) -> bool:
+        if not all(q.idle() for q in self.queues.values()):
+            return False
+        if self.schedule.dispatcher == "log" and self.checkpoint != len(self.log()):
+            return False
+        return not self.stores.producers.find_pending(after=None, limit=1)
+
+    def busy(self) -> str:
+        queues = {name: q.counts() for name, q in self.queues.items()}
+        pending = [d["_id"] for d in self.stores.producers.find_pending(after=None, limit=10)]
+        text = f"(waiting, in flight) {queues}, pending {pending}"
+        if self.schedule.dispatcher == "log":
+            text += f", checkpoint {self.checkpoint} of {len(self.log())} changes"
+        return text
+
+    def log(self) -> list[Document]:
+        assert self.stores.changes is not None, "this store keeps no change log"
+        return self.stores.changes
+
+    def perform(self, owner: str, backend: StoreBackend, op: SimOp) -> Any:
+        """Carry out ``op`` for the process ``owner``; raise the error a fault causes."""
+        match op:
+            case Receive(queue=name):
+                delivery = self.queues[name].take(self.now, owner)
+                if delivery is None:
+                    return BLOCKED
+                self.stats[f"{name}.redelivered"] += delivery.redelivered
+                return delivery
+            case Ack(queue=name, tag=tag):
+                self.queues[name].ack(tag)
+            case Nack(queue=name, tag=tag):
+                self.queues[name].nack(tag, self.now)
+            case Load(aggregate_id=aggregate_id):
+                if self.fault("load_error"):
+                    raise TransientStoreError("injected: the read failed")
+                return backend.load(aggregate_id)
+            case Write(plan=plan):
+                return self.write(backend, plan)
+            case FindPending(after=after, limit=limit, older_than=older, partitions=parts):
+                if self.fault("find_error"):
+                    raise TransientStoreError("injected: the query failed")
+                return backend.find_pending(
+                    after=after, limit=limit, older_than=older, partitions=parts
+                )
+            case Publish(entry=entry):
+                self.publish(entry)
+            case Quarantine():
+                if self.fault("deadletter_error"):
+                    raise TransientStoreError("injected: the dead-letter store failed")
+                self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
+                self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
+                self.stats["quarantined"] += 1
+            case ReadChanges(start=start, limit=limit):
+                return self.log()[start : start + limit]
+            case LogEnd():
+                return len(self.log())
+            case LoadCheckpoint():
+                return self.checkpoint
+            case SaveCheckpoint(position=position):
+                self.check_checkpoint(position)
+                self.checkpoint = position
+            case _:
+                raise AssertionError(f"unknown operation {op!r}")
+        return None
+
+    def write(self, backend: StoreBackend, plan: WritePlan) -> bool:
+        if self.fault("write_error"):
+            raise TransientStoreError("injected: the write failed")
+        applied = backend.write(plan)
+        self.stats[f"write.{type(plan).__name__}.{'applied' if applied else 'refused'}"] += 1
+        if applied and backend is self.stores.producers:
+            if isinstance(plan, CommitPlan):
+                self.record.stored.extend(plan.outbox_push)
+            elif isinstance(plan, InsertPlan):
+                self.record.stored.extend(plan.document.get("outbox") or ())
+        if self.fault("write_lost_reply"):
+            raise TransientStoreError("injected: the write applied, its reply was lost")
+        return applied
+
+    def publish(self, entry: OutboxMessage) -> None:
+        if self.fault("broker_down"):
+            raise BrokerUnavailable("injected: the broker is unreachable")
+        if self.fault("poison"):
+            raise PermanentPublishError("injected: the broker rejects this message")
+        if self.fault("publish_nack"):
+            raise PublishError("injected: the broker refused the message")
+        self.record.publications.append((self.record.tick(), entry))
+        self.published_ids.add(entry.id)
+        self.send(DELIVERIES, encode_entry(entry), self.now)
+        if self.fault("publish_lost_confirm"):
+            raise PublishError("injected: the broker took the message, the confirm was lost")
+
+    def check_checkpoint(self, position: int) -> None:
+        """I5: the checkpoint passes only changes whose entries are published and trimmed."""
+        self.stats["checkpoint.saved"] += 1
+        pending: dict[Any, set[str]] = {}
+        for index in range(self.checkpoint or 0, position):
+            doc = self.log()[index]
+            for entry in doc.get("outbox") or ():
+                if doc["_id"] not in pending:
+                    current = self.stores.producers.load(doc["_id"]) or {}
+                    pending[doc["_id"]] = {e["id"] for e in current.get("outbox") or ()}
+                entry_id = entry["id"]
+                done = entry_id in self.published_ids or entry_id in self.record.quarantined
+                if not done or entry_id in pending[doc["_id"]]:
+                    self.violation(
+                        "checkpoint",
+                        f"checkpoint moved to {position} past change {index}, whose entry "
+                        f"{doc['_id']} seq {entry['seq']} is not published and trimmed",
+                    )
