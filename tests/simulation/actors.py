@@ -139,7 +139,9 @@ class Env:
     clock: Callable[[], datetime]
     stats: Counter[str]
 
-    def core(self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: Any) -> Core[M]:
+    def core(
+        self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: random.Random
+    ) -> Core[M]:
         retry = RetryPolicy(self.schedule.store_attempts, base_delay=0.002, max_delay=0.02)
         config = StoreConfig(
             inbox=inbox,

@@ -1,12 +1,13 @@
 """The simulated dispatcher: the engine's design, one step at a time.
 
-It is built like :class:`docoutbox.dispatcher.Dispatcher`, from the same pure parts:
+It is built like :class:`docoutbox.dispatcher.Dispatcher`, with the same pure parts:
 
 - change events enter a :class:`~docoutbox.tracking.PositionTracker`, each with a
   completion check; the checkpoint saved is the tracker's ``safe`` position (I5);
 - without a checkpoint it starts "fresh" as the engine does: it takes the log's end as
-  the new position and sweeps every pending document behind a :class:`~docoutbox.tracking.Gate`
-  (I6), or, with ``recovery="replay"``, it replays the whole log;
+  the new position and sweeps every pending document behind a
+  :class:`~docoutbox.tracking.Gate` (I6); or, with ``recovery="replay"``, it replays the
+  whole log;
 - sweeps page through :meth:`Core.pending_page`; with no change log (``dispatcher="sweep"``)
   it sweeps again and again;
 - each aggregate is published by :func:`~docoutbox.dispatch.dispatch_document` on the
@@ -22,14 +23,14 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from docoutbox.dispatch import dispatch_document
-from docoutbox.dispatcher import event_target
 from docoutbox.document import ID
 from docoutbox.errors import StoreError
 from docoutbox.flows import Core, Load
 from docoutbox.model import AggregateId, InboxPolicy
-from docoutbox.tracking import Gate, PositionTracker, Sweep
+from docoutbox.tracking import Gate, PositionTracker
 from tests.simulation.actors import (
     Env,
     Idle,
@@ -41,6 +42,14 @@ from tests.simulation.actors import (
     SaveCheckpoint,
     Step,
 )
+
+
+@dataclass
+class Sweep:
+    """A paged scan of every document with pending entries, maybe behind a gate."""
+
+    gate: Gate | None = None
+    after: AggregateId | None = None
 
 
 class Tickets:
@@ -97,7 +106,7 @@ class Dispatcher:
             marker = yield LogEnd()  # changes after it are followed; the sweep covers the rest
             gate = Gate()
             self.tracker.reset(marker, gate)
-            self.sweeps.append(Sweep(None, None, gate))
+            self.sweeps.append(Sweep(gate))
         assert self.tracker.latest is not None
         self.cursor = self.tracker.latest
 
@@ -119,7 +128,7 @@ class Dispatcher:
                 self.saved = safe
                 yield SaveCheckpoint(safe)
         if not self.follow and not self.sweeps and not due:
-            self.sweeps.append(Sweep(None, None))  # sweep again, next turn
+            self.sweeps.append(Sweep())  # sweep again, next turn
         return busy
 
     def sweep_page(self) -> Step:
@@ -150,11 +159,10 @@ class Dispatcher:
         events = yield ReadChanges(self.cursor, self.env.schedule.batch)
         for doc in events:
             self.cursor += 1
-            target = event_target(doc, 16)
-            if target is None:
-                self.tracker.add(self.cursor)
+            if doc.get("outbox"):
+                self.tracker.add(self.cursor, self.tickets.request(doc[ID]))
             else:
-                self.tracker.add(self.cursor, self.tickets.request(target[0]))
+                self.tracker.add(self.cursor)
         return bool(events)
 
     def run(self, aggregate_id: AggregateId) -> Step:
