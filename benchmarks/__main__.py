@@ -1,0 +1,102 @@
+"""Run the benchmark suite: ``python -m benchmarks [--quick] [--only NAME ...]``.
+
+Each benchmark gets a fresh wire server (so one benchmark's oplog and heap do not weigh
+on the next), or ``$MONGODB_URI`` when it is set. Results go to ``benchmarks/results.json``
+and are printed as Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pymongo
+
+from benchmarks import dispatch, memory, store, structure
+from benchmarks.common import Scale, Table, mongo_server
+
+Bench = Callable[[str, Scale], Table]
+
+#: name -> (function, Java heap for its wire server)
+BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
+    "structure": (structure.run, None),
+    "raw": (store.versus_raw, None),
+    "outbox": (store.versus_classic, None),
+    "inbox": (store.inbox_cost, None),
+    "hot": (store.hot_aggregate, None),
+    "dispatch": (dispatch.run, None),
+    "memory": (memory.run, "12g"),
+}
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "pymongo": pymongo.version,
+        "platform": platform.platform(),
+    }
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        info["cpu"] = found.group(1).strip() if found else None
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        found = re.search(r"MemTotal:\s+(\d+)", meminfo.read_text())
+        info["memory_gib"] = round(int(found.group(1)) / 1024**2, 1) if found else None
+    java = shutil.which("java")
+    if java:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+        info["java"] = (out.stderr or out.stdout).splitlines()[0] if out.stderr else None
+    info["server"] = (
+        "MONGODB_URI" if os.environ.get("MONGODB_URI") else "mongo-java-server 1.47.0 (memory)"
+    )
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
+    args = parser.parse_args(argv)
+    scale = Scale.quick() if args.quick else Scale()
+    results: dict[str, Any] = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "scale": scale.__dict__,
+        "machine": machine(),
+        "seconds": {},
+        "benchmarks": {},
+    }
+    began = time.perf_counter()
+    for name in args.only:
+        bench, heap = BENCHMARKS[name]
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        with mongo_server(java_heap=heap) as uri:
+            table = bench(uri, scale)
+        results["seconds"][name] = round(time.perf_counter() - start, 1)
+        results["benchmarks"][name] = table.to_json()
+        print(table.to_markdown() + "\n", flush=True)
+    results["seconds"]["total"] = round(time.perf_counter() - began, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"[bench] done in {results['seconds']['total']:.0f} s; wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Shared machinery: the server, counting clients, interleaved rounds, medians and tables."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from pymongo import MongoClient, monitoring
+
+from tests.support.servers import MongoWireServer, mongo_wire_server_available
+
+DATABASE = "docoutbox_bench"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much work each benchmark does. ``quick`` only proves the code runs."""
+
+    messages: int = 400  # per variant and round
+    rounds: int = 7
+    warmup: int = 1
+    aggregates: int = 20
+    mem_docs: int = 100_000
+    mem_entries_per_doc: int = 10
+    mem_reps: int = 2
+    dispatch_entries: int = 2_000
+
+    @classmethod
+    def quick(cls) -> Scale:
+        return cls(
+            messages=12,
+            rounds=1,
+            warmup=0,
+            aggregates=3,
+            mem_docs=200,
+            mem_entries_per_doc=5,
+            mem_reps=1,
+            dispatch_entries=30,
+        )
+
+
+@contextlib.contextmanager
+def mongo_server(*, java_heap: str | None = None) -> Iterator[str]:
+    """``$MONGODB_URI`` if set, else a private wire server (optionally with a bigger heap)."""
+    uri = os.environ.get("MONGODB_URI")
+    if uri:
+        yield uri
+        return
+    reason = mongo_wire_server_available()
+    if reason is not None:
+        raise SystemExit(f"cannot start the MongoDB wire server: {reason}")
+    saved = os.environ.get("JAVA_TOOL_OPTIONS")
+    if java_heap:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"-Xmx{java_heap}"
+    try:
+        server = MongoWireServer().start()
+    finally:
+        if saved is None:
+            os.environ.pop("JAVA_TOOL_OPTIONS", None)
+        else:
+            os.environ["JAVA_TOOL_OPTIONS"] = saved
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+def connect(uri: str, *listeners: monitoring.CommandListener) -> MongoClient[Any]:
+    return MongoClient(uri, uuidRepresentation="standard", event_listeners=list(listeners))
+
+
+def new_collection(client: MongoClient[Any], prefix: str) -> Any:
+    """A fresh, empty collection with a unique name."""
+    coll = client[DATABASE][f"{prefix}_{uuid.uuid4().hex[:8]}"]
+    coll.drop()
+    return coll
+
+
+@dataclass
+class Tally:
+    """Commands seen while counting: how many, and the bytes sent and received."""
+
+    commands: Counter[str] = field(default_factory=Counter)
+    sent: Counter[str] = field(default_factory=Counter)
+    received: int = 0
+    failed: int = 0
+
+    @property
+    def round_trips(self) -> int:
+        return sum(self.commands.values())
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.sent.values())
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Counts the commands of one client, with ``len(bson.encode(...))`` of each.
+
+    Inactive outside :meth:`counting`, so it costs nothing while throughput is timed
+    (throughput rounds use a client without listeners anyway).
+    """
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+        self.active = False
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Tally]:
+        self.tally = Tally()
+        self.active = True
+        try:
+            yield self.tally
+        finally:
+            self.active = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.active:
+            self.tally.commands[event.command_name] += 1
+            self.tally.sent[event.command_name] += len(bson.encode(event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if self.active:
+            self.tally.received += len(bson.encode(event.reply))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        if self.active:
+            self.tally.failed += 1
+
+
+Round = Callable[[], float]
+
+
+def interleaved(variants: Mapping[str, Round], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Run every variant once per round, rotating the order; keep the post-warmup samples.
+
+    Each variant returns its figure for one round (operations per second, usually).
+    Rotating the order spreads slow phases of a shared machine over all variants, and
+    pairing variants by round (see :func:`paired_ratio`) cancels the drift between rounds.
+    """
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(warmup + rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            value = variants[name]()
+            if index >= warmup:
+                samples[name].append(value)
+    return samples
+
+
+def timed_rate(count: int, work: Callable[[], None]) -> float:
+    """Operations per second of ``work``, which performs ``count`` operations."""
+    start = time.perf_counter()
+    work()
+    return count / (time.perf_counter() - start)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:
+    """The median over rounds of candidate/baseline measured in the same round."""
+    return statistics.median(c / b for c, b in zip(candidate, baseline, strict=True))
+
+
+def ratio_range(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
+    ratios = [c / b for c, b in zip(candidate, baseline, strict=True)]
+    return min(ratios), max(ratios)
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """The ``pct`` percentile (0-100) by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    rank = max(1, min(len(ordered), math.ceil(pct / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Table:
+    """One benchmark's result: rows of figures, with the notes needed to read them."""
+
+    key: str
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, *row: Any) -> None:
+        self.rows.append(list(row))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "columns": self.columns,
+            "rows": self.rows,
+            "notes": self.notes,
+            "figures": self.figures,
+        }
+
+    def to_markdown(self) -> str:
+        lines = [f"### {self.title}", ""]
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        for row in self.rows:
+            lines.append("| " + " | ".join(fmt(cell) for cell in row) + " |")
+        if self.notes:
+            lines.append("")
+            lines.extend(f"- {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value >= 1000:
+            return f"{value:,.0f}"
+        if value >= 100:
+            return f"{value:.0f}"
+        if value >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

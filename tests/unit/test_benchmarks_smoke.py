@@ -1,0 +1,98 @@
+"""A tiny run of every benchmark against the wire server, so the benchmark code cannot rot.
+
+Nothing here looks at speed. The benchmarks check their own outcomes (every message
+applied exactly once, every entry published exactly once, nothing left pending) and
+raise otherwise; the round-trip counts asserted below are structural, not timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import dispatch, memory, store, structure
+from benchmarks.__main__ import main
+from benchmarks.common import Scale, Table, paired_ratio, percentile
+
+pytestmark = pytest.mark.wire
+
+QUICK = Scale.quick()
+
+
+def _numbers(table: Table) -> list[float]:
+    return [cell for row in table.rows for cell in row if isinstance(cell, int | float)]
+
+
+def _sane(table: Table) -> None:
+    assert table.rows
+    assert all(len(row) == len(table.columns) for row in table.rows)
+    assert all(math.isfinite(x) and x >= 0 for x in _numbers(table))
+    json.dumps(table.to_json(), default=str)
+    assert table.to_markdown().startswith(f"### {table.title}")
+
+
+def test_structure_counts_round_trips_per_message(mongo_uri: str) -> None:
+    table = structure.run(mongo_uri, QUICK)
+    _sane(table)
+    trips = {name: f["round_trips_per_message"] for name, f in table.figures.items()}
+    assert trips["docoutbox, aggregate cached and current"] == 1
+    assert trips["docoutbox, aggregate not cached (load + commit)"] == 2
+    assert trips["docoutbox, redelivered, cached"] == 0
+    assert trips["docoutbox, redelivered, not cached"] == 1
+    assert trips["docoutbox, cached copy stale (another writer)"] == 3
+    assert trips["docoutbox, first message creates the aggregate"] == 2
+    assert trips["classic: processed marker + load + update + outbox insert"] == 4
+    assert trips["classic: load + update + outbox insert"] == 3
+    commit = table.figures["docoutbox, aggregate cached and current"]["commands"]
+    assert commit == {"update": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("bench", "rows"),
+    [(store.versus_raw, 4), (store.versus_classic, 4), (store.inbox_cost, 7)],
+)
+def test_throughput_benchmarks_run(mongo_uri: str, bench: Any, rows: int) -> None:
+    table = bench(mongo_uri, QUICK)
+    _sane(table)
+    assert len(table.rows) == rows
+
+
+def test_hot_aggregate_runs(mongo_uri: str) -> None:
+    table = store.hot_aggregate(mongo_uri, QUICK)
+    _sane(table)
+    assert len(table.figures["warm"]) == len(table.figures["cold"]) >= 2
+
+
+def test_dispatch_benchmark_runs(mongo_uri: str) -> None:
+    table = dispatch.run(mongo_uri, QUICK)
+    _sane(table)
+    assert {"raw", "dispatcher"} <= set(table.figures)
+
+
+def test_memory_benchmark_runs(mongo_uri: str) -> None:
+    table = memory.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == set(memory.MODES)
+
+
+def test_runner_writes_results(
+    mongo_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MONGODB_URI", mongo_uri)
+    out = tmp_path / "results.json"
+    assert main(["--quick", "--only", "structure", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["quick"] is True
+    assert set(results["benchmarks"]) == {"structure"}
+    assert results["machine"]["cpus"] >= 1
+
+
+def test_helpers() -> None:
+    assert paired_ratio([2.0, 9.0, 4.0], [1.0, 3.0, 4.0]) == 2.0
+    assert percentile([float(x) for x in range(1, 101)], 50) == 50
+    assert percentile([float(x) for x in range(1, 101)], 99) == 99
+    assert percentile([5.0], 99) == 5.0
