@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -138,6 +138,8 @@ class Env:
     sinks: StoreBackend
     clock: Callable[[], datetime]
     stats: Counter[str]
+    #: Stores shared by the workers of one process (``schedule.shared_store``), by side.
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def core(
         self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: random.Random
@@ -168,10 +170,21 @@ class Env:
     def dispatch_policy(self) -> DispatchPolicy:
         return DispatchPolicy(self.schedule.publish_attempts, base_delay=0.002, max_delay=0.02)
 
+    def worker_core(
+        self, side: str, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: Any
+    ) -> Core[M]:
+        """A worker's store: its own, or its process's when workers are threads of one."""
+        if not self.schedule.shared_store:
+            return self.core(model, backend, inbox, rng)
+        if side not in self.shared:
+            self.shared[side] = self.core(model, backend, inbox, rng)
+        core: Core[M] = self.shared[side]
+        return core
+
 
 def producer(env: Env, rng: random.Random) -> Process:
     """Handle commands on producer aggregates; acknowledge only after the commit."""
-    core = env.core(Producer, env.producers, env.producer_inbox(), rng)
+    core = env.worker_core("producers", Producer, env.producers, env.producer_inbox(), rng)
     while True:
         delivery = yield Receive(COMMANDS)
         command: Command = delivery.body
@@ -191,7 +204,7 @@ def producer(env: Env, rng: random.Random) -> Process:
 
 def consumer(env: Env, rng: random.Random) -> Process:
     """Handle broker deliveries on sink aggregates; acknowledge only after the commit."""
-    core = env.core(Sink, env.sinks, env.sink_inbox(), rng)
+    core = env.worker_core("consumers", Sink, env.sinks, env.sink_inbox(), rng)
     while True:
         delivery = yield Receive(DELIVERIES)
         entry = decode_entry(delivery.body)

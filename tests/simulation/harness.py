@@ -24,6 +24,7 @@ from typing import Any
 
 from docoutbox.errors import DocOutboxError
 from docoutbox.flows import Sleep, Write
+from docoutbox.ports import StoreBackend
 from tests.simulation import actors
 from tests.simulation.actors import Env, Idle, Process, Receive, SimOp
 from tests.simulation.dispatcher import dispatcher
@@ -44,9 +45,11 @@ Program = Callable[[Env, random.Random], Process]
 class Actor:
     """One simulated process and its current incarnation."""
 
-    def __init__(self, name: str, stores: Stores, program: Program, *, sinks: bool) -> None:
+    def __init__(self, name: str, side: str, backend: StoreBackend, program: Program) -> None:
         self.name = name
-        self.backend = stores.sinks if sinks else stores.producers
+        #: "producers", "consumers" or "dispatcher": the workers of a side may share a store.
+        self.side = side
+        self.backend = backend
         self.program = program
         self.incarnation = 0
         self.process: Process | None = None
@@ -88,14 +91,14 @@ class Simulator:
         self.trace: list[str] | None = [] if trace else None
         self.actors = [
             *(
-                Actor(f"producer{i}", stores, actors.producer, sinks=False)
+                Actor(f"producer{i}", "producers", stores.producers, actors.producer)
                 for i in range(1, s.producer_workers + 1)
             ),
             *(
-                Actor(f"consumer{i}", stores, actors.consumer, sinks=True)
+                Actor(f"consumer{i}", "consumers", stores.sinks, actors.consumer)
                 for i in range(1, s.consumer_workers + 1)
             ),
-            Actor("dispatcher", stores, dispatcher, sinks=False),
+            Actor("dispatcher", "dispatcher", stores.producers, dispatcher),
         ]
 
     def clock(self) -> datetime:
@@ -135,14 +138,23 @@ class Simulator:
         actor.op = next(actor.process)
 
     def _restart(self, actor: Actor) -> None:
-        assert actor.process is not None
-        actor.process.close()
-        for queue in self.world.queues.values():
-            self.stats["redelivery.after_crash"] += queue.release(actor.name, self.world.now)
+        """Kill the process running ``actor`` (with its sibling threads, if it has some)."""
+        victims = [actor]
+        if self.schedule.shared_store and actor.side in self.env.shared:
+            del self.env.shared[actor.side]
+            victims = [a for a in self.actors if a.side == actor.side]
+        for victim in victims:
+            assert victim.process is not None
+            victim.process.close()
+            for queue in self.world.queues.values():
+                released = queue.release(victim.name, self.world.now)
+                self.stats["redelivery.after_crash"] += released
         if actor.name == "dispatcher" and self.world.fault("checkpoint_lost"):
             self.world.checkpoint = None
-        self._start(actor)
-        self._wait(actor, 1, 20)
+        delay = self.rng.randint(1, 20)
+        for victim in victims:
+            self._start(victim)
+            victim.wake_at = self.world.now + delay
 
     def _wait(self, actor: Actor, low: int, high: int) -> None:
         actor.wake_at = self.world.now + self.rng.randint(low, high)

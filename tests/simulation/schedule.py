@@ -67,6 +67,9 @@ class Schedule:
     #: Processes handling commands (two make concurrent writers on one aggregate).
     producer_workers: int = 2
     consumer_workers: int = 2
+    #: The workers of one side are threads of one process: they share one store, and so
+    #: its document cache; a crash kills them all.
+    shared_store: bool = False
     #: Exact (watermark) de-duplication instead of the ID window.
     producer_exact: bool = False
     consumer_exact: bool = False
@@ -109,6 +112,7 @@ def draw(seed: int, store: str = "memory") -> Schedule:
         max_targets=rng.randint(1, 2),
         producer_workers=rng.randint(1, 2),
         consumer_workers=rng.randint(1, 2),
+        shared_store=rng.random() < 0.5,
         producer_exact=rng.random() < 0.3,
         consumer_exact=rng.random() < 0.5,
         deterministic_ids=rng.random() < 0.5,
