@@ -40,7 +40,7 @@ class Backoff:
     """Exponential backoff with jitter: ``min(cap, base * 2**(n-1))`` times 0.5 to 1."""
 
     base: float = 0.1
-    cap: float = 30.0
+    cap: float = 10.0
 
     def delay(self, failures: int, rng: random.Random) -> float:
         step: float = self.base * 2.0 ** max(0, failures - 1)
@@ -92,6 +92,7 @@ class AggregateScheduler:
         self._running = 0
         self._paused_until = 0.0
         self._outages = 0
+        self._epoch = 0  # counts pauses; a run remembers the one it started in
         self._closed = False
         self._cond = threading.Condition()
 
@@ -120,6 +121,12 @@ class AggregateScheduler:
         """Aggregates with a requested run not yet complete."""
         with self._cond:
             return len(self._aggs)
+
+    @property
+    def outages(self) -> int:
+        """Consecutive broker outages seen (0 once a run succeeds); each one pauses longer."""
+        with self._cond:
+            return self._outages
 
     def idle(self) -> bool:
         with self._cond:
@@ -160,14 +167,14 @@ class AggregateScheduler:
                 continue
             agg.running = True
             self._running += 1
-            self._pool.submit(self._work, aggregate_id, agg.partition, agg.requested)
+            self._pool.submit(self._work, aggregate_id, agg.partition, agg.requested, self._epoch)
 
     def _enqueue(self, aggregate_id: AggregateId) -> None:
         if aggregate_id not in self._queued:
             self._queued.add(aggregate_id)
             self._ready.append(aggregate_id)
 
-    def _work(self, aggregate_id: AggregateId, partition: int, generation: int) -> None:
+    def _work(self, aggregate_id: AggregateId, partition: int, generation: int, epoch: int) -> None:
         try:
             outcome = self._run(aggregate_id, partition)
         except Exception as exc:  # logged; the aggregate is retried, not dropped
@@ -185,14 +192,18 @@ class AggregateScheduler:
                     del self._aggs[aggregate_id]
                 else:
                     self._enqueue(aggregate_id)
-            elif outcome is not RunOutcome.STOPPED:
-                agg.failures += 1
-                now = self._mono()
-                if outcome is RunOutcome.UNAVAILABLE:
+            elif outcome is RunOutcome.UNAVAILABLE:
+                # Not the aggregate's fault: it waits, like every other, for the pause to
+                # end. Runs started before the pause began do not lengthen it.
+                if epoch == self._epoch:
+                    self._epoch += 1
                     self._outages += 1
                     pause = self._backoff.delay(self._outages, self._rng)
-                    self._paused_until = max(self._paused_until, now + pause)
-                due = now + self._backoff.delay(agg.failures, self._rng)
+                    self._paused_until = self._mono() + pause
+                self._enqueue(aggregate_id)
+            elif outcome is RunOutcome.RETRY:
+                agg.failures += 1
+                due = self._mono() + self._backoff.delay(agg.failures, self._rng)
                 heapq.heappush(self._later, (due, next(self._tiebreak), aggregate_id))
             self._pump()
             self._cond.notify_all()

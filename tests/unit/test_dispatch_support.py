@@ -162,3 +162,34 @@ def test_backoff_grows_and_is_capped() -> None:
     assert 0.05 <= backoff.delay(1, rng) <= 0.1
     assert 0.2 <= backoff.delay(3, rng) <= 0.4
     assert 0.5 <= backoff.delay(30, rng) <= 1.0
+
+
+def test_concurrent_unavailable_runs_count_as_one_outage() -> None:
+    barrier = threading.Barrier(4)
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def run(aggregate_id: object, partition: int) -> RunOutcome:
+        with lock:
+            calls[str(aggregate_id)] = calls.get(str(aggregate_id), 0) + 1
+            first = calls[str(aggregate_id)] == 1
+        if first:
+            barrier.wait(5)  # all four fail together, in one pause epoch
+            return RunOutcome.UNAVAILABLE
+        return RunOutcome.DONE
+
+    scheduler = AggregateScheduler(run, workers=4, backoff=Backoff(base=0.05, cap=10))
+    tickets = [scheduler.request(f"a{i}", 0) for i in range(4)]
+    deadline = time.monotonic() + 5
+    while sum(calls.values()) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    time.sleep(0.01)
+    assert scheduler.outages == 1
+    while not all(scheduler.done(t) for t in tickets):
+        assert time.monotonic() < deadline
+        scheduler.pump()
+        time.sleep(0.002)
+    scheduler.close()
+    assert scheduler.outages == 0
+    assert calls == {f"a{i}": 2 for i in range(4)}
