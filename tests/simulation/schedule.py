@@ -116,7 +116,7 @@ def draw(seed: int, store: str = "memory") -> Schedule:
         producer_exact=rng.random() < 0.3,
         consumer_exact=rng.random() < 0.5,
         deterministic_ids=rng.random() < 0.5,
-        dispatcher="log" if store == "memory" and rng.random() < 0.6 else "sweep",
+        dispatcher="log" if rng.random() < 0.6 and store == "memory" else "sweep",
         recovery=rng.choice(("sweep", "replay")),
         batch=rng.randint(1, 3),
         reorder=rng.random() < 0.7,
