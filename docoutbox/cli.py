@@ -60,12 +60,18 @@ class StdoutPublisher:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="docoutbox", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="docoutbox", description="Exactly-once message processing on document databases."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
     d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
     env = os.environ.get
-    d.add_argument("--mongo-uri", default=env("DOCOUTBOX_MONGO_URI"), help="MongoDB URI")
+    d.add_argument(
+        "--mongo-uri",
+        default=env("DOCOUTBOX_MONGO_URI"),
+        help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
+    )
     d.add_argument("--db", required=True)
     d.add_argument("--collection", required=True)
     d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
