@@ -64,6 +64,9 @@ class DispatchPolicy:
     """Retries per entry within one pass, and ordering."""
 
     max_attempts: int = 5  # at least 1
+    #: Trim after this many published entries, so a crash re-publishes at most this many
+    #: entries per aggregate (the rest of a large backlog was already trimmed).
+    trim_every: int = 100
     base_delay: float = 0.05
     max_delay: float = 2.0
 
@@ -99,9 +102,10 @@ def pending_entries(doc: Document) -> list[dict[str, Any]]:
 def dispatch_document(
     doc: Document, policy: DispatchPolicy, rng: random.Random
 ) -> Generator[DispatchOp, Any, DispatchResult]:
-    """Publish the document's pending entries in order, quarantine poison, trim in one write."""
+    """Publish the document's pending entries in order, quarantine poison, trim in batches."""
     result = DispatchResult(doc[ID])
     removable: list[str] = []
+    trims: list[bool] = []
     blocked = False
     for raw in pending_entries(doc):
         raw_id = raw.get("id") if isinstance(raw, dict) else None
@@ -126,8 +130,12 @@ def dispatch_document(
         else:
             result.held.append(entry.id)
             blocked = True
+        if len(removable) >= policy.trim_every:
+            trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
+            removable = []
     if removable:
-        result.trimmed = bool((yield Write(plan_trim(result.aggregate_id, removable))))
+        trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
+    result.trimmed = bool(trims) and all(trims)
     return result
 
 

@@ -1,0 +1,108 @@
+"""The pure per-document dispatch flow, driven by hand."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from docoutbox.dispatch import DispatchPolicy, Publish, Quarantine, dispatch_document
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
+from docoutbox.flows import Sleep, Write
+from docoutbox.plan import TrimPlan
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def entry(seq: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": f"e{seq}",
+        "type": "T",
+        "payload": {},
+        "created_at": NOW,
+        "seq": seq,
+        "aggregate_id": "a",
+        "aggregate_type": "A",
+        **extra,
+    }
+
+
+def drive(doc: dict[str, Any], policy: DispatchPolicy, fail: dict[str, list[Exception]]) -> Any:
+    """Run the flow; ``fail[entry_id]`` lists errors its next publishes raise."""
+    ops: list[Any] = []
+    flow = dispatch_document(doc, policy, random.Random(1))
+    send: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            op = flow.send(send) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return ops, stop.value
+        ops.append(op)
+        send, error = None, None
+        if isinstance(op, Publish) and fail.get(op.entry.id):
+            error = fail[op.entry.id].pop(0)
+        elif isinstance(op, Write):
+            send = True
+
+
+def published(ops: list[Any]) -> list[int]:
+    return [op.entry.seq for op in ops if isinstance(op, Publish)]
+
+
+def test_publishes_in_seq_order_then_trims_once() -> None:
+    doc = {"_id": "a", "outbox": [entry(3), entry(1), entry(2)]}
+    ops, result = drive(doc, DispatchPolicy(), {})
+    assert published(ops) == [1, 2, 3]
+    assert ops[-1] == Write(TrimPlan("a", ("e1", "e2", "e3")))
+    assert result.trimmed and result.published == ["e1", "e2", "e3"]
+
+
+def test_large_backlogs_are_trimmed_in_batches() -> None:
+    doc = {"_id": "a", "outbox": [entry(i) for i in range(1, 8)]}
+    ops, _ = drive(doc, DispatchPolicy(trim_every=3), {})
+    trims = [op.plan.entry_ids for op in ops if isinstance(op, Write)]
+    assert trims == [("e1", "e2", "e3"), ("e4", "e5", "e6"), ("e7",)]
+    # Each trim follows the publishes it covers.
+    assert ops.index(Write(TrimPlan("a", ("e1", "e2", "e3")))) == 3
+
+
+def test_retries_with_backoff_then_quarantines_and_keeps_going() -> None:
+    doc = {"_id": "a", "outbox": [entry(1), entry(2)]}
+    fail: dict[str, list[Exception]] = {"e1": [PublishError("nack")] * 3}
+    ops, result = drive(doc, DispatchPolicy(max_attempts=3), fail)
+    assert sum(isinstance(op, Sleep) for op in ops) == 2
+    quarantines = [op for op in ops if isinstance(op, Quarantine)]
+    assert [(q.entry["id"], q.attempts) for q in quarantines] == [("e1", 3)]
+    assert "nack" in quarantines[0].error
+    assert result.published == ["e2"] and result.quarantined == ["e1"]
+    assert ops[-1] == Write(TrimPlan("a", ("e1", "e2")))
+    # The dead letter is written before the entry is trimmed.
+    assert ops.index(quarantines[0]) < len(ops) - 1
+
+
+def test_permanent_refusal_quarantines_at_once() -> None:
+    doc = {"_id": "a", "outbox": [entry(1)]}
+    ops, result = drive(doc, DispatchPolicy(), {"e1": [PermanentPublishError("too big")]})
+    assert [type(op) for op in ops] == [Publish, Quarantine, Write]
+    assert result.quarantined == ["e1"]
+
+
+def test_broker_outage_holds_the_rest_in_order() -> None:
+    doc = {"_id": "a", "outbox": [entry(1), entry(2), entry(3)]}
+    ops, result = drive(doc, DispatchPolicy(), {"e2": [BrokerUnavailable("down")]})
+    assert published(ops) == [1, 2]  # e3 is never published ahead of e2
+    assert result.unavailable and result.held == ["e2", "e3"]
+    assert ops[-1] == Write(TrimPlan("a", ("e1",)))
+    assert not any(isinstance(op, Quarantine) for op in ops)
+
+
+@pytest.mark.parametrize("bad", [{"id": "x", "seq": 1}, {"seq": 2, "type": "T"}, "junk"])
+def test_malformed_entries_are_quarantined_and_the_rest_flow(bad: Any) -> None:
+    doc = {"_id": "a", "outbox": [bad, entry(5)]}
+    ops, result = drive(doc, DispatchPolicy(), {})
+    quarantines = [op for op in ops if isinstance(op, Quarantine)]
+    assert len(quarantines) == 1 and "malformed" in quarantines[0].error
+    assert result.published == ["e5"]
