@@ -5,8 +5,12 @@ an outbox of messages not yet published; handling a message is one conditional w
 """
 
 from docoutbox.aggregate import Decision, Handler, Handlers
+from docoutbox.dispatch import DispatchPolicy, DispatchResult
+from docoutbox.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.document import Snapshot, partition_of
 from docoutbox.errors import (
+    BrokerUnavailable,
+    ChangeStreamLost,
     ConcurrencyConflict,
     DocOutboxError,
     DocumentTooLarge,
@@ -26,8 +30,21 @@ from docoutbox.errors import (
     UnknownMessageType,
 )
 from docoutbox.flows import Created, Outcome, RetryPolicy, Status, StoreConfig
+from docoutbox.leases import LeaseTiming
+from docoutbox.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
-from docoutbox.ports import AsyncStoreBackend, StoreBackend
+from docoutbox.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.ports import (
+    AsyncPublisher,
+    AsyncStoreBackend,
+    ChangeEvent,
+    ChangeSource,
+    Checkpoints,
+    DeadLetters,
+    LeaseTable,
+    Publisher,
+    StoreBackend,
+)
 from docoutbox.store import AggregateStore, AsyncAggregateStore
 
 __version__ = "0.1.0"
@@ -36,10 +53,22 @@ __all__ = [
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncPublisher",
     "AsyncStoreBackend",
+    "BrokerUnavailable",
+    "ChangeEvent",
+    "ChangeSource",
+    "ChangeStreamLost",
+    "Checkpoints",
     "ConcurrencyConflict",
+    "CountingMetrics",
     "Created",
+    "DeadLetters",
     "Decision",
+    "DispatchPolicy",
+    "DispatchResult",
+    "Dispatcher",
+    "DispatcherConfig",
     "DocOutboxError",
     "DocumentTooLarge",
     "Emit",
@@ -52,16 +81,25 @@ __all__ = [
     "InvalidInput",
     "InvalidMessage",
     "InvalidPayload",
+    "LeaseKeeper",
+    "LeaseTable",
+    "LeaseTiming",
+    "LoggingMetrics",
     "MalformedDocument",
     "Message",
+    "Metrics",
     "NotFound",
+    "NullMetrics",
     "OutboxMessage",
     "Outcome",
+    "Ownership",
     "PermanentPublishError",
     "PermanentStoreError",
     "PublishError",
+    "Publisher",
     "RetryPolicy",
     "Snapshot",
+    "SoleOwner",
     "Status",
     "StoreBackend",
     "StoreConfig",

@@ -63,7 +63,7 @@ def test_every_error_derives_from_the_root() -> None:
 
 def test_core_imports_no_database_or_broker_sdk() -> None:
     code = (
-        "import sys, docoutbox, docoutbox.dispatch, docoutbox.testing;"
+        "import sys, docoutbox, docoutbox.cli, docoutbox.demo, docoutbox.testing;"
         "bad = {'pymongo', 'bson', 'motor', 'pika', 'aio_pika', 'azure', 'pyspark'}"
         " & {m.split('.')[0] for m in sys.modules};"
         "print(sorted(bad))"
