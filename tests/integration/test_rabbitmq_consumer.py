@@ -64,11 +64,21 @@ def publish(url: str, queue: str, entries: list[OutboxMessage]) -> None:
             publisher.publish(entry)
 
 
+_opened: list[RabbitConsumer[Ledger]] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_consumers() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def consumer(
     url: str, queue: str, backend: FaultyBackend, config: StoreConfig = EXACT, **options: object
 ) -> RabbitConsumer[Ledger]:
     store = AggregateStore(backend, Ledger, config)
-    return RabbitConsumer(
+    created = RabbitConsumer(
         url,
         queue,
         store,
@@ -78,6 +88,8 @@ def consumer(
         requeue_delay=0.01,
         **options,  # type: ignore[arg-type]
     )
+    _opened.append(created)
+    return created
 
 
 def ledger(backend: FaultyBackend, producer: str) -> Ledger:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,16 +109,20 @@ class Sandbox:
         return int(self.channel.queue_declare(queue, passive=True).method.message_count)
 
     def close(self) -> None:
-        if self.connection.is_closed:
-            import pika
+        """Delete what was declared, on a fresh connection: the first may have been idle
+        past its heartbeat while a long test ran."""
+        import pika
+        import pika.exceptions
 
-            self.connection = pika.BlockingConnection(pika.URLParameters(self.url))
-        channel = self.connection.channel()
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            self.connection.close()
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        channel = connection.channel()
         for queue in self.queues:
             channel.queue_delete(queue)
         for exchange in self.exchanges:
             channel.exchange_delete(exchange)
-        self.connection.close()
+        connection.close()
 
 
 @contextmanager

@@ -203,5 +203,25 @@ def republished(deliveries: list[Delivery]) -> dict[str, int]:
     return {key: n - 1 for key, n in counts.items() if n > 1}
 
 
+def ledger_problems(
+    applied: dict[str, list[int]], expected: dict[str, int]
+) -> dict[str, dict[str, Any]]:
+    """Per source whose ledger is not exactly 1..N in order: what is missing, repeated,
+    unexpected or out of order. Empty when every message was processed exactly once."""
+    problems: dict[str, dict[str, Any]] = {}
+    for source in sorted(set(applied) | set(expected)):
+        seqs, want = applied.get(source, []), range(1, expected.get(source, 0) + 1)
+        if seqs == list(want):
+            continue
+        seen = set(seqs)
+        problems[source] = {
+            "missing": [n for n in want if n not in seen],
+            "repeated": sorted({n for n in seqs if seqs.count(n) > 1}),
+            "unexpected": sorted(seen - set(want)),
+            "in_order": seqs == sorted(seqs),
+        }
+    return problems
+
+
 def summary(values: dict[str, Any]) -> str:
     return " ".join(f"{key}={value}" for key, value in values.items())
