@@ -42,7 +42,8 @@ from tests.support.traffic import (
     summary,
 )
 
-pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq, pytest.mark.slow]
+#: About 30 s alone; the timeout leaves room for a loaded 2-core CI machine.
+pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.timeout(600)]
 
 KILLS = 24
 PRODUCERS = 20

@@ -25,7 +25,15 @@ from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.wiring import connect_dispatch
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import Ledger, Sandbox, require_rabbitmq, sandbox
+from tests.support.e2e import (
+    Ledger,
+    Sandbox,
+    broker_address,
+    require_rabbitmq,
+    sandbox,
+    through,
+)
+from tests.support.tcpproxy import TcpProxy
 from tests.support.traffic import (
     RECEIVER_CONFIG,
     Producers,
@@ -59,75 +67,116 @@ def mongo(mongo_uri: str) -> Iterator[Any]:
     client.close()
 
 
+class Pipeline:
+    """Producers, the dispatcher engine on a thread, and a receiver, over one queue."""
+
+    def __init__(self, mongo_uri: str, mongo: Any, box: Sandbox, publish_url: str) -> None:
+        self.exchange, queue, _ = box.names()
+        with RabbitPublisher(box.url, self.exchange) as setup:
+            setup.declare(queues={queue: ["#"]})
+        self.mongo = mongo
+        self.producers = Producers(
+            AggregateStore(MongoBackend(mongo["producers"]), Counter),
+            [f"p{i:02d}" for i in range(PRODUCERS)],
+            random.Random(1),
+            emits=EMITS,
+        )
+        ledgers = AggregateStore(MongoBackend(mongo["ledgers"]), Ledger, RECEIVER_CONFIG)
+        self.receiver = Receiver(box.url, queue, ledgers)
+        self.target = connect_dispatch(mongo_uri, mongo.name, "producers")
+        self.publisher = RabbitPublisher(publish_url, self.exchange)
+        self.dispatcher = Dispatcher(
+            self.target.backend,
+            self.publisher,
+            self.target.dead_letters,
+            source=self.target.source,
+            checkpoints=self.target.checkpoints,
+            config=DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy()),
+        )
+        self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+
+    def start(self) -> None:
+        self.receiver.start()
+        self._thread.start()
+        assert self.dispatcher.started.wait(30)
+
+    def drain(self, timeout: float = 90) -> tuple[dict[str, int], dict[str, list[int]]]:
+        expected = self.producers.expected()
+        pending = self.producers.pending
+        applied = self.receiver.wait_for(expected, timeout=timeout, also=lambda: not pending())
+        return expected, applied
+
+    def stop(self) -> None:
+        self.dispatcher.stop()
+        self._thread.join(timeout=30)
+        self.publisher.close()
+        self.target.close()
+        self.receiver.stop()
+
+    def check(self, expected: dict[str, int], applied: dict[str, list[int]]) -> None:
+        """Exactly once, none lost, in seq order; everything trimmed, nothing quarantined."""
+        assert sum(expected.values()) == PRODUCERS * COMMANDS * EMITS
+        assert len(expected) == PRODUCERS
+        assert ledger_problems(applied, expected) == {}
+        assert self.producers.pending() == {}
+        assert self.mongo["docoutbox_dead_letters"].count_documents({}) == 0
+        # Delivery order on the one queue: per source, first deliveries come in seq order.
+        firsts: dict[str, list[int]] = {}
+        for delivery in self.receiver.deliveries:
+            if not delivery.duplicate and delivery.source and delivery.seq is not None:
+                firsts.setdefault(delivery.source, []).append(delivery.seq)
+        assert firsts == applied
+        assert all(d.action == "ack" for d in self.receiver.deliveries)
+
+
 def test_every_message_is_processed_exactly_once_in_order(
     mongo_uri: str, mongo: Any, box: Sandbox
 ) -> None:
-    exchange, queue, _ = box.names()
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
-    producers = Producers(
-        AggregateStore(MongoBackend(mongo["producers"]), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
-        random.Random(1),
-        emits=EMITS,
-    )
-    receiver = Receiver(
-        box.url, queue, AggregateStore(MongoBackend(mongo["ledgers"]), Ledger, RECEIVER_CONFIG)
-    )
-    receiver.start()
-    producers.run_commands(COMMANDS // 2)  # pending before the dispatcher starts: the sweep
-
-    target = connect_dispatch(mongo_uri, mongo.name, "producers")
-    publisher = RabbitPublisher(box.url, exchange)
-    dispatcher = Dispatcher(
-        target.backend,
-        publisher,
-        target.dead_letters,
-        source=target.source,
-        checkpoints=target.checkpoints,
-        config=DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy()),
-    )
-    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    pipeline = Pipeline(mongo_uri, mongo, box, box.url)
     started = time.monotonic()
-    thread.start()
     try:
-        assert dispatcher.started.wait(30)
-        producers.run_commands(COMMANDS // 2)  # committed while it follows the stream
-        expected = producers.expected()
-        applied = receiver.wait_for(expected, timeout=90, also=lambda: not producers.pending())
+        pipeline.producers.run_commands(COMMANDS // 2)  # pending before the start: the sweep
+        pipeline.start()
+        pipeline.producers.run_commands(COMMANDS // 2)  # committed while it follows the stream
+        expected, applied = pipeline.drain()
     finally:
-        dispatcher.stop()
-        thread.join(timeout=30)
-        publisher.close()
-        target.close()
-        receiver.stop()
-    elapsed = time.monotonic() - started
-
-    total = PRODUCERS * COMMANDS * EMITS
-    assert sum(expected.values()) == total and len(expected) == PRODUCERS
-    # Exactly once, none lost, in seq order: each ledger applied exactly 1..N, in order.
-    assert ledger_problems(applied, expected) == {}
-    assert producers.pending() == {}  # everything published was trimmed
-    assert mongo["docoutbox_dead_letters"].count_documents({}) == 0
-    # Delivery order on the one queue: per source, first deliveries come in seq order.
-    firsts: dict[str, list[int]] = {}
-    for delivery in receiver.deliveries:
-        if not delivery.duplicate and delivery.source is not None and delivery.seq is not None:
-            firsts.setdefault(delivery.source, []).append(delivery.seq)
-    assert firsts == applied
-    again = republished(receiver.deliveries)
-    assert all(d.action == "ack" for d in receiver.deliveries)
+        pipeline.stop()
+    pipeline.check(expected, applied)
+    again = republished(pipeline.receiver.deliveries)
     print(
         "\nend-to-end:",
         summary(
             {
                 "producers": PRODUCERS,
-                "commands": producers.commands,
-                "messages": total,
-                "deliveries": len(receiver.deliveries),
+                "commands": pipeline.producers.commands,
+                "messages": sum(expected.values()),
+                "deliveries": len(pipeline.receiver.deliveries),
                 "republished": sum(again.values()),
-                "seconds": round(elapsed, 2),
+                "seconds": round(time.monotonic() - started, 2),
             }
         ),
     )
     assert again == {}  # without crashes, nothing is published twice
+
+
+def test_a_broker_outage_holds_entries_and_loses_nothing(
+    mongo_uri: str, mongo: Any, box: Sandbox
+) -> None:
+    with TcpProxy(broker_address(box.url)) as proxy:
+        pipeline = Pipeline(mongo_uri, mongo, box, through(box.url, proxy.port))
+        try:
+            pipeline.start()
+            pipeline.producers.run_commands(COMMANDS // 2)
+            proxy.refuse = True  # the broker goes away mid-stream ...
+            proxy.cut()
+            pipeline.producers.run_commands(COMMANDS // 2)
+            time.sleep(1.5)
+            held = sum(len(ids) for ids in pipeline.producers.pending().values())
+            proxy.refuse = False  # ... and comes back
+            expected, applied = pipeline.drain()
+        finally:
+            pipeline.stop()
+    pipeline.check(expected, applied)  # nothing quarantined: unavailability is no one's fault
+    assert held > 0
+    again = republished(pipeline.receiver.deliveries)
+    print(f"\nbroker outage: held={held} republished={sum(again.values())}")
