@@ -106,8 +106,8 @@ class RabbitPublisher:
                 )
         finally:
             link.used_at = time.monotonic()
-            if link.connection.is_closed or link.channel.is_closed:
-                self._discard(link)
+            if link.connection.is_closed:
+                self._discard(link)  # a closed channel alone is reopened by the next call
 
     def declare(
         self,
@@ -127,7 +127,7 @@ class RabbitPublisher:
                 dead_letters=dead_letters,
             )
         finally:
-            if link.connection.is_closed or link.channel.is_closed:
+            if link.connection.is_closed:
                 self._discard(link)
 
     def close(self) -> None:
