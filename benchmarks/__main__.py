@@ -36,7 +36,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "inbox": (store.inbox_cost, None),
     "hot": (store.hot_aggregate, None),
     "dispatch": (dispatch.run, None),
-    "memory": (memory.run, "12g"),
+    "memory": (memory.run, "10g"),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 

@@ -32,7 +32,6 @@ class Scale:
     aggregates: int = 20
     mem_docs: int = 100_000
     mem_entries_per_doc: int = 10
-    mem_reps: int = 2
     dispatch_entries: int = 2_000
 
     @classmethod
@@ -42,9 +41,8 @@ class Scale:
             rounds=1,
             warmup=0,
             aggregates=3,
-            mem_docs=200,
+            mem_docs=100,
             mem_entries_per_doc=5,
-            mem_reps=1,
             dispatch_entries=30,
         )
 
