@@ -26,10 +26,11 @@ DATABASE = "docoutbox_bench"
 class Scale:
     """How much work each benchmark does. ``quick`` only proves the code runs."""
 
-    messages: int = 400  # per variant and round
-    rounds: int = 7
+    messages: int = 300  # per variant and round
+    rounds: int = 15
     warmup: int = 1
     aggregates: int = 20
+    hot_segments: int = 6
     mem_docs: int = 100_000
     mem_entries_per_doc: int = 10
     dispatch_entries: int = 2_000
@@ -41,6 +42,7 @@ class Scale:
             rounds=1,
             warmup=0,
             aggregates=3,
+            hot_segments=2,
             mem_docs=100,
             mem_entries_per_doc=5,
             dispatch_entries=30,
@@ -175,8 +177,12 @@ def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float
 
 
 def ratio_range(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
-    ratios = [c / b for c, b in zip(candidate, baseline, strict=True)]
-    return min(ratios), max(ratios)
+    """The interquartile range of the per-round ratios (min and max below 4 rounds)."""
+    ratios = sorted(c / b for c, b in zip(candidate, baseline, strict=True))
+    if len(ratios) < 4:
+        return ratios[0], ratios[-1]
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return low, high
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

@@ -47,6 +47,7 @@ POLL = DispatcherConfig().poll_interval
 TIMEOUT = 300.0
 DENSITIES = (1, 10)  # pending entries per aggregate in the drain backlog
 LIVE_DENSITY = 10
+DISPATCH_ROUNDS = 3
 
 
 class TimedPublisher(MemoryPublisher):
@@ -221,7 +222,7 @@ def run(uri: str, scale: Scale) -> Table:
     client = connect(uri)
     entries = scale.dispatch_entries
     live_entries, pace = max(10, entries // 4), 200.0
-    rounds = min(scale.rounds, 3)
+    rounds = min(scale.rounds, DISPATCH_ROUNDS)
     latencies: dict[str, list[list[float]]] = {"raw": [], "dispatcher": []}
     try:
         # Live rounds first: every getMore of the wire server scans its whole oplog, so

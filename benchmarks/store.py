@@ -359,8 +359,8 @@ def hot_aggregate(uri: str, scale: Scale) -> Table:
     """One busy aggregate, one entry per message, trimmed every 50 messages as a dispatcher
     keeping up would: warm (cached) store against cold (cache off), segment by segment."""
     client = connect(uri)
-    size = max(1, round(scale.messages * 1.25 / TRIM_EVERY)) * TRIM_EVERY
-    segments = max(2, scale.rounds - 1)
+    size = max(1, round(scale.messages * 5 / 3 / TRIM_EVERY)) * TRIM_EVERY
+    segments = scale.hot_segments
     rates: dict[str, list[float]] = {"warm": [], "cold": []}
     try:
         runs = {}
