@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
     d.add_argument("--rabbitmq-url", default=env("DOCOUTBOX_RABBITMQ_URL"))
     d.add_argument("--exchange", default="")
+    d.add_argument(
+        "--routing-key", help="routing key for entries without a destination (default: type)"
+    )
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
     d.add_argument("--partitions", type=int, default=16, help="must match the stores' config")
     d.add_argument("--lease-ttl", type=float, default=10.0, help="seconds; failover time")
@@ -131,6 +134,31 @@ def dispatch(args: argparse.Namespace) -> int:
     problem = _check(args)
     if problem:
         return _fail(problem, secrets, code=2)
+    # Signals are taken over before connecting, so a stop request during start-up is an
+    # orderly stop rather than death by signal.
+    stopping = threading.Event()
+    running: list[Dispatcher] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal_received signal=%s; stopping", signal.Signals(signum).name)
+        stopping.set()
+        for dispatcher in running:
+            dispatcher.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _dispatch(args, secrets, stopping, running)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _dispatch(
+    args: argparse.Namespace,
+    secrets: Sequence[str],
+    stopping: threading.Event,
+    running: list[Dispatcher],
+) -> int:
     try:
         from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
             connect_dispatch,
@@ -147,6 +175,10 @@ def dispatch(args: argparse.Namespace) -> int:
         )
     except DocOutboxError as exc:
         return _fail(f"cannot use MongoDB at {where}: {_short(exc)}", secrets)
+    if stopping.is_set():
+        target.close()
+        log.info("stopped_before_start")
+        return 0
     try:
         publisher = _publisher(args)
     except (DocOutboxError, ImportError, ValueError) as exc:
@@ -180,12 +212,9 @@ def dispatch(args: argparse.Namespace) -> int:
         config=config,
         metrics=metrics,
     )
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal_received signal=%s; stopping", signal.Signals(signum).name)
+    running.append(dispatcher)
+    if stopping.is_set():
         dispatcher.stop()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info(
         "dispatch_starting mongo=%s db=%s collection=%s publisher=%s name=%s leases=%s",
         where,
@@ -198,8 +227,6 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         dispatcher.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         close = getattr(publisher, "close", None)
         if callable(close):
             close()
@@ -217,7 +244,7 @@ def _publisher(args: argparse.Namespace) -> Any:
         RabbitPublisher,
     )
 
-    return RabbitPublisher(args.rabbitmq_url, exchange=args.exchange)
+    return RabbitPublisher(args.rabbitmq_url, exchange=args.exchange, routing_key=args.routing_key)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -137,3 +137,32 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(mongo_uri: str, datab
     assert "signal_received signal=SIGTERM" in err
     assert "dispatcher_stopped name=cli-test" in err
     assert "published=30" in err
+
+
+def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
+    """A stop requested before the server answers must not kill the process by signal."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # accepts connections, never answers
+    port = silent.getsockname()[1]
+    try:
+        proc = cli(
+            "dispatch",
+            "--mongo-uri",
+            f"mongodb://127.0.0.1:{port}/",
+            "--db",
+            "d",
+            "--collection",
+            "c",
+            "--server-timeout",
+            "4",
+        )
+        time.sleep(2.0)  # past interpreter start-up, inside the connection attempt
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        silent.close()
+    assert proc.returncode >= 0, f"killed by signal {-proc.returncode}: {err}"
+    assert "signal_received signal=SIGTERM" in err
