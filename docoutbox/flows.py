@@ -144,10 +144,15 @@ class DocumentCache:
     An entry is taken out while a handler runs on it and put back only after a
     successful commit or a duplicate, so a handler can never corrupt it. A stale entry
     costs one failed conditional write and a reload, never a wrong result.
+
+    Trims do not change ``version``, so a cached copy keeps entries that were published
+    and trimmed since. A copy holding more than ``max_outbox`` entries is not kept: the
+    next commit reloads the document instead of carrying (and measuring) a stale backlog.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_outbox: int = 64) -> None:
         self._size = size
+        self._max_outbox = max_outbox
         self._docs: OrderedDict[AggregateId, Document] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -156,7 +161,7 @@ class DocumentCache:
             return self._docs.pop(aggregate_id, None)
 
     def put(self, aggregate_id: AggregateId, doc: Document) -> None:
-        if self._size <= 0:
+        if self._size <= 0 or len(doc.get("outbox") or ()) > self._max_outbox:
             return
         with self._lock:
             self._docs[aggregate_id] = doc

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from docoutbox.errors import InvalidInput, InvalidMessage, InvalidPayload
+from docoutbox.errors import InvalidAggregateId, InvalidInput, InvalidMessage, InvalidPayload
 
 M = TypeVar("M", bound=BaseModel)
 AggregateId = str | int
@@ -26,8 +26,6 @@ def check_aggregate_id(aggregate_id: object) -> AggregateId:
     Only non-empty strings and integers are accepted, so an operator document such as
     ``{"$ne": None}`` can never reach a query filter.
     """
-    from docoutbox.errors import InvalidAggregateId
-
     if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
         raise InvalidAggregateId(
             f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"

@@ -84,12 +84,13 @@ def seal(
             message_id = entry_id(aggregate_type, aggregate_id, seq)
         else:
             message_id = str(uuid.uuid4())
+        # Every field is already validated (the emit, the cause, the aggregate ID).
         sealed.append(
-            OutboxMessage(
+            OutboxMessage.model_construct(
                 id=message_id,
                 type=item.type,
                 payload=item.payload,
-                headers=item.headers,
+                headers=dict(item.headers),
                 created_at=now,
                 seq=seq,
                 aggregate_id=aggregate_id,
@@ -97,6 +98,8 @@ def seal(
                 correlation_id=cause.correlation_id or cause.id,
                 causation_id=cause.id,
                 destination=item.destination,
+                attempts=0,
+                last_error=None,
             )
         )
     return sealed

@@ -154,3 +154,17 @@ def test_size_guard_rechecks_a_cached_document_before_refusing() -> None:
     with pytest.raises(DocumentTooLarge):
         store.handle("c", blob("m3", 4000), counter_handlers)
     assert store.get("c").version == 2
+
+
+def test_a_cached_copy_with_a_long_backlog_is_not_kept() -> None:
+    """Trims do not bump the version, so a cached backlog would only grow: reload instead."""
+    backend = Scripted()
+    store = make(backend)
+    store.create("c", Counter())
+    for i in range(64):
+        store.handle("c", add_msg(f"m{i}"), counter_handlers)
+    loads = backend.loads
+    store.handle("c", add_msg("m64"), counter_handlers)  # from the cache: 64 pending before
+    assert backend.loads == loads
+    store.handle("c", add_msg("m65"), counter_handlers)  # 65 pending: that copy was dropped
+    assert backend.loads == loads + 1
