@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -40,6 +41,7 @@ from docoutbox.model import (
     check_aggregate_id,
 )
 from docoutbox.plan import (
+    CommitPlan,
     InsertPlan,
     WritePlan,
     apply_plan,
@@ -119,7 +121,13 @@ class Outcome(Generic[S]):
     version: int
     attempts: int
     state: S | None = None
-    emitted: tuple[OutboxMessage, ...] = ()
+    #: The outbox entries this commit added, as stored.
+    entries: tuple[dict[str, Any], ...] = ()
+
+    @cached_property
+    def emitted(self) -> tuple[OutboxMessage, ...]:
+        """The outbox entries this commit added."""
+        return tuple(OutboxMessage.parse(entry) for entry in self.entries)
 
     @property
     def applied(self) -> bool:
@@ -153,18 +161,19 @@ class DocumentCache:
     def __init__(self, size: int, max_outbox: int = 64) -> None:
         self._size = size
         self._max_outbox = max_outbox
-        self._docs: OrderedDict[AggregateId, Document] = OrderedDict()
+        self._docs: OrderedDict[AggregateId, tuple[Document, int | None]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, aggregate_id: AggregateId) -> Document | None:
+    def take(self, aggregate_id: AggregateId) -> tuple[Document, int | None] | None:
+        """The cached document and an upper bound of its size (None: unknown)."""
         with self._lock:
             return self._docs.pop(aggregate_id, None)
 
-    def put(self, aggregate_id: AggregateId, doc: Document) -> None:
+    def put(self, aggregate_id: AggregateId, doc: Document, size: int | None) -> None:
         if self._size <= 0 or len(doc.get("outbox") or ()) > self._max_outbox:
             return
         with self._lock:
-            self._docs[aggregate_id] = doc
+            self._docs[aggregate_id] = (doc, size)
             self._docs.move_to_end(aggregate_id)
             while len(self._docs) > self._size:
                 self._docs.popitem(last=False)
@@ -194,11 +203,13 @@ class Core(Generic[S]):
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
         retry = self.config.retry
-        doc = self.cache.take(aggregate_id)
+        cached = self.cache.take(aggregate_id)
+        doc, known = cached if cached is not None else (None, None)
         fresh = doc is None
         attempt = 0
         while True:
             if fresh:
+                known = None
                 try:
                     doc = yield Load(aggregate_id)
                 except TransientStoreError:
@@ -211,14 +222,14 @@ class Core(Generic[S]):
             snapshot = read_snapshot(base, self.model)
             if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
                 if doc is not None:
-                    self.cache.put(aggregate_id, doc)
+                    self.cache.put(aggregate_id, doc, known)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)
             decision = check_result(handler(snapshot.state, msg), self.model)
             plan, entries = self._plan(snapshot, msg, decision)
             after = apply_plan(base, plan)
             assert after is not None
             try:
-                guard_size(after, aggregate_id, self._size_of, self._limit)
+                size = self._measure(after, plan, known, aggregate_id)
             except DocumentTooLarge:
                 if fresh:
                     raise
@@ -233,7 +244,7 @@ class Core(Generic[S]):
                     raise
                 applied = False
             if applied:
-                self.cache.put(aggregate_id, after)
+                self.cache.put(aggregate_id, after, size)
                 return Outcome(
                     Status.APPLIED,
                     aggregate_id,
@@ -247,6 +258,31 @@ class Core(Generic[S]):
             if fresh:
                 yield Sleep(retry.delay(attempt, self.config.rng))
             fresh = True
+
+    def _measure(
+        self, after: Document, plan: CommitPlan, known: int | None, aggregate_id: AggregateId
+    ) -> int:
+        """An upper bound of the document's size after ``plan``; DocumentTooLarge if over.
+
+        From a cached copy of known size, the bound is that size plus everything the plan
+        adds (cheap to measure); only when that bound is over the limit is the whole
+        document measured. The bound drifts upward, never below the true size.
+        """
+        if known is not None:
+            added = {
+                "s": plan.state,
+                "o": list(plan.outbox_push),
+                "i": list(plan.inbox_push),
+                "m": list(plan.inbox_marks or ()),
+            }
+            slack = 64 + 8 * (len(plan.outbox_push) + len(plan.inbox_push))
+            bound = known + self._size_of(added) + slack
+            if bound <= self._limit:
+                return bound
+        size = self._size_of(after)
+        if size > self._limit:
+            raise DocumentTooLarge(aggregate_id, size, self._limit)
+        return size
 
     def _initial(self, aggregate_id: AggregateId, create: bool) -> Document:
         if not create:
@@ -264,7 +300,7 @@ class Core(Generic[S]):
 
     def _plan(
         self, snapshot: Snapshot[S], message: Message, decision: Decision[S]
-    ) -> tuple[Any, list[OutboxMessage]]:
+    ) -> tuple[Any, list[dict[str, Any]]]:
         try:
             return plan_commit(
                 snapshot,
@@ -284,7 +320,7 @@ class Core(Generic[S]):
         doc = self._new_document(aggregate_id, state)
         guard_size(doc, aggregate_id, self._size_of, self._limit)
         if (yield Write(InsertPlan(aggregate_id, doc))):
-            self.cache.put(aggregate_id, doc)
+            self.cache.put(aggregate_id, doc, None)
             return Created(True, read_snapshot(doc, self.model))
         existing = yield Load(aggregate_id)
         if existing is None:

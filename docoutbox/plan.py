@@ -23,7 +23,7 @@ from docoutbox.aggregate import Decision
 from docoutbox.document import ID, Document, Snapshot
 from docoutbox.errors import DocumentTooLarge
 from docoutbox.inbox import Mark, record_mark, uses_marks
-from docoutbox.model import AggregateId, Emit, InboxPolicy, Message, OutboxMessage
+from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
 
@@ -73,8 +73,12 @@ def seal(
     cause: Message,
     now: datetime,
     deterministic_ids: bool,
-) -> list[OutboxMessage]:
-    """Number and stamp a handler's emits as outbox entries, seq ``last_seq + 1`` onward."""
+) -> list[dict[str, Any]]:
+    """Number and stamp a handler's emits as stored outbox entries, seq ``last_seq + 1`` on.
+
+    Every input is already validated (the emits, the cause, the aggregate ID), so the
+    entries are built directly in their stored form; :class:`OutboxMessage` reads them.
+    """
     sealed = []
     for offset, item in enumerate(emits, start=1):
         seq = last_seq + offset
@@ -84,23 +88,22 @@ def seal(
             message_id = entry_id(aggregate_type, aggregate_id, seq)
         else:
             message_id = str(uuid.uuid4())
-        # Every field is already validated (the emit, the cause, the aggregate ID).
         sealed.append(
-            OutboxMessage.model_construct(
-                id=message_id,
-                type=item.type,
-                payload=item.payload,
-                headers=dict(item.headers),
-                created_at=now,
-                seq=seq,
-                aggregate_id=aggregate_id,
-                aggregate_type=aggregate_type,
-                correlation_id=cause.correlation_id or cause.id,
-                causation_id=cause.id,
-                destination=item.destination,
-                attempts=0,
-                last_error=None,
-            )
+            {
+                "id": message_id,
+                "type": item.type,
+                "payload": item.payload,
+                "headers": dict(item.headers),
+                "created_at": now,
+                "seq": seq,
+                "aggregate_id": aggregate_id,
+                "aggregate_type": aggregate_type,
+                "correlation_id": cause.correlation_id or cause.id,
+                "causation_id": cause.id,
+                "destination": item.destination,
+                "attempts": 0,
+                "last_error": None,
+            }
         )
     return sealed
 
@@ -113,7 +116,7 @@ def plan_commit(
     policy: InboxPolicy,
     now: datetime,
     deterministic_ids: bool,
-) -> tuple[CommitPlan, list[OutboxMessage]]:
+) -> tuple[CommitPlan, list[dict[str, Any]]]:
     """The conditional write that records ``decision`` as the handling of ``message``."""
     entries = seal(
         decision.emits,
@@ -136,7 +139,7 @@ def plan_commit(
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
         state=decision.state.model_dump(mode="json"),
-        outbox_push=tuple(entry.model_dump() for entry in entries),
+        outbox_push=tuple(entries),
         outbox_seq=snapshot.outbox_seq + len(entries),
         inbox_push=inbox_push,
         inbox_window=policy.window,

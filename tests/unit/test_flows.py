@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from docoutbox import (
     AggregateStore,
     DocumentTooLarge,
+    InboxPolicy,
     Message,
     RetryPolicy,
     Status,
@@ -168,3 +170,29 @@ def test_a_cached_copy_with_a_long_backlog_is_not_kept() -> None:
     assert backend.loads == loads
     store.handle("c", add_msg("m65"), counter_handlers)  # 65 pending: that copy was dropped
     assert backend.loads == loads + 1
+
+
+def test_the_cached_size_bound_never_underestimates() -> None:
+    """Long message IDs make the state grow by more than the slack on every commit."""
+    from docoutbox_mongo import bson_size
+
+    rng = random.Random(3)
+    backend = Scripted()
+    backend.document_size = bson_size  # type: ignore[method-assign]
+    store = make(backend, inbox=InboxPolicy(window=5))
+    store.create("c", Counter())
+    checked = 0
+    for i in range(120):
+        payload = {"n": 1, "emits": rng.randint(0, 2), "blob": "x" * rng.choice([0, 10, 900])}
+        message = Message(id=f"{i:04d}" + "m" * 300, type="Add", payload=payload)
+        store.handle("c", message, counter_handlers)
+        cached = store._core.cache.take("c")
+        if cached is not None:  # None once the cached copy holds a long backlog
+            doc, bound = cached
+            assert bound is not None
+            assert bound >= bson_size(doc)
+            store._core.cache.put("c", doc, bound)
+            checked += 1
+        if rng.random() < 0.3:
+            store.trim("c", [e.id for e in store.get("c").outbox])
+    assert checked > 50
