@@ -22,8 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from typing import IO, Any
 
 import pytest
@@ -34,7 +32,7 @@ from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import Ledger, Sandbox, require_rabbitmq, sandbox
+from tests.support.e2e import Ledger, Sandbox
 from tests.support.servers import REPO_ROOT
 from tests.support.traffic import (
     RECEIVER_CONFIG,
@@ -53,23 +51,6 @@ PRODUCERS = 20
 CONCURRENCY = 4
 #: The CLI's trim batch: at most this many entries per aggregate are published untrimmed.
 TRIM_EVERY = DispatchPolicy().trim_every
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    with sandbox(require_rabbitmq()) as created:
-        yield created
-
-
-@pytest.fixture
-def mongo(mongo_uri: str) -> Iterator[Any]:
-    from pymongo import MongoClient
-
-    client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
-    name = f"crash_{uuid.uuid4().hex[:8]}"
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 class DispatcherProcess:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,8 +27,6 @@ from tests.support.e2e import (
     Ledger,
     Sandbox,
     broker_address,
-    require_rabbitmq,
-    sandbox,
     through,
 )
 from tests.support.tcpproxy import TcpProxy
@@ -48,23 +44,6 @@ pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 PRODUCERS = 20
 COMMANDS = 10  # per producer, before and again after the dispatcher starts
 EMITS = 3
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    with sandbox(require_rabbitmq()) as created:
-        yield created
-
-
-@pytest.fixture
-def mongo(mongo_uri: str) -> Iterator[Any]:
-    from pymongo import MongoClient
-
-    client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
-    name = f"e2e_{uuid.uuid4().hex[:8]}"
-    yield client[name]
-    client.drop_database(name)
-    client.close()
 
 
 class Pipeline:
