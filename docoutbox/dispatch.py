@@ -34,7 +34,7 @@ from docoutbox.errors import (
     PermanentPublishError,
     PublishError,
 )
-from docoutbox.flows import Sleep, Write
+from docoutbox.flows import Sleep, Write, backoff
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.plan import plan_trim
 
@@ -71,7 +71,7 @@ class DispatchPolicy:
     max_delay: float = 2.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
-        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+        return backoff(attempt, self.base_delay, self.max_delay, rng)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
+from docoutbox.flows import backoff
 from docoutbox.model import AggregateId
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -43,8 +44,7 @@ class Backoff:
     cap: float = 10.0
 
     def delay(self, failures: int, rng: random.Random) -> float:
-        step: float = self.base * 2.0 ** max(0, failures - 1)
-        return min(self.cap, step) * rng.uniform(0.5, 1.0)
+        return backoff(failures, self.base, self.cap, rng, floor=0.5)
 
 
 @dataclass(frozen=True)
