@@ -36,7 +36,7 @@ from docoutbox.errors import (
 )
 from docoutbox.flows import Sleep, Write, backoff
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.plan import plan_trim
+from docoutbox.plan import FailurePlan, plan_trim
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,10 @@ def dispatch_document(
 def _publish_with_retries(
     entry: OutboxMessage, policy: DispatchPolicy, rng: random.Random
 ) -> Generator[DispatchOp, Any, str]:
-    for attempt in range(1, policy.max_attempts + 1):
+    """Attempts count from the entry's stored ``attempts``, so they survive restarts."""
+    attempt = entry.attempts
+    while True:
+        attempt += 1
         try:
             yield Publish(entry)
             return "published"
@@ -155,8 +158,9 @@ def _publish_with_retries(
             if attempt >= policy.max_attempts:
                 yield Quarantine(entry.aggregate_id, entry.model_dump(), _describe(exc), attempt)
                 return "quarantined"
-            yield Sleep(policy.delay(attempt, rng))
-    raise AssertionError("max_attempts must be at least 1")
+            error = _describe(exc)[:1000]
+            yield Write(FailurePlan(entry.aggregate_id, entry.id, attempt, error))
+            yield Sleep(policy.delay(attempt - entry.attempts, rng))
 
 
 def _describe(exc: BaseException) -> str:

@@ -42,6 +42,7 @@ from docoutbox.model import (
 )
 from docoutbox.plan import (
     CommitPlan,
+    FailurePlan,
     InsertPlan,
     WritePlan,
     apply_plan,
@@ -349,6 +350,13 @@ class Core(Generic[S]):
         if not entry_ids:
             return True
         applied: bool = yield Write(plan_trim(aggregate_id, list(entry_ids)))
+        return applied
+
+    def record_failure(
+        self, aggregate_id: AggregateId, entry_id: str, attempts: int, error: str
+    ) -> Flow[bool]:
+        check_aggregate_id(aggregate_id)
+        applied: bool = yield Write(FailurePlan(aggregate_id, entry_id, attempts, error))
         return applied
 
     def pending_page(

@@ -56,7 +56,17 @@ class TrimPlan:
     entry_ids: tuple[str, ...]
 
 
-WritePlan = InsertPlan | CommitPlan | TrimPlan
+@dataclass(frozen=True)
+class FailurePlan:
+    """Record a failed publish on one pending entry. Never touches ``version``."""
+
+    aggregate_id: AggregateId
+    entry_id: str
+    attempts: int
+    last_error: str
+
+
+WritePlan = InsertPlan | CommitPlan | TrimPlan | FailurePlan
 
 
 def entry_id(aggregate_type: str, aggregate_id: AggregateId, seq: int) -> str:
@@ -163,6 +173,13 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     if isinstance(plan, TrimPlan):
         drop = set(plan.entry_ids)
         return {**doc, "outbox": [e for e in doc.get("outbox", ()) if e.get("id") not in drop]}
+    if isinstance(plan, FailurePlan):
+        outbox = list(doc.get("outbox", ()))
+        for index, entry in enumerate(outbox):
+            if entry.get("id") == plan.entry_id:
+                outbox[index] = {**entry, "attempts": plan.attempts, "last_error": plan.last_error}
+                return {**doc, "outbox": outbox}
+        return None
     if doc.get("version") != plan.expected_version:
         return None
     after = {
@@ -197,6 +214,7 @@ def guard_size(
 __all__ = [
     "ID",
     "CommitPlan",
+    "FailurePlan",
     "InsertPlan",
     "TrimPlan",
     "WritePlan",

@@ -152,6 +152,15 @@ class AggregateStore(Generic[S]):
         """Remove published entries; never changes ``version``. False if no such aggregate."""
         return self._run(self._core.trim(aggregate_id, entry_ids))
 
+    def record_failure(
+        self, aggregate_id: AggregateId, entry_id: str, attempts: int, error: str
+    ) -> bool:
+        """Store a failed publish on a pending entry; never changes ``version``.
+
+        False when the entry is no longer pending.
+        """
+        return self._run(self._core.record_failure(aggregate_id, entry_id, attempts, error))
+
     def pending(
         self,
         *,
@@ -220,6 +229,11 @@ class AsyncAggregateStore(Generic[S]):
 
     async def trim(self, aggregate_id: AggregateId, entry_ids: Collection[str]) -> bool:
         return await self._run(self._core.trim(aggregate_id, entry_ids))
+
+    async def record_failure(
+        self, aggregate_id: AggregateId, entry_id: str, attempts: int, error: str
+    ) -> bool:
+        return await self._run(self._core.record_failure(aggregate_id, entry_id, attempts, error))
 
     async def pending(
         self,

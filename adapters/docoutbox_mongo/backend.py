@@ -17,9 +17,15 @@ from pymongo.errors import DuplicateKeyError
 from docoutbox.document import Document
 from docoutbox.errors import InvalidPayload
 from docoutbox.model import AggregateId
-from docoutbox.plan import CommitPlan, InsertPlan, WritePlan
+from docoutbox.plan import CommitPlan, FailurePlan, InsertPlan, TrimPlan, WritePlan
 from docoutbox_mongo.errors import is_duplicate_id, translated
-from docoutbox_mongo.plans import INDEXES, commit_update, pending_filter, trim_update
+from docoutbox_mongo.plans import (
+    INDEXES,
+    commit_update,
+    failure_update,
+    pending_filter,
+    trim_update,
+)
 
 MAX_BSON_BYTES = 16 * 1024 * 1024
 
@@ -31,8 +37,14 @@ def bson_size(document: Document) -> int:
         raise InvalidPayload(f"document {document.get('_id')!r} is not BSON: {exc}") from exc
 
 
-def _update_args(plan: WritePlan) -> tuple[dict[str, Any], dict[str, Any]]:
-    return commit_update(plan) if isinstance(plan, CommitPlan) else trim_update(plan)  # type: ignore[arg-type]
+def _update_args(
+    plan: CommitPlan | TrimPlan | FailurePlan,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    if isinstance(plan, CommitPlan):
+        return commit_update(plan)
+    if isinstance(plan, TrimPlan):
+        return trim_update(plan)
+    return failure_update(plan)
 
 
 class MongoBackend:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from docoutbox.model import AggregateId
-from docoutbox.plan import CommitPlan, TrimPlan
+from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan
 
 Filter = dict[str, Any]
 Update = dict[str, Any]
@@ -46,6 +46,14 @@ def trim_update(plan: TrimPlan) -> tuple[Filter, Update]:
     return (
         {"_id": plan.aggregate_id},
         {"$pull": {"outbox": {"id": {"$in": list(plan.entry_ids)}}}},
+    )
+
+
+def failure_update(plan: FailurePlan) -> tuple[Filter, Update]:
+    """Record a failed publish on the entry, by position. No version filter or change."""
+    return (
+        {"_id": plan.aggregate_id, "outbox.id": plan.entry_id},
+        {"$set": {"outbox.$.attempts": plan.attempts, "outbox.$.last_error": plan.last_error}},
     )
 
 

@@ -122,6 +122,18 @@ class StoreContract:
         assert snap.version == 1
         assert not store.trim("missing", ["x"])
 
+    def test_publish_failures_are_recorded_on_the_entry(self, store: Any) -> None:
+        store.create("c1", Counter())
+        first, second = store.handle("c1", add_msg("m1", emits=2), counter_handlers).emitted
+        assert store.record_failure("c1", first.id, 2, "PublishError: nack")
+        assert not store.record_failure("c1", "not-pending", 1, "x")
+        assert not store.record_failure("missing", first.id, 1, "x")
+        snap = store.get("c1")
+        assert snap.version == 1
+        assert (snap.outbox[0].attempts, snap.outbox[0].last_error) == (2, "PublishError: nack")
+        assert (snap.outbox[1].attempts, snap.outbox[1].last_error) == (0, None)
+        assert snap.outbox[1].id == second.id
+
     def test_stale_writer_reloads_instead_of_overwriting(self, make_store: MakeStore) -> None:
         a, b = make_store(Counter), make_store(Counter)
         a.create("c1", Counter())

@@ -6,7 +6,7 @@ from typing import Any
 
 from docoutbox.dispatch import Publish, Quarantine, decode_entry
 from docoutbox.flows import FindPending, Load, Sleep, Write
-from docoutbox.plan import CommitPlan, InsertPlan, TrimPlan
+from docoutbox.plan import CommitPlan, FailurePlan, InsertPlan, TrimPlan
 from tests.simulation.actors import Ack, Command, Nack, Receive
 from tests.simulation.queues import Delivery
 
@@ -21,6 +21,8 @@ def describe(item: Any) -> str:
             return f"insert {plan.aggregate_id}"
         case Write(plan=TrimPlan() as plan):
             return f"trim {plan.aggregate_id} ({len(plan.entry_ids)} entries)"
+        case Write(plan=FailurePlan() as plan):
+            return f"record failure {plan.aggregate_id} attempt {plan.attempts}"
         case Load(aggregate_id=aggregate_id):
             return f"load {aggregate_id}"
         case FindPending(after=after, limit=limit):

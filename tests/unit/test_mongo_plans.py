@@ -8,9 +8,9 @@ import pytest
 from pymongo import errors as pm
 
 from docoutbox import DocumentTooLarge, PermanentStoreError, TransientStoreError
-from docoutbox.plan import CommitPlan, TrimPlan
+from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan
 from docoutbox_mongo.errors import is_duplicate_id, translated
-from docoutbox_mongo.plans import commit_update, pending_filter, trim_update
+from docoutbox_mongo.plans import commit_update, failure_update, pending_filter, trim_update
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -97,3 +97,9 @@ def test_duplicate_key_on_another_index_is_not_an_existing_aggregate() -> None:
     unknown = pm.DuplicateKeyError("dup", 11000, {})
     assert is_duplicate_id(on_id) and is_duplicate_id(unknown)
     assert not is_duplicate_id(on_other)
+
+
+def test_failure_record_targets_the_entry_and_leaves_version_alone() -> None:
+    query, update = failure_update(FailurePlan("a", "e1", 3, "nack"))
+    assert query == {"_id": "a", "outbox.id": "e1"}
+    assert update == {"$set": {"outbox.$.attempts": 3, "outbox.$.last_error": "nack"}}

@@ -11,7 +11,7 @@ import pytest
 from docoutbox.dispatch import DispatchPolicy, Publish, Quarantine, dispatch_document
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox.flows import Sleep, Write
-from docoutbox.plan import TrimPlan
+from docoutbox.plan import FailurePlan, TrimPlan
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -106,3 +106,17 @@ def test_malformed_entries_are_quarantined_and_the_rest_flow(bad: Any) -> None:
     quarantines = [op for op in ops if isinstance(op, Quarantine)]
     assert len(quarantines) == 1 and "malformed" in quarantines[0].error
     assert result.published == ["e5"]
+
+
+def test_failed_attempts_are_recorded_and_survive_a_restart() -> None:
+    doc = {"_id": "a", "outbox": [entry(1)]}
+    ops, _ = drive(doc, DispatchPolicy(max_attempts=5), {"e1": [PublishError("nack")] * 2})
+    records = [op.plan for op in ops if isinstance(op, Write) and isinstance(op.plan, FailurePlan)]
+    assert [(r.entry_id, r.attempts) for r in records] == [("e1", 1), ("e1", 2)]
+    assert "nack" in records[0].last_error
+    # After a restart the stored count goes on: one more failure reaches max_attempts.
+    doc = {"_id": "a", "outbox": [entry(1, attempts=4, last_error="PublishError: nack")]}
+    ops, result = drive(doc, DispatchPolicy(max_attempts=5), {"e1": [PublishError("nack")]})
+    assert [type(op) for op in ops] == [Publish, Quarantine, Write]
+    assert ops[1].attempts == 5
+    assert result.quarantined == ["e1"]
