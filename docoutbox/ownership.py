@@ -5,8 +5,10 @@ partition leases in a :class:`~docoutbox.ports.LeaseTable`, renewed by a heartbe
 thread and planned by :func:`docoutbox.leases.plan_leases`.
 
 Workers bracket their work on an aggregate with ``enter``/``leave`` and check ``valid``
-before every publish and trim. A partition is released only once no worker is inside it,
-and stops being valid ``margin`` seconds before its lease could expire unrenewed.
+before every publish and trim. A partition being handed over takes no new work, but the
+work inside it finishes (publish *and* trim, so the next owner has nothing to publish
+again); it is released only once no worker is inside it. A partition stops being valid
+``margin`` seconds before its lease could expire unrenewed.
 """
 
 from __future__ import annotations
@@ -122,11 +124,16 @@ class LeaseKeeper:
 
     def valid(self, partition: int) -> bool:
         with self._cond:
-            return self._valid(partition)
+            return self._held(partition)
+
+    def _held(self, partition: int) -> bool:
+        """Held and safely before expiry: work under way may publish and trim."""
+        until = self._until.get(partition)
+        return until is not None and self._mono() < until
 
     def _valid(self, partition: int) -> bool:
-        until = self._until.get(partition)
-        return until is not None and partition not in self._releasing and self._mono() < until
+        """Held and not being handed over: new work may start."""
+        return self._held(partition) and partition not in self._releasing
 
     def enter(self, partition: int) -> bool:
         with self._cond:

@@ -161,7 +161,8 @@ def test_a_lease_is_released_only_once_no_worker_is_inside() -> None:
     t.start()
     assert not released.wait(0.3)
     assert table.leases.get(1, ("", NOW))[0] == "a"
-    assert not a.valid(1)  # no new work starts meanwhile
+    assert not a.enter(1)  # no new work starts meanwhile,
+    assert a.valid(1)  # but the worker inside may still publish and trim
     a.leave(1)
     t.join(5)
     assert released.is_set()
@@ -174,3 +175,26 @@ def test_stop_without_release_keeps_the_leases() -> None:
     a.tick()
     a.stop(release=False)
     assert {owner for owner, _ in table.leases.values()} == {"a"}
+
+
+def test_a_hand_over_lets_the_work_inside_finish_its_trim() -> None:
+    """Surplus handed to a newcomer: the worker inside stays valid until it leaves, so it
+    trims what it published and the newcomer has nothing to publish again."""
+    table, clock = MemoryLeaseTable(), Clock()
+    a = keeper(table, "a", clock, partitions=2)
+    a.tick()
+    assert a.enter(0)
+    assert a.enter(1)
+    b = keeper(table, "b", clock, partitions=2)
+    b.tick()  # b joins: a holds one partition too many, and both are busy
+    a.tick()  # a marks one for release; it stays held while its worker is inside
+    releasing = {0, 1} - (a.owned() or frozenset())
+    assert len(releasing) == 1
+    (partition,) = releasing
+    assert not a.enter(partition)  # no new work there
+    assert a.valid(partition)  # but the work inside may still publish and trim
+    assert table.leases[partition][0] == "a"
+    a.leave(partition)
+    a.tick()  # idle now: released
+    assert partition not in table.leases or table.leases[partition][0] != "a"
+    assert not a.valid(partition)
