@@ -169,6 +169,7 @@ def _dispatch(
             secrets,
         )
     where = logs.mask(args.mongo_uri, secrets)
+    log.debug("connecting mongo=%s timeout=%ss", where, args.server_timeout)
     try:
         target = connect_dispatch(
             args.mongo_uri, args.db, args.collection, timeout=args.server_timeout

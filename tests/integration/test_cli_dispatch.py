@@ -158,10 +158,20 @@ def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
             "c",
             "--server-timeout",
             "4",
+            "--log-level",
+            "DEBUG",
         )
-        time.sleep(2.0)  # past interpreter start-up, inside the connection attempt
+        assert proc.stderr is not None
+        lines = lines_of(proc.stderr)
+        seen: list[str] = []
+        while not any("connecting mongo=" in line for line in seen):
+            seen.append(lines.get(timeout=30))  # inside the connection attempt now
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        time.sleep(0.2)  # let the reader thread drain the rest
+        while not lines.empty():
+            seen.append(lines.get())
+        err = "".join(seen)
     finally:
         silent.close()
     assert proc.returncode >= 0, f"killed by signal {-proc.returncode}: {err}"
