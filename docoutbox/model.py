@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import json
 import math
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
@@ -40,14 +39,6 @@ def check_aggregate_id(aggregate_id: object) -> AggregateId:
     elif abs(aggregate_id) >= 2**63:
         raise InvalidAggregateId(f"aggregate id {aggregate_id} does not fit in 64 bits")
     return aggregate_id
-
-
-def check_json(value: object, what: str) -> None:
-    """Raise InvalidPayload unless ``value`` serializes to strict JSON (no NaN/Infinity)."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"{what} does not serialize to JSON: {exc}") from exc
 
 
 class _Strict(BaseModel):
