@@ -16,7 +16,6 @@ from tests.support.e2e import (
     broker_address,
     make_entry,
     require_rabbitmq,
-    sandbox,
     through,
 )
 from tests.support.tcpproxy import TcpProxy
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.rabbitmq
 @pytest.fixture(scope="module")
 def url() -> str:
     return require_rabbitmq()
-
-
-@pytest.fixture
-def box(url: str) -> Iterator[Sandbox]:
-    with sandbox(url) as created:
-        yield created
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from tests.support.e2e import (
     ledger_handlers,
     make_entry,
     require_rabbitmq,
-    sandbox,
     through,
 )
 from tests.support.tcpproxy import TcpProxy
@@ -37,12 +36,6 @@ EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
 @pytest.fixture(scope="module")
 def url() -> str:
     return require_rabbitmq()
-
-
-@pytest.fixture
-def box(url: str) -> Iterator[Sandbox]:
-    with sandbox(url) as created:
-        yield created
 
 
 @pytest.fixture
