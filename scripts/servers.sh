@@ -4,9 +4,14 @@
 # Usage: scripts/servers.sh <subcommand>
 #   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven)
 #   install-rabbitmq  apt-get install rabbitmq-server if it is missing
-#   install           both of the above
+#   install-kafka     fetch the Apache Kafka broker jars into tests/servers/kafka/lib (Maven)
+#   install           all of the above
 #   start-rabbitmq    start RabbitMQ detached (no-op if running) and wait until it is ready
 #   stop-rabbitmq     stop RabbitMQ and wait for it to exit (no-op if not running), then epmd
+#   start-kafka       start a single-node Kafka (KRaft, broker + controller) detached on
+#                     127.0.0.1:$DOCOUTBOX_KAFKA_PORT (no-op if it answers), formatting its
+#                     storage under .servers/kafka on first start; waits until it listens
+#   stop-kafka        stop the Kafka broker that start-kafka started (by its pid file)
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: tests/support/servers.py launches one per
@@ -14,12 +19,22 @@
 #
 # Environment:
 #   RABBITMQ_START_TIMEOUT  seconds to wait for RabbitMQ to come up (default 60)
+#   DOCOUTBOX_KAFKA_PORT    the Kafka broker's port (default 19092); the controller listens
+#                           on +1, and a second client listener on +2 advertises +3 (tests
+#                           put a fault-injecting proxy there)
+#   KAFKA_START_TIMEOUT     seconds to wait for Kafka to come up (default 90)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
 MONGO_LIB="$MONGO_DIR/lib"
 RABBITMQ_START_TIMEOUT="${RABBITMQ_START_TIMEOUT:-60}"
+KAFKA_DIR="$REPO_ROOT/tests/servers/kafka"
+KAFKA_LIB="$KAFKA_DIR/lib"
+KAFKA_HOME="$REPO_ROOT/.servers/kafka"
+KAFKA_PORT="${DOCOUTBOX_KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT=$((KAFKA_PORT + 1))
+KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 
 log() { printf '[servers] %s\n' "$*" >&2; }
 die() { printf '[servers] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -157,9 +172,136 @@ cmd_stop_rabbitmq() {
     fi
 }
 
+# Fetch a Maven project's runtime jars into its lib/ directory ($1: the directory, $2: a name).
+maven_fetch() {
+    local dir="$1" name="$2" mvn_log
+    command -v mvn >/dev/null 2>&1 || die "mvn (Maven) is required to fetch $name"
+    command -v java >/dev/null 2>&1 || die "java (17+) is required to run $name"
+    log "fetching $name and its dependencies into $dir/lib"
+    mvn_log="$(mktemp)"
+    if ! mvn -B -q -f "$dir/pom.xml" \
+        dependency:copy-dependencies -DoutputDirectory=lib </dev/null >"$mvn_log" 2>&1; then
+        cat "$mvn_log" >&2
+        rm -f "$mvn_log"
+        die "Maven could not fetch $name (is Maven Central reachable?)"
+    fi
+    rm -f "$mvn_log"
+}
+
+cmd_install_kafka() {
+    if compgen -G "$KAFKA_LIB/kafka_2.13-[0-9]*.jar" >/dev/null; then
+        log "Kafka already in $KAFKA_LIB"
+        return 0
+    fi
+    maven_fetch "$KAFKA_DIR" "Apache Kafka"
+    compgen -G "$KAFKA_LIB/kafka_2.13-[0-9]*.jar" >/dev/null \
+        || die "Maven finished but no kafka_2.13 jar is in $KAFKA_LIB"
+    log "Kafka installed"
+}
+
+kafka_listening() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null
+}
+
+kafka_java() {
+    java -Xms128m -Xmx512m -XX:+UseSerialGC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIB/*" "$@"
+}
+
+cmd_start_kafka() {
+    compgen -G "$KAFKA_LIB/kafka_2.13-[0-9]*.jar" >/dev/null \
+        || die "Kafka is not installed; run: $0 install-kafka"
+    if kafka_listening; then
+        log "Kafka already listening on 127.0.0.1:$KAFKA_PORT"
+        return 0
+    fi
+    mkdir -p "$KAFKA_HOME"
+    local config="$KAFKA_HOME/server.properties"
+    cat >"$config" <<PROPERTIES
+# Written by scripts/servers.sh start-kafka: one node that is broker and controller.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+# PROXIED is advertised one port higher, where tests put a fault-injecting TCP proxy.
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,PROXIED://127.0.0.1:$((KAFKA_PORT + 2))
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,PROXIED://127.0.0.1:$((KAFKA_PORT + 3))
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT
+log.dirs=$KAFKA_HOME/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+log.retention.hours=24
+log.segment.bytes=16777216
+PROPERTIES
+    if [[ ! -f "$KAFKA_HOME/data/meta.properties" ]]; then
+        log "formatting Kafka storage in $KAFKA_HOME/data"
+        local cluster_id
+        cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid </dev/null 2>/dev/null | tail -n 1)"
+        kafka_java kafka.tools.StorageTool format --ignore-formatted \
+            -t "$cluster_id" -c "$config" </dev/null >"$KAFKA_HOME/format.log" 2>&1 \
+            || { cat "$KAFKA_HOME/format.log" >&2; die "could not format Kafka storage"; }
+    fi
+    log "starting Kafka on 127.0.0.1:$KAFKA_PORT (detached; log in $KAFKA_HOME/kafka.log)"
+    nohup java -Xms128m -Xmx512m -XX:+UseSerialGC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_LIB/*" \
+        kafka.Kafka "$config" </dev/null >"$KAFKA_HOME/kafka.log" 2>&1 &
+    echo $! >"$KAFKA_HOME/kafka.pid"
+    local pid=$! deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+    until kafka_listening; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 30 "$KAFKA_HOME/kafka.log" >&2
+            die "Kafka exited before it listened on 127.0.0.1:$KAFKA_PORT"
+        fi
+        if ((SECONDS >= deadline)); then
+            tail -n 30 "$KAFKA_HOME/kafka.log" >&2
+            die "Kafka did not listen on 127.0.0.1:$KAFKA_PORT within ${KAFKA_START_TIMEOUT}s"
+        fi
+        sleep 0.5
+    done
+    log "Kafka is ready (127.0.0.1:$KAFKA_PORT)"
+}
+
+cmd_stop_kafka() {
+    local pidfile="$KAFKA_HOME/kafka.pid" pid
+    if [[ ! -f "$pidfile" ]]; then
+        log "no Kafka started from this checkout; nothing to stop"
+        return 0
+    fi
+    pid="$(cat "$pidfile")"
+    if kill -0 "$pid" 2>/dev/null; then
+        log "stopping Kafka (pid $pid)"
+        kill "$pid"
+        local deadline=$((SECONDS + 60))
+        while kill -0 "$pid" 2>/dev/null; do
+            if ((SECONDS >= deadline)); then
+                log "Kafka did not stop within 60 s; killing it"
+                kill -9 "$pid" 2>/dev/null || true
+                break
+            fi
+            sleep 0.5
+        done
+    else
+        log "Kafka not running"
+    fi
+    rm -f "$pidfile"
+}
+
 cmd_install() {
     cmd_install_mongo
     cmd_install_rabbitmq
+    cmd_install_kafka
 }
 
 usage() {
@@ -176,6 +318,9 @@ main() {
         install) cmd_install ;;
         start-rabbitmq) cmd_start_rabbitmq ;;
         stop-rabbitmq) cmd_stop_rabbitmq ;;
+        install-kafka) cmd_install_kafka ;;
+        start-kafka) cmd_start_kafka ;;
+        stop-kafka) cmd_stop_kafka ;;
         -h | --help | help) usage ;;
         *) log "unknown subcommand: $1"; usage ;;
     esac

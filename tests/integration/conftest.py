@@ -28,3 +28,21 @@ def mongo(mongo_uri: str) -> Iterator[Any]:
     yield client[name]
     client.drop_database(name)
     client.close()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> str:
+    """The bootstrap servers of the shared test Kafka broker."""
+    from tests.support.kafka import require_kafka
+
+    return require_kafka()
+
+
+@pytest.fixture
+def topics(kafka: str) -> Iterator[Any]:
+    """Private Kafka topics, deleted afterwards."""
+    from tests.support.kafka import Topics
+
+    created = Topics(kafka)
+    yield created
+    created.close()

@@ -18,11 +18,11 @@ class TcpProxy:
       without forwarding it: the request is lost in flight.
     """
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], port: int = 0) -> None:
         self.upstream = upstream
         self.refuse = False
         self._drop_next = threading.Event()
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", port))
         self.port: int = self._server.getsockname()[1]
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()

@@ -1,0 +1,205 @@
+"""Publish outbox entries to Kafka with the idempotent producer, waiting for delivery reports."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from docoutbox.dispatch import encode_entry
+from docoutbox.errors import BrokerUnavailable
+from docoutbox.model import OutboxMessage
+from docoutbox_kafka.errors import translate_error, translated
+from docoutbox_kafka.records import headers_for, masked_config
+
+log = logging.getLogger("docoutbox.kafka")
+
+#: Settings the publisher's guarantees rest on; ``config`` cannot override them.
+REQUIRED: Mapping[str, Any] = {
+    "enable.idempotence": True,  # no duplicates or reordering from the producer's retries
+    "acks": "all",
+}
+
+#: Defaults that ``config`` may override.
+DEFAULTS: Mapping[str, Any] = {
+    # The partitioner of the Java client and kafkajs: every client maps a key to the same
+    # partition, so one aggregate's records share a partition whoever produces them.
+    "partitioner": "murmur2_random",
+    "linger.ms": 1,
+    "message.timeout.ms": 30_000,
+    # An unknown topic fails its records after this long instead of ``message.timeout.ms``.
+    "topic.metadata.propagation.max.ms": 5_000,
+}
+
+
+class _Report:
+    """The delivery report of one record, set from the producer's poll thread."""
+
+    __slots__ = ("done", "error", "message")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: KafkaError | None = None
+        self.message: Message | None = None
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        self.error, self.message = error, message
+        self.done.set()
+
+
+class KafkaPublisher:
+    """A :class:`docoutbox.ports.Publisher` for Kafka: returns only after the delivery report.
+
+    Each entry becomes one record on the topic ``route(entry)`` if given, else the entry's
+    ``destination``, else ``topic``, else the entry's ``type``. The record's key is the
+    aggregate ID, so an aggregate's entries share a partition and keep their ``seq``
+    order; its value is the encoded entry; its headers carry the entry's ID, type,
+    ``seq``, aggregate, correlation and causation IDs and its own headers (for example a
+    W3C ``traceparent``); its timestamp is the entry's ``created_at``.
+
+    The producer is idempotent with ``acks=all`` (always; ``config`` cannot turn that
+    off). ``publish`` waits for the record's delivery report: success means the in-sync
+    replicas have it. A failed report raises: ``PermanentPublishError`` for a record the
+    cluster never accepts (too large), ``BrokerUnavailable`` for an unreachable cluster, a
+    missing topic, refused access or a report that did not come within
+    ``message.timeout.ms``, and ``PublishError`` otherwise.
+
+    Threads: one instance is shared by any number of threads; each ``publish`` waits only
+    for its own record, so a dispatcher's workers keep several records in flight at once
+    and the producer batches them. A background thread serves the delivery reports. Call
+    :meth:`close` (or use ``with``) to flush and stop it.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str,
+        topic: str | None = None,
+        *,
+        route: Callable[[OutboxMessage], str] | None = None,
+    ) -> None:
+        settings = {"bootstrap.servers": config} if isinstance(config, str) else dict(config)
+        settings = {**DEFAULTS, **settings, **REQUIRED}
+        settings.setdefault("client.id", "docoutbox-publisher")
+        self.topic = topic
+        self.route = route
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None
+        self._poller: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._timeout = float(settings["message.timeout.ms"]) / 1000
+
+    def __repr__(self) -> str:
+        servers = masked_config(self._settings).get("bootstrap.servers")
+        return f"<KafkaPublisher {servers} topic={self.topic!r}>"
+
+    def topic_for(self, entry: OutboxMessage) -> str:
+        if self.route is not None:
+            return self.route(entry)
+        return entry.destination or self.topic or entry.type
+
+    def publish(self, entry: OutboxMessage) -> None:
+        topic = self.topic_for(entry)
+        what = f"publish entry {entry.id} to topic {topic!r}"
+        report = _Report()
+        producer = self._current()
+        self._produce(producer, topic, entry, report, what)
+        # The report comes within message.timeout.ms; the margin covers a slow poll.
+        if not report.done.wait(self._timeout + 30):
+            raise BrokerUnavailable(f"{what}: no delivery report within {self._timeout}s")
+        if report.error is not None:
+            if report.error.fatal():
+                with self._lock:
+                    self._fatal = report.error
+            raise translate_error(report.error, what)
+
+    def _produce(
+        self, producer: Producer, topic: str, entry: OutboxMessage, report: _Report, what: str
+    ) -> None:
+        body = encode_entry(entry)
+        key = str(entry.aggregate_id).encode()
+        timestamp = int(entry.created_at.timestamp() * 1000)
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                with translated(what):
+                    producer.produce(
+                        topic,
+                        body,
+                        key,
+                        headers=headers_for(entry),
+                        timestamp=timestamp,
+                        on_delivery=report,
+                    )
+                return
+            except BrokerUnavailable as exc:
+                # A full local queue empties as reports come in; anything else is final.
+                if not isinstance(exc.__cause__, BufferError) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def flush(self, timeout: float = 30.0) -> int:
+        """Wait for every record in flight; return how many are still undelivered."""
+        producer = self._producer
+        return 0 if producer is None else int(producer.flush(timeout))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush, stop the report thread and drop the producer. A later publish reopens."""
+        self.flush(timeout)
+        self._closing.set()
+        poller = self._poller
+        if poller is not None:
+            poller.join(timeout=5)
+        with self._lock:
+            self._producer, self._poller = None, None
+            self._closing = threading.Event()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _current(self) -> Producer:
+        """The producer: created on first use, and replaced after a fatal error (the
+        idempotent producer's state is lost then; a new one starts a new sequence)."""
+        with self._lock:
+            if self._fatal is not None and self._producer is not None:
+                log.warning("replacing the Kafka producer after: %s", self._fatal.str())
+                self._closing.set()  # its report thread serves what is left, then stops
+                self._producer, self._poller = None, None
+                self._closing = threading.Event()
+            if self._producer is None:
+                with translated("create the Kafka producer"):
+                    self._producer = Producer(self._settings, logger=log, error_cb=self._on_error)
+                self._fatal = None
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(
+                    target=self._serve_reports,
+                    args=(self._producer, self._closing),
+                    name="docoutbox-kafka-reports",
+                    daemon=True,
+                )
+                self._poller.start()
+            return self._producer
+
+    def _serve_reports(self, producer: Producer, closing: threading.Event) -> None:
+        while not closing.is_set():
+            producer.poll(0.1)
+        producer.flush(self._timeout)  # every record still in flight gets its report
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            log.error("the Kafka producer failed fatally: %s", error.str())
+            with self._lock:
+                self._fatal = error
+        else:
+            log.info("Kafka producer: %s", error.str())

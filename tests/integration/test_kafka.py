@@ -1,0 +1,199 @@
+"""KafkaPublisher against a real broker: delivery reports, record layout, routing, failures."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from docoutbox.dispatch import decode_entry
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError
+from docoutbox.ports import Publisher
+from docoutbox_kafka import KafkaPublisher
+from tests.support.e2e import make_entry
+from tests.support.kafka import Topics, proxied_ports
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def proxy(kafka: str) -> Iterator[TcpProxy]:
+    """A proxy on the port the broker's PROXIED listener advertises."""
+    listener, advertised = proxied_ports()
+    with TcpProxy(("127.0.0.1", listener), port=advertised) as created:
+        yield created
+
+
+def test_round_trip_of_key_headers_timestamp_and_value(kafka: str, topics: Topics) -> None:
+    topic = topics.create()
+    with KafkaPublisher(kafka, topic) as publisher:
+        assert isinstance(publisher, Publisher)
+        entry = make_entry(
+            "p1",
+            7,
+            headers={"traceparent": "00-abc-def-01", "tenant": "t1"},
+            correlation_id="corr-1",
+            causation_id="cause-1",
+        )
+        publisher.publish(entry)
+        # No flush: publish returned after the delivery report, so the record is there.
+        assert topics.size(topic) == 1
+    [record] = topics.read(topic, 1)
+    assert decode_entry(record.value()) == entry
+    assert record.key() == b"p1"
+    assert record.timestamp()[1] == int(entry.created_at.timestamp() * 1000)
+    assert dict(record.headers()) == {
+        "traceparent": b"00-abc-def-01",
+        "tenant": b"t1",
+        "content-type": b"application/json",
+        "id": entry.id.encode(),
+        "type": b"Event",
+        "seq": b"7",
+        "aggregate_id": b"p1",
+        "aggregate_type": b"Producer",
+        "correlation_id": b"corr-1",
+        "causation_id": b"cause-1",
+    }
+
+
+def test_topic_from_route_destination_default_or_type(kafka: str, topics: Topics) -> None:
+    routed, destined, default = topics.create(), topics.create(), topics.create()
+    by_type = topics.create("dx-type")
+    with KafkaPublisher(kafka, default) as publisher:
+        publisher.publish(make_entry(seq=1, destination=destined))
+        publisher.publish(make_entry(seq=2))
+        publisher.route = lambda entry: routed
+        publisher.publish(make_entry(seq=3, destination=destined))
+    with KafkaPublisher(kafka) as publisher:
+        publisher.publish(make_entry(seq=4, type=by_type))  # no destination nor default
+    assert [decode_entry(r.value()).seq for r in topics.read(destined, 1)] == [1]
+    assert [decode_entry(r.value()).seq for r in topics.read(default, 1)] == [2]
+    assert [decode_entry(r.value()).seq for r in topics.read(routed, 1)] == [3]
+    assert [decode_entry(r.value()).seq for r in topics.read(by_type, 1)] == [4]
+
+
+def test_an_aggregate_keeps_one_partition_and_its_order(kafka: str, topics: Topics) -> None:
+    topic = topics.create(partitions=4)
+    with KafkaPublisher(kafka, topic) as publisher:
+        for seq in range(1, 11):
+            for producer in ("a", "b", "c", "d", "e"):
+                publisher.publish(make_entry(producer, seq))
+    records = topics.read(topic, 50)
+    partitions: dict[str, set[int]] = {}
+    seqs: dict[str, list[int]] = {}
+    for record in records:
+        entry = decode_entry(record.value())
+        partitions.setdefault(str(entry.aggregate_id), set()).add(record.partition())
+        seqs.setdefault(str(entry.aggregate_id), []).append(entry.seq)
+    assert all(len(p) == 1 for p in partitions.values())
+    assert len(set().union(*partitions.values())) > 1  # keys spread over partitions
+    assert seqs == {p: list(range(1, 11)) for p in "abcde"}
+
+
+def test_missing_topic_holds_entries_until_created(kafka: str, topics: Topics) -> None:
+    missing = f"dx-missing-{id(topics)}"
+    config = {"bootstrap.servers": kafka, "topic.metadata.propagation.max.ms": 1000}
+    with KafkaPublisher(config, missing) as publisher:
+        with pytest.raises(BrokerUnavailable, match="UNKNOWN_TOPIC"):
+            publisher.publish(make_entry())
+        topic = topics.create()
+        publisher.topic = topic
+        publisher.publish(make_entry())
+    assert topics.size(topic) == 1
+
+
+def test_oversized_record_is_permanent_and_never_sent(kafka: str, topics: Topics) -> None:
+    topic = topics.create()
+    with KafkaPublisher({"bootstrap.servers": kafka, "message.max.bytes": 2000}, topic) as pub:
+        big = make_entry(headers={"blob": "x" * 3000})
+        with pytest.raises(PermanentPublishError, match="MSG_SIZE_TOO_LARGE"):
+            pub.publish(big)
+        pub.publish(make_entry())
+    assert topics.size(topic) == 1
+    assert decode_entry(topics.read(topic, 1)[0].value()).id != big.id
+
+
+def test_broker_down_raises_until_it_is_back(kafka: str, topics: Topics, proxy: TcpProxy) -> None:
+    topic = topics.create()
+    config = {
+        "bootstrap.servers": f"127.0.0.1:{proxy.port}",
+        "message.timeout.ms": 2000,
+        "reconnect.backoff.max.ms": 200,
+    }
+    with KafkaPublisher(config, topic) as publisher:
+        publisher.publish(make_entry(seq=1))
+        proxy.refuse = True
+        proxy.cut()
+        for seq in (2, 3):
+            with pytest.raises(BrokerUnavailable, match="_MSG_TIMED_OUT"):
+                publisher.publish(make_entry(seq=seq))
+        proxy.refuse = False
+        publisher.publish(make_entry(seq=4))
+    # A record whose report timed out may still have been written (at least once); the
+    # ones after the outage are in order.
+    seqs = [decode_entry(r.value()).seq for r in topics.read(topic, topics.size(topic))]
+    assert seqs[0] == 1 and seqs[-1] == 4 and seqs == sorted(seqs)
+
+
+def test_lost_connection_mid_publish_is_retried_without_duplicates(
+    kafka: str, topics: Topics, proxy: TcpProxy
+) -> None:
+    """The idempotent producer resends a produce request lost with its connection; the
+    broker keeps one copy."""
+    topic = topics.create()
+    config = {
+        "bootstrap.servers": f"127.0.0.1:{proxy.port}",
+        "message.timeout.ms": 15000,
+        "reconnect.backoff.max.ms": 200,
+    }
+    with KafkaPublisher(config, topic) as publisher:
+        publisher.publish(make_entry(seq=1))
+        for seq in range(2, 6):
+            threading.Timer(0.005, proxy.cut).start()
+            publisher.publish(make_entry(seq=seq))
+    assert topics.size(topic) == 5
+    assert [decode_entry(r.value()).seq for r in topics.read(topic, 5)] == [1, 2, 3, 4, 5]
+
+
+def test_threads_share_one_producer_with_records_in_flight_together(
+    kafka: str, topics: Topics
+) -> None:
+    topic = topics.create(partitions=2)
+    publisher = KafkaPublisher(kafka, topic)
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for seq in range(1, 26):
+                publisher.publish(make_entry(f"w{worker}", seq))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    publisher.close()
+    assert errors == []
+    entries = [decode_entry(r.value()) for r in topics.read(topic, 100)]
+    assert len(entries) == 100
+    for worker in range(4):  # one thread's publishes keep their order
+        assert [e.seq for e in entries if e.aggregate_id == f"w{worker}"] == list(range(1, 26))
+
+
+def test_idempotence_and_acks_cannot_be_configured_away(kafka: str) -> None:
+    publisher = KafkaPublisher(
+        {"bootstrap.servers": kafka, "enable.idempotence": False, "acks": 1}, "t"
+    )
+    assert publisher._settings["enable.idempotence"] is True
+    assert publisher._settings["acks"] == "all"
+
+
+def test_repr_masks_secrets() -> None:
+    publisher = KafkaPublisher(
+        {"bootstrap.servers": "broker:9092", "sasl.password": "s3cret"}, "orders"
+    )
+    assert "s3cret" not in repr(publisher) and "broker:9092" in repr(publisher)
