@@ -138,6 +138,10 @@ class Topics:
         finally:
             consumer.close()
 
+    def committed_total(self, topic: str, group: str) -> int:
+        """How many records of ``topic`` the group has committed past, over all partitions."""
+        return sum(max(offset, 0) for offset in self.committed(topic, group).values())
+
     def close(self) -> None:
         if self.names:
             for future in self.admin.delete_topics(self.names).values():

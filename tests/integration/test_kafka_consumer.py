@@ -1,0 +1,260 @@
+"""KafkaConsumer against a real broker: commit after the store's commit, de-duplication,
+retries, and dead letters."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox.dispatch import decode_entry
+from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
+from docoutbox.flows import RetryPolicy
+from docoutbox.model import OutboxMessage
+from docoutbox_kafka import KafkaConsumer, KafkaPublisher
+from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
+from tests.support.kafka import Topics
+
+pytestmark = pytest.mark.kafka
+
+EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
+
+
+class Crash(BaseException):
+    """The process dies: nothing after this point runs."""
+
+
+@pytest.fixture
+def topic(topics: Topics) -> str:
+    return topics.create(partitions=2)
+
+
+@pytest.fixture
+def dead(topics: Topics) -> str:
+    return topics.create("dx-dead")
+
+
+def publish(kafka: str, topic: str, entries: list[OutboxMessage]) -> None:
+    with KafkaPublisher(kafka, topic) as publisher:
+        for entry in entries:
+            publisher.publish(entry)
+
+
+_opened: list[KafkaConsumer[Ledger]] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_consumers() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop()._consumer = None  # leave without committing anything more
+
+
+def consumer(
+    kafka: str,
+    topic: str,
+    dead: str,
+    backend: FaultyBackend,
+    config: StoreConfig = EXACT,
+    *,
+    group: str | None = None,
+    settings: dict[str, object] | None = None,
+    **options: object,
+) -> KafkaConsumer[Ledger]:
+    store = AggregateStore(backend, Ledger, config)
+    created = KafkaConsumer(
+        {"bootstrap.servers": kafka, **(settings or {})},
+        topic,
+        group or f"dx-group-{uuid.uuid4().hex[:8]}",
+        store,
+        ledger_handlers,
+        aggregate_id_of=by_source,
+        dead_letter_topic=dead,
+        create=True,
+        requeue_delay=0.01,
+        **options,  # type: ignore[arg-type]
+    )
+    _opened.append(created)
+    return created
+
+
+def ledger(backend: FaultyBackend, producer: str) -> Ledger:
+    return AggregateStore(backend, Ledger).get(f"Producer/{producer}").state
+
+
+def test_applies_each_record_once_in_order_and_commits(
+    kafka: str, topics: Topics, topic: str, dead: str
+) -> None:
+    publish(kafka, topic, [make_entry(p, seq) for seq in range(1, 11) for p in "abc"])
+    backend = FaultyBackend()
+    worker = consumer(kafka, topic, dead, backend)
+    stats = worker.run(max_messages=30, idle_timeout=10)
+    worker.close()
+    assert (stats.delivered, stats.applied, stats.duplicates) == (30, 30, 0)
+    for producer in "abc":
+        assert ledger(backend, producer).seqs == {f"Producer/{producer}": list(range(1, 11))}
+    assert topics.committed_total(topic, worker.group) == topics.size(topic) == 30
+
+
+@pytest.mark.parametrize("config", [EXACT, StoreConfig()], ids=["watermarks", "id-window"])
+def test_republished_duplicates_are_committed_without_reapplying(
+    kafka: str, topic: str, dead: str, config: StoreConfig
+) -> None:
+    entries = [make_entry("a", seq) for seq in range(1, 6)]
+    publish(kafka, topic, entries + entries[::-1])
+    backend = FaultyBackend()
+    stats = consumer(kafka, topic, dead, backend, config).run(max_messages=10, idle_timeout=10)
+    assert (stats.applied, stats.duplicates, stats.dead_lettered) == (5, 5, 0)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3, 4, 5]
+    assert ledger(backend, "a").total == 5
+
+
+def test_crash_between_store_commit_and_offset_commit_reads_a_duplicate(
+    kafka: str, topics: Topics, topic: str, dead: str
+) -> None:
+    publish(kafka, topic, [make_entry("a", 1), make_entry("a", 2)])
+    backend = FaultyBackend()
+    group = f"dx-group-{uuid.uuid4().hex[:8]}"
+    first = consumer(kafka, topic, dead, backend, group=group)
+    applied: list[int] = []
+
+    def crash() -> None:  # the process dies right after the store's commit of seq 2
+        applied.append(1)
+        if len(applied) == 2:
+            raise Crash
+
+    backend.after_write = crash
+    with pytest.raises(Crash):
+        first.run(idle_timeout=10)
+    assert topics.committed_total(topic, group) == 1  # seq 1 only
+    first._consumer.close()  # type: ignore[union-attr]
+    first._consumer = None
+    backend.after_write = None
+    second = consumer(kafka, topic, dead, backend, group=group)
+    stats = second.run(max_messages=1, idle_timeout=10)
+    assert (stats.applied, stats.duplicates) == (0, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2]
+    second.close()
+    assert topics.committed_total(topic, group) == 2
+
+
+def test_invalid_records_go_to_the_dead_letter_topic_and_consuming_goes_on(
+    kafka: str, topics: Topics, topic: str, dead: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = Producer({"bootstrap.servers": kafka})
+    bad_values = [b"not json at all", b'{"id": "x", "type": "Event"}']
+    for value in bad_values:
+        raw.produce(topic, value, b"a", headers=[("origin", b"raw")])
+    raw.flush(10)
+    unknown = make_entry("a", 1, type="NoSuchType")
+    good = make_entry("a", 2)
+    exploding = make_entry("b", 1)
+    publish(kafka, topic, [unknown, good, exploding])
+
+    def handler(state: Ledger, message: Message) -> Ledger:
+        if message.source == "Producer/b":
+            raise RuntimeError("business rule broken")
+        return ledger_handlers(state, message)  # type: ignore[return-value]
+
+    backend = FaultyBackend()
+    worker = consumer(kafka, topic, dead, backend)
+    worker.handler = handler
+    with caplog.at_level(logging.ERROR, logger="docoutbox.kafka"):
+        stats = worker.run(max_messages=5, idle_timeout=10)
+    worker.close()
+    assert (stats.applied, stats.dead_lettered, stats.retried) == (1, 4, 0)
+    assert topics.committed_total(topic, worker.group) == 5
+    records = topics.read(dead, 4)
+    values = [r.value() for r in records]
+    assert set(bad_values) <= set(values)
+    ids = {decode_entry(v).id for v in values if v not in bad_values}
+    assert ids == {unknown.id, exploding.id}
+    errors = {dict(r.headers())["docoutbox-error"].decode() for r in records}
+    assert any("UnknownMessageType" in e for e in errors)
+    assert any("business rule broken" in e for e in errors)
+    raw_copy = next(r for r in records if r.value() == bad_values[0])
+    headers = dict(raw_copy.headers())
+    assert headers["origin"] == b"raw" and raw_copy.key() == b"a"
+    assert headers["docoutbox-topic"] == topic.encode()
+    assert headers["docoutbox-group"] == worker.group.encode()
+    assert len([r for r in caplog.records if r.message.startswith("dead-lettering")]) == 4
+
+
+def test_no_commit_past_a_record_the_dead_letter_topic_did_not_take(
+    kafka: str, topics: Topics, topic: str
+) -> None:
+    raw = Producer({"bootstrap.servers": kafka})
+    raw.produce(topic, b"not json", b"a")
+    raw.flush(10)
+    publish(kafka, topic, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    group = f"dx-group-{uuid.uuid4().hex[:8]}"
+    fast_failure = {"topic.metadata.propagation.max.ms": 500, "message.timeout.ms": 3000}
+    worker = consumer(kafka, topic, "dx-no-such-topic", backend, group=group, settings=fast_failure)
+    with pytest.raises(BrokerUnavailable):
+        worker.run(idle_timeout=10)
+    assert topics.committed_total(topic, group) == 0
+    worker._consumer.close()  # type: ignore[union-attr]
+    worker._consumer = None
+    dead = topics.create("dx-dead")
+    again = consumer(kafka, topic, dead, backend, group=group)
+    stats = again.run(max_messages=2, idle_timeout=10)
+    again.close()
+    assert (stats.dead_lettered, stats.applied) == (1, 1)
+    assert topics.size(dead) == 1
+    assert topics.committed_total(topic, group) == 2
+
+
+def test_gave_up_is_read_again_then_applied_in_order(kafka: str, topic: str, dead: str) -> None:
+    publish(kafka, topic, [make_entry("a", 1), make_entry("a", 2)])
+    backend = FaultyBackend()
+    backend.refuse_writes = 1  # one conflict; with a single attempt the store gives up
+    config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(1))
+    stats = consumer(kafka, topic, dead, backend, config).run(max_messages=3, idle_timeout=10)
+    assert (stats.retried, stats.applied, stats.redelivered) == (1, 2, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2]
+
+
+def test_transient_store_error_is_read_again(kafka: str, topic: str, dead: str) -> None:
+    publish(kafka, topic, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    backend.load_errors = [TransientStoreError("flaky")] * 4  # twice what the store retries
+    config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(2))
+    stats = consumer(kafka, topic, dead, backend, config).run(max_messages=3, idle_timeout=10)
+    assert (stats.retried, stats.applied) == (2, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1]
+
+
+def test_permanent_store_error_rewinds_and_stops(
+    kafka: str, topics: Topics, topic: str, dead: str
+) -> None:
+    publish(kafka, topic, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    backend.load_errors = [PermanentStoreError("auth failed")]
+    group = f"dx-group-{uuid.uuid4().hex[:8]}"
+    worker = consumer(kafka, topic, dead, backend, group=group)
+    with pytest.raises(PermanentStoreError):
+        worker.run(idle_timeout=10)
+    worker.close()
+    assert topics.committed_total(topic, group) == 0
+    again = consumer(kafka, topic, dead, backend, group=group)
+    assert again.run(max_messages=1, idle_timeout=10).applied == 1
+
+
+def test_idle_timeout_and_stop_event(kafka: str, topic: str, dead: str) -> None:
+    worker = consumer(kafka, topic, dead, FaultyBackend())
+    started = time.monotonic()
+    assert worker.run(idle_timeout=0.3, poll=0.05).delivered == 0
+    assert time.monotonic() - started < 5
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    worker.run(stop=stop, poll=0.05)
+    assert time.monotonic() - started < 5
+    worker.close()
