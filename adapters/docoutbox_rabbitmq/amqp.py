@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,11 +22,12 @@ def masked(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def properties_for(entry: OutboxMessage) -> Any:
+def property_fields(entry: OutboxMessage) -> dict[str, Any]:
     """AMQP properties of an entry: persistent JSON, ids, and its stream position in headers.
 
     The entry's own headers (for example a W3C ``traceparent``) are kept; the names
-    ``seq``, ``aggregate_id``, ``aggregate_type`` and ``causation_id`` are reserved.
+    ``seq``, ``aggregate_id``, ``aggregate_type`` and ``causation_id`` are reserved. The
+    same fields serve pika (:func:`properties_for`) and aio-pika.
     """
     headers: dict[str, Any] = dict(entry.headers)
     headers.update(
@@ -33,15 +35,56 @@ def properties_for(entry: OutboxMessage) -> Any:
     )
     if entry.causation_id is not None:
         headers["causation_id"] = entry.causation_id
-    return pika.BasicProperties(
-        content_type="application/json",
-        delivery_mode=pika.DeliveryMode.Persistent,
-        message_id=entry.id,
-        type=entry.type,
-        timestamp=int(entry.created_at.timestamp()),
-        correlation_id=entry.correlation_id,
-        headers=headers,
-    )
+    return {
+        "content_type": "application/json",
+        "delivery_mode": 2,  # persistent
+        "message_id": entry.id,
+        "type": entry.type,
+        "timestamp": int(entry.created_at.timestamp()),
+        "correlation_id": entry.correlation_id,
+        "headers": headers,
+    }
+
+
+def properties_for(entry: OutboxMessage) -> Any:
+    """:func:`property_fields` as pika ``BasicProperties``."""
+    return pika.BasicProperties(**property_fields(entry))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One topology declaration: ``exchange`` (name, type), ``queue`` (name, arguments) or
+    ``bind`` (queue, exchange, key)."""
+
+    kind: str
+    name: str
+    exchange_type: str = ""
+    arguments: dict[str, Any] | None = None
+    exchange: str = ""
+    key: str = ""
+
+
+def topology(
+    exchange: str,
+    *,
+    exchange_type: str = "topic",
+    queues: Mapping[str, Iterable[str]] | None = None,
+    dead_letters: str | None = None,
+) -> list[Step]:
+    """What :func:`declare` declares, in order; shared by the pika and aio-pika adapters."""
+    steps: list[Step] = []
+    arguments: dict[str, Any] = {}
+    if dead_letters:
+        steps.append(Step("exchange", dead_letters, exchange_type="fanout"))
+        steps.append(Step("queue", dead_letters))
+        steps.append(Step("bind", dead_letters, exchange=dead_letters))
+        arguments["x-dead-letter-exchange"] = dead_letters
+    if exchange:
+        steps.append(Step("exchange", exchange, exchange_type=exchange_type))
+    for queue, keys in (queues or {}).items():
+        steps.append(Step("queue", queue, arguments=arguments or None))
+        steps.extend(Step("bind", queue, exchange=exchange, key=k) for k in keys if exchange)
+    return steps
 
 
 def declare(
@@ -59,16 +102,14 @@ def declare(
     queue bound to it, set as every declared queue's dead-letter exchange, so messages a
     consumer rejects are kept there instead of being dropped.
     """
+    steps = topology(
+        exchange, exchange_type=exchange_type, queues=queues, dead_letters=dead_letters
+    )
     with translated("declare topology"):
-        arguments: dict[str, Any] = {}
-        if dead_letters:
-            channel.exchange_declare(dead_letters, exchange_type="fanout", durable=True)
-            channel.queue_declare(dead_letters, durable=True)
-            channel.queue_bind(dead_letters, dead_letters)
-            arguments["x-dead-letter-exchange"] = dead_letters
-        if exchange:
-            channel.exchange_declare(exchange, exchange_type=exchange_type, durable=True)
-        for queue, keys in (queues or {}).items():
-            channel.queue_declare(queue, durable=True, arguments=arguments or None)
-            for key in keys if exchange else ():
-                channel.queue_bind(queue, exchange, routing_key=key)
+        for step in steps:
+            if step.kind == "exchange":
+                channel.exchange_declare(step.name, exchange_type=step.exchange_type, durable=True)
+            elif step.kind == "queue":
+                channel.queue_declare(step.name, durable=True, arguments=step.arguments)
+            else:
+                channel.queue_bind(step.name, step.exchange, routing_key=step.key or None)

@@ -136,28 +136,39 @@ class RabbitConsumer(Generic[S]):
         self._connection = None
 
     def _settle(self, channel: Any, method: Any, verdict: Verdict, body: bytes) -> None:
-        stats, tag, redelivered = self.stats, method.delivery_tag, bool(method.redelivered)
-        stats.delivered += 1
-        stats.redelivered += redelivered
+        redelivered = bool(method.redelivered)
+        account(self.stats, verdict, redelivered, body)
         if verdict.action is Action.ACK:
-            channel.basic_ack(tag)
-            if verdict.outcome is not None and verdict.outcome.duplicate:
-                stats.duplicates += 1
-            else:
-                stats.applied += 1
+            channel.basic_ack(method.delivery_tag)
         elif verdict.action is Action.REQUEUE:
-            log.warning("requeueing %s", describe(verdict))
             time.sleep(self.requeue_delay)
-            channel.basic_nack(tag, requeue=True)
-            stats.requeued += 1
+            channel.basic_nack(method.delivery_tag, requeue=True)
         else:
-            log.error(
-                "rejecting %s (kept only if the queue has a dead-letter exchange); body %r",
-                describe(verdict),
-                body[:200],
-                exc_info=verdict.error,
-            )
-            channel.basic_reject(tag, requeue=False)
-            stats.rejected += 1
+            channel.basic_reject(method.delivery_tag, requeue=False)
         if self.on_verdict is not None:
             self.on_verdict(verdict, redelivered)
+
+
+def account(stats: ConsumerStats, verdict: Verdict, redelivered: bool, body: bytes) -> None:
+    """Count a delivery about to be settled as ``verdict`` says, and log what is not acked.
+
+    Shared by the pika and aio-pika consumers; they only perform the ack, nack or reject.
+    """
+    stats.delivered += 1
+    stats.redelivered += redelivered
+    if verdict.action is Action.ACK:
+        if verdict.outcome is not None and verdict.outcome.duplicate:
+            stats.duplicates += 1
+        else:
+            stats.applied += 1
+    elif verdict.action is Action.REQUEUE:
+        log.warning("requeueing %s", describe(verdict))
+        stats.requeued += 1
+    else:
+        log.error(
+            "rejecting %s (kept only if the queue has a dead-letter exchange); body %r",
+            describe(verdict),
+            body[:200],
+            exc_info=verdict.error,
+        )
+        stats.rejected += 1

@@ -1,4 +1,9 @@
-"""The one place where pika errors become docoutbox errors, by class and AMQP reply code."""
+"""The one place where pika errors become docoutbox errors, by class and AMQP reply code.
+
+The decisions by reply code (:func:`by_reply_code`, :func:`returned`) are shared with the
+aio-pika adapter (:mod:`docoutbox_rabbitmq.aio`), which maps its own exception classes
+onto them.
+"""
 
 from __future__ import annotations
 
@@ -31,21 +36,33 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def by_reply_code(code: int, text: str, what: str) -> DocOutboxError:
+    """The docoutbox error for a channel the broker closed with ``code``."""
+    detail = f"{what}: channel closed by the broker ({code} {text})"
+    if code in PERMANENT_CODES:
+        return PermanentPublishError(detail)
+    if code in TOPOLOGY_CODES:
+        return BrokerUnavailable(detail)
+    return PublishError(detail)
+
+
+def returned(codes: list[int], what: str) -> PublishError:
+    """The error for a message the broker returned (Basic.Return) with ``codes``."""
+    return PublishError(f"{what}: returned by the broker as unroutable (reply codes {codes})")
+
+
+def nacked(what: str) -> PublishError:
+    return PublishError(f"{what}: the broker nacked the message")
+
+
 def translate(exc: BaseException, what: str) -> DocOutboxError:
     """The docoutbox error for a pika (or socket) error raised while doing ``what``."""
     if isinstance(exc, px.UnroutableError):
-        codes = sorted({int(m.method.reply_code) for m in exc.messages})
-        return PublishError(f"{what}: returned by the broker as unroutable (reply codes {codes})")
+        return returned(sorted({int(m.method.reply_code) for m in exc.messages}), what)
     if isinstance(exc, px.NackError):
-        return PublishError(f"{what}: the broker nacked the message")
+        return nacked(what)
     if isinstance(exc, px.ChannelClosedByBroker):
-        code = int(exc.reply_code)
-        detail = f"{what}: channel closed by the broker ({code} {exc.reply_text})"
-        if code in PERMANENT_CODES:
-            return PermanentPublishError(detail)
-        if code in TOPOLOGY_CODES:
-            return BrokerUnavailable(detail)
-        return PublishError(detail)
+        return by_reply_code(int(exc.reply_code), str(exc.reply_text), what)
     if isinstance(exc, px.ConnectionClosedByBroker):
         return BrokerUnavailable(
             f"{what}: connection closed by the broker ({exc.reply_code} {exc.reply_text})"

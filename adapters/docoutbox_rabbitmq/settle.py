@@ -26,7 +26,7 @@ from docoutbox.errors import (
 )
 from docoutbox.flows import Outcome, Status
 from docoutbox.model import AggregateId, Message
-from docoutbox.store import AggregateStore
+from docoutbox.store import AggregateStore, AsyncAggregateStore
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -79,17 +79,46 @@ def receive(
     try:
         message = decode_entry(body).to_message()
         outcome = store.handle(aggregate_id_of(message), message, handler, create=create)
-    except REJECT_ERRORS as exc:
-        return Verdict(Action.REJECT, message, error=exc)
-    except REQUEUE_ERRORS as exc:
-        return Verdict(Action.REQUEUE, message, error=exc)
-    except PermanentStoreError as exc:
-        return Verdict(Action.REQUEUE, message, error=exc, fatal=True)
-    except Exception as exc:  # noqa: BLE001 - a handler bug: dead-letter it, do not loop
-        return Verdict(Action.REJECT, message, error=exc)
+    except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+        return judge_error(message, exc)
+    return judge(message, outcome)
+
+
+async def receive_async(
+    body: bytes,
+    store: AsyncAggregateStore[S],
+    handler: Handler[S],
+    aggregate_id_of: Callable[[Message], AggregateId],
+    *,
+    create: bool,
+) -> Verdict:
+    """The async twin of :func:`receive`, over an :class:`AsyncAggregateStore`."""
+    message: Message | None = None
+    try:
+        message = decode_entry(body).to_message()
+        outcome = await store.handle(aggregate_id_of(message), message, handler, create=create)
+    except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+        return judge_error(message, exc)
+    return judge(message, outcome)
+
+
+def judge(message: Message, outcome: Outcome[Any]) -> Verdict:
+    """The verdict for a handled message: ack unless the store gave up."""
     if outcome.status is Status.GAVE_UP:
         return Verdict(Action.REQUEUE, message, outcome)
     return Verdict(Action.ACK, message, outcome)
+
+
+def judge_error(message: Message | None, exc: Exception) -> Verdict:
+    """The verdict for a delivery whose decoding or handling raised ``exc``."""
+    if isinstance(exc, REJECT_ERRORS):
+        return Verdict(Action.REJECT, message, error=exc)
+    if isinstance(exc, REQUEUE_ERRORS):
+        return Verdict(Action.REQUEUE, message, error=exc)
+    if isinstance(exc, PermanentStoreError):
+        return Verdict(Action.REQUEUE, message, error=exc, fatal=True)
+    # Anything else is a handler bug: dead-letter it rather than loop on it.
+    return Verdict(Action.REJECT, message, error=exc)
 
 
 def describe(verdict: Verdict) -> str:

@@ -10,6 +10,9 @@ import pytest
 
 from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
 
+#: The RabbitMQ publishers and consumers that share one contract suite.
+RABBITMQ_CLIENTS = ["pika", "aio-pika"]
+
 
 @pytest.fixture
 def box() -> Iterator[Sandbox]:
@@ -46,3 +49,28 @@ def topics(kafka: str) -> Iterator[Any]:
     created = Topics(kafka)
     yield created
     created.close()
+
+
+@pytest.fixture(params=RABBITMQ_CLIENTS)
+def make_publisher(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A factory of RabbitMQ publishers of one client library, all closed afterwards.
+
+    The aio-pika publisher runs on its own event loop.
+    """
+    from docoutbox_rabbitmq import RabbitPublisher
+    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+    from tests.support.aio import Blocking
+
+    made: list[Any] = []
+
+    def make(url: str, exchange: str = "", **options: Any) -> Any:
+        if request.param == "pika":
+            publisher: Any = RabbitPublisher(url, exchange, **options)
+        else:
+            publisher = Blocking(AsyncRabbitPublisher(url, exchange, **options))
+        made.append(publisher)
+        return publisher
+
+    yield make
+    for publisher in made:
+        publisher.close()

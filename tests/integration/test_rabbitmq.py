@@ -1,9 +1,14 @@
-"""RabbitPublisher against a real broker: confirms, properties, routing and failures."""
+"""RabbitMQ publishers against a real broker: confirms, properties, routing and failures.
+
+Tests taking ``make_publisher`` run for pika's ``RabbitPublisher`` and aio-pika's
+``AsyncRabbitPublisher`` alike.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,9 +39,11 @@ def proxy(url: str) -> Iterator[TcpProxy]:
         yield created
 
 
-def test_round_trip_of_properties_headers_and_body(url: str, box: Sandbox) -> None:
+def test_round_trip_of_properties_headers_and_body(
+    url: str, box: Sandbox, make_publisher: Any
+) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(url, exchange) as publisher:
+    with make_publisher(url, exchange) as publisher:
         assert isinstance(publisher, Publisher)
         publisher.declare(queues={queue: ["orders.#"]})
         entry = make_entry(
@@ -64,25 +71,27 @@ def test_round_trip_of_properties_headers_and_body(url: str, box: Sandbox) -> No
     }
 
 
-def test_routing_key_from_route_destination_default_or_type(url: str, box: Sandbox) -> None:
+def test_routing_key_from_route_destination_default_or_type(
+    url: str, box: Sandbox, make_publisher: Any
+) -> None:
     exchange, queue, _ = box.names()
     keys = ["by-route", "by-destination", "by-default", "Event"]
-    with RabbitPublisher(url, exchange, routing_key="by-default") as publisher:
+    with make_publisher(url, exchange, routing_key="by-default") as publisher:
         publisher.declare(exchange_type="direct", queues={queue: keys})
         publisher.publish(make_entry(seq=1, destination="by-destination"))
         publisher.publish(make_entry(seq=2))
         publisher.route = lambda entry: "by-route"
         publisher.publish(make_entry(seq=3, destination="by-destination"))
-    with RabbitPublisher(url, exchange) as publisher:
+    with make_publisher(url, exchange) as publisher:
         publisher.publish(make_entry(seq=4))  # no destination nor default: the type
     assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 2, 3, 4]
 
 
 def test_unroutable_message_raises_publish_error_and_channel_stays_usable(
-    url: str, box: Sandbox
+    url: str, box: Sandbox, make_publisher: Any
 ) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(url, exchange) as publisher:
+    with make_publisher(url, exchange) as publisher:
         publisher.declare(exchange_type="direct", queues={queue: ["known"]})
         with pytest.raises(PublishError) as caught:
             publisher.publish(make_entry(destination="nobody-listens"))
@@ -92,9 +101,11 @@ def test_unroutable_message_raises_publish_error_and_channel_stays_usable(
     assert len(box.drain(queue)) == 1
 
 
-def test_missing_exchange_holds_entries_until_declared(url: str, box: Sandbox) -> None:
+def test_missing_exchange_holds_entries_until_declared(
+    url: str, box: Sandbox, make_publisher: Any
+) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(url, exchange) as publisher:
+    with make_publisher(url, exchange) as publisher:
         with pytest.raises(BrokerUnavailable) as caught:
             publisher.publish(make_entry())
         assert "404" in str(caught.value)
@@ -103,9 +114,11 @@ def test_missing_exchange_holds_entries_until_declared(url: str, box: Sandbox) -
     assert len(box.drain(queue)) == 1
 
 
-def test_oversized_message_is_permanent_and_never_sent(url: str, box: Sandbox) -> None:
+def test_oversized_message_is_permanent_and_never_sent(
+    url: str, box: Sandbox, make_publisher: Any
+) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(url, exchange, max_message_size=2000) as publisher:
+    with make_publisher(url, exchange, max_message_size=2000) as publisher:
         publisher.declare(queues={queue: ["#"]})
         big = make_entry(headers={"blob": "x" * 3000})
         with pytest.raises(PermanentPublishError, match="max_message_size"):
@@ -115,10 +128,10 @@ def test_oversized_message_is_permanent_and_never_sent(url: str, box: Sandbox) -
 
 
 def test_lost_publish_raises_broker_unavailable_then_reconnects(
-    url: str, box: Sandbox, proxy: TcpProxy
+    url: str, box: Sandbox, make_publisher: Any, proxy: TcpProxy
 ) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(through(url, proxy.port), exchange) as publisher:
+    with make_publisher(through(url, proxy.port), exchange) as publisher:
         publisher.declare(queues={queue: ["#"]})
         proxy.drop_on_next_send()  # the publish frames vanish with the connection
         with pytest.raises(BrokerUnavailable):
@@ -127,9 +140,11 @@ def test_lost_publish_raises_broker_unavailable_then_reconnects(
     assert [decode_entry(b).seq for _, b in box.drain(queue)] == [2]
 
 
-def test_broker_down_raises_until_it_is_back(url: str, box: Sandbox, proxy: TcpProxy) -> None:
+def test_broker_down_raises_until_it_is_back(
+    url: str, box: Sandbox, make_publisher: Any, proxy: TcpProxy
+) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
+    with make_publisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
         publisher.declare(queues={queue: ["#"]})
         proxy.refuse = True
         proxy.cut()
@@ -143,10 +158,10 @@ def test_broker_down_raises_until_it_is_back(url: str, box: Sandbox, proxy: TcpP
 
 
 def test_idle_connection_closed_by_peer_is_replaced_without_failing(
-    url: str, box: Sandbox, proxy: TcpProxy
+    url: str, box: Sandbox, make_publisher: Any, proxy: TcpProxy
 ) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
+    with make_publisher(through(url, proxy.port), exchange, probe_idle=0) as publisher:
         publisher.declare(queues={queue: ["#"]})
         publisher.publish(make_entry(seq=1))
         proxy.cut()

@@ -5,16 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.dispatch import decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
 from docoutbox.flows import RetryPolicy
 from docoutbox.model import OutboxMessage
+from docoutbox.testing import AsyncMemoryBackend
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
+from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
+from tests.integration.conftest import RABBITMQ_CLIENTS
+from tests.support.aio import Blocking
 from tests.support.e2e import (
     FaultyBackend,
     Ledger,
@@ -57,32 +62,37 @@ def publish(url: str, queue: str, entries: list[OutboxMessage]) -> None:
             publisher.publish(entry)
 
 
-_opened: list[RabbitConsumer[Ledger]] = []
+@pytest.fixture(params=RABBITMQ_CLIENTS)
+def consumer(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """A factory of consumers of one client library (pika, or aio-pika on its own event
+    loop over an async store sharing the backend), closed afterwards."""
+    opened: list[Any] = []
 
+    def make(
+        url: str,
+        queue: str,
+        backend: FaultyBackend,
+        config: StoreConfig = EXACT,
+        **options: object,
+    ) -> Any:
+        common: dict[str, Any] = {
+            "aggregate_id_of": by_source,
+            "create": True,
+            "requeue_delay": 0.01,
+            **options,
+        }
+        if request.param == "pika":
+            store = AggregateStore(backend, Ledger, config)
+            created: Any = RabbitConsumer(url, queue, store, ledger_handlers, **common)
+        else:
+            astore = AsyncAggregateStore(AsyncMemoryBackend(backend), Ledger, config)
+            created = Blocking(AsyncRabbitConsumer(url, queue, astore, ledger_handlers, **common))
+        opened.append(created)
+        return created
 
-@pytest.fixture(autouse=True)
-def _close_consumers() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
-def consumer(
-    url: str, queue: str, backend: FaultyBackend, config: StoreConfig = EXACT, **options: object
-) -> RabbitConsumer[Ledger]:
-    store = AggregateStore(backend, Ledger, config)
-    created = RabbitConsumer(
-        url,
-        queue,
-        store,
-        ledger_handlers,
-        aggregate_id_of=by_source,
-        create=True,
-        requeue_delay=0.01,
-        **options,  # type: ignore[arg-type]
-    )
-    _opened.append(created)
-    return created
+    yield make
+    while opened:
+        opened.pop().close()
 
 
 def ledger(backend: FaultyBackend, producer: str) -> Ledger:
@@ -90,7 +100,9 @@ def ledger(backend: FaultyBackend, producer: str) -> Ledger:
     return snapshot.state
 
 
-def test_applies_each_delivery_once_in_order(url: str, box: Sandbox, queue: str) -> None:
+def test_applies_each_delivery_once_in_order(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
     entries = [make_entry(p, seq) for seq in range(1, 11) for p in ("a", "b", "c")]
     publish(url, queue, entries)
     backend = FaultyBackend()
@@ -105,7 +117,7 @@ def test_applies_each_delivery_once_in_order(url: str, box: Sandbox, queue: str)
 
 @pytest.mark.parametrize("config", [EXACT, StoreConfig()], ids=["watermarks", "id-window"])
 def test_redelivered_duplicates_are_acked_without_reapplying(
-    url: str, box: Sandbox, queue: str, config: StoreConfig
+    url: str, box: Sandbox, queue: str, config: StoreConfig, consumer: Any
 ) -> None:
     entries = [make_entry("a", seq) for seq in range(1, 6)]
     publish(url, queue, entries + entries[::-1])
@@ -118,7 +130,7 @@ def test_redelivered_duplicates_are_acked_without_reapplying(
 
 
 def test_crash_between_commit_and_ack_redelivers_a_duplicate(
-    url: str, box: Sandbox, queue: str
+    url: str, box: Sandbox, queue: str, consumer: Any
 ) -> None:
     publish(url, queue, [make_entry("a", 1)])
     backend = FaultyBackend()
@@ -141,7 +153,7 @@ def test_crash_between_commit_and_ack_redelivers_a_duplicate(
 
 
 def test_malformed_and_invalid_deliveries_are_rejected_to_dead_letters(
-    url: str, box: Sandbox, queue: str, caplog: pytest.LogCaptureFixture
+    url: str, box: Sandbox, queue: str, caplog: pytest.LogCaptureFixture, consumer: Any
 ) -> None:
     bad_bodies = [b"not json at all", b'{"id": "x", "type": "Event"}']
     box.channel.confirm_delivery()
@@ -171,7 +183,9 @@ def test_malformed_and_invalid_deliveries_are_rejected_to_dead_letters(
     assert "UnknownMessageType" in caplog.text and "business rule broken" in caplog.text
 
 
-def test_gave_up_is_requeued_then_applied(url: str, box: Sandbox, queue: str) -> None:
+def test_gave_up_is_requeued_then_applied(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
     publish(url, queue, [make_entry("a", 1), make_entry("a", 2)])
     backend = FaultyBackend()
     backend.refuse_writes = 1  # one conflict; with a single attempt the store gives up
@@ -182,7 +196,9 @@ def test_gave_up_is_requeued_then_applied(url: str, box: Sandbox, queue: str) ->
     assert box.depth(queue) == 0
 
 
-def test_transient_store_error_is_requeued(url: str, box: Sandbox, queue: str) -> None:
+def test_transient_store_error_is_requeued(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
     publish(url, queue, [make_entry("a", 1)])
     backend = FaultyBackend()
     backend.load_errors = [TransientStoreError("flaky")] * 4  # twice what the store retries
@@ -192,7 +208,9 @@ def test_transient_store_error_is_requeued(url: str, box: Sandbox, queue: str) -
     assert ledger(backend, "a").seqs["Producer/a"] == [1]
 
 
-def test_permanent_store_error_requeues_and_stops(url: str, box: Sandbox, queue: str) -> None:
+def test_permanent_store_error_requeues_and_stops(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
     entry = make_entry("a", 1)
     publish(url, queue, [entry])
     backend = FaultyBackend()
@@ -205,7 +223,7 @@ def test_permanent_store_error_requeues_and_stops(url: str, box: Sandbox, queue:
     assert consumer(url, queue, backend).run(max_messages=1, idle_timeout=5).applied == 1
 
 
-def test_idle_timeout_and_stop_event(url: str, queue: str) -> None:
+def test_idle_timeout_and_stop_event(url: str, queue: str, consumer: Any) -> None:
     worker = consumer(url, queue, FaultyBackend())
     started = time.monotonic()
     assert worker.run(idle_timeout=0.3, poll=0.05).delivered == 0

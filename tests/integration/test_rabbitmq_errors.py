@@ -137,3 +137,43 @@ def test_decide_rejects_a_missing_aggregate_without_create() -> None:
     worker = consumer(FaultyBackend())
     worker.create = False
     assert worker.decide(body()).action is Action.REJECT
+
+
+def aio_returned(code: int) -> Any:
+    from pamqp.commands import Basic as AioBasic
+
+    return AioBasic.Return(reply_code=code, reply_text="NO_ROUTE", exchange="x", routing_key="k")
+
+
+def aio_errors() -> list[tuple[BaseException, type]]:
+    import aiormq.exceptions as ax
+    from pamqp.commands import Basic as AioBasic
+
+    return [
+        (ax.DeliveryError(None, aio_returned(312)), PublishError),
+        (ax.DeliveryError(None, AioBasic.Nack(delivery_tag=1)), PublishError),
+        (ax.ChannelPreconditionFailed("PRECONDITION_FAILED"), PermanentPublishError),
+        (ax.ChannelClosed(311, "CONTENT_TOO_LARGE"), PermanentPublishError),
+        (ax.ChannelNotFoundEntity("NOT_FOUND - no exchange"), BrokerUnavailable),
+        (ax.ChannelAccessRefused("ACCESS_REFUSED"), BrokerUnavailable),
+        (ax.ChannelLockedResource("RESOURCE_LOCKED"), BrokerUnavailable),
+        (ax.ChannelClosed(506, "RESOURCE_ERROR"), PublishError),
+        (ax.ChannelClosed(None, None), BrokerUnavailable),
+        (ax.ConnectionClosed(320, "CONNECTION_FORCED"), BrokerUnavailable),
+        (ax.AMQPConnectionError("Server connection unexpectedly closed"), BrokerUnavailable),
+        (ax.ChannelInvalidStateError("closed"), BrokerUnavailable),
+        (ConnectionRefusedError(111, "refused"), BrokerUnavailable),
+        (TimeoutError(), BrokerUnavailable),
+        (ax.InvalidFrameError("bad frame"), PublishError),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(aio_errors())))
+def test_aio_translation_maps_onto_the_same_codes(case: int) -> None:
+    """aio-pika's exceptions reach the same docoutbox errors as pika's for each reply code."""
+    from docoutbox_rabbitmq import aio
+
+    error, expected = aio_errors()[case]
+    translated_error = aio.translate(error, "publish e1")
+    assert type(translated_error) is expected
+    assert str(translated_error).startswith("publish e1: ")

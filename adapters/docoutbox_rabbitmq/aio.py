@@ -1,0 +1,380 @@
+"""asyncio twins of the RabbitMQ publisher and consumer, on aio-pika.
+
+They share the sync adapter's decisions: message properties and topology
+(:mod:`~docoutbox_rabbitmq.amqp`), error mapping by reply code
+(:mod:`~docoutbox_rabbitmq.errors`) and how a delivery is settled
+(:mod:`~docoutbox_rabbitmq.settle`). Only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Generic, Protocol, Self, TypeVar
+
+import aio_pika
+import aiormq.exceptions as ax
+from pamqp.commands import Basic
+from pydantic import BaseModel
+
+from docoutbox.aggregate import Handler
+from docoutbox.dispatch import encode_entry
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError, PublishError
+from docoutbox.model import AggregateId, Message, OutboxMessage
+from docoutbox.store import AsyncAggregateStore
+from docoutbox_rabbitmq.amqp import masked, property_fields, topology
+from docoutbox_rabbitmq.consumer import ConsumerStats, account
+from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
+from docoutbox_rabbitmq.publisher import DEFAULT_MAX_MESSAGE_SIZE
+from docoutbox_rabbitmq.settle import Action, Verdict, receive_async
+
+S = TypeVar("S", bound=BaseModel)
+log = logging.getLogger("docoutbox.rabbitmq")
+
+#: aio-pika's channel-closing exceptions by AMQP reply code.
+_CHANNEL_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ax.ChannelAccessRefused, 403),
+    (ax.ChannelNotFoundEntity, 404),
+    (ax.ChannelLockedResource, 405),
+    (ax.ChannelPreconditionFailed, 406),
+)
+#: Errors that mean the connection (or its channel) is gone or unusable.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    ax.AMQPConnectionError,
+    ax.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+    RuntimeError,  # aiormq: "<Connection ...> closed"
+)
+
+
+def translate(exc: BaseException, what: str) -> DocOutboxError:
+    """The docoutbox error for an aio-pika (aiormq, socket) error raised while doing ``what``."""
+    if isinstance(exc, ax.DeliveryError):
+        frame = exc.frame
+        if isinstance(frame, Basic.Return):
+            return returned([int(frame.reply_code)], what)
+        return nacked(what)
+    for kind, code in _CHANNEL_CODES:
+        if isinstance(exc, kind):
+            return by_reply_code(code, str(exc.args[0] if exc.args else ""), what)
+    if isinstance(exc, ax.ChannelClosed):
+        code, text = (*exc.args, None, None)[:2]
+        if isinstance(code, int):
+            return by_reply_code(code, str(text), what)
+        return BrokerUnavailable(f"{what}: channel closed: {exc!r}")
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return BrokerUnavailable(f"{what}: connection failed: {type(exc).__name__}: {exc}")
+    return PublishError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+@asynccontextmanager
+async def translated(what: str) -> AsyncIterator[None]:
+    """Re-raise aio-pika and socket errors as docoutbox's publish errors."""
+    try:
+        yield
+    except (TimeoutError, ax.AMQPError, OSError, RuntimeError) as exc:
+        raise translate(exc, what) from exc
+
+
+class AsyncRabbitPublisher:
+    """A :class:`docoutbox.ports.AsyncPublisher` for RabbitMQ: returns only once confirmed.
+
+    The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
+    properties, body and errors. The channel runs in publisher-confirm mode with
+    ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
+    Concurrent ``publish`` calls share one channel, each awaiting its own confirm, so a
+    dispatcher keeps several messages in flight. A lost connection raises
+    ``BrokerUnavailable`` and the next call reconnects.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        exchange: str = "",
+        *,
+        routing_key: str | None = None,
+        route: Callable[[OutboxMessage], str] | None = None,
+        mandatory: bool = True,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        connection_name: str = "docoutbox-publisher",
+        timeout: float = 30.0,
+        probe_idle: float = 1.0,
+    ) -> None:
+        self.exchange = exchange
+        self.probe_idle = probe_idle
+        self.routing_key = routing_key
+        self.route = route
+        self.mandatory = mandatory
+        self.max_message_size = max_message_size
+        self.connection_name = connection_name
+        self.timeout = timeout
+        self._url = url
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+        self._used_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"<AsyncRabbitPublisher {masked(self._url)} exchange={self.exchange!r}>"
+
+    def routing_key_for(self, entry: OutboxMessage) -> str:
+        if self.route is not None:
+            return self.route(entry)
+        return entry.destination or self.routing_key or entry.type
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        body = encode_entry(entry)
+        if len(body) > self.max_message_size:
+            raise PermanentPublishError(
+                f"entry {entry.id}: {len(body)} bytes, over the broker's "
+                f"max_message_size of {self.max_message_size} bytes"
+            )
+        channel = await self._open()
+        message = aio_pika.Message(body, **property_fields(entry))
+        try:
+            async with translated(f"publish entry {entry.id} to {masked(self._url)}"):
+                exchange = (
+                    channel.default_exchange
+                    if not self.exchange
+                    else await channel.get_exchange(self.exchange, ensure=False)
+                )
+                await exchange.publish(
+                    message,
+                    self.routing_key_for(entry),
+                    mandatory=self.mandatory,
+                    timeout=self.timeout,
+                )
+        except BrokerUnavailable:
+            await self._discard()  # the next call reconnects
+            raise
+        finally:
+            self._used_at = asyncio.get_running_loop().time()
+
+    async def declare(
+        self,
+        *,
+        exchange_type: str = "topic",
+        queues: Mapping[str, Iterable[str]] | None = None,
+        dead_letters: str | None = None,
+    ) -> None:
+        """Declare this publisher's exchange and queues (as :func:`~docoutbox_rabbitmq.declare`)."""
+        channel = await self._open()
+        await declare_async(
+            channel,
+            self.exchange,
+            exchange_type=exchange_type,
+            queues=queues,
+            dead_letters=dead_letters,
+        )
+
+    async def close(self) -> None:
+        """Close the connection. A later publish opens a new one."""
+        async with self._lock:
+            await self._discard()
+
+    async def _discard(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            try:
+                await connection.close()
+            except (ax.AMQPError, OSError, RuntimeError) as exc:  # already broken
+                log.debug("closing a broken RabbitMQ connection: %r", exc)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _open(self) -> aio_pika.abc.AbstractChannel:
+        """The confirm-mode channel, reconnecting if needed. After ``probe_idle`` seconds
+        unused, the channel is reopened first: that round trip finds a connection the
+        broker or the network closed meanwhile, and it is replaced before the publish."""
+        async with self._lock:
+            for attempt in (1, 2):  # nothing is published here: a retry sends nothing twice
+                try:
+                    return await self._open_once()
+                except BrokerUnavailable:
+                    await self._discard()
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+    async def _open_once(self) -> aio_pika.abc.AbstractChannel:
+        idle = asyncio.get_running_loop().time() - self._used_at >= self.probe_idle
+        if self._connection is None or self._connection.is_closed:
+            self._channel = None
+            async with translated(f"connect to {masked(self._url)}"):
+                self._connection = await aio_pika.connect(
+                    self._url,
+                    client_properties={"connection_name": self.connection_name},
+                    timeout=self.timeout,
+                )
+        elif idle and self._channel is not None:
+            stale, self._channel = self._channel, None
+            async with translated(f"probe {masked(self._url)}"):
+                await stale.close()
+        if self._channel is None or self._channel.is_closed:
+            async with translated(f"open a channel on {masked(self._url)}"):
+                self._channel = await self._connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
+            self._used_at = asyncio.get_running_loop().time()
+        return self._channel
+
+
+async def declare_async(
+    channel: aio_pika.abc.AbstractChannel,
+    exchange: str,
+    *,
+    exchange_type: str = "topic",
+    queues: Mapping[str, Iterable[str]] | None = None,
+    dead_letters: str | None = None,
+) -> None:
+    """The async twin of :func:`~docoutbox_rabbitmq.declare` (the same topology)."""
+    steps = topology(
+        exchange, exchange_type=exchange_type, queues=queues, dead_letters=dead_letters
+    )
+    async with translated("declare topology"):
+        for step in steps:
+            if step.kind == "exchange":
+                await channel.declare_exchange(
+                    step.name, aio_pika.ExchangeType(step.exchange_type), durable=True
+                )
+            elif step.kind == "queue":
+                await channel.declare_queue(step.name, durable=True, arguments=step.arguments)
+            else:
+                queue = await channel.get_queue(step.name, ensure=False)
+                await queue.bind(step.exchange, routing_key=step.key or None)
+
+
+class Stop(Protocol):
+    """A stop flag: an ``asyncio.Event``, or a ``threading.Event`` set from another thread."""
+
+    def is_set(self) -> bool: ...
+
+
+class AsyncRabbitConsumer(Generic[S]):
+    """The asyncio twin of :class:`~docoutbox_rabbitmq.RabbitConsumer`, over an
+    :class:`~docoutbox.store.AsyncAggregateStore`: each delivery is handled with
+    ``await store.handle`` and settled as :func:`~docoutbox_rabbitmq.settle.receive_async`
+    decides (ack after the commit, nack with requeue, or reject to the dead-letter
+    exchange). Deliveries are handled one at a time, in order.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        store: AsyncAggregateStore[S],
+        handler: Handler[S],
+        *,
+        aggregate_id_of: Callable[[Message], AggregateId],
+        create: bool = False,
+        prefetch: int = 16,
+        requeue_delay: float = 0.05,
+        on_verdict: Callable[[Verdict, bool], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.store = store
+        self.handler = handler
+        self.aggregate_id_of = aggregate_id_of
+        self.create = create
+        self.prefetch = prefetch
+        self.requeue_delay = requeue_delay
+        self.on_verdict = on_verdict
+        self.stats = ConsumerStats()
+        self._url = url
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+
+    def __repr__(self) -> str:
+        return f"<AsyncRabbitConsumer {masked(self._url)} queue={self.queue!r}>"
+
+    async def decide(self, body: bytes) -> Verdict:
+        """Handle one body against the store and decide how to settle it. No broker I/O."""
+        return await receive_async(
+            body, self.store, self.handler, self.aggregate_id_of, create=self.create
+        )
+
+    async def run(
+        self,
+        *,
+        max_messages: int | None = None,
+        idle_timeout: float | None = None,
+        stop: Stop | None = None,
+        poll: float = 0.1,
+    ) -> ConsumerStats:
+        """Consume until ``max_messages`` deliveries, ``idle_timeout`` seconds without one,
+        or ``stop`` is set. Raises ``BrokerUnavailable`` if the connection fails (unacked
+        deliveries come again), and a permanent store error after requeueing its delivery.
+        """
+        where = f"consume {self.queue!r} from {masked(self._url)}"
+        loop = asyncio.get_running_loop()
+        count = 0
+        async with translated(where):
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await aio_pika.connect(
+                    self._url,
+                    client_properties={"connection_name": f"docoutbox-consumer {self.queue}"},
+                )
+            channel = await self._connection.channel()
+            try:
+                await channel.set_qos(prefetch_count=self.prefetch)
+                queue = await channel.get_queue(self.queue, ensure=False)
+                inbox: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
+                await queue.consume(inbox.put)
+                idle_since = loop.time()
+                while True:
+                    try:
+                        delivery = await asyncio.wait_for(inbox.get(), poll)
+                    except TimeoutError:
+                        if channel.is_closed:
+                            self._connection = None
+                            raise BrokerUnavailable(f"{where}: the channel closed") from None
+                        if (stop is not None and stop.is_set()) or (
+                            idle_timeout is not None and loop.time() - idle_since >= idle_timeout
+                        ):
+                            break
+                        continue
+                    verdict = await self.decide(delivery.body)
+                    await self._settle(delivery, verdict)
+                    if verdict.fatal and verdict.error is not None:
+                        raise verdict.error
+                    count += 1
+                    idle_since = loop.time()
+                    if (max_messages is not None and count >= max_messages) or (
+                        stop is not None and stop.is_set()
+                    ):
+                        break
+            finally:
+                if not channel.is_closed:
+                    await channel.close()  # unacked deliveries go back to the queue
+        return self.stats
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            async with translated(f"close {masked(self._url)}"):
+                await connection.close()
+
+    async def _settle(
+        self, delivery: aio_pika.abc.AbstractIncomingMessage, verdict: Verdict
+    ) -> None:
+        redelivered = bool(delivery.redelivered)
+        account(self.stats, verdict, redelivered, delivery.body)
+        if verdict.action is Action.ACK:
+            await delivery.ack()
+        elif verdict.action is Action.REQUEUE:
+            await asyncio.sleep(self.requeue_delay)
+            await delivery.nack(requeue=True)
+        else:
+            await delivery.reject(requeue=False)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict, redelivered)
