@@ -1,10 +1,12 @@
-"""Producers → outbox → dispatcher (change stream) → RabbitMQ → consumer inbox, end to end.
+"""Producers → outbox → dispatcher (change stream) → broker → consumer inbox, end to end.
 
 Twenty producer aggregates commit commands on the wire server, each emitting three
 messages. The real dispatcher engine follows the collection's change stream and publishes
-through :class:`~docoutbox_rabbitmq.RabbitPublisher` to one queue; a
-:class:`~docoutbox_rabbitmq.RabbitConsumer` applies them to ledgers, one per producer,
-with exact de-duplication. Each ledger records the seqs it applied, in order.
+to one queue (:class:`~docoutbox_rabbitmq.RabbitPublisher` and
+:class:`~docoutbox_rabbitmq.RabbitConsumer`) or one four-partition topic
+(:class:`~docoutbox_kafka.KafkaPublisher` and :class:`~docoutbox_kafka.KafkaConsumer`);
+the consumer applies them to ledgers, one per producer, with exact de-duplication. Each
+ledger records the seqs it applied, in order.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tests.support.e2e import (
 from tests.support.tcpproxy import TcpProxy
 from tests.support.traffic import (
     RECEIVER_CONFIG,
+    KafkaReceiver,
     Producers,
     Receiver,
     ledger_problems,
@@ -39,20 +42,86 @@ from tests.support.traffic import (
     summary,
 )
 
-pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
+pytestmark = pytest.mark.wire
 
 PRODUCERS = 20
 COMMANDS = 10  # per producer, before and again after the dispatcher starts
 EMITS = 3
 
 
-class Pipeline:
-    """Producers, the dispatcher engine on a thread, and a receiver, over one queue."""
+class Broker:
+    """One broker's publisher, receiver and fault-injecting proxy for the pipeline."""
 
-    def __init__(self, mongo_uri: str, mongo: Any, box: Sandbox, publish_url: str) -> None:
-        self.exchange, queue, _ = box.names()
+    name: str
+
+    def publisher(self, proxy: TcpProxy | None) -> Any: ...
+
+    def receiver(self, store: AggregateStore[Ledger]) -> Receiver: ...
+
+    def proxy(self) -> TcpProxy: ...
+
+
+class Rabbit(Broker):
+    name = "rabbitmq"
+
+    def __init__(self, box: Sandbox) -> None:
+        self.box = box
+        self.exchange, self.queue, _ = box.names()
         with RabbitPublisher(box.url, self.exchange) as setup:
-            setup.declare(queues={queue: ["#"]})
+            setup.declare(queues={self.queue: ["#"]})
+
+    def publisher(self, proxy: TcpProxy | None) -> Any:
+        url = self.box.url if proxy is None else through(self.box.url, proxy.port)
+        return RabbitPublisher(url, self.exchange)
+
+    def receiver(self, store: AggregateStore[Ledger]) -> Receiver:
+        return Receiver(self.box.url, self.queue, store)
+
+    def proxy(self) -> TcpProxy:
+        return TcpProxy(broker_address(self.box.url))
+
+
+class Kafka(Broker):
+    name = "kafka"
+
+    def __init__(self, topics: Any) -> None:
+        self.topics = topics
+        self.topic = topics.create(partitions=4)
+        self.dead = topics.create("dx-dead")
+
+    def publisher(self, proxy: TcpProxy | None) -> Any:
+        from docoutbox_kafka import KafkaPublisher
+
+        bootstrap = self.topics.bootstrap if proxy is None else f"127.0.0.1:{proxy.port}"
+        return KafkaPublisher({"bootstrap.servers": bootstrap}, self.topic)
+
+    def receiver(self, store: AggregateStore[Ledger]) -> Receiver:
+        return KafkaReceiver(
+            self.topics.bootstrap, self.topic, store, group=self.topic, dead_letters=self.dead
+        )
+
+    def proxy(self) -> TcpProxy:
+        from tests.support.kafka import proxied_ports
+
+        listener, advertised = proxied_ports()
+        return TcpProxy(("127.0.0.1", listener), port=advertised)
+
+
+@pytest.fixture(params=["rabbitmq", "kafka"])
+def broker(request: pytest.FixtureRequest) -> Broker:
+    if request.param == "rabbitmq":
+        request.applymarker(pytest.mark.rabbitmq)
+        return Rabbit(request.getfixturevalue("box"))
+    request.applymarker(pytest.mark.kafka)
+    return Kafka(request.getfixturevalue("topics"))
+
+
+class Pipeline:
+    """Producers, the dispatcher engine on a thread, and a receiver, over one queue or topic."""
+
+    def __init__(
+        self, mongo_uri: str, mongo: Any, broker: Broker, proxy: TcpProxy | None = None
+    ) -> None:
         self.mongo = mongo
         self.producers = Producers(
             AggregateStore(MongoBackend(mongo["producers"]), Counter),
@@ -61,9 +130,9 @@ class Pipeline:
             emits=EMITS,
         )
         ledgers = AggregateStore(MongoBackend(mongo["ledgers"]), Ledger, RECEIVER_CONFIG)
-        self.receiver = Receiver(box.url, queue, ledgers)
+        self.receiver = broker.receiver(ledgers)
         self.target = connect_dispatch(mongo_uri, mongo.name, "producers")
-        self.publisher = RabbitPublisher(publish_url, self.exchange)
+        self.publisher = broker.publisher(proxy)
         self.dispatcher = Dispatcher(
             self.target.backend,
             self.publisher,
@@ -109,9 +178,9 @@ class Pipeline:
 
 
 def test_every_message_is_processed_exactly_once_in_order(
-    mongo_uri: str, mongo: Any, box: Sandbox
+    mongo_uri: str, mongo: Any, broker: Broker
 ) -> None:
-    pipeline = Pipeline(mongo_uri, mongo, box, box.url)
+    pipeline = Pipeline(mongo_uri, mongo, broker)
     started = time.monotonic()
     try:
         pipeline.producers.run_commands(COMMANDS // 2)  # pending before the start: the sweep
@@ -123,7 +192,7 @@ def test_every_message_is_processed_exactly_once_in_order(
     pipeline.check(expected, applied)
     again = republished(pipeline.receiver.deliveries)
     print(
-        "\nend-to-end:",
+        f"\nend-to-end ({broker.name}):",
         summary(
             {
                 "producers": PRODUCERS,
@@ -139,10 +208,10 @@ def test_every_message_is_processed_exactly_once_in_order(
 
 
 def test_a_broker_outage_holds_entries_and_loses_nothing(
-    mongo_uri: str, mongo: Any, box: Sandbox
+    mongo_uri: str, mongo: Any, broker: Broker
 ) -> None:
-    with TcpProxy(broker_address(box.url)) as proxy:
-        pipeline = Pipeline(mongo_uri, mongo, box, through(box.url, proxy.port))
+    with broker.proxy() as proxy:
+        pipeline = Pipeline(mongo_uri, mongo, broker, proxy)
         try:
             pipeline.start()
             pipeline.producers.run_commands(COMMANDS // 2)
@@ -158,4 +227,4 @@ def test_a_broker_outage_holds_entries_and_loses_nothing(
     pipeline.check(expected, applied)  # nothing quarantined: unavailability is no one's fault
     assert held > 0
     again = republished(pipeline.receiver.deliveries)
-    print(f"\nbroker outage: held={held} republished={sum(again.values())}")
+    print(f"\nbroker outage ({broker.name}): held={held} republished={sum(again.values())}")

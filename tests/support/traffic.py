@@ -113,6 +113,9 @@ class Delivery:
     redelivered: bool
     action: str
     duplicate: bool
+    #: Where the broker stored it, if it says ((partition, offset) on Kafka): a message
+    #: read again at the same position is a redelivery, at another one a re-publish.
+    position: tuple[int, int] | None = None
 
 
 @dataclass
@@ -127,21 +130,24 @@ class Receiver:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self, prefetch: int = 32) -> None:
-        def record(verdict: Verdict, redelivered: bool) -> None:
-            message, outcome = verdict.message, verdict.outcome
-            self.deliveries.append(
-                Delivery(
-                    message.id if message else None,
-                    message.source if message else None,
-                    message.seq if message else None,
-                    redelivered,
-                    str(verdict.action),
-                    bool(outcome is not None and outcome.duplicate),
-                )
+    def record(
+        self, verdict: Verdict, redelivered: bool, position: tuple[int, int] | None = None
+    ) -> None:
+        message, outcome = verdict.message, verdict.outcome
+        self.deliveries.append(
+            Delivery(
+                message.id if message else None,
+                message.source if message else None,
+                message.seq if message else None,
+                redelivered,
+                str(verdict.action),
+                bool(outcome is not None and outcome.duplicate),
+                position,
             )
+        )
 
-        consumer = RabbitConsumer(
+    def consumer(self, prefetch: int) -> Any:
+        return RabbitConsumer(
             self.url,
             self.queue,
             self.store,
@@ -149,8 +155,11 @@ class Receiver:
             aggregate_id_of=by_source,
             create=True,
             prefetch=prefetch,
-            on_verdict=record,
+            on_verdict=self.record,
         )
+
+    def start(self, prefetch: int = 32) -> None:
+        consumer = self.consumer(prefetch)
 
         def work() -> None:
             try:
@@ -191,15 +200,51 @@ class Receiver:
             time.sleep(0.2)
 
 
+@dataclass
+class KafkaReceiver(Receiver):
+    """A :class:`Receiver` reading a Kafka topic (``url`` is the bootstrap servers,
+    ``queue`` the topic) with a :class:`~docoutbox_kafka.KafkaConsumer`."""
+
+    group: str = "dx-receiver"
+    dead_letters: str = "dx-dead"
+
+    def consumer(self, prefetch: int) -> Any:
+        from docoutbox_kafka import KafkaConsumer
+
+        def record(verdict: Verdict, kafka_record: Any) -> None:
+            position = (int(kafka_record.partition()), int(kafka_record.offset()))
+            self.record(verdict, False, position)
+
+        return KafkaConsumer(
+            self.url,
+            self.queue,
+            self.group,
+            self.store,
+            ledger_handlers,
+            aggregate_id_of=by_source,
+            dead_letter_topic=self.dead_letters,
+            create=True,
+            on_verdict=record,
+        )
+
+
 def republished(deliveries: list[Delivery]) -> dict[str, int]:
     """Per message ID, how many times it was published again: first deliveries beyond one.
 
-    Broker redeliveries (the consumer's own requeues) are not re-publishes.
+    Broker redeliveries (the consumer's own requeues, or a Kafka record read again at the
+    same offset) are not re-publishes.
     """
     counts: dict[str, int] = {}
+    positions: dict[str, set[tuple[int, int]]] = {}
     for delivery in deliveries:
-        if delivery.id is not None and not delivery.redelivered:
+        if delivery.id is None:
+            continue
+        if delivery.position is not None:
+            positions.setdefault(delivery.id, set()).add(delivery.position)
+        elif not delivery.redelivered:
             counts[delivery.id] = counts.get(delivery.id, 0) + 1
+    for key, seen in positions.items():
+        counts[key] = counts.get(key, 0) + len(seen)
     return {key: n - 1 for key, n in counts.items() if n > 1}
 
 
