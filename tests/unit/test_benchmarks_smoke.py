@@ -79,6 +79,17 @@ def test_memory_benchmark_runs(mongo_uri: str) -> None:
     assert set(table.figures) == set(memory.MODES)
 
 
+@pytest.mark.kafka
+def test_kafka_benchmark_runs(mongo_uri: str) -> None:
+    from benchmarks import kafka
+    from tests.support.kafka import require_kafka
+
+    require_kafka()
+    table = kafka.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == set(kafka.LABELS)
+
+
 def test_runner_writes_results(
     mongo_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
