@@ -28,9 +28,8 @@ from typing import Any
 
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
 from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait
-from docoutbox import OutboxMessage
-from docoutbox.dispatch import encode_entry
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox import Dispatcher, DispatcherConfig, OutboxMessage
+from docoutbox.codec import encode_entry
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import KafkaPublisher, headers_for

@@ -18,14 +18,14 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka import Message as Record
 from pydantic import BaseModel
 
-from docoutbox.aggregate import Handler
+from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
-from docoutbox.store import AggregateStore
+from docoutbox.receive import Action, Verdict, describe, receive
+from docoutbox.store.api import AggregateStore
 from docoutbox_kafka.errors import translate_error, translated
 from docoutbox_kafka.publisher import DEFAULTS as PRODUCER_DEFAULTS
 from docoutbox_kafka.publisher import REQUIRED as PRODUCER_REQUIRED
 from docoutbox_kafka.records import masked_config
-from docoutbox_rabbitmq.settle import Action, Verdict, describe, receive
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.kafka")
@@ -65,11 +65,11 @@ class ConsumerStats:
 class KafkaConsumer(Generic[S]):
     """Feed records of ``topics`` to ``store.handle`` and commit offsets only after the commit.
 
-    Each value is an entry (:func:`docoutbox.dispatch.decode_entry`); its message carries
+    Each value is an entry (:func:`docoutbox.codec.decode_entry`); its message carries
     ``source`` and ``seq``, so exact de-duplication (``InboxPolicy(exact=True)``) spots
     the records a restart reads again. A record is handled on the aggregate
     ``aggregate_id_of(message)`` and settled as
-    :func:`~docoutbox_rabbitmq.settle.receive` decides:
+    :func:`docoutbox.receive.receive` decides:
 
     - acked: its offset becomes committable (committed every ``commit_every`` records,
       every ``commit_interval`` seconds, when partitions are revoked and on stop);

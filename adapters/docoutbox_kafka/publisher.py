@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from docoutbox.dispatch import encode_entry
+from docoutbox.codec import encode_entry
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import OutboxMessage
 from docoutbox_kafka.errors import translate_error, translated
@@ -53,7 +53,7 @@ class _Report:
 
 
 class KafkaPublisher:
-    """A :class:`docoutbox.ports.Publisher` for Kafka: returns only after the delivery report.
+    """A :class:`docoutbox.Publisher` for Kafka: returns only after the delivery report.
 
     Each entry becomes one record on the topic ``route(entry)`` if given, else the entry's
     ``destination``, else ``topic``, else the entry's ``type``. The record's key is the

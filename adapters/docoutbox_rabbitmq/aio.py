@@ -3,7 +3,7 @@
 They share the sync adapter's decisions: message properties and topology
 (:mod:`~docoutbox_rabbitmq.amqp`), error mapping by reply code
 (:mod:`~docoutbox_rabbitmq.errors`) and how a delivery is settled
-(:mod:`~docoutbox_rabbitmq.settle`). Only the I/O differs.
+(:mod:`docoutbox.receive`). Only the I/O differs.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import aiormq.exceptions as ax
 from pamqp.commands import Basic
 from pydantic import BaseModel
 
-from docoutbox.aggregate import Handler
-from docoutbox.dispatch import encode_entry
+from docoutbox.codec import encode_entry
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError, PublishError
+from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message, OutboxMessage
-from docoutbox.store import AsyncAggregateStore
+from docoutbox.receive import Action, Verdict, receive_async
+from docoutbox.store.api import AsyncAggregateStore
 from docoutbox_rabbitmq.amqp import masked, property_fields, topology
 from docoutbox_rabbitmq.consumer import ConsumerStats, account
 from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
 from docoutbox_rabbitmq.publisher import DEFAULT_MAX_MESSAGE_SIZE
-from docoutbox_rabbitmq.settle import Action, Verdict, receive_async
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -82,7 +82,7 @@ async def translated(what: str) -> AsyncIterator[None]:
 
 
 class AsyncRabbitPublisher:
-    """A :class:`docoutbox.ports.AsyncPublisher` for RabbitMQ: returns only once confirmed.
+    """A :class:`docoutbox.AsyncPublisher` for RabbitMQ: returns only once confirmed.
 
     The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
     properties, body and errors. The channel runs in publisher-confirm mode with
@@ -263,8 +263,8 @@ class Stop(Protocol):
 
 class AsyncRabbitConsumer(Generic[S]):
     """The asyncio twin of :class:`~docoutbox_rabbitmq.RabbitConsumer`, over an
-    :class:`~docoutbox.store.AsyncAggregateStore`: each delivery is handled with
-    ``await store.handle`` and settled as :func:`~docoutbox_rabbitmq.settle.receive_async`
+    :class:`~docoutbox.AsyncAggregateStore`: each delivery is handled with
+    ``await store.handle`` and settled as :func:`docoutbox.receive.receive_async`
     decides (ack after the commit, nack with requeue, or reject to the dead-letter
     exchange). Deliveries are handled one at a time, in order.
     """

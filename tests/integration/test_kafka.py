@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from docoutbox.dispatch import decode_entry
+from docoutbox import Publisher
+from docoutbox.codec import decode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
-from docoutbox.ports import Publisher
 from docoutbox_kafka import KafkaPublisher
 from tests.support.e2e import make_entry
 from tests.support.kafka import Topics, proxied_ports

@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Producer
 
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.dispatch import decode_entry
+from docoutbox.codec import decode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
-from docoutbox.flows import RetryPolicy
 from docoutbox.model import OutboxMessage
+from docoutbox.retry import RetryPolicy
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
 from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
 from tests.support.kafka import Topics

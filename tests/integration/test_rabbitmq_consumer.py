@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.dispatch import decode_entry, encode_entry
+from docoutbox.codec import decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
-from docoutbox.flows import RetryPolicy
 from docoutbox.model import OutboxMessage
+from docoutbox.retry import RetryPolicy
 from docoutbox.testing import AsyncMemoryBackend
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
