@@ -25,7 +25,7 @@ from docoutbox.store.api import AggregateStore
 from docoutbox_kafka.errors import translate_error, translated
 from docoutbox_kafka.publisher import DEFAULTS as PRODUCER_DEFAULTS
 from docoutbox_kafka.publisher import REQUIRED as PRODUCER_REQUIRED
-from docoutbox_kafka.records import masked_config
+from docoutbox_kafka.records import Headers, masked_config
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.kafka")
@@ -308,7 +308,7 @@ class KafkaConsumer(Generic[S]):
         )
         error = verdict.error
         reason = f"{type(error).__name__}: {error}" if error is not None else describe(verdict)
-        headers = list(record.headers() or [])
+        headers: Headers = [(str(pair[0]), pair[1]) for pair in record.headers() or []]
         headers += [
             (ERROR_HEADER, reason[:4000].encode()),
             (TOPIC_HEADER, str(record.topic()).encode()),

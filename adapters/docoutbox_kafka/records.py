@@ -11,7 +11,11 @@ from docoutbox.model import OutboxMessage
 SECRET_KEYS = ("password", "secret", "token", "jaas")
 
 
-def headers_for(entry: OutboxMessage) -> list[tuple[str, bytes]]:
+#: Record headers as confluent-kafka takes them.
+Headers = list[tuple[str, str | bytes | None]]
+
+
+def headers_for(entry: OutboxMessage) -> Headers:
     """An entry's record headers: its own headers, then its identity and stream position.
 
     The names ``id``, ``type``, ``seq``, ``aggregate_id``, ``aggregate_type``,

@@ -75,12 +75,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--db", required=True)
     d.add_argument("--collection", required=True)
-    d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
+    d.add_argument(
+        "--publisher", choices=["memory", "stdout", "rabbitmq", "kafka"], default="memory"
+    )
     d.add_argument("--rabbitmq-url", default=env("DOCOUTBOX_RABBITMQ_URL"))
     d.add_argument("--exchange", default="")
     d.add_argument(
         "--routing-key", help="routing key for entries without a destination (default: type)"
     )
+    d.add_argument(
+        "--kafka-bootstrap",
+        default=env("DOCOUTBOX_KAFKA_BOOTSTRAP"),
+        help="Kafka bootstrap servers (or DOCOUTBOX_KAFKA_BOOTSTRAP)",
+    )
+    d.add_argument("--topic", help="Kafka topic for entries without a destination (default: type)")
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
     d.add_argument("--partitions", type=int, default=16, help="must match the stores' config")
     d.add_argument("--lease-ttl", type=float, default=10.0, help="seconds; failover time")
@@ -126,6 +134,8 @@ def _check(args: argparse.Namespace) -> str | None:
             return str(exc)
     if args.publisher == "rabbitmq" and not args.rabbitmq_url:
         return "--publisher rabbitmq needs --rabbitmq-url (or DOCOUTBOX_RABBITMQ_URL)"
+    if args.publisher == "kafka" and not args.kafka_bootstrap:
+        return "--publisher kafka needs --kafka-bootstrap (or DOCOUTBOX_KAFKA_BOOTSTRAP)"
     return None
 
 
@@ -242,6 +252,12 @@ def _publisher(args: argparse.Namespace) -> Any:
         return CountingPublisher()
     if args.publisher == "stdout":
         return StdoutPublisher()
+    if args.publisher == "kafka":
+        from docoutbox_kafka import (  # type: ignore[import-not-found, unused-ignore]
+            KafkaPublisher,
+        )
+
+        return KafkaPublisher(args.kafka_bootstrap, args.topic)
     from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]
         RabbitPublisher,
     )

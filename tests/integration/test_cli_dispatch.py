@@ -75,6 +75,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"mongodb://alice:{SECRET}@127.0.0.1:1/"
     args = ["dispatch", "--mongo-uri", uri, "--db", "d", "--collection", "c"]
     assert main([*args, "--publisher", "rabbitmq", "--rabbitmq-url", ""]) == 2
+    assert main([*args, "--publisher", "kafka", "--kafka-bootstrap", ""]) == 2
     assert main([*args, "--lease-ttl", "0"]) == 2
     assert main([*args, "--concurrency", "0"]) == 2
     assert "s3cr" not in capsys.readouterr().err
