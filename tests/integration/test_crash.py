@@ -59,6 +59,19 @@ class DispatcherProcess:
     def __init__(
         self, mongo_uri: str, db: str, rabbitmq_url: str, exchange: str, log_level: str = "WARNING"
     ) -> None:
+        publisher = ["rabbitmq", "--rabbitmq-url", rabbitmq_url, "--exchange", exchange]
+        self.start(mongo_uri, db, publisher, log_level)
+
+    @classmethod
+    def to_kafka(
+        cls, mongo_uri: str, db: str, bootstrap: str, topic: str, log_level: str = "WARNING"
+    ) -> DispatcherProcess:
+        instance = cls.__new__(cls)
+        publisher = ["kafka", "--kafka-bootstrap", bootstrap, "--topic", topic]
+        instance.start(mongo_uri, db, publisher, log_level)
+        return instance
+
+    def start(self, mongo_uri: str, db: str, publisher: list[str], log_level: str) -> None:
         self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         command = [
             sys.executable,
@@ -72,11 +85,7 @@ class DispatcherProcess:
             "--collection",
             "producers",
             "--publisher",
-            "rabbitmq",
-            "--rabbitmq-url",
-            rabbitmq_url,
-            "--exchange",
-            exchange,
+            *publisher,
             "--no-leases",
             "--concurrency",
             str(CONCURRENCY),
