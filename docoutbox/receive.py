@@ -6,14 +6,14 @@ to its broker's ack, nack-with-requeue and reject-to-dead-letters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from docoutbox.codec import decode_entry
+from docoutbox.codec import decode_message
 from docoutbox.errors import (
     ConcurrencyConflict,
     DocumentTooLarge,
@@ -66,8 +66,14 @@ def receive(
     aggregate_id_of: Callable[[Message], AggregateId],
     *,
     create: bool,
+    headers: Mapping[str, Any] | None = None,
+    content_type: str | None = None,
 ) -> Verdict:
     """Decode ``body``, handle its message exactly once on the store, and say how to settle.
+
+    ``body`` may be a plain docoutbox body or a CloudEvent in structured or binary mode
+    (pass the delivery's ``headers`` and ``content_type``; see
+    :func:`docoutbox.codec.decode_message`).
 
     - ``ACK`` once the outcome is ``applied`` or ``duplicate`` (the commit is durable);
     - ``REQUEUE`` on ``gave_up``, a transient store error, a conflict or a saturated
@@ -77,7 +83,7 @@ def receive(
     """
     message: Message | None = None
     try:
-        message = decode_entry(body).to_message()
+        message = decode_message(body, headers, content_type)
         outcome = store.handle(aggregate_id_of(message), message, handler, create=create)
     except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
         return judge_error(message, exc)
@@ -91,11 +97,13 @@ async def receive_async(
     aggregate_id_of: Callable[[Message], AggregateId],
     *,
     create: bool,
+    headers: Mapping[str, Any] | None = None,
+    content_type: str | None = None,
 ) -> Verdict:
     """The async twin of :func:`receive`, over an :class:`AsyncAggregateStore`."""
     message: Message | None = None
     try:
-        message = decode_entry(body).to_message()
+        message = decode_message(body, headers, content_type)
         outcome = await store.handle(aggregate_id_of(message), message, handler, create=create)
     except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
         return judge_error(message, exc)

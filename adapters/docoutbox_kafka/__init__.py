@@ -4,7 +4,7 @@ commits offsets after the store's commit."""
 from docoutbox_kafka.consumer import ConsumerStats, KafkaConsumer
 from docoutbox_kafka.errors import translate, translate_error, translated
 from docoutbox_kafka.publisher import KafkaPublisher
-from docoutbox_kafka.records import headers_for, masked_config
+from docoutbox_kafka.records import headers_for, masked_config, record_for
 
 __all__ = [
     "ConsumerStats",
@@ -12,6 +12,7 @@ __all__ = [
     "KafkaPublisher",
     "headers_for",
     "masked_config",
+    "record_for",
     "translate",
     "translate_error",
     "translated",

@@ -25,7 +25,12 @@ from docoutbox.store.api import AggregateStore
 from docoutbox_kafka.errors import translate_error, translated
 from docoutbox_kafka.publisher import DEFAULTS as PRODUCER_DEFAULTS
 from docoutbox_kafka.publisher import REQUIRED as PRODUCER_REQUIRED
-from docoutbox_kafka.records import Headers, masked_config
+from docoutbox_kafka.records import (
+    Headers,
+    ReceivedHeaders,
+    masked_config,
+    received_headers,
+)
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.kafka")
@@ -65,7 +70,8 @@ class ConsumerStats:
 class KafkaConsumer(Generic[S]):
     """Feed records of ``topics`` to ``store.handle`` and commit offsets only after the commit.
 
-    Each value is an entry (:func:`docoutbox.codec.decode_entry`); its message carries
+    Each value is an entry (:func:`docoutbox.codec.decode_message`: plain docoutbox JSON,
+    or a CloudEvent in structured or binary mode); its message carries
     ``source`` and ``seq``, so exact de-duplication (``InboxPolicy(exact=True)``) spots
     the records a restart reads again. A record is handled on the aggregate
     ``aggregate_id_of(message)`` and settled as
@@ -134,11 +140,19 @@ class KafkaConsumer(Generic[S]):
         servers = masked_config(self._settings).get("bootstrap.servers")
         return f"<KafkaConsumer {servers} topics={self.topics} group={self.group!r}>"
 
-    def decide(self, value: bytes | None) -> Verdict:
-        """Handle one record value against the store and decide how to settle it. No I/O
-        to the broker."""
+    def decide(self, value: bytes | None, headers: ReceivedHeaders = None) -> Verdict:
+        """Handle one record (value and headers) against the store and decide how to settle
+        it. No I/O to the broker. The value may be plain docoutbox JSON or a CloudEvent,
+        structured or binary (then its attributes are ``ce_`` headers)."""
+        text = received_headers(headers)
         return receive(
-            value or b"", self.store, self.handler, self.aggregate_id_of, create=self.create
+            value or b"",
+            self.store,
+            self.handler,
+            self.aggregate_id_of,
+            create=self.create,
+            headers=text,
+            content_type=text.get("content-type"),
         )
 
     def run(
@@ -169,7 +183,7 @@ class KafkaConsumer(Generic[S]):
                         break
                     self._maybe_commit()
                     continue
-                verdict = self.decide(record.value())
+                verdict = self.decide(record.value(), record.headers())
                 self._settle(consumer, record, verdict)
                 count += 1
                 idle_since = time.monotonic()

@@ -11,11 +11,11 @@ from typing import Any, Self
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from docoutbox.codec import encode_entry
+from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import OutboxMessage
 from docoutbox_kafka.errors import translate_error, translated
-from docoutbox_kafka.records import headers_for, masked_config
+from docoutbox_kafka.records import masked_config, record_for
 
 log = logging.getLogger("docoutbox.kafka")
 
@@ -58,9 +58,11 @@ class KafkaPublisher:
     Each entry becomes one record on the topic ``route(entry)`` if given, else the entry's
     ``destination``, else ``topic``, else the entry's ``type``. The record's key is the
     aggregate ID, so an aggregate's entries share a partition and keep their ``seq``
-    order; its value is the encoded entry; its headers carry the entry's ID, type,
-    ``seq``, aggregate, correlation and causation IDs and its own headers (for example a
-    W3C ``traceparent``); its timestamp is the entry's ``created_at``.
+    order; its timestamp is the entry's ``created_at``. With ``wire`` plain (the default)
+    its value is the encoded entry and its headers carry the entry's ID, type, ``seq``,
+    aggregate, correlation and causation IDs and its own headers (for example a W3C
+    ``traceparent``); CloudEvents structured and binary modes are
+    :func:`~docoutbox_kafka.records.record_for`'s.
 
     The producer is idempotent with ``acks=all`` (always; ``config`` cannot turn that
     off). ``publish`` waits for the record's delivery report: success means the in-sync
@@ -81,7 +83,9 @@ class KafkaPublisher:
         topic: str | None = None,
         *,
         route: Callable[[OutboxMessage], str] | None = None,
+        wire: WireFormat = WireFormat.PLAIN,
     ) -> None:
+        self.wire = WireFormat(wire)
         settings = {"bootstrap.servers": config} if isinstance(config, str) else dict(config)
         settings = {**DEFAULTS, **settings, **REQUIRED}
         settings.setdefault("client.id", "docoutbox-publisher")
@@ -122,7 +126,7 @@ class KafkaPublisher:
     def _produce(
         self, producer: Producer, topic: str, entry: OutboxMessage, report: _Report, what: str
     ) -> None:
-        body = encode_entry(entry)
+        body, headers = record_for(entry, self.wire)
         key = str(entry.aggregate_id).encode()
         timestamp = int(entry.created_at.timestamp() * 1000)
         deadline = time.monotonic() + self._timeout
@@ -133,7 +137,7 @@ class KafkaPublisher:
                         topic,
                         body,
                         key,
-                        headers=headers_for(entry),
+                        headers=headers,
                         timestamp=timestamp,
                         on_delivery=report,
                     )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from docoutbox.codec import KAFKA_PREFIX, WireFormat, encode, encode_entry
 from docoutbox.model import OutboxMessage
 
 #: Configuration keys whose values are secrets.
@@ -38,6 +39,37 @@ def headers_for(entry: OutboxMessage) -> Headers:
     if entry.causation_id is not None:
         fields["causation_id"] = entry.causation_id
     return [(name, value.encode()) for name, value in fields.items()]
+
+
+def record_for(entry: OutboxMessage, wire: WireFormat = WireFormat.PLAIN) -> tuple[bytes, Headers]:
+    """An entry's record value and headers in ``wire`` format.
+
+    Plain: :func:`~docoutbox.codec.encode_entry` with :func:`headers_for`. CloudEvents
+    structured: the event as the value, ``content-type: application/cloudevents+json``.
+    CloudEvents binary: the payload as the value, the attributes as ``ce_`` headers (the
+    Kafka binding) and ``content-type: application/json``.
+    """
+    if wire is WireFormat.PLAIN:
+        return encode_entry(entry), headers_for(entry)
+    encoded = encode(entry, wire)
+    headers: Headers = [("content-type", encoded.content_type.encode())]
+    headers += [
+        (name, str(value).encode()) for name, value in encoded.headers(KAFKA_PREFIX).items()
+    ]
+    return encoded.body, headers
+
+
+#: Record headers as confluent-kafka may return them.
+ReceivedHeaders = Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None
+
+
+def received_headers(record_headers: ReceivedHeaders) -> dict[str, str]:
+    """A record's headers as text (the last value of a repeated name wins)."""
+    pairs = record_headers.items() if isinstance(record_headers, Mapping) else record_headers
+    return {
+        name: value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+        for name, value in pairs or []
+    }
 
 
 def masked_config(config: Mapping[str, Any]) -> dict[str, Any]:

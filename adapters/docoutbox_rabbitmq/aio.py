@@ -13,20 +13,20 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import aio_pika
 import aiormq.exceptions as ax
 from pamqp.commands import Basic
 from pydantic import BaseModel
 
-from docoutbox.codec import encode_entry
+from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError, PublishError
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message, OutboxMessage
 from docoutbox.receive import Action, Verdict, receive_async
 from docoutbox.store.api import AsyncAggregateStore
-from docoutbox_rabbitmq.amqp import masked, property_fields, topology
+from docoutbox_rabbitmq.amqp import masked, message_for, topology
 from docoutbox_rabbitmq.consumer import ConsumerStats, account
 from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
 from docoutbox_rabbitmq.publisher import DEFAULT_MAX_MESSAGE_SIZE
@@ -104,7 +104,9 @@ class AsyncRabbitPublisher:
         connection_name: str = "docoutbox-publisher",
         timeout: float = 30.0,
         probe_idle: float = 1.0,
+        wire: WireFormat = WireFormat.PLAIN,
     ) -> None:
+        self.wire = WireFormat(wire)
         self.exchange = exchange
         self.probe_idle = probe_idle
         self.routing_key = routing_key
@@ -128,14 +130,14 @@ class AsyncRabbitPublisher:
         return entry.destination or self.routing_key or entry.type
 
     async def publish(self, entry: OutboxMessage) -> None:
-        body = encode_entry(entry)
+        body, fields = message_for(entry, self.wire)
         if len(body) > self.max_message_size:
             raise PermanentPublishError(
                 f"entry {entry.id}: {len(body)} bytes, over the broker's "
                 f"max_message_size of {self.max_message_size} bytes"
             )
         channel = await self._open()
-        message = aio_pika.Message(body, **property_fields(entry))
+        message = aio_pika.Message(body, **fields)
         try:
             async with translated(f"publish entry {entry.id} to {masked(self._url)}"):
                 exchange = (
@@ -297,10 +299,21 @@ class AsyncRabbitConsumer(Generic[S]):
     def __repr__(self) -> str:
         return f"<AsyncRabbitConsumer {masked(self._url)} queue={self.queue!r}>"
 
-    async def decide(self, body: bytes) -> Verdict:
-        """Handle one body against the store and decide how to settle it. No broker I/O."""
+    async def decide(
+        self,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> Verdict:
+        """Handle one delivery against the store and decide how to settle it. No broker I/O."""
         return await receive_async(
-            body, self.store, self.handler, self.aggregate_id_of, create=self.create
+            body,
+            self.store,
+            self.handler,
+            self.aggregate_id_of,
+            create=self.create,
+            headers=headers,
+            content_type=content_type,
         )
 
     async def run(
@@ -343,7 +356,9 @@ class AsyncRabbitConsumer(Generic[S]):
                         ):
                             break
                         continue
-                    verdict = await self.decide(delivery.body)
+                    verdict = await self.decide(
+                        delivery.body, delivery.headers, delivery.content_type
+                    )
                     await self._settle(delivery, verdict)
                     if verdict.fatal and verdict.error is not None:
                         raise verdict.error

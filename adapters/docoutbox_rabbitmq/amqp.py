@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pika  # type: ignore[import-untyped, unused-ignore]
 
+from docoutbox.codec import AMQP_PREFIX, WireFormat, encode
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.errors import translated
 
@@ -44,6 +45,25 @@ def property_fields(entry: OutboxMessage) -> dict[str, Any]:
         "correlation_id": entry.correlation_id,
         "headers": headers,
     }
+
+
+def message_for(
+    entry: OutboxMessage, wire: WireFormat = WireFormat.PLAIN
+) -> tuple[bytes, dict[str, Any]]:
+    """The body and AMQP property fields of an entry in ``wire`` format.
+
+    Plain: :func:`~docoutbox.codec.encode_entry` with :func:`property_fields`. CloudEvents
+    structured: the event as the body (``application/cloudevents+json``), the same
+    properties otherwise. CloudEvents binary: the payload as the body and the attributes
+    as ``cloudEvents:``-prefixed headers (the AMQP binding), ``message_id``, ``type`` and
+    ``timestamp`` kept.
+    """
+    encoded = encode(entry, wire)
+    fields = property_fields(entry)
+    fields["content_type"] = encoded.content_type
+    if encoded.attributes:
+        fields["headers"] = encoded.headers(AMQP_PREFIX)
+    return encoded.body, fields
 
 
 def properties_for(entry: OutboxMessage) -> Any:

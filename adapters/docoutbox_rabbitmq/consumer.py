@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -37,7 +37,8 @@ class ConsumerStats:
 class RabbitConsumer(Generic[S]):
     """Feed a queue's deliveries to ``store.handle`` and acknowledge only after the commit.
 
-    Each body is an entry (:func:`docoutbox.dispatch.decode_entry`); its message carries
+    Each body is an entry (:func:`docoutbox.codec.decode_message`: plain docoutbox JSON, or
+    a CloudEvent in structured or binary mode); its message carries
     ``source`` and ``seq``, so exact de-duplication works. It is handled on the aggregate
     ``aggregate_id_of(message)`` and settled as :func:`~docoutbox.receive.receive`
     decides: acked after the commit (or as a duplicate), nacked with requeue after
@@ -79,9 +80,25 @@ class RabbitConsumer(Generic[S]):
     def __repr__(self) -> str:
         return f"<RabbitConsumer {masked(self._url)} queue={self.queue!r}>"
 
-    def decide(self, body: bytes) -> Verdict:
-        """Handle one body against the store and decide how to settle it. No broker I/O."""
-        return receive(body, self.store, self.handler, self.aggregate_id_of, create=self.create)
+    def decide(
+        self,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> Verdict:
+        """Handle one delivery against the store and decide how to settle it. No broker I/O.
+
+        The body may be plain docoutbox JSON or a CloudEvent, structured or binary (then
+        its attributes are in ``headers``)."""
+        return receive(
+            body,
+            self.store,
+            self.handler,
+            self.aggregate_id_of,
+            create=self.create,
+            headers=headers,
+            content_type=content_type,
+        )
 
     def run(
         self,
@@ -104,7 +121,7 @@ class RabbitConsumer(Generic[S]):
             channel.basic_qos(prefetch_count=self.prefetch)
             idle_since = time.monotonic()
             try:
-                for method, _props, body in channel.consume(self.queue, inactivity_timeout=poll):
+                for method, props, body in channel.consume(self.queue, inactivity_timeout=poll):
                     if method is None:
                         if stop is not None and stop.is_set():
                             break
@@ -113,7 +130,7 @@ class RabbitConsumer(Generic[S]):
                         ):
                             break
                         continue
-                    verdict = self.decide(body)
+                    verdict = self.decide(body, props.headers, props.content_type)
                     self._settle(channel, method, verdict, body)
                     if verdict.fatal and verdict.error is not None:
                         raise verdict.error

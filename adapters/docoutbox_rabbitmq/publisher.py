@@ -13,10 +13,10 @@ from typing import Any, Self
 import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 
-from docoutbox.codec import encode_entry
+from docoutbox.codec import WireFormat
 from docoutbox.errors import PermanentPublishError
 from docoutbox.model import OutboxMessage
-from docoutbox_rabbitmq.amqp import declare, masked, properties_for
+from docoutbox_rabbitmq.amqp import declare, masked, message_for
 from docoutbox_rabbitmq.errors import translated
 
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -39,7 +39,9 @@ class RabbitPublisher:
 
     Each entry is published persistent, ``mandatory``, to ``exchange`` with routing key
     ``route(entry)`` if given, else the entry's ``destination``, else ``routing_key``, else
-    the entry's ``type``. The body is :func:`docoutbox.dispatch.encode_entry`.
+    the entry's ``type``. ``wire`` selects the body: plain docoutbox JSON
+    (:func:`docoutbox.codec.encode_entry`, the default) or a CloudEvent in structured or
+    binary mode (:func:`~docoutbox_rabbitmq.amqp.message_for`).
 
     Errors: a nack or a return raises ``PublishError``; a message over
     ``max_message_size`` or refused with 311/406 raises ``PermanentPublishError``; a lost
@@ -64,7 +66,9 @@ class RabbitPublisher:
         connection_name: str = "docoutbox-publisher",
         blocked_timeout: float = 30.0,
         probe_idle: float = 1.0,
+        wire: WireFormat = WireFormat.PLAIN,
     ) -> None:
+        self.wire = WireFormat(wire)
         self.exchange = exchange
         self.routing_key = routing_key
         self.route = route
@@ -88,7 +92,7 @@ class RabbitPublisher:
         return entry.destination or self.routing_key or entry.type
 
     def publish(self, entry: OutboxMessage) -> None:
-        body = encode_entry(entry)
+        body, fields = message_for(entry, self.wire)
         if len(body) > self.max_message_size:
             raise PermanentPublishError(
                 f"entry {entry.id}: {len(body)} bytes, over the broker's "
@@ -101,7 +105,7 @@ class RabbitPublisher:
                     self.exchange,
                     self.routing_key_for(entry),
                     body,
-                    properties_for(entry),
+                    pika.BasicProperties(**fields),
                     mandatory=self.mandatory,
                 )
         finally:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 
+import jsonschema
 import pytest
 
 from docoutbox import Publisher
-from docoutbox.codec import decode_entry
+from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox_kafka import KafkaPublisher
 from tests.support.e2e import make_entry
@@ -197,3 +199,32 @@ def test_repr_masks_secrets() -> None:
         {"bootstrap.servers": "broker:9092", "sasl.password": "s3cret"}, "orders"
     )
     assert "s3cret" not in repr(publisher) and "broker:9092" in repr(publisher)
+
+
+@pytest.mark.parametrize("wire", list(WireFormat))
+def test_wire_formats_match_the_shipped_schemas(
+    kafka: str, topics: Topics, wire: WireFormat
+) -> None:
+    topic = topics.create()
+    entry = make_entry("p1", 3, headers={"traceparent": "00-abc-def-01"})
+    with KafkaPublisher(kafka, topic, wire=wire) as publisher:
+        publisher.publish(entry)
+    [record] = topics.read(topic, 1)
+    headers = {name: value.decode() for name, value in record.headers()}
+    value, checker = record.value(), jsonschema.FormatChecker()
+    assert record.key() == b"p1"
+    if wire is WireFormat.PLAIN:
+        jsonschema.validate(json.loads(value), schema("entry"), format_checker=checker)
+    elif wire is WireFormat.STRUCTURED:
+        assert headers == {"content-type": "application/cloudevents+json"}
+        jsonschema.validate(json.loads(value), schema("cloudevent"), format_checker=checker)
+    else:
+        assert headers["content-type"] == "application/json"
+        attributes: dict[str, object] = {
+            k.removeprefix("ce_"): v for k, v in headers.items() if k.startswith("ce_")
+        }
+        assert len(attributes) == len(headers) - 1
+        attributes["seq"] = int(str(attributes["seq"]))  # Kafka headers are text
+        event = {**attributes, "datacontenttype": "application/json", "data": json.loads(value)}
+        jsonschema.validate(event, schema("cloudevent"), format_checker=checker)
+    assert decode_message(value, headers, headers.get("content-type")) == entry.to_message()

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.codec import decode_entry
+from docoutbox.codec import WireFormat, decode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
@@ -258,3 +258,17 @@ def test_idle_timeout_and_stop_event(kafka: str, topic: str, dead: str) -> None:
     worker.run(stop=stop, poll=0.05)
     assert time.monotonic() - started < 5
     worker.close()
+
+
+@pytest.mark.parametrize("wire", list(WireFormat))
+def test_every_wire_format_is_applied_once(
+    kafka: str, topic: str, dead: str, wire: WireFormat
+) -> None:
+    entries = [make_entry("a", seq, headers={"traceparent": f"t{seq}"}) for seq in (1, 2, 3)]
+    with KafkaPublisher(kafka, topic, wire=wire) as publisher:
+        for entry in entries + entries:
+            publisher.publish(entry)
+    backend = FaultyBackend()
+    stats = consumer(kafka, topic, dead, backend).run(max_messages=6, idle_timeout=10)
+    assert (stats.applied, stats.duplicates, stats.dead_lettered) == (3, 3, 0)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]

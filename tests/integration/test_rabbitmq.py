@@ -6,13 +6,15 @@ Tests taking ``make_publisher`` run for pika's ``RabbitPublisher`` and aio-pika'
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 
-from docoutbox.codec import decode_entry
+from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.dispatch.ports import Publisher
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox_rabbitmq import RabbitPublisher
@@ -200,3 +202,34 @@ def test_one_connection_per_thread(url: str, box: Sandbox) -> None:
 def test_repr_masks_the_password() -> None:
     publisher = RabbitPublisher("amqp://user:s3cret@broker.example:5672/%2F", "ex")
     assert "s3cret" not in repr(publisher) and "user:***@broker.example" in repr(publisher)
+
+
+@pytest.mark.parametrize("wire", list(WireFormat))
+def test_wire_formats_match_the_shipped_schemas(
+    url: str, box: Sandbox, make_publisher: Any, wire: WireFormat
+) -> None:
+    exchange, queue, _ = box.names()
+    entry = make_entry("p1", 3, headers={"traceparent": "00-abc-def-01"})
+    with make_publisher(url, exchange, wire=wire) as publisher:
+        publisher.declare(queues={queue: ["#"]})
+        publisher.publish(entry)
+    props, body = box.drain(queue)[0]
+    assert props.message_id == entry.id
+    checker = jsonschema.FormatChecker()
+    if wire is WireFormat.PLAIN:
+        assert props.content_type == "application/json"
+        jsonschema.validate(json.loads(body), schema("entry"), format_checker=checker)
+    elif wire is WireFormat.STRUCTURED:
+        assert props.content_type == "application/cloudevents+json"
+        jsonschema.validate(json.loads(body), schema("cloudevent"), format_checker=checker)
+    else:
+        assert props.content_type == "application/json"
+        attributes = {
+            k.removeprefix("cloudEvents:"): v
+            for k, v in props.headers.items()
+            if k.startswith("cloudEvents:")
+        }
+        assert len(attributes) == len(props.headers)
+        event = {**attributes, "datacontenttype": props.content_type, "data": json.loads(body)}
+        jsonschema.validate(event, schema("cloudevent"), format_checker=checker)
+    assert decode_message(body, props.headers, props.content_type) == entry.to_message()

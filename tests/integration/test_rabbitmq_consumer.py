@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.codec import decode_entry, encode_entry
+from docoutbox.codec import WireFormat, decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
@@ -241,3 +241,18 @@ def test_body_is_the_encoded_entry(url: str, box: Sandbox, queue: str) -> None:
     publish(url, queue, [entry])
     item = box.get(queue)
     assert item is not None and item[1] == encode_entry(entry)
+
+
+@pytest.mark.parametrize("wire", list(WireFormat))
+def test_every_wire_format_is_applied_once(
+    url: str, box: Sandbox, queue: str, consumer: Any, wire: WireFormat
+) -> None:
+    entries = [make_entry("a", seq, headers={"traceparent": f"t{seq}"}) for seq in (1, 2, 3)]
+    with RabbitPublisher(url, routing_key=queue, wire=wire) as publisher:
+        for entry in entries + entries:
+            publisher.publish(entry)
+    backend = FaultyBackend()
+    stats = consumer(url, queue, backend).run(max_messages=6, idle_timeout=5)
+    assert (stats.applied, stats.duplicates, stats.rejected) == (3, 3, 0)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]
+    assert box.depth(queue) == 0
