@@ -250,7 +250,7 @@ def _table(samples: dict[str, list[float]], entries: int) -> Table:
         f"{entries:,} records per round (one entry per commit, {DENSITY} pending entries per "
         f"aggregate, {entries // DENSITY:,} aggregates = record keys) on a 4-partition topic "
         "of a single-node KRaft broker on the same machine; producers are idempotent with "
-        "acks=all, linger.ms=1 (the publisher's default), and connected (one record "
+        "acks=all, linger.ms=0 (the publisher's default), and connected (one record "
         "delivered) before timing starts. 'one-by-one' runs a quarter of "
         "the records. Ratios are medians over rounds of the per-round ratio (interquartile "
         "range, or min-max below 4 rounds, in brackets).",

@@ -30,7 +30,9 @@ DEFAULTS: Mapping[str, Any] = {
     # The partitioner of the Java client and kafkajs: every client maps a key to the same
     # partition, so one aggregate's records share a partition whoever produces them.
     "partitioner": "murmur2_random",
-    "linger.ms": 1,
+    # A publish waits for its report, so lingering only adds latency; records of concurrent
+    # publishes still share batches while earlier requests are in flight.
+    "linger.ms": 0,
     "message.timeout.ms": 30_000,
     # An unknown topic fails its records after this long instead of ``message.timeout.ms``.
     "topic.metadata.propagation.max.ms": 5_000,
