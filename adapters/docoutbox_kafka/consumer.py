@@ -133,6 +133,9 @@ class KafkaConsumer(Generic[S]):
         self._done: dict[tuple[str, int], int] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._seen: dict[tuple[str, int], int] = {}
+        #: Per partition rewound by a retry, the offset it was rewound to: records after it
+        #: that were fetched before the rewind are skipped until it comes again.
+        self._rewound: dict[tuple[str, int], int] = {}
         self._since_commit = 0
         self._committed_at = time.monotonic()
 
@@ -174,7 +177,7 @@ class KafkaConsumer(Generic[S]):
         try:
             while True:
                 record = consumer.poll(poll)
-                if record is None or self._skip(record):
+                if record is None or self._skip(record) or self._stale(record):
                     stopped = stop is not None and stop.is_set()
                     idle = idle_timeout is not None and (
                         time.monotonic() - idle_since >= idle_timeout
@@ -245,6 +248,7 @@ class KafkaConsumer(Generic[S]):
             self._done.pop(key, None)
             self._committed.pop(key, None)
             self._seen.pop(key, None)
+            self._rewound.pop(key, None)
 
     def _skip(self, record: Record) -> bool:
         """True for a poll result that is an event, not a record; raise if it is fatal."""
@@ -256,6 +260,22 @@ class KafkaConsumer(Generic[S]):
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("Kafka consumer: %s", error.str())
         return True
+
+    def _stale(self, record: Record) -> bool:
+        """True for a record after a rewound offset, fetched before the rewind."""
+        key = (str(record.topic()), int(record.partition() or 0))
+        rewound = self._rewound.get(key)
+        if rewound is None:
+            return False
+        if record.offset() == rewound:
+            del self._rewound[key]
+            return False
+        return True
+
+    def _rewind(self, consumer: Consumer, topic: str, partition: int, offset: int) -> None:
+        with translated(f"rewind {topic}[{partition}] to {offset}"):
+            consumer.seek(TopicPartition(topic, partition, offset))
+        self._rewound[(topic, partition)] = offset
 
     def _settle(self, consumer: Consumer, record: Record, verdict: Verdict) -> None:
         stats, topic, partition, offset = (
@@ -278,8 +298,7 @@ class KafkaConsumer(Generic[S]):
             self._mark_done(key, offset)
         elif verdict.action is Action.REQUEUE:
             log.warning("reading again %s", describe(verdict))
-            with translated(f"rewind {topic}[{partition}] to {offset}"):
-                consumer.seek(TopicPartition(topic, partition, offset))
+            self._rewind(consumer, topic, partition, offset)
             stats.retried += 1
             if verdict.fatal and verdict.error is not None:
                 self._report(verdict, record)
@@ -289,8 +308,7 @@ class KafkaConsumer(Generic[S]):
             try:
                 self._dead_letter(record, verdict)
             except BaseException:
-                with translated(f"rewind {topic}[{partition}] to {offset}"):
-                    consumer.seek(TopicPartition(topic, partition, offset))
+                self._rewind(consumer, topic, partition, offset)
                 raise
             stats.dead_lettered += 1
             self._mark_done(key, offset)
