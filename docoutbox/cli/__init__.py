@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from docoutbox.cli import logs
-from docoutbox.codec import encode_entry
+from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         help="Kafka bootstrap servers (or DOCOUTBOX_KAFKA_BOOTSTRAP)",
     )
     d.add_argument("--topic", help="Kafka topic for entries without a destination (default: type)")
+    d.add_argument(
+        "--wire",
+        choices=[str(w) for w in WireFormat],
+        default=str(WireFormat.PLAIN),
+        help="message format: docoutbox JSON, or a CloudEvent (structured or binary mode)",
+    )
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
     d.add_argument("--partitions", type=int, default=16, help="must match the stores' config")
     d.add_argument("--lease-ttl", type=float, default=10.0, help="seconds; failover time")
@@ -257,12 +263,17 @@ def _publisher(args: argparse.Namespace) -> Any:
             KafkaPublisher,
         )
 
-        return KafkaPublisher(args.kafka_bootstrap, args.topic)
+        return KafkaPublisher(args.kafka_bootstrap, args.topic, wire=WireFormat(args.wire))
     from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]
         RabbitPublisher,
     )
 
-    return RabbitPublisher(args.rabbitmq_url, exchange=args.exchange, routing_key=args.routing_key)
+    return RabbitPublisher(
+        args.rabbitmq_url,
+        exchange=args.exchange,
+        routing_key=args.routing_key,
+        wire=WireFormat(args.wire),
+    )
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -64,10 +64,16 @@ class DispatcherProcess:
 
     @classmethod
     def to_kafka(
-        cls, mongo_uri: str, db: str, bootstrap: str, topic: str, log_level: str = "WARNING"
+        cls,
+        mongo_uri: str,
+        db: str,
+        bootstrap: str,
+        topic: str,
+        log_level: str = "WARNING",
+        wire: str = "plain",
     ) -> DispatcherProcess:
         instance = cls.__new__(cls)
-        publisher = ["kafka", "--kafka-bootstrap", bootstrap, "--topic", topic]
+        publisher = ["kafka", "--kafka-bootstrap", bootstrap, "--topic", topic, "--wire", wire]
         instance.start(mongo_uri, db, publisher, log_level)
         return instance
 

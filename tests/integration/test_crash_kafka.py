@@ -1,7 +1,8 @@
 """kill -9 the dispatcher and the consumer at random moments, through Kafka.
 
 Producers keep committing on the wire server. The dispatcher runs as ``python -m
-docoutbox dispatch --publisher kafka`` and the consumer as ``python -m
+docoutbox dispatch --publisher kafka --wire binary`` (CloudEvents binary mode: the
+consumer must find the stream position in ``ce_`` headers) and the consumer as ``python -m
 tests.support.kafka_receiver`` (a :class:`~docoutbox_kafka.KafkaConsumer` into ledgers in
 a second wire server). At least 20 times, the dispatcher, the consumer or both are killed
 with SIGKILL after the consumer has made progress, and restarted. Then the last instances
@@ -140,7 +141,7 @@ def test_kill_9_dispatcher_and_consumer_loses_nothing_and_applies_once(
 
         def dispatcher() -> DispatcherProcess:
             return DispatcherProcess.to_kafka(
-                mongo_uri, mongo.name, topics.bootstrap, topic, log_level="INFO"
+                mongo_uri, mongo.name, topics.bootstrap, topic, log_level="INFO", wire="binary"
             )
 
         started = time.monotonic()
