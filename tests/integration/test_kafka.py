@@ -228,3 +228,18 @@ def test_wire_formats_match_the_shipped_schemas(
         event = {**attributes, "datacontenttype": "application/json", "data": json.loads(value)}
         jsonschema.validate(event, schema("cloudevent"), format_checker=checker)
     assert decode_message(value, headers, headers.get("content-type")) == entry.to_message()
+
+
+def test_a_producer_that_failed_fatally_is_replaced(kafka: str, topics: Topics) -> None:
+    """After a fatal error (the idempotent producer's state is lost) the next publish runs
+    on a new producer instead of failing forever."""
+    from confluent_kafka import KafkaError
+
+    topic = topics.create()
+    with KafkaPublisher(kafka, topic) as publisher:
+        publisher.publish(make_entry(seq=1))
+        broken = publisher._producer
+        publisher._on_error(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+        publisher.publish(make_entry(seq=2))
+        assert publisher._producer is not None and publisher._producer is not broken
+    assert [decode_entry(r.value()).seq for r in topics.read(topic, 2)] == [1, 2]
