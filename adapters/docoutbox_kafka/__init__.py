@@ -3,10 +3,11 @@ commits offsets after the store's commit."""
 
 from docoutbox_kafka.consumer import ConsumerStats, KafkaConsumer
 from docoutbox_kafka.errors import translate, translate_error, translated
-from docoutbox_kafka.publisher import KafkaPublisher
+from docoutbox_kafka.publisher import AsyncKafkaPublisher, KafkaPublisher
 from docoutbox_kafka.records import headers_for, masked_config, record_for
 
 __all__ = [
+    "AsyncKafkaPublisher",
     "ConsumerStats",
     "KafkaConsumer",
     "KafkaPublisher",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -115,40 +116,49 @@ class KafkaPublisher:
         what = f"publish entry {entry.id} to topic {topic!r}"
         report = _Report()
         producer = self._current()
-        self._produce(producer, topic, entry, report, what)
+        deadline = time.monotonic() + self._timeout
+        while not self._produce(producer, topic, entry, report, what, deadline):
+            time.sleep(0.01)  # the local queue is full: it empties as reports come in
         # The report comes within message.timeout.ms; the margin covers a slow poll.
         if not report.done.wait(self._timeout + 30):
             raise BrokerUnavailable(f"{what}: no delivery report within {self._timeout}s")
-        if report.error is not None:
-            if report.error.fatal():
-                with self._lock:
-                    self._fatal = report.error
-            raise translate_error(report.error, what)
+        self._check(report.error, what)
 
     def _produce(
-        self, producer: Producer, topic: str, entry: OutboxMessage, report: _Report, what: str
-    ) -> None:
+        self,
+        producer: Producer,
+        topic: str,
+        entry: OutboxMessage,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+        what: str,
+        deadline: float,
+    ) -> bool:
+        """Queue the entry's record; False if the local queue is full (try again)."""
         body, headers = record_for(entry, self.wire)
-        key = str(entry.aggregate_id).encode()
-        timestamp = int(entry.created_at.timestamp() * 1000)
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                with translated(what):
-                    producer.produce(
-                        topic,
-                        body,
-                        key,
-                        headers=headers,
-                        timestamp=timestamp,
-                        on_delivery=report,
-                    )
-                return
-            except BrokerUnavailable as exc:
-                # A full local queue empties as reports come in; anything else is final.
-                if not isinstance(exc.__cause__, BufferError) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        try:
+            with translated(what):
+                producer.produce(
+                    topic,
+                    body,
+                    str(entry.aggregate_id).encode(),
+                    headers=headers,
+                    timestamp=int(entry.created_at.timestamp() * 1000),
+                    on_delivery=on_delivery,
+                )
+        except BrokerUnavailable as exc:
+            if isinstance(exc.__cause__, BufferError) and time.monotonic() < deadline:
+                return False
+            raise
+        return True
+
+    def _check(self, error: KafkaError | None, what: str) -> None:
+        """Raise the docoutbox error for a failed delivery report (none if it succeeded)."""
+        if error is None:
+            return
+        if error.fatal():
+            with self._lock:
+                self._fatal = error
+        raise translate_error(error, what)
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for every record in flight; return how many are still undelivered."""
@@ -209,3 +219,77 @@ class KafkaPublisher:
                 self._fatal = error
         else:
             log.info("Kafka producer: %s", error.str())
+
+
+class AsyncKafkaPublisher:
+    """The :class:`docoutbox.AsyncPublisher` twin of :class:`KafkaPublisher`: the same
+    records, settings and errors; ``await publish(entry)`` returns after the record's
+    delivery report without blocking the event loop (the report thread resolves the
+    awaiting future). Concurrent publishes share one idempotent producer.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str,
+        topic: str | None = None,
+        *,
+        route: Callable[[OutboxMessage], str] | None = None,
+        wire: WireFormat = WireFormat.PLAIN,
+    ) -> None:
+        self.sync = KafkaPublisher(config, topic, route=route, wire=wire)
+
+    def __repr__(self) -> str:
+        return f"<AsyncKafkaPublisher {self.sync!r}>"
+
+    @property
+    def topic(self) -> str | None:
+        return self.sync.topic
+
+    @topic.setter
+    def topic(self, value: str | None) -> None:
+        self.sync.topic = value
+
+    @property
+    def route(self) -> Callable[[OutboxMessage], str] | None:
+        return self.sync.route
+
+    @route.setter
+    def route(self, value: Callable[[OutboxMessage], str] | None) -> None:
+        self.sync.route = value
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        sync = self.sync
+        topic = sync.topic_for(entry)
+        what = f"publish entry {entry.id} to topic {topic!r}"
+        loop = asyncio.get_running_loop()
+        reported: asyncio.Future[KafkaError | None] = loop.create_future()
+
+        def on_delivery(error: KafkaError | None, _: Message) -> None:
+            loop.call_soon_threadsafe(_resolve, reported, error)
+
+        producer = sync._current()
+        deadline = time.monotonic() + sync._timeout
+        while not sync._produce(producer, topic, entry, on_delivery, what, deadline):
+            await asyncio.sleep(0.01)  # the local queue is full: it empties as reports come in
+        try:
+            error = await asyncio.wait_for(reported, sync._timeout + 30)
+        except TimeoutError:
+            raise BrokerUnavailable(f"{what}: no delivery report within {sync._timeout}s") from None
+        sync._check(error, what)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Flush and stop the report thread (in a worker thread: flushing blocks)."""
+        await asyncio.to_thread(self.sync.close, timeout)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _resolve(future: asyncio.Future[KafkaError | None], error: KafkaError | None) -> None:
+    if not future.done():
+        future.set_result(error)

@@ -1,10 +1,13 @@
-"""KafkaPublisher against a real broker: delivery reports, record layout, routing, failures."""
+"""Kafka publishers against a real broker: delivery reports, record layout, routing,
+failures. Tests taking ``make_publisher`` run for ``KafkaPublisher`` and
+``AsyncKafkaPublisher`` alike."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 import pytest
@@ -12,12 +15,32 @@ import pytest
 from docoutbox import Publisher
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
-from docoutbox_kafka import KafkaPublisher
+from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
+from tests.support.aio import Blocking
 from tests.support.e2e import make_entry
 from tests.support.kafka import Topics, proxied_ports
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(params=["sync", "asyncio"])
+def make_publisher(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A factory of Kafka publishers: ``KafkaPublisher``, or ``AsyncKafkaPublisher`` run on
+    its own event loop; the same tests hold for both."""
+    made: list[Any] = []
+
+    def make(config: Any, topic: str | None = None, **options: Any) -> Any:
+        if request.param == "sync":
+            publisher: Any = KafkaPublisher(config, topic, **options)
+        else:
+            publisher = Blocking(AsyncKafkaPublisher(config, topic, **options))
+        made.append(publisher)
+        return publisher
+
+    yield make
+    for publisher in made:
+        publisher.close()
 
 
 @pytest.fixture
@@ -28,9 +51,11 @@ def proxy(kafka: str) -> Iterator[TcpProxy]:
         yield created
 
 
-def test_round_trip_of_key_headers_timestamp_and_value(kafka: str, topics: Topics) -> None:
+def test_round_trip_of_key_headers_timestamp_and_value(
+    kafka: str, topics: Topics, make_publisher: Any
+) -> None:
     topic = topics.create()
-    with KafkaPublisher(kafka, topic) as publisher:
+    with make_publisher(kafka, topic) as publisher:
         assert isinstance(publisher, Publisher)
         entry = make_entry(
             "p1",
@@ -60,15 +85,17 @@ def test_round_trip_of_key_headers_timestamp_and_value(kafka: str, topics: Topic
     }
 
 
-def test_topic_from_route_destination_default_or_type(kafka: str, topics: Topics) -> None:
+def test_topic_from_route_destination_default_or_type(
+    kafka: str, topics: Topics, make_publisher: Any
+) -> None:
     routed, destined, default = topics.create(), topics.create(), topics.create()
     by_type = topics.create("dx-type")
-    with KafkaPublisher(kafka, default) as publisher:
+    with make_publisher(kafka, default) as publisher:
         publisher.publish(make_entry(seq=1, destination=destined))
         publisher.publish(make_entry(seq=2))
         publisher.route = lambda entry: routed
         publisher.publish(make_entry(seq=3, destination=destined))
-    with KafkaPublisher(kafka) as publisher:
+    with make_publisher(kafka) as publisher:
         publisher.publish(make_entry(seq=4, type=by_type))  # no destination nor default
     assert [decode_entry(r.value()).seq for r in topics.read(destined, 1)] == [1]
     assert [decode_entry(r.value()).seq for r in topics.read(default, 1)] == [2]
@@ -76,9 +103,11 @@ def test_topic_from_route_destination_default_or_type(kafka: str, topics: Topics
     assert [decode_entry(r.value()).seq for r in topics.read(by_type, 1)] == [4]
 
 
-def test_an_aggregate_keeps_one_partition_and_its_order(kafka: str, topics: Topics) -> None:
+def test_an_aggregate_keeps_one_partition_and_its_order(
+    kafka: str, topics: Topics, make_publisher: Any
+) -> None:
     topic = topics.create(partitions=4)
-    with KafkaPublisher(kafka, topic) as publisher:
+    with make_publisher(kafka, topic) as publisher:
         for seq in range(1, 11):
             for producer in ("a", "b", "c", "d", "e"):
                 publisher.publish(make_entry(producer, seq))
@@ -94,10 +123,12 @@ def test_an_aggregate_keeps_one_partition_and_its_order(kafka: str, topics: Topi
     assert seqs == {p: list(range(1, 11)) for p in "abcde"}
 
 
-def test_missing_topic_holds_entries_until_created(kafka: str, topics: Topics) -> None:
+def test_missing_topic_holds_entries_until_created(
+    kafka: str, topics: Topics, make_publisher: Any
+) -> None:
     missing = f"dx-missing-{id(topics)}"
     config = {"bootstrap.servers": kafka, "topic.metadata.propagation.max.ms": 1000}
-    with KafkaPublisher(config, missing) as publisher:
+    with make_publisher(config, missing) as publisher:
         with pytest.raises(BrokerUnavailable, match="UNKNOWN_TOPIC"):
             publisher.publish(make_entry())
         topic = topics.create()
@@ -106,9 +137,11 @@ def test_missing_topic_holds_entries_until_created(kafka: str, topics: Topics) -
     assert topics.size(topic) == 1
 
 
-def test_oversized_record_is_permanent_and_never_sent(kafka: str, topics: Topics) -> None:
+def test_oversized_record_is_permanent_and_never_sent(
+    kafka: str, topics: Topics, make_publisher: Any
+) -> None:
     topic = topics.create()
-    with KafkaPublisher({"bootstrap.servers": kafka, "message.max.bytes": 2000}, topic) as pub:
+    with make_publisher({"bootstrap.servers": kafka, "message.max.bytes": 2000}, topic) as pub:
         big = make_entry(headers={"blob": "x" * 3000})
         with pytest.raises(PermanentPublishError, match="MSG_SIZE_TOO_LARGE"):
             pub.publish(big)
@@ -117,14 +150,16 @@ def test_oversized_record_is_permanent_and_never_sent(kafka: str, topics: Topics
     assert decode_entry(topics.read(topic, 1)[0].value()).id != big.id
 
 
-def test_broker_down_raises_until_it_is_back(kafka: str, topics: Topics, proxy: TcpProxy) -> None:
+def test_broker_down_raises_until_it_is_back(
+    kafka: str, topics: Topics, proxy: TcpProxy, make_publisher: Any
+) -> None:
     topic = topics.create()
     config = {
         "bootstrap.servers": f"127.0.0.1:{proxy.port}",
         "message.timeout.ms": 2000,
         "reconnect.backoff.max.ms": 200,
     }
-    with KafkaPublisher(config, topic) as publisher:
+    with make_publisher(config, topic) as publisher:
         publisher.publish(make_entry(seq=1))
         proxy.refuse = True
         proxy.cut()
@@ -140,7 +175,7 @@ def test_broker_down_raises_until_it_is_back(kafka: str, topics: Topics, proxy: 
 
 
 def test_lost_connection_mid_publish_is_retried_without_duplicates(
-    kafka: str, topics: Topics, proxy: TcpProxy
+    kafka: str, topics: Topics, proxy: TcpProxy, make_publisher: Any
 ) -> None:
     """The idempotent producer resends a produce request lost with its connection; the
     broker keeps one copy."""
@@ -150,7 +185,7 @@ def test_lost_connection_mid_publish_is_retried_without_duplicates(
         "message.timeout.ms": 15000,
         "reconnect.backoff.max.ms": 200,
     }
-    with KafkaPublisher(config, topic) as publisher:
+    with make_publisher(config, topic) as publisher:
         publisher.publish(make_entry(seq=1))
         for seq in range(2, 6):
             threading.Timer(0.005, proxy.cut).start()
@@ -203,11 +238,11 @@ def test_repr_masks_secrets() -> None:
 
 @pytest.mark.parametrize("wire", list(WireFormat))
 def test_wire_formats_match_the_shipped_schemas(
-    kafka: str, topics: Topics, wire: WireFormat
+    kafka: str, topics: Topics, wire: WireFormat, make_publisher: Any
 ) -> None:
     topic = topics.create()
     entry = make_entry("p1", 3, headers={"traceparent": "00-abc-def-01"})
-    with KafkaPublisher(kafka, topic, wire=wire) as publisher:
+    with make_publisher(kafka, topic, wire=wire) as publisher:
         publisher.publish(entry)
     [record] = topics.read(topic, 1)
     headers = {name: value.decode() for name, value in record.headers()}
@@ -243,3 +278,40 @@ def test_a_producer_that_failed_fatally_is_replaced(kafka: str, topics: Topics) 
         publisher.publish(make_entry(seq=2))
         assert publisher._producer is not None and publisher._producer is not broken
     assert [decode_entry(r.value()).seq for r in topics.read(topic, 2)] == [1, 2]
+
+
+def test_a_full_local_queue_waits_instead_of_failing(
+    kafka: str, topics: Topics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one record in the producer's queue, four threads publishing at once
+    hit BufferError; each publish waits for room and none fails."""
+    topic = topics.create()
+    config = {"bootstrap.servers": kafka, "queue.buffering.max.messages": 1}
+    publisher = KafkaPublisher(config, topic)
+    errors: list[BaseException] = []
+    full = 0
+    produce = KafkaPublisher._produce
+
+    def counting(self: KafkaPublisher, *args: Any) -> bool:
+        nonlocal full
+        queued = produce(self, *args)
+        full += not queued
+        return queued
+
+    def work(worker: int) -> None:
+        try:
+            for seq in range(1, 11):
+                publisher.publish(make_entry(f"w{worker}", seq))
+        except BaseException as exc:
+            errors.append(exc)
+
+    monkeypatch.setattr(KafkaPublisher, "_produce", counting)
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    publisher.close()
+    assert errors == []
+    assert full > 0
+    assert topics.size(topic) == 40
