@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
-from docoutbox.errors import InvalidMessage
+from docoutbox.errors import InvalidInput, InvalidMessage
 from docoutbox.model import Message, OutboxMessage, stream_name
 
 
@@ -52,6 +52,11 @@ class WireFormat(StrEnum):
     #: CloudEvents binary mode: the body is the payload; the attributes travel as headers
     #: (``ce_`` on Kafka, ``cloudEvents:`` on AMQP).
     BINARY = "binary"
+
+    @classmethod
+    def _missing_(cls, value: object) -> WireFormat:
+        choices = ", ".join(repr(str(member)) for member in cls)
+        raise InvalidInput(f"unknown wire format {value!r}; choose one of {choices}")
 
 
 SPECVERSION = "1.0"

@@ -19,7 +19,7 @@ from docoutbox.codec import (
     encode_entry,
     schema,
 )
-from docoutbox.errors import InvalidMessage
+from docoutbox.errors import InvalidInput, InvalidMessage
 from tests.support.e2e import make_entry
 
 CHECKER = jsonschema.FormatChecker()
@@ -140,3 +140,9 @@ def test_malformed_input_is_an_invalid_message(
 def test_schemas_are_package_data() -> None:
     assert schema("entry")["title"] == "docoutbox outbox entry"
     assert schema("cloudevent")["properties"]["specversion"] == {"const": "1.0"}
+
+
+def test_an_unknown_wire_format_is_a_typed_error() -> None:
+    with pytest.raises(InvalidInput, match="unknown wire format 'xml'"):
+        encode(entry(), "xml")  # type: ignore[arg-type]
+    assert WireFormat("binary") is WireFormat.BINARY
