@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -272,3 +272,59 @@ def test_every_wire_format_is_applied_once(
     stats = consumer(kafka, topic, dead, backend).run(max_messages=6, idle_timeout=10)
     assert (stats.applied, stats.duplicates, stats.dead_lettered) == (3, 3, 0)
     assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]
+
+
+def test_a_rebalance_between_two_members_loses_and_doubles_nothing(
+    kafka: str, topics: Topics, dead: str
+) -> None:
+    """A second member joins mid-stream (the first commits what it settled on the
+    partitions it gives up), then the first leaves; every record is applied exactly once,
+    each source in order, and none is read twice."""
+    topic = topics.create(partitions=4)
+    sources = [f"s{i}" for i in range(12)]
+    publish(kafka, topic, [make_entry(s, seq) for seq in range(1, 21) for s in sources])
+    backend = FaultyBackend()
+    group = f"dx-group-{uuid.uuid4().hex[:8]}"
+    first = consumer(kafka, topic, dead, backend, group=group, commit_every=1000)
+    second = consumer(kafka, topic, dead, backend, group=group, commit_every=1000)
+
+    def slow_until_the_second_member_works() -> None:  # so the rebalance is mid-stream
+        if second.stats.delivered == 0:
+            time.sleep(0.05)
+
+    backend.after_write = slow_until_the_second_member_works
+    stop_first, stop_second = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def run(member: KafkaConsumer[Ledger], stop: threading.Event) -> None:
+        try:
+            member.run(stop=stop, poll=0.05)
+            member.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def wait(condition: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline and not errors:
+            time.sleep(0.01)
+
+    a = threading.Thread(target=run, args=(first, stop_first))
+    a.start()
+    wait(lambda: first.stats.delivered >= 30)
+    b = threading.Thread(target=run, args=(second, stop_second))
+    b.start()
+    wait(lambda: second.stats.delivered > 0)
+    stop_first.set()
+    a.join(timeout=60)
+    wait(lambda: topics.committed_total(topic, group) >= 240)
+    stop_second.set()
+    b.join(timeout=60)
+    assert errors == []
+    assert first.stats.delivered > 0 and second.stats.delivered > 0
+    for source in sources:
+        assert ledger(backend, source).seqs == {f"Producer/{source}": list(range(1, 21))}
+    assert topics.committed_total(topic, group) == 240
+    assert first.stats.applied + second.stats.applied == 240
+    # The first member committed what it had settled when it gave partitions up, so the
+    # second started right after: nothing was read twice.
+    assert first.stats.duplicates == second.stats.duplicates == 0
