@@ -293,8 +293,10 @@ def cosmos_account_from_env() -> CosmosAccount | None:
     if not endpoint or not key:
         return None
     kwargs: dict[str, Any] = {}
-    if endpoint.startswith("https://localhost") or endpoint.startswith("https://127.0.0.1"):
+    if endpoint.startswith(("https://localhost", "https://127.0.0.1")):
         kwargs["connection_verify"] = False  # the official emulator's certificate
+    elif endpoint.startswith("http://"):
+        kwargs["enable_endpoint_discovery"] = False  # a local server without TLS
     return CosmosAccount(endpoint=endpoint, key=key, client_kwargs=kwargs, emulated=False)
 
 
