@@ -312,8 +312,11 @@ class CosmosServer:
     It listens on a free port over plain HTTP (``--no-ssl``). The SDK then needs
     ``enable_endpoint_discovery=False``: the server's account document advertises an
     ``https://`` address that the SDK would otherwise switch to. Plain HTTP rather than the
-    server's self-signed HTTPS because the server closes the connection after every
-    response, and a TLS handshake per request made it about 15x slower. Data lives in
+    server's self-signed HTTPS (which needs ``connection_verify=False``): the stock server
+    closes the connection after every response, and a TLS handshake per request made 200
+    upserts about 15x slower (6.2 s against 0.37 s), with an InsecureRequestWarning each.
+    ``--keep-alive`` (added by the project's patch) keeps connections open: about 15%
+    faster again. Data lives in
     memory and is lost when the server stops. The process exits when its stdin is closed,
     so it also dies with the Python process that started it.
     """
@@ -387,6 +390,7 @@ class CosmosServer:
                 "--host",
                 "127.0.0.1",
                 "--no-ssl",
+                "--keep-alive",
             ]
             env = {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
             proc = subprocess.Popen(
