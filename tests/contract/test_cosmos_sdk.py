@@ -59,6 +59,11 @@ class Api:
     async def batch(self, ops: list[Any], pk: Any) -> list[dict[str, Any]]:
         return list(self.c.execute_item_batch(ops, partition_key=pk))
 
+    async def query(self, sql: str, params: list[dict[str, Any]], **kw: Any) -> list[Any]:
+        if "partition_key" not in kw:
+            kw["enable_cross_partition_query"] = True
+        return list(self.c.query_items(sql, parameters=params, **kw))
+
     async def feed_ranges(self) -> list[dict[str, Any]]:
         return list(self.c.read_feed_ranges())
 
@@ -109,6 +114,9 @@ class AioApi(Api):
 
     async def batch(self, ops: list[Any], pk: Any) -> list[dict[str, Any]]:
         return list(await self.c.execute_item_batch(ops, partition_key=pk))
+
+    async def query(self, sql: str, params: list[dict[str, Any]], **kw: Any) -> list[Any]:
+        return [item async for item in self.c.query_items(sql, parameters=params, **kw)]
 
     async def feed_ranges(self) -> list[dict[str, Any]]:
         return [r async for r in self.c.read_feed_ranges()]
@@ -253,6 +261,22 @@ def test_patch_filter_predicate_sees_only_the_item_in_its_partition(run: Any) ->
         with pytest.raises(exceptions.CosmosAccessConditionFailedError):
             await api.patch("a", "p", ops, filter_predicate="from c where c.version = 2")
         assert (await api.read("a", "p"))["version"] == 1
+
+    run(scenario)
+
+
+def test_parameterized_query_in_one_partition_and_across_partitions(run: Any) -> None:
+    async def scenario(api: Api) -> None:
+        for n in range(6):
+            await api.create(
+                {"id": f"i{n}", "pk": "p" if n % 2 else "q", "n": n, "box": [n] * (n % 3)}
+            )
+        sql = "SELECT VALUE c.id FROM c WHERE c.n >= @n AND ARRAY_LENGTH(c.box) > 0"
+        params = [{"name": "@n", "value": 1}]
+        assert sorted(await api.query(sql, params, partition_key="p")) == ["i1", "i5"]
+        assert sorted(await api.query(sql, params)) == ["i1", "i2", "i4", "i5"]
+        hostile = [{"name": "@n", "value": "1 OR 1=1"}]
+        assert await api.query(sql, hostile) == []
 
     run(scenario)
 
