@@ -265,6 +265,27 @@ def test_patch_filter_predicate_sees_only_the_item_in_its_partition(run: Any) ->
     run(scenario)
 
 
+def test_item_over_2_mb_is_413_and_changes_nothing(run: Any) -> None:
+    async def scenario(api: Api) -> None:
+        await api.create({"id": "a", "pk": "p", "blob": "x" * 1_900_000})  # under the limit
+        too_big = "y" * (2 * 1024 * 1024)
+        attempts: list[Callable[[], Awaitable[Any]]] = [
+            lambda: api.create({"id": "b", "pk": "p", "blob": too_big}),
+            lambda: api.replace("a", {"id": "a", "pk": "p", "blob": too_big}),
+            lambda: api.patch("a", "p", [{"op": "set", "path": "/more", "value": "z" * 300_000}]),
+        ]
+        for attempt in attempts:
+            with pytest.raises(exceptions.CosmosHttpResponseError) as err:
+                await attempt()
+            assert err.value.status_code == 413
+        item = await api.read("a", "p")
+        assert len(item["blob"]) == 1_900_000 and "more" not in item
+        with pytest.raises(exceptions.CosmosResourceNotFoundError):
+            await api.read("b", "p")
+
+    run(scenario)
+
+
 def test_parameterized_query_in_one_partition_and_across_partitions(run: Any) -> None:
     async def scenario(api: Api) -> None:
         for n in range(6):
