@@ -382,6 +382,36 @@ def test_failed_batch_is_207_and_applies_nothing(run: Any, failing: Any, status:
 # --- change feed ------------------------------------------------------------------------
 
 
+def test_change_feed_never_splits_a_batch_across_pages(run: Any) -> None:
+    """The writes of one transactional batch are one transaction in the change feed: they
+    share an LSN and come in one page, even beyond max_item_count (Cosmos documents that a
+    page may then hold more items than asked for)."""
+
+    async def scenario(api: Api) -> None:
+        _, token = await api.feed_page(start_time="Now", partition_key="p")
+        await api.create({"id": "before", "pk": "p"})
+        await api.batch([("create", ({"id": f"b{n}", "pk": "p"},)) for n in range(3)], "p")
+        await api.create({"id": "after", "pk": "p"})
+        pages: list[list[dict[str, Any]]] = []
+        for _ in range(4):
+            items, token = await api.feed_page(
+                continuation=token, partition_key="p", max_item_count=2
+            )
+            if not items:
+                break
+            pages.append(items)
+        ids = [[d["id"] for d in page] for page in pages]
+        assert [i for page in ids for i in page] == ["before", "b0", "b1", "b2", "after"]
+        (batch_page,) = [page for page in pages if any(d["id"] == "b0" for d in page)]
+        batch_lsns = {
+            d["_lsn"] for d in batch_page if d["id"].startswith("b") and d["id"] != "before"
+        }
+        assert len(batch_lsns) == 1
+        assert {"b0", "b1", "b2"} <= {d["id"] for d in batch_page}
+
+    run(scenario)
+
+
 def test_change_feed_from_now_is_304_until_a_write(run: Any) -> None:
     async def scenario(api: Api) -> None:
         await api.create({"id": "old", "pk": "p"})
