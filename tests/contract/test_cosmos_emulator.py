@@ -1,7 +1,8 @@
 """The local Cosmos DB server itself: the patch's partition-key hashing against the SDK's,
-its configurable feed ranges, and its launcher's lifetime.
+its configurable feed ranges, its launcher's lifetime, and container replacement.
 
-These need node and ``scripts/servers.sh install-cosmos``, not a real account.
+All but the last need node and ``scripts/servers.sh install-cosmos``; the last runs on
+``cosmos_server`` (a real account too when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set).
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ import string
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import pytest
 from azure.cosmos import PartitionKey
 
 from tests.conftest import missing
-from tests.support.servers import COSMOS_CLI, REPO_ROOT, CosmosServer, cosmos_server_available
+from tests.support.servers import (
+    COSMOS_CLI,
+    REPO_ROOT,
+    CosmosAccount,
+    CosmosServer,
+    cosmos_server_available,
+)
 
 pytestmark = pytest.mark.cosmos
 
@@ -129,3 +137,24 @@ def test_server_dies_with_the_process_that_started_it(node: str) -> None:
     while _port_open(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _port_open(port)
+
+
+def test_replacing_a_container_keeps_its_items(cosmos_server: CosmosAccount) -> None:
+    with cosmos_server.client() as client:
+        name = f"docoutbox_replace_{uuid.uuid4().hex[:12]}"
+        database = client.create_database(name)
+        try:
+            container = database.create_container("c", PartitionKey(path="/pk"))
+            container.create_item({"id": "a", "pk": "p"})
+            ranges = list(container.read_feed_ranges())
+            database.replace_container(
+                container,
+                partition_key=PartitionKey(path="/pk"),
+                indexing_policy={"indexingMode": "consistent", "excludedPaths": [{"path": "/x/*"}]},
+            )
+            assert container.read_item("a", partition_key="p")["id"] == "a"
+            assert list(container.read_feed_ranges(force_refresh=True)) == ranges
+            changes = list(container.query_items_change_feed(start_time="Beginning"))
+            assert [d["id"] for d in changes] == ["a"]
+        finally:
+            client.delete_database(name)
