@@ -24,7 +24,7 @@ from azure.cosmos import PartitionKey
 
 from tests.conftest import missing
 from tests.support.servers import (
-    COSMOS_CLI,
+    COSMOS_DIR,
     REPO_ROOT,
     CosmosAccount,
     CosmosServer,
@@ -33,7 +33,7 @@ from tests.support.servers import (
 
 pytestmark = pytest.mark.cosmos
 
-FEED_JS = COSMOS_CLI.parent / "docoutbox-feed.js"
+FEED_JS = COSMOS_DIR / "feed" / "index.js"
 
 
 @pytest.fixture
