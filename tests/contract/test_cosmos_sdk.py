@@ -12,6 +12,7 @@ import asyncio
 import copy
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -451,6 +452,20 @@ def test_change_feed_is_latest_version_in_lsn_order_without_deletes(run: Any) ->
         assert items[0]["_lsn"] > lsns[-1]
         # Point reads carry no _lsn; only the change feed does.
         assert "_lsn" not in await api.read("b", "p")
+
+    run(scenario)
+
+
+def test_change_feed_from_a_point_in_time(run: Any) -> None:
+    async def scenario(api: Api) -> None:
+        await api.create({"id": "before", "pk": "p"})
+        await asyncio.sleep(1.2)  # the start time has whole seconds
+        start = datetime.now(UTC)
+        await asyncio.sleep(1.2)
+        await api.create({"id": "after", "pk": "p"})
+        await api.upsert({"id": "before", "pk": "p", "touched": True})
+        items = await api.feed_all(start_time=start, partition_key="p")
+        assert [d["id"] for d in items] == ["after", "before"]
 
     run(scenario)
 
