@@ -1,5 +1,6 @@
 """The local Cosmos DB server itself: the patch's partition-key hashing against the SDK's,
-its configurable feed ranges, its launcher's lifetime, and container replacement.
+its configurable feed ranges, its launcher's lifetime, container replacement, and the
+faults it can inject (throttling, errors, lost requests and replies).
 
 All but the last need node and ``scripts/servers.sh install-cosmos``; the last runs on
 ``cosmos_server`` (a real account too when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set).
@@ -7,6 +8,7 @@ All but the last need node and ``scripts/servers.sh install-cosmos``; the last r
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
@@ -17,10 +19,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from azure.cosmos import PartitionKey
+from azure.core.exceptions import ServiceResponseError
+from azure.cosmos import PartitionKey, exceptions
 
 from tests.conftest import missing
 from tests.support.servers import (
@@ -158,3 +162,104 @@ def test_replacing_a_container_keeps_its_items(cosmos_server: CosmosAccount) -> 
             assert [d["id"] for d in changes] == ["a"]
         finally:
             client.delete_database(name)
+
+
+# --- injected faults -------------------------------------------------------------------
+
+
+@pytest.fixture
+def scratch(cosmos_server: CosmosAccount) -> Iterator[tuple[CosmosAccount, str]]:
+    """The local server and a scratch database name; faults are filtered on that name, so
+    other tests sharing the server never meet them."""
+    if not cosmos_server.emulated:
+        pytest.skip("fault injection needs the local Cosmos DB server")
+    name = f"docoutbox_faults_{uuid.uuid4().hex[:12]}"
+    with cosmos_server.client() as client:
+        client.create_database(name).create_container("c", PartitionKey(path="/pk"))
+        try:
+            yield cosmos_server, name
+        finally:
+            cosmos_server.clear_faults()
+            client.delete_database(name)
+
+
+def _container(account: CosmosAccount, database: str, **client_kwargs: Any) -> Any:
+    kwargs = {**account.client_kwargs, **client_kwargs}
+    client = CosmosAccount(account.endpoint, account.key, kwargs, emulated=True).client()
+    return client.get_database_client(database).get_container_client("c")
+
+
+def test_injected_throttling_is_retried_by_the_sdk_then_surfaces(
+    scratch: tuple[CosmosAccount, str],
+) -> None:
+    account, name = scratch
+    container = _container(account, name)
+    account.inject_fault(status=429, retryAfterMs=5, count=2, pathContains=f"/dbs/{name}/")
+    container.create_item({"id": "a", "pk": "p"})  # two 429s, retried after 5 ms each
+    impatient = _container(account, name, retry_throttle_total=1)
+    account.inject_fault(status=429, retryAfterMs=5, count=5, pathContains=f"/dbs/{name}/")
+    with pytest.raises(exceptions.CosmosHttpResponseError) as err:
+        impatient.read_item("a", partition_key="p")
+    assert err.value.status_code == 429
+    account.clear_faults()
+    assert container.read_item("a", partition_key="p")["id"] == "a"
+
+
+def test_lost_reply_sync_sdk_raises_aio_sdk_sends_the_write_again(
+    scratch: tuple[CosmosAccount, str],
+) -> None:
+    """What a client sees when a write applies but its reply is lost (true on Cosmos too:
+    this is the SDKs' retry behaviour). The sync SDK raises ServiceResponseError. The aio
+    SDK sends the write again: an unconditional patch applies twice, a create gets 409 for
+    its own first attempt, and a conditional patch gets 412 although it applied. A store
+    must therefore make every write conditional and, on 409/412 after a connection error,
+    read back to learn whether its write applied."""
+    account, name = scratch
+    container = _container(account, name)
+    lost_reply = {"dropReply": True, "pathContains": f"/dbs/{name}/"}
+    account.inject_fault(method="POST", **lost_reply)
+    with pytest.raises(ServiceResponseError):
+        container.create_item({"id": "a", "pk": "p", "n": 0})
+    assert container.read_item("a", partition_key="p")["n"] == 0  # applied all the same
+    incr = [{"op": "incr", "path": "/n", "value": 1}]
+    account.inject_fault(dropRequest=True, method="PATCH", pathContains=f"/dbs/{name}/")
+    with pytest.raises(ServiceResponseError):
+        container.patch_item("a", partition_key="p", patch_operations=incr)
+    assert container.read_item("a", partition_key="p")["n"] == 0  # not applied
+
+    async def aio_lost_replies() -> None:
+        async with account.async_client() as client:
+            aio = client.get_database_client(name).get_container_client("c")
+            account.inject_fault(method="PATCH", **lost_reply)
+            patched = await aio.patch_item("a", partition_key="p", patch_operations=incr)
+            assert patched["n"] == 2  # one call, applied twice
+            account.inject_fault(method="POST", **lost_reply)
+            with pytest.raises(exceptions.CosmosResourceExistsError):
+                await aio.create_item({"id": "b", "pk": "p"})
+            account.inject_fault(method="PATCH", **lost_reply)
+            with pytest.raises(exceptions.CosmosAccessConditionFailedError):
+                await aio.patch_item(
+                    "a",
+                    partition_key="p",
+                    patch_operations=incr,
+                    filter_predicate="from c where c.n = 2",
+                )
+
+    asyncio.run(aio_lost_replies())
+    assert container.read_item("a", partition_key="p")["n"] == 3
+    assert container.read_item("b", partition_key="p")["id"] == "b"
+
+
+def test_injected_status_filtered_by_header_hits_only_the_change_feed(
+    scratch: tuple[CosmosAccount, str],
+) -> None:
+    account, name = scratch
+    container = _container(account, name, retry_throttle_total=1)
+    container.create_item({"id": "a", "pk": "p"})
+    account.inject_fault(
+        status=503, count=10, pathContains=f"/dbs/{name}/", headers={"A-IM": "Incremental Feed"}
+    )
+    assert container.read_item("a", partition_key="p")["id"] == "a"
+    with pytest.raises(exceptions.CosmosHttpResponseError) as err:
+        list(container.query_items_change_feed(start_time="Beginning"))
+    assert err.value.status_code == 503

@@ -272,6 +272,36 @@ class CosmosAccount:
     client_kwargs: dict[str, Any] = field(default_factory=dict)
     emulated: bool = False
 
+    def inject_fault(self, **fault: Any) -> None:
+        """Make the local server misbehave for the next matching request(s).
+
+        Keys (all optional): ``status`` (answered instead of the server, with
+        ``retryAfterMs``/``substatus`` as x-ms-retry-after-ms/x-ms-substatus), ``delayMs``,
+        ``dropRequest`` (close the connection, nothing applied), ``dropReply`` (apply, then
+        close the connection instead of answering), ``count`` (default 1), and the filters
+        ``method``, ``pathContains`` and ``headers`` (a dict). Faults apply to every client
+        of the server: use them in tests that own the server or the only traffic on it.
+        Only the local server supports this; a real account raises RuntimeError.
+        """
+        self._faults("POST", fault)
+
+    def clear_faults(self) -> None:
+        """Remove the faults not yet used up."""
+        self._faults("DELETE", None)
+
+    def _faults(self, method: str, body: dict[str, Any] | None) -> None:
+        if not self.emulated:
+            raise RuntimeError("fault injection needs the local Cosmos DB server")
+        import json
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.endpoint.rstrip('/')}/_faults", data=data, method=method
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
     def client(self) -> Any:
         """A new sync ``azure.cosmos.CosmosClient``; close it (or use ``with``)."""
         from azure.cosmos import CosmosClient

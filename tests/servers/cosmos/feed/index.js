@@ -8,9 +8,11 @@
 //   - several partition key ranges (feed ranges) per container, split evenly over the EPK space;
 //   - the change feed read itself, filtered by range/EPK, paged, with LSN etags;
 //   - the 2 MB item size limit (413);
-//   - snapshots of a container's items, so that a transactional batch can roll back.
+//   - snapshots of a container's items, so that a transactional batch can roll back;
+//   - injected faults (status codes, delays, lost requests and replies) for tests.
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.inTransaction = exports.checkItemSize = exports.restoreItems = exports.snapshotItems = exports.readChangeFeed = exports.partitionKeyRangesFor = exports.effectivePartitionKey = exports.murmurhash3_128 = exports.currentLsn = exports.stampLsn = exports.lsnOf = void 0;
+const crypto = require("crypto");
+exports.dispatchWithFaults = exports.inTransaction = exports.checkItemSize = exports.restoreItems = exports.snapshotItems = exports.readChangeFeed = exports.partitionKeyRangesFor = exports.effectivePartitionKey = exports.murmurhash3_128 = exports.currentLsn = exports.stampLsn = exports.lsnOf = void 0;
 
 // ---------------------------------------------------------------------------------------
 // LSN. One counter for the whole server: strictly increasing, so per range it is too (on
@@ -333,3 +335,94 @@ function restoreItems(items, snapshot) {
     items._ridCount = snapshot.ridCount;
 }
 exports.restoreItems = restoreItems;
+
+// ---------------------------------------------------------------------------------------
+// Injected faults, for tests of what a client does when Cosmos throttles, fails, is slow
+// or loses a reply. Not part of Cosmos: a control route outside the REST namespace.
+//   POST   /_faults  {"status": 429, "retryAfterMs": 10, "count": 2, "method": "PATCH",
+//                    "pathContains": "/docs/", "headers": {"a-im": "Incremental Feed"}}
+//   DELETE /_faults  removes every fault not yet used up
+// A request takes the first fault it matches (method, a substring of its path, header
+// values compared case-insensitively); `count` requests (default 1) take it. A fault
+//   - with `status` answers it instead of the server (with `substatus`/`retryAfterMs` as
+//     x-ms-substatus/x-ms-retry-after-ms), after `delayMs` if given;
+//   - with `dropRequest` closes the connection without handling the request;
+//   - with `dropReply` handles the request (the write applies) and closes the connection
+//     instead of answering;
+//   - with only `delayMs` answers normally, late.
+const faults = [];
+function faultMatches(fault, req) {
+    if (fault.method && fault.method.toUpperCase() !== req.method)
+        return false;
+    if (fault.pathContains && !decodeURIComponent(req.url).includes(fault.pathContains))
+        return false;
+    return Object.entries(fault.headers || {}).every(([name, value]) => String(req.headers[name.toLowerCase()] || "").toLowerCase() === String(value).toLowerCase());
+}
+function controlFaults(req, res) {
+    const chunks = [];
+    req.on("data", chunk => chunks.push(chunk));
+    req.on("end", () => {
+        res.setHeader("content-type", "application/json");
+        if (req.method === "DELETE") {
+            faults.length = 0;
+        }
+        else if (req.method === "POST") {
+            let fault;
+            try {
+                fault = JSON.parse(Buffer.concat(chunks).toString() || "{}");
+            }
+            catch (err) {
+                res.statusCode = 400;
+                res.end(JSON.stringify({ message: `invalid fault: ${err.message}` }));
+                return;
+            }
+            faults.push({ count: 1, ...fault });
+        }
+        else if (req.method !== "GET") {
+            res.statusCode = 405;
+        }
+        res.end(JSON.stringify({ faults }));
+    });
+}
+// Calls next() to let the server handle the request, unless a fault says otherwise.
+function dispatchWithFaults(req, res, next) {
+    if (req.url === "/_faults" || req.url.startsWith("/_faults?")) {
+        controlFaults(req, res);
+        return;
+    }
+    const index = faults.findIndex(f => faultMatches(f, req));
+    if (index < 0) {
+        next();
+        return;
+    }
+    const fault = faults[index];
+    fault.count -= 1;
+    if (fault.count <= 0)
+        faults.splice(index, 1);
+    const act = () => {
+        if (fault.dropRequest) {
+            req.socket.destroy();
+        }
+        else if (fault.status) {
+            res.statusCode = fault.status;
+            res.setHeader("content-type", "application/json");
+            res.setHeader("x-ms-activity-id", crypto.randomUUID());
+            res.setHeader("x-ms-request-charge", "0");
+            if (fault.retryAfterMs !== undefined)
+                res.setHeader("x-ms-retry-after-ms", String(fault.retryAfterMs));
+            if (fault.substatus !== undefined)
+                res.setHeader("x-ms-substatus", String(fault.substatus));
+            res.end(JSON.stringify({ code: fault.code || "InjectedFault", message: fault.message || `Injected status ${fault.status}.` }));
+        }
+        else {
+            if (fault.dropReply)
+                res.end = () => req.socket.destroy();
+            next();
+        }
+    };
+    if (fault.delayMs)
+        setTimeout(act, fault.delayMs);
+    else
+        act();
+}
+exports.dispatchWithFaults = dispatchWithFaults;
