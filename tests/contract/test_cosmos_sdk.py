@@ -519,7 +519,7 @@ def test_feed_ranges_split_items_by_effective_partition_key(run: Any) -> None:
     async def scenario(api: Api) -> None:
         ranges = await api.feed_ranges()
         if api.emulated:
-            assert len(ranges) == 4
+            assert len(ranges) >= 2  # 4 unless COSMOSDB_SERVER_FEED_RANGES says otherwise
         keys = [f"key-{n}" for n in range(40)] + [7, 3.5, True, ""]
         for n, key in enumerate(keys):
             await api.create({"id": f"i{n}", "pk": key})

@@ -264,7 +264,8 @@ class CosmosAccount:
 
     ``client_kwargs`` go to ``azure.cosmos.CosmosClient`` and ``azure.cosmos.aio.CosmosClient``
     alike. ``emulated`` is True for the local server (its fidelity gaps are listed in
-    ``tests/README.md``), False for ``COSMOS_ENDPOINT``/``COSMOS_KEY``.
+    ``tests/README.md``), whether launched here or reached through an ``http://``
+    ``COSMOS_ENDPOINT``; False for a real account or the official emulator.
     """
 
     endpoint: str
@@ -325,9 +326,12 @@ def cosmos_account_from_env() -> CosmosAccount | None:
     kwargs: dict[str, Any] = {}
     if endpoint.startswith(("https://localhost", "https://127.0.0.1")):
         kwargs["connection_verify"] = False  # the official emulator's certificate
-    elif endpoint.startswith("http://"):
-        kwargs["enable_endpoint_discovery"] = False  # a local server without TLS
-    return CosmosAccount(endpoint=endpoint, key=key, client_kwargs=kwargs, emulated=False)
+    # Plain HTTP: the local server of `scripts/servers.sh start-cosmos` (Cosmos and the
+    # official emulator speak only HTTPS).
+    local = endpoint.startswith("http://")
+    if local:
+        kwargs["enable_endpoint_discovery"] = False
+    return CosmosAccount(endpoint=endpoint, key=key, client_kwargs=kwargs, emulated=local)
 
 
 class CosmosServer:
