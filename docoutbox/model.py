@@ -9,7 +9,13 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from docoutbox.errors import InvalidAggregateId, InvalidInput, InvalidMessage, InvalidPayload
+from docoutbox.errors import (
+    InvalidAggregateId,
+    InvalidConfig,
+    InvalidInput,
+    InvalidMessage,
+    InvalidPayload,
+)
 
 M = TypeVar("M", bound=BaseModel)
 AggregateId = str | int
@@ -19,26 +25,84 @@ MAX_ID_LENGTH = 255
 _PAYLOAD_FIELDS = frozenset({"payload", "headers"})
 
 
+def is_utf8(text: str) -> bool:
+    """True when ``text`` can be stored: it encodes as UTF-8 (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_problem(value: object) -> str | None:
+    """What makes ``value`` impossible to store exactly, or None.
+
+    Text must be UTF-8 (a lone surrogate such as ``"\\ud800"`` is not; drivers refuse it
+    or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
+    serializes them as ``null`` inside ``Any``-typed data, which would change the value
+    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models.
+    """
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not is_utf8(item):  # type: ignore[arg-type]
+                return f"text {item!r} is not valid UTF-8"
+        elif kind is float:
+            if not math.isfinite(item):  # type: ignore[arg-type]
+                return f"{item!r} is not a finite number (JSON has no NaN or Infinity)"
+        elif kind is dict:
+            for key, sub in item.items():  # type: ignore[attr-defined]
+                stack.append(key)
+                stack.append(sub)
+        elif kind is list or kind is tuple or kind is set or kind is frozenset:
+            stack.extend(item)  # type: ignore[arg-type]
+        elif kind is int or kind is bool or item is None:
+            continue
+        elif isinstance(item, BaseModel):
+            stack.extend(item.__dict__.values())
+            if item.__pydantic_extra__:
+                stack.append(item.__pydantic_extra__)
+        elif isinstance(item, str):
+            stack.append(str(item))
+        elif isinstance(item, float):
+            stack.append(float(item))
+        elif isinstance(item, dict):
+            stack.append(dict(item))
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.append(list(item))
+    return None
+
+
 def check_aggregate_id(aggregate_id: object) -> AggregateId:
     """Return ``aggregate_id`` if it is a plain scalar a database filter can use safely.
 
-    Only non-empty strings and integers are accepted, so an operator document such as
-    ``{"$ne": None}`` can never reach a query filter.
+    Only non-empty UTF-8 strings and 64-bit integers are accepted, so an operator document
+    such as ``{"$ne": None}`` can never reach a query filter.
     """
-    if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
-        raise InvalidAggregateId(
-            f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"
-        )
-    if isinstance(aggregate_id, str):
-        if not aggregate_id or len(aggregate_id) > MAX_ID_LENGTH:
+    kind = type(aggregate_id)
+    if kind is str:
+        text: str = aggregate_id  # type: ignore[assignment]
+        if not text or len(text) > MAX_ID_LENGTH:
             raise InvalidAggregateId(
-                f"aggregate id must have 1 to {MAX_ID_LENGTH} characters: {aggregate_id!r}"
+                f"aggregate id must have 1 to {MAX_ID_LENGTH} characters: {text!r}"
             )
-        if "\x00" in aggregate_id:
+        if "\x00" in text:
             raise InvalidAggregateId("aggregate id must not contain NUL")
-    elif abs(aggregate_id) >= 2**63:
-        raise InvalidAggregateId(f"aggregate id {aggregate_id} does not fit in 64 bits")
-    return aggregate_id
+        if not is_utf8(text):
+            raise InvalidAggregateId(f"aggregate id {text!r} is not valid UTF-8")
+        return text
+    if kind is int:
+        number: int = aggregate_id  # type: ignore[assignment]
+        if not -(2**63) <= number < 2**63:
+            raise InvalidAggregateId(f"aggregate id {number} does not fit in 64 bits")
+        return number
+    raise InvalidAggregateId(
+        f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"
+    )
 
 
 class _Strict(BaseModel):
@@ -71,22 +135,17 @@ class _Strict(BaseModel):
 
 def _json_object(value: object) -> object:
     if isinstance(value, BaseModel):
+        problem = storable_problem(value)
+        if problem:
+            raise ValueError(problem)
         value = value.model_dump(mode="json")
     return value
 
 
-def _finite(value: JsonObject) -> JsonObject:
-    def walk(item: object) -> None:
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError("NaN and Infinity are not JSON")
-        if isinstance(item, dict):
-            for sub in item.values():
-                walk(sub)
-        elif isinstance(item, list):
-            for sub in item:
-                walk(sub)
-
-    walk(value)
+def _storable(value: Any) -> Any:
+    problem = storable_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -109,7 +168,8 @@ class Message(_Strict):
     seq: int | None = Field(default=None, ge=1)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_finite = field_validator("payload")(_finite)
+    _payload_ok = field_validator("payload", "headers")(_storable)
+    _text_ok = field_validator("id", "type", "correlation_id", "causation_id", "source")(_storable)
 
     def payload_as(self, model: builtins.type[M]) -> M:
         """The payload validated as ``model``; InvalidPayload if it does not fit."""
@@ -134,7 +194,8 @@ class Emit(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=512)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_finite = field_validator("payload")(_finite)
+    _payload_ok = field_validator("payload", "headers")(_storable)
+    _text_ok = field_validator("type", "destination", "id")(_storable)
 
 
 def emit(
@@ -150,7 +211,7 @@ def emit(
         type=type,
         payload=payload if payload is not None else {},
         destination=destination,
-        headers=headers or {},
+        headers=headers if headers is not None else {},
         id=id,
     )
 
@@ -204,7 +265,7 @@ def stream_name(aggregate_type: str, aggregate_id: AggregateId) -> str:
     return f"{aggregate_type}/{aggregate_id}"
 
 
-class InboxPolicy(BaseModel):
+class InboxPolicy(_Strict):
     """How a document remembers which messages it has processed.
 
     ``window``: keep the IDs of the last ``window`` messages (0 disables the window).
@@ -214,11 +275,12 @@ class InboxPolicy(BaseModel):
     tolerates reordering up to ``max_above`` outstanding numbers per source.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    _invalid: ClassVar[type[InvalidInput]] = InvalidConfig
 
     window: int = Field(default=100, ge=0, le=100_000)
     exact: bool = False
-    max_above: int = Field(default=1000, ge=1)
+    max_above: int = Field(default=1000, ge=1, le=1_000_000)
 
 
 class Aggregate(BaseModel):

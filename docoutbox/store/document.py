@@ -87,8 +87,12 @@ class Snapshot(Generic[S]):
         return tuple(OutboxMessage.parse(entry) for entry in self.raw_outbox)
 
 
-def read_snapshot(doc: Document, model: type[S]) -> Snapshot[S]:
-    """Parse a stored document; raise MalformedDocument if it is not docoutbox's layout."""
+def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snapshot[S]:
+    """Parse a stored document; raise MalformedDocument if it is not docoutbox's layout.
+
+    ``state``, when given, is ``doc["state"]`` already read as ``model`` (kept by the
+    store's cache), and is used as is.
+    """
     try:
         marks = {
             m["source"]: Mark(m["source"], int(m["hw"]), tuple(m.get("above", ())))
@@ -98,7 +102,7 @@ def read_snapshot(doc: Document, model: type[S]) -> Snapshot[S]:
             aggregate_id=doc[ID],
             aggregate_type=doc["type"],
             version=int(doc["version"]),
-            state=model.model_validate(doc["state"]),
+            state=model.model_validate(doc["state"]) if state is None else state,
             inbox=tuple(doc.get("inbox") or ()),
             marks=marks,
             outbox_seq=int(doc.get("outbox_seq", 0)),

@@ -126,8 +126,13 @@ def plan_commit(
     policy: InboxPolicy,
     now: datetime,
     deterministic_ids: bool,
+    state: dict[str, Any] | None = None,
 ) -> tuple[CommitPlan, list[dict[str, Any]]]:
-    """The conditional write that records ``decision`` as the handling of ``message``."""
+    """The conditional write that records ``decision`` as the handling of ``message``.
+
+    ``state`` is the decision's state in stored form when the caller has it already (the
+    store checks it reads back); by default it is dumped here.
+    """
     entries = seal(
         decision.emits,
         aggregate_id=snapshot.aggregate_id,
@@ -148,7 +153,7 @@ def plan_commit(
     plan = CommitPlan(
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
-        state=decision.state.model_dump(mode="json"),
+        state=decision.state.model_dump(mode="json") if state is None else state,
         outbox_push=tuple(entries),
         outbox_seq=snapshot.outbox_seq + len(entries),
         inbox_push=inbox_push,
