@@ -7,7 +7,15 @@ import math
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from docoutbox.errors import (
     InvalidAggregateId,
@@ -43,38 +51,69 @@ def storable_problem(value: object) -> str | None:
     or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
     serializes them as ``null`` inside ``Any``-typed data, which would change the value
     silently. Walks dicts (keys too), lists, tuples, sets and pydantic models.
+
+    This runs on every message and state, so plain leaves are checked inline.
     """
-    stack: list[object] = [value]
-    while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind is str:
-            if not is_utf8(item):  # type: ignore[arg-type]
-                return f"text {item!r} is not valid UTF-8"
-        elif kind is float:
-            if not math.isfinite(item):  # type: ignore[arg-type]
-                return f"{item!r} is not a finite number (JSON has no NaN or Infinity)"
-        elif kind is dict:
-            for key, sub in item.items():  # type: ignore[attr-defined]
-                stack.append(key)
-                stack.append(sub)
-        elif kind is list or kind is tuple or kind is set or kind is frozenset:
-            stack.extend(item)  # type: ignore[arg-type]
-        elif kind is int or kind is bool or item is None:
-            continue
-        elif isinstance(item, BaseModel):
-            stack.extend(item.__dict__.values())
-            if item.__pydantic_extra__:
-                stack.append(item.__pydantic_extra__)
-        elif isinstance(item, str):
-            stack.append(str(item))
-        elif isinstance(item, float):
-            stack.append(float(item))
-        elif isinstance(item, dict):
-            stack.append(dict(item))
-        elif isinstance(item, list | tuple | set | frozenset):
-            stack.append(list(item))
+    kind = type(value)
+    if kind is dict:
+        items: Any = value.items()  # type: ignore[attr-defined]
+        for key, sub in items:
+            if type(key) is str:
+                if not key.isascii() and not is_utf8(key):
+                    return _bad_text(key)
+            elif (problem := storable_problem(key)) is not None:
+                return problem
+            sub_kind = type(sub)
+            if sub_kind is str:
+                if not sub.isascii() and not is_utf8(sub):
+                    return _bad_text(sub)
+            elif sub_kind is int or sub_kind is bool or sub is None:
+                continue
+            elif (problem := storable_problem(sub)) is not None:
+                return problem
+        return None
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return None if text.isascii() or is_utf8(text) else _bad_text(text)
+    if kind is int or kind is bool or value is None:
+        return None
+    if kind is float:
+        number: float = value  # type: ignore[assignment]
+        return None if math.isfinite(number) else _bad_number(number)
+    if kind is list or kind is tuple or kind is set or kind is frozenset:
+        elements: Any = value
+        for sub in elements:
+            sub_kind = type(sub)
+            if sub_kind is str:
+                if not sub.isascii() and not is_utf8(sub):
+                    return _bad_text(sub)
+            elif sub_kind is int or sub_kind is bool or sub is None:
+                continue
+            elif (problem := storable_problem(sub)) is not None:
+                return problem
+        return None
+    if isinstance(value, BaseModel):
+        problem = storable_problem(value.__dict__)
+        if problem is None and value.__pydantic_extra__:
+            problem = storable_problem(value.__pydantic_extra__)
+        return problem
+    if isinstance(value, str):
+        return storable_problem(str(value))
+    if isinstance(value, float):
+        return storable_problem(float(value))
+    if isinstance(value, dict):
+        return storable_problem(dict(value))
+    if isinstance(value, list | tuple | set | frozenset):
+        return storable_problem(list(value))
     return None
+
+
+def _bad_text(text: str) -> str:
+    return f"text {text!r} is not valid UTF-8"
+
+
+def _bad_number(number: float) -> str:
+    return f"{number!r} is not a finite number (JSON has no NaN or Infinity)"
 
 
 def check_aggregate_id(aggregate_id: object) -> AggregateId:
@@ -116,6 +155,10 @@ class _Strict(BaseModel):
         except ValidationError as exc:
             raise self._typed(exc) from exc
 
+    # Tells pydantic this __init__ only wraps errors: model_validate() then validates once
+    # instead of calling __init__ (and validating again) from inside the validator.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     @classmethod
     def parse(cls, data: object) -> Any:
         """Validate ``data`` (a mapping or an instance) into this model, or raise typed."""
@@ -128,8 +171,12 @@ class _Strict(BaseModel):
 
     @classmethod
     def _typed(cls, exc: ValidationError) -> InvalidInput:
-        fields = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        errors = exc.errors()
+        fields = {str(err["loc"][0]) for err in errors if err["loc"]}
+        causes = [(err.get("ctx") or {}).get("error") for err in errors]
         kind = InvalidPayload if fields and fields <= _PAYLOAD_FIELDS else cls._invalid
+        if causes and all(isinstance(cause, InvalidPayload) for cause in causes):
+            kind = InvalidPayload
         return kind(f"invalid {cls.__name__}: {exc}")
 
 
@@ -142,11 +189,14 @@ def _json_object(value: object) -> object:
     return value
 
 
-def _storable(value: Any) -> Any:
-    problem = storable_problem(value)
+def check_storable(texts: tuple[str | None, ...], payload: object, headers: object) -> None:
+    """Raise unless every text is UTF-8 and the payload and headers are storable as given."""
+    problem = storable_problem(texts)
     if problem:
-        raise ValueError(problem)
-    return value
+        raise InvalidMessage(problem)
+    problem = storable_problem(payload) or storable_problem(headers)
+    if problem:
+        raise InvalidPayload(problem)
 
 
 class Message(_Strict):
@@ -168,8 +218,12 @@ class Message(_Strict):
     seq: int | None = Field(default=None, ge=1)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_ok = field_validator("payload", "headers")(_storable)
-    _text_ok = field_validator("id", "type", "correlation_id", "causation_id", "source")(_storable)
+
+    @model_validator(mode="after")
+    def _storable(self) -> Message:
+        texts = (self.id, self.type, self.correlation_id, self.causation_id, self.source)
+        check_storable(texts, self.payload, self.headers)
+        return self
 
     def payload_as(self, model: builtins.type[M]) -> M:
         """The payload validated as ``model``; InvalidPayload if it does not fit."""
@@ -194,8 +248,11 @@ class Emit(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=512)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_ok = field_validator("payload", "headers")(_storable)
-    _text_ok = field_validator("type", "destination", "id")(_storable)
+
+    @model_validator(mode="after")
+    def _storable(self) -> Emit:
+        check_storable((self.type, self.destination, self.id), self.payload, self.headers)
+        return self
 
 
 def emit(

@@ -374,7 +374,7 @@ class Core(Generic[S]):
         except (PydanticSerializationError, ValueError, TypeError, AttributeError) as exc:
             raise invalid(f"{model.__name__} state does not serialize: {exc}") from exc
         try:
-            readable: S = model.model_validate(stored)
+            readable: S = model.__pydantic_validator__.validate_python(stored)
         except ValidationError as exc:
             raise invalid(f"{model.__name__} state would not read back: {exc}") from exc
         return stored, readable
