@@ -191,10 +191,12 @@ def _json_object(value: object) -> object:
 
 def check_storable(texts: tuple[str | None, ...], payload: object, headers: object) -> None:
     """Raise unless every text is UTF-8 and the payload and headers are storable as given."""
-    problem = storable_problem(texts)
-    if problem:
-        raise InvalidMessage(problem)
-    problem = storable_problem(payload) or storable_problem(headers)
+    for text in texts:
+        if text is not None and not text.isascii() and not is_utf8(text):
+            raise InvalidMessage(_bad_text(text))
+    problem = storable_problem(payload) if payload else None
+    if problem is None and headers:
+        problem = storable_problem(headers)
     if problem:
         raise InvalidPayload(problem)
 

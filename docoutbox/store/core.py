@@ -44,7 +44,14 @@ from docoutbox.model import (
     storable_problem,
 )
 from docoutbox.retry import RetryPolicy, check_int
-from docoutbox.store.document import Document, Snapshot, new_document, partition_of, read_snapshot
+from docoutbox.store.document import (
+    Document,
+    Snapshot,
+    fast_frozen,
+    new_document,
+    partition_of,
+    read_snapshot,
+)
 from docoutbox.store.document import utcnow as _utcnow
 from docoutbox.store.inbox import is_duplicate
 from docoutbox.store.plans import (
@@ -289,14 +296,16 @@ class Core(Generic[S]):
                 applied = False
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)
-                return Outcome(
-                    Status.APPLIED,
-                    aggregate_id,
-                    after["version"],
-                    attempt,
-                    decision.state,
-                    tuple(entries),
+                outcome: Outcome[S] = fast_frozen(
+                    Outcome,
+                    status=Status.APPLIED,
+                    aggregate_id=aggregate_id,
+                    version=after["version"],
+                    attempts=attempt,
+                    state=decision.state,
+                    entries=tuple(entries),
                 )
+                return outcome
             if attempt >= retry.max_attempts:
                 return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
             if fresh:

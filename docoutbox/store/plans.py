@@ -22,7 +22,7 @@ from typing import Any
 from docoutbox.errors import DocumentTooLarge
 from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
-from docoutbox.store.document import ID, Document, Snapshot
+from docoutbox.store.document import ID, Document, Snapshot, fast_frozen
 from docoutbox.store.inbox import Mark, record_mark, uses_marks
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
@@ -150,7 +150,8 @@ def plan_commit(
     elif policy.window:
         inbox_push = (message.id,)
         inbox_after = (*snapshot.inbox, message.id)[-policy.window :]
-    plan = CommitPlan(
+    plan = fast_frozen(
+        CommitPlan,
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
         state=decision.state.model_dump(mode="json") if state is None else state,
