@@ -352,3 +352,23 @@ def test_polling_mode_delivers_within_seconds(mongo_uri: str, database: Any) -> 
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "mode=polling every 0.5s" in err
+
+
+@pytest.mark.wire
+def test_the_memory_publisher_says_loudly_that_it_discards(mongo_uri: str, database: Any) -> None:
+    proc = cli(
+        *_dispatch_args(mongo_uri, database.name),
+        *("--publisher", "memory", "--discard-entries", "--no-leases", "--poll-interval", "0.2"),
+    )
+    assert proc.stderr is not None
+    lines = lines_of(proc.stderr)
+    seen: list[str] = []
+    try:
+        while not any("dispatcher_started" in line for line in seen):
+            seen.append(lines.get(timeout=30))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    warning = [line for line in seen if "publisher=memory" in line]
+    assert warning and "level=WARNING" in warning[0] and "WITHOUT being delivered" in warning[0]
+    assert proc.returncode == 0
