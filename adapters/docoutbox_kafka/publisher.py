@@ -13,7 +13,7 @@ from typing import Any, Self
 from confluent_kafka import KafkaError, Message, Producer
 
 from docoutbox.codec import WireFormat
-from docoutbox.errors import BrokerUnavailable
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_kafka.errors import translate_error, translated
 from docoutbox_kafka.records import masked_config, record_for
@@ -159,6 +159,25 @@ class KafkaPublisher:
             with self._lock:
                 self._fatal = error
         raise translate_error(error, what)
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Fail fast on a cluster this publisher cannot use: reach it, and make sure the
+        default ``topic`` (if any) exists.
+
+        Raises :class:`~docoutbox.errors.BrokerUnavailable` when no broker answers within
+        ``timeout`` seconds, and :class:`~docoutbox.errors.PermanentPublishError` when the
+        topic does not exist.
+        """
+        producer = self._current()
+        servers = masked_config(self._settings).get("bootstrap.servers")
+        with translated(f"reach Kafka at {servers}"):
+            metadata = producer.list_topics(timeout=timeout)
+        if self.topic is not None:
+            found = metadata.topics.get(self.topic)
+            if found is None or found.error is not None:
+                raise PermanentPublishError(
+                    f"topic {self.topic!r} does not exist on {servers}; create it first"
+                )
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for every record in flight; return how many are still undelivered."""

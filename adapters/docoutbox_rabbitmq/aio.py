@@ -138,8 +138,10 @@ class AsyncRabbitPublisher:
             )
         channel = await self._open()
         message = aio_pika.Message(body, **fields)
+        key = self.routing_key_for(entry)
+        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
         try:
-            async with translated(f"publish entry {entry.id} to {masked(self._url)}"):
+            async with translated(f"publish entry {entry.id} to {where}"):
                 exchange = (
                     channel.default_exchange
                     if not self.exchange
@@ -147,7 +149,7 @@ class AsyncRabbitPublisher:
                 )
                 await exchange.publish(
                     message,
-                    self.routing_key_for(entry),
+                    key,
                     mandatory=self.mandatory,
                     timeout=self.timeout,
                 )
@@ -173,6 +175,38 @@ class AsyncRabbitPublisher:
             queues=queues,
             dead_letters=dead_letters,
         )
+
+    async def check(self, *, declare_type: str | None = None) -> None:
+        """Fail fast on a broker this publisher cannot use (as
+        :meth:`~docoutbox_rabbitmq.RabbitPublisher.check`): connect, log in, and make sure
+        the exchange exists (declaring it, durable, of ``declare_type`` when given).
+
+        Raises ``BrokerUnavailable`` when the broker cannot be reached, and
+        ``PermanentPublishError`` when it refuses the credentials or the exchange does not
+        exist.
+        """
+        where = masked(self._url)
+        try:
+            channel = await self._open()
+        except BrokerUnavailable as exc:
+            if isinstance(exc.__cause__, ax.AuthenticationError | ax.ProbableAuthenticationError):
+                raise PermanentPublishError(
+                    f"RabbitMQ at {where} refused the credentials ({type(exc.__cause__).__name__})"
+                ) from exc
+            raise
+        if declare_type is not None:
+            await self.declare(exchange_type=declare_type)
+        elif self.exchange:
+            try:
+                await channel.get_exchange(self.exchange, ensure=True)
+            except ax.ChannelNotFoundEntity as exc:
+                self._channel = None  # the 404 closed it; the next call opens another
+                raise PermanentPublishError(
+                    f"exchange {self.exchange!r} does not exist on {where}; declare it, or "
+                    f"start with --declare-exchange"
+                ) from exc
+            except (ax.AMQPError, OSError, RuntimeError, TimeoutError) as exc:
+                raise translate(exc, f"check exchange {self.exchange!r}") from exc
 
     async def close(self) -> None:
         """Close the connection. A later publish opens a new one."""

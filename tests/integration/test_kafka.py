@@ -315,3 +315,16 @@ def test_a_full_local_queue_waits_instead_of_failing(
     assert errors == []
     assert full > 0
     assert topics.size(topic) == 40
+
+
+def test_check_fails_fast_on_a_missing_topic_or_an_unreachable_cluster(
+    kafka: str, topics: Topics
+) -> None:
+    topic = topics.create()
+    with KafkaPublisher(kafka, topic) as publisher:
+        publisher.check(timeout=10)
+    absent = KafkaPublisher(kafka, f"dx-absent-{id(topics)}")
+    with absent, pytest.raises(PermanentPublishError, match="does not exist"):
+        absent.check(timeout=10)
+    with KafkaPublisher("127.0.0.1:1", topic) as publisher, pytest.raises(BrokerUnavailable):
+        publisher.check(timeout=1)

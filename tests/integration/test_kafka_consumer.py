@@ -131,7 +131,7 @@ def test_crash_between_store_commit_and_offset_commit_reads_a_duplicate(
 
     backend.after_write = crash
     with pytest.raises(Crash):
-        first.run(idle_timeout=10)
+        first.run(idle_timeout=30)
     assert topics.committed_total(topic, group) == 1  # seq 1 only
     first._consumer.close()  # type: ignore[union-attr]
     first._consumer = None
@@ -198,7 +198,7 @@ def test_no_commit_past_a_record_the_dead_letter_topic_did_not_take(
     fast_failure = {"topic.metadata.propagation.max.ms": 500, "message.timeout.ms": 3000}
     worker = consumer(kafka, topic, "dx-no-such-topic", backend, group=group, settings=fast_failure)
     with pytest.raises(BrokerUnavailable):
-        worker.run(idle_timeout=10)
+        worker.run(idle_timeout=30)
     assert topics.committed_total(topic, group) == 0
     worker._consumer.close()  # type: ignore[union-attr]
     worker._consumer = None
@@ -240,7 +240,7 @@ def test_permanent_store_error_rewinds_and_stops(
     group = f"dx-group-{uuid.uuid4().hex[:8]}"
     worker = consumer(kafka, topic, dead, backend, group=group)
     with pytest.raises(PermanentStoreError):
-        worker.run(idle_timeout=10)
+        worker.run(idle_timeout=30)
     worker.close()
     assert topics.committed_total(topic, group) == 0
     again = consumer(kafka, topic, dead, backend, group=group)
