@@ -16,13 +16,13 @@ from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.metrics import CountingMetrics
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import Position
-from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
     PermanentPublishError,
     PublishError,
 )
+from docoutbox.retry import Backoff
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
