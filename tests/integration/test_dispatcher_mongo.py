@@ -16,8 +16,8 @@ from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.ownership import Ownership
-from docoutbox.retry import Backoff
 from docoutbox.errors import ChangeStreamLost, PublishError
+from docoutbox.retry import Backoff
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_mongo import (
