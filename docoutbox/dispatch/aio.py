@@ -148,6 +148,8 @@ class AsyncDispatcher:
             cfg.concurrency,
             self.source is not None,
         )
+        if not isinstance(self.ownership, SoleOwner):
+            await drive_async(self.engine.check_partitions(), self._perform)
         await asyncio.to_thread(self.ownership.start)
         self.engine.begin()
         self.started.set()

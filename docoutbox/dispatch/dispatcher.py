@@ -92,6 +92,8 @@ class Dispatcher:
             cfg.concurrency,
             self.source is not None,
         )
+        if not isinstance(self.ownership, SoleOwner):
+            drive(self.engine.check_partitions(), self._perform)
         self.ownership.start()
         self.engine.begin()
         self.started.set()

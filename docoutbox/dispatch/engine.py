@@ -42,7 +42,7 @@ from docoutbox.dispatch.metrics import Metrics, NullMetrics
 from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
-from docoutbox.errors import ChangeStreamLost, StoreError
+from docoutbox.errors import ChangeStreamLost, PartitionMismatch, StoreError
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
@@ -116,8 +116,17 @@ RunOp = Load | Publish | Quarantine | Write | Sleep
 EngineOp = StreamOp | RunOp | FindPending
 
 
+#: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
+PARTITION_SAMPLE = 50
+
+
 def event_target(doc: Document | None, partitions: int) -> tuple[AggregateId, int] | None:
-    """The aggregate and partition of a document with pending entries, else None."""
+    """The aggregate and partition of a document with pending entries, else None.
+
+    A stored partition outside ``range(partitions)`` (a store configured with more
+    partitions than the dispatcher) is logged and mapped into range, so the event is not
+    lost; sweeps cannot find such a document (see :func:`partition_mismatch`).
+    """
     if not doc or not doc.get("outbox"):
         return None
     aggregate_id = doc.get(ID)
@@ -126,7 +135,36 @@ def event_target(doc: Document | None, partitions: int) -> tuple[AggregateId, in
     partition = doc.get("partition")
     if isinstance(partition, bool) or not isinstance(partition, int):
         partition = partition_of(aggregate_id, partitions)
+    elif not 0 <= partition < partitions:
+        log.error(
+            "partition_out_of_range aggregate=%r partition=%d partitions=%d",
+            aggregate_id,
+            partition,
+            partitions,
+        )
     return aggregate_id, partition % partitions
+
+
+def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
+    """Why ``docs`` show the stores partition differently from ``partitions``, or None.
+
+    A document's stored ``partition`` must be ``partition_of(_id, partitions)``: anything
+    else means the stores and the dispatcher disagree on the partition count.
+    """
+    for doc in docs:
+        aggregate_id, stored = doc.get(ID), doc.get("partition")
+        if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
+            continue
+        if isinstance(stored, bool) or not isinstance(stored, int):
+            continue
+        expected = partition_of(aggregate_id, partitions)
+        if stored != expected:
+            return (
+                f"document {aggregate_id!r} is stored in partition {stored}, but with "
+                f"{partitions} partitions it belongs to {expected}: the stores' "
+                "StoreConfig.partitions differs from the dispatcher's"
+            )
+    return None
 
 
 class DispatchEngine:
@@ -166,6 +204,22 @@ class DispatchEngine:
         self._next_sweep = 0.0
 
     # -- the control loop -------------------------------------------------------------
+
+    def check_partitions(self) -> Generator[EngineOp, Any, None]:
+        """Refuse to start (:class:`PartitionMismatch`) if the stores partition differently.
+
+        Samples documents with pending entries (if there are none, there is nothing to
+        strand yet).
+        """
+        try:
+            docs: list[Document] = yield FindPending(None, PARTITION_SAMPLE, None, None)
+        except StoreError as exc:
+            log.warning("partition_check_skipped error=%r", exc)
+            return
+        why = partition_mismatch(docs, self.config.partitions)
+        if why is not None:
+            log.error("partition_mismatch %s", why)
+            raise PartitionMismatch(why)
 
     def begin(self) -> None:
         """Call once, after the ownership started and before the first :meth:`turn`."""
