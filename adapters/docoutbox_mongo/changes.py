@@ -120,7 +120,7 @@ class MongoChangeSource:
 class AsyncMongoChangeSource(MongoChangeSource):
     """The async twin of :class:`MongoChangeSource` (pymongo async or Motor)."""
 
-    async def start_marker(self) -> Position:  # type: ignore[override]
+    async def start_marker(self) -> Position:
         with translated():
             reply = await self.collection.database.command("ping")
         op_time = reply.get("operationTime")

@@ -151,7 +151,7 @@ class MongoDeadLetters:
 class AsyncMongoCheckpoints(MongoCheckpoints):
     """The async twin of :class:`MongoCheckpoints` (pymongo async or Motor)."""
 
-    async def load(self, name: str) -> Position | None:  # type: ignore[override]
+    async def load(self, name: str) -> Position | None:
         with translated():
             doc = await self.collection.find_one({"_id": name})
         return None if doc is None else doc.get("token")
