@@ -124,17 +124,9 @@ class AsyncDispatcher:
     def _signal(self) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._stop.set()
-            self._wake.set()
-        else:
-            loop.call_soon_threadsafe(self._stop.set)
-            loop.call_soon_threadsafe(self._wake.set)
+            return  # not running yet: run() sees the flag
+        loop.call_soon_threadsafe(self._stop.set)
+        loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self) -> None:
         cfg = self.config
