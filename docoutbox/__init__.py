@@ -4,12 +4,16 @@ Each aggregate is one document carrying its state, an inbox of processed message
 an outbox of messages not yet published; handling a message is one conditional write.
 """
 
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
+    AsyncChangeSource,
+    AsyncCheckpoints,
+    AsyncDeadLetters,
     AsyncPublisher,
     ChangeEvent,
     ChangeSource,
@@ -32,6 +36,7 @@ from docoutbox.errors import (
     InvalidPayload,
     MalformedDocument,
     NotFound,
+    PartitionMismatch,
     PermanentPublishError,
     PermanentStoreError,
     PublishError,
@@ -53,6 +58,10 @@ __all__ = [
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncChangeSource",
+    "AsyncCheckpoints",
+    "AsyncDeadLetters",
+    "AsyncDispatcher",
     "AsyncPublisher",
     "AsyncStoreBackend",
     "BrokerUnavailable",
@@ -93,6 +102,7 @@ __all__ = [
     "OutboxMessage",
     "Outcome",
     "Ownership",
+    "PartitionMismatch",
     "PermanentPublishError",
     "PermanentStoreError",
     "PublishError",
@@ -108,5 +118,6 @@ __all__ = [
     "UnknownMessageType",
     "__version__",
     "emit",
+    "in_thread",
     "partition_of",
 ]
