@@ -116,7 +116,10 @@ class MongoChangeSource:
 
     def _event(self, change: Mapping[str, Any]) -> ChangeEvent:
         self._token = change["_id"]
-        return ChangeEvent({"resume_after": change["_id"]}, change.get("fullDocument"))
+        # An update's document is looked up when the event is read; an insert's (or a
+        # replace's) is the document as of the change, perhaps long trimmed since.
+        current = change.get("operationType") == "update"
+        return ChangeEvent({"resume_after": change["_id"]}, change.get("fullDocument"), current)
 
     def _batch_end(self, events: list[ChangeEvent]) -> None:
         """At a batch's end, the server's ``postBatchResumeToken`` if it moved past the

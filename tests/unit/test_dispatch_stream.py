@@ -194,3 +194,27 @@ def test_an_invalidate_event_is_a_lost_stream() -> None:
         source.poll(10)
     with pytest.raises(ChangeStreamLost):  # closed
         source.poll(10)
+
+
+def test_only_an_updates_looked_up_document_counts_as_current() -> None:
+    inserted = {**change(1), "operationType": "insert"}
+    replaced = {**change(2), "operationType": "replace"}
+    stream = FakeStream([([inserted, replaced, change(3)], None)])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.current for e in source.poll(10)] == [False, False, True]
+
+
+def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="q"),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
+    [slot] = engine.start_runs()
+    assert type(next(engine.run(slot))).__name__ == "Load"
