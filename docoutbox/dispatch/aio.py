@@ -82,7 +82,9 @@ class AsyncDispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or DispatcherConfig()
+        self.config = config or (
+            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        )
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints

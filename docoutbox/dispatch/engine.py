@@ -45,7 +45,7 @@ from docoutbox.dispatch.metrics import Metrics, NullMetrics
 from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
-from docoutbox.errors import ChangeStreamLost, PartitionMismatch, StoreError
+from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMismatch, StoreError
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
@@ -71,6 +71,13 @@ class DispatcherConfig:
     max_backlog: int = 1_000
     checkpoint_interval: float = 1.0
     backoff: Backoff = field(default_factory=Backoff)
+
+    @classmethod
+    def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
+        """Polling mode, for deployments without change streams: sweep every ``interval``
+        seconds with no grace period, so a new entry is published within about
+        ``interval``. A dispatcher without a change source uses it by default."""
+        return cls(sweep_interval=interval, grace=0.0, **options)
 
 
 # -- the operations a driver performs, besides the store's and the publish flow's --------
@@ -118,6 +125,28 @@ class SaveCheckpoint:
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
 EngineOp = StreamOp | RunOp | FindPending
+
+
+class BrokerState:
+    """Logs the broker going down and coming back once each, not once per attempt."""
+
+    def __init__(self) -> None:
+        self._down = False
+        self._lock = threading.Lock()
+
+    def down(self, exc: BaseException) -> None:
+        with self._lock:
+            changed, self._down = not self._down, True
+        if changed:
+            log.warning("broker_unavailable error=%s; entries stay pending", exc)
+
+    def up(self) -> None:
+        if not self._down:
+            return
+        with self._lock:
+            changed, self._down = self._down, False
+        if changed:
+            log.warning("broker_available_again")
 
 
 #: How many recently trimmed entry IDs the engine remembers.
@@ -214,6 +243,7 @@ class DispatchEngine:
         self.stream = stream
         self.checkpoints = checkpoints
         self.metrics = metrics or NullMetrics()
+        self.broker = BrokerState()
         self._mono = monotonic
         self._clock = clock
         self._rng = rng
@@ -516,14 +546,18 @@ class DispatchEngine:
             yield op
         except Exception as exc:  # noqa: BLE001 - thrown into the flow, which classifies it
             self.metrics.failed(entry, exc)
-            log.warning(
-                "publish_failed aggregate=%r entry=%s seq=%d error=%r",
-                entry.aggregate_id,
-                entry.id,
-                entry.seq,
-                exc,
-            )
+            if isinstance(exc, BrokerUnavailable):
+                self.broker.down(exc)
+            else:
+                log.warning(
+                    "publish_failed aggregate=%r entry=%s seq=%d error=%r",
+                    entry.aggregate_id,
+                    entry.id,
+                    entry.seq,
+                    exc,
+                )
             return exc
+        self.broker.up()
         lag = (self._clock() - entry.created_at).total_seconds()
         self.metrics.published(entry, lag)
         return None
