@@ -239,7 +239,10 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
                 arrived = len(receiver.deliveries) > before
                 moments.append("publishing" if arrived else "no-delivery")
                 time.sleep(rng.uniform(0, 0.6))
-            instance = fleet.pop(rng.randrange(len(fleet)))
+            victims = list(range(len(fleet)))
+            if watch is not None and rng.random() < 0.75:  # mostly one holding leases
+                victims = [i for i in victims if watch.held_by(fleet[i].proc.pid)[0]] or victims
+            instance = fleet.pop(rng.choice(victims))
             held, others = watch.held_by(instance.proc.pid) if watch else (set(), False)
             instance.kill()
             if held and others:  # someone is there to take over
