@@ -257,7 +257,9 @@ def test_async_batch_shares_the_flow() -> None:
 
 def test_insert_plan_is_used_for_a_new_aggregate() -> None:
     class Recording(MemoryBackend):
-        plans: list[WritePlan] = []
+        def __init__(self) -> None:
+            super().__init__()
+            self.plans: list[WritePlan] = []
 
         def write(self, plan: WritePlan) -> bool:
             self.plans.append(plan)
