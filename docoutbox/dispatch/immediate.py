@@ -1,0 +1,235 @@
+"""Immediate dispatch: publish a commit's new entries right after the commit, in-process.
+
+Rule: the immediate path is a shortcut, never the only way out. An entry it cannot
+publish stays pending in its document, where the change stream and the sweep of the
+regular :class:`~docoutbox.dispatch.dispatcher.Dispatcher` find it (I1); nothing is
+acknowledged or trimmed that was not published first.
+
+How it goes: the store calls :meth:`ImmediateDispatcher.offer` with every outcome that
+added entries; a worker thread publishes them and trims them at once. Per aggregate it
+publishes in ``seq`` order (I4): it remembers the last ``seq`` it finished, and when a
+commit's first entry does not follow it (a commit of another process, an entry left by a
+crash, a failed publish), it reloads the document and publishes every pending entry below
+first. After a failed publish it stops for that aggregate and leaves the rest to the safety
+net.
+
+Both paths publishing the same entry is a duplicate (harmless to a de-duplicating
+receiver, but traffic). Within one process :class:`Claims` prevents it: wrap the regular
+dispatcher's publisher with :meth:`ImmediateDispatcher.guard`, and an entry is published
+by whichever path claims it first; the other waits for the outcome and, on success, only
+trims. Across processes the two paths can still race.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from docoutbox.dispatch.ports import Publisher
+from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.store.api import AggregateStore
+from docoutbox.store.core import Outcome
+
+log = logging.getLogger("docoutbox.immediate")
+
+_STOP = object()
+
+
+class Claims:
+    """Which entries this process has published, or is publishing, by entry ID.
+
+    Bounded: the newest ``size`` published IDs are remembered (an entry older than that
+    is long trimmed, or will be published again at worst: at least once still holds).
+    """
+
+    def __init__(self, size: int = 100_000) -> None:
+        self._size = size
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._inflight: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, entry_id: str) -> Literal["mine", "done"] | threading.Event:
+        """ "mine": publish it, then :meth:`finish`; "done": already published; an
+        Event: another path is publishing it, wait and claim again."""
+        with self._lock:
+            if entry_id in self._done:
+                return "done"
+            busy = self._inflight.get(entry_id)
+            if busy is not None:
+                return busy
+            self._inflight[entry_id] = threading.Event()
+            return "mine"
+
+    def finish(self, entry_id: str, published: bool) -> None:
+        with self._lock:
+            event = self._inflight.pop(entry_id, None)
+            if published:
+                self._done[entry_id] = None
+                while len(self._done) > self._size:
+                    self._done.popitem(last=False)
+        if event is not None:
+            event.set()
+
+    def publish(self, publisher: Publisher, entry: OutboxMessage, wait: float = 30.0) -> bool:
+        """Publish ``entry`` unless this process already did; True if *we* published it.
+
+        Raises what the publisher raises. While another path holds the claim, waits for
+        it (at most ``wait`` seconds each time, then publishes anyway: at least once).
+        """
+        while True:
+            claim = self.claim(entry.id)
+            if claim == "done":
+                return False
+            if isinstance(claim, threading.Event):
+                if claim.wait(wait):
+                    continue
+                publisher.publish(entry)
+                return True
+            try:
+                publisher.publish(entry)
+            except BaseException:
+                self.finish(entry.id, False)
+                raise
+            self.finish(entry.id, True)
+            return True
+
+
+class GuardedPublisher:
+    """A publisher that skips entries this process's other path has published already."""
+
+    def __init__(self, publisher: Publisher, claims: Claims) -> None:
+        self.publisher = publisher
+        self.claims = claims
+        self.skipped = 0
+
+    def publish(self, entry: OutboxMessage) -> None:
+        if not self.claims.publish(self.publisher, entry):
+            self.skipped += 1
+
+
+@dataclass
+class ImmediateStats:
+    offered: int = 0
+    published: int = 0
+    #: Entries the other path had published already: trimmed only.
+    skipped: int = 0
+    #: Entries left to the safety net (failed publish, full queue, failed trim).
+    deferred: int = 0
+    #: Reloads to publish pending entries below a commit's first seq.
+    reloads: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class ImmediateDispatcher:
+    """Publishes and trims a sync store's new entries right after each commit.
+
+    >>> immediate = ImmediateDispatcher(store, publisher).start()
+    >>> dispatcher = Dispatcher(backend, immediate.guard(publisher), dead_letters, ...)
+    >>> ...
+    >>> immediate.stop()
+    """
+
+    def __init__(
+        self,
+        store: AggregateStore[Any],
+        publisher: Publisher,
+        *,
+        claims: Claims | None = None,
+        max_queue: int = 10_000,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.claims = claims or Claims()
+        self.stats = ImmediateStats()
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue)
+        #: The last seq published per aggregate (the most recently active ones).
+        self._upto: OrderedDict[AggregateId, int] = OrderedDict()
+        self._upto_size = 100_000
+        self._thread: threading.Thread | None = None
+
+    def guard(self, publisher: Publisher) -> GuardedPublisher:
+        """``publisher`` for the regular dispatcher, sharing this path's claims."""
+        return GuardedPublisher(publisher, self.claims)
+
+    def start(self) -> ImmediateDispatcher:
+        """Attach to the store and start the worker thread."""
+        if self._thread is not None:
+            return self
+        self.store.commit_listeners.append(self.offer)
+        self._thread = threading.Thread(target=self._run, name="docoutbox-immediate", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Detach, finish what is queued, and stop the worker."""
+        if self._thread is None:
+            return
+        if self.offer in self.store.commit_listeners:
+            self.store.commit_listeners.remove(self.offer)
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def offer(self, outcome: Outcome[Any]) -> None:
+        """Queue a commit's new entries; called by the store after the commit."""
+        self.stats.offered += len(outcome.entries)
+        try:
+            self._queue.put_nowait((outcome.aggregate_id, outcome.emitted))
+        except queue.Full:
+            self.stats.deferred += len(outcome.entries)
+
+    def drain(self) -> None:
+        """Wait until everything offered so far has been handled (for tests and shutdown)."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            aggregate_id, entries = item
+            try:
+                self._dispatch(aggregate_id, entries)
+            except Exception as exc:  # noqa: BLE001 - left pending: the safety net publishes it
+                self._upto.pop(aggregate_id, None)
+                self.stats.errors.append(repr(exc))
+                log.warning("immediate_deferred aggregate=%r error=%r", aggregate_id, exc)
+
+    def _dispatch(self, aggregate_id: AggregateId, entries: tuple[OutboxMessage, ...]) -> None:
+        upto = self._upto.get(aggregate_id, 0)
+        todo = [e for e in entries if e.seq > upto]
+        if not todo:
+            return
+        if todo[0].seq != upto + 1:
+            self.stats.reloads += 1
+            snapshot = self.store.load(aggregate_id)
+            pending = [] if snapshot is None else list(snapshot.outbox)
+            below = [e for e in pending if e.seq < todo[0].seq]
+            todo = below + todo
+        done: list[str] = []
+        try:
+            for entry in todo:
+                if self.claims.publish(self.publisher, entry):
+                    self.stats.published += 1
+                else:
+                    self.stats.skipped += 1
+                done.append(entry.id)
+                self._upto[aggregate_id] = entry.seq
+                self._upto.move_to_end(aggregate_id)
+            while len(self._upto) > self._upto_size:
+                self._upto.popitem(last=False)
+        except Exception:
+            self.stats.deferred += len(todo) - len(done)
+            raise
+        finally:
+            if done:
+                self.store.trim(aggregate_id, done)
