@@ -17,7 +17,9 @@ Both paths publishing the same entry is a duplicate (harmless to a de-duplicatin
 receiver, but traffic). Within one process :class:`Claims` prevents it: wrap the regular
 dispatcher's publisher with :meth:`ImmediateDispatcher.guard`, and an entry is published
 by whichever path claims it first; the other waits for the outcome and, on success, only
-trims. Across processes the two paths can still race.
+trims. Across processes the two paths race for every entry the change stream reports
+before the immediate path has trimmed it; wrap the other process's publisher with
+:class:`SettledPublisher` to let young entries settle first.
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from docoutbox.dispatch.ports import Publisher
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.api import AggregateStore
 from docoutbox.store.core import Outcome
+from docoutbox.store.document import utcnow
+from docoutbox.store.ports import StoreBackend
 
 log = logging.getLogger("docoutbox.immediate")
 
@@ -109,6 +116,44 @@ class GuardedPublisher:
     def publish(self, entry: OutboxMessage) -> None:
         if not self.claims.publish(self.publisher, entry):
             self.skipped += 1
+
+
+class SettledPublisher:
+    """For a dispatcher in another process than the immediate path: an entry younger than
+    ``settle`` seconds is published only once it is that old and still pending.
+
+    An entry gone from its document was trimmed, and a trim follows a publish (I3), so it
+    counts as published. Costs one load per young entry, and ``settle`` seconds of latency
+    on the safety net (which then only carries what the immediate path failed to do).
+    ``created_at`` comes from the producer's clock: keep ``settle`` well above clock skew.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        backend: StoreBackend,
+        settle: float = 0.5,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.publisher = publisher
+        self.backend = backend
+        self.settle = settle
+        self._clock = clock
+        self._sleep = sleep
+        self.skipped = 0
+
+    def publish(self, entry: OutboxMessage) -> None:
+        age = (self._clock() - entry.created_at).total_seconds()
+        if age < self.settle:
+            self._sleep(self.settle - age)
+            doc = self.backend.load(entry.aggregate_id)
+            outbox = (doc or {}).get("outbox") or ()
+            if not any(e.get("id") == entry.id for e in outbox):
+                self.skipped += 1
+                return
+        self.publisher.publish(entry)
 
 
 @dataclass

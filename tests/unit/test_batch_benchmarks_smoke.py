@@ -23,3 +23,10 @@ def test_group_commit_benchmark_never_exhausts_retries_with_group_commit(mongo_u
     gave_up = table.figures["gave_up"]
     assert gave_up["threads: 16 writers, group commit"] == 0
     assert gave_up["tasks: 16 writers, group commit"] == 0
+
+
+def test_immediate_benchmark_publishes_everything(mongo_uri: str) -> None:
+    from benchmarks import immediate
+
+    table = immediate.run(mongo_uri, Scale.quick())
+    assert table.figures["immediate, one process"]["duplicates_per_message"] == 0

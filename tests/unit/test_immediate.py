@@ -172,3 +172,25 @@ def test_both_paths_in_one_process_publish_each_entry_once() -> None:
     assert set(counts) == committed_ids(backend)
     assert max(counts.values()) == 1
     assert in_seq_order(publisher.published)
+
+
+def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
+    from datetime import timedelta
+
+    from docoutbox.dispatch.immediate import SettledPublisher
+    from docoutbox.store.document import utcnow
+
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
+    store.trim("a", [first.id])  # the immediate path published and trimmed it
+    inner = MemoryPublisher()
+    slept: list[float] = []
+    settled = SettledPublisher(inner, backend, 0.5, sleep=slept.append)
+    settled.publish(first)
+    settled.publish(second)
+    assert inner.ids() == [second.id] and settled.skipped == 1
+    assert len(slept) == 2 and all(0 < s <= 0.5 for s in slept)
+    old = SettledPublisher(inner, backend, 0.5, clock=lambda: utcnow() + timedelta(seconds=5))
+    old.publish(first)  # old enough: published without a look (at least once)
+    assert inner.ids() == [second.id, first.id]
