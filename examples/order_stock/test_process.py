@@ -159,8 +159,8 @@ def test_order_and_stock_without_a_broker_under_faults(seed: int) -> None:
         t.start()
     deadline = time.monotonic() + 60
     turn = 0
-    while any(t.is_alive() for t in customers) or pending(orders_backend) or pending(
-        stocks_backend
+    while (
+        any(t.is_alive() for t in customers) or pending(orders_backend) or pending(stocks_backend)
     ):
         assert time.monotonic() < deadline, "the process did not settle"
         time.sleep(0.02)
