@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -47,7 +47,11 @@ _STOP = object()
 
 
 class Claims:
-    """Which entries this process has published, or is publishing, by entry ID.
+    """Which entries this process has published, is publishing, or has queued, by ID.
+
+    The immediate path *reserves* a commit's entries when they are offered, so the other
+    path waits for it instead of racing it; a reservation ends when the immediate path
+    publishes the entry, fails to, or gives it up.
 
     Bounded: the newest ``size`` published IDs are remembered (an entry older than that
     is long trimmed, or will be published again at worst: at least once still holds).
@@ -57,23 +61,46 @@ class Claims:
         self._size = size
         self._done: OrderedDict[str, None] = OrderedDict()
         self._inflight: dict[str, threading.Event] = {}
+        self._reserved: set[str] = set()
         self._lock = threading.Lock()
 
-    def claim(self, entry_id: str) -> Literal["mine", "done"] | threading.Event:
+    def reserve(self, entry_ids: Iterable[str]) -> None:
+        with self._lock:
+            for entry_id in entry_ids:
+                if entry_id not in self._done and entry_id not in self._inflight:
+                    self._inflight[entry_id] = threading.Event()
+                    self._reserved.add(entry_id)
+
+    def release(self, entry_ids: Iterable[str]) -> None:
+        """End the reservations still held on ``entry_ids`` (nothing was published)."""
+        for entry_id in entry_ids:
+            with self._lock:
+                held = entry_id in self._reserved
+            if held:
+                self.finish(entry_id, False)
+
+    def claim(
+        self, entry_id: str, *, reserved: bool = False
+    ) -> Literal["mine", "done"] | threading.Event:
         """ "mine": publish it, then :meth:`finish`; "done": already published; an
-        Event: another path is publishing it, wait and claim again."""
+        Event: another path is publishing it (or has it queued), wait and claim again.
+        ``reserved``: the caller is the path that reserved the entry."""
         with self._lock:
             if entry_id in self._done:
                 return "done"
             busy = self._inflight.get(entry_id)
-            if busy is not None:
-                return busy
-            self._inflight[entry_id] = threading.Event()
-            return "mine"
+            if busy is None:
+                self._inflight[entry_id] = threading.Event()
+                return "mine"
+            if reserved and entry_id in self._reserved:
+                self._reserved.discard(entry_id)
+                return "mine"
+            return busy
 
     def finish(self, entry_id: str, published: bool) -> None:
         with self._lock:
             event = self._inflight.pop(entry_id, None)
+            self._reserved.discard(entry_id)
             if published:
                 self._done[entry_id] = None
                 while len(self._done) > self._size:
@@ -81,14 +108,21 @@ class Claims:
         if event is not None:
             event.set()
 
-    def publish(self, publisher: Publisher, entry: OutboxMessage, wait: float = 30.0) -> bool:
+    def publish(
+        self,
+        publisher: Publisher,
+        entry: OutboxMessage,
+        *,
+        reserved: bool = False,
+        wait: float = 30.0,
+    ) -> bool:
         """Publish ``entry`` unless this process already did; True if *we* published it.
 
         Raises what the publisher raises. While another path holds the claim, waits for
         it (at most ``wait`` seconds each time, then publishes anyway: at least once).
         """
         while True:
-            claim = self.claim(entry.id)
+            claim = self.claim(entry.id, reserved=reserved)
             if claim == "done":
                 return False
             if isinstance(claim, threading.Event):
@@ -222,10 +256,13 @@ class ImmediateDispatcher:
     def offer(self, outcome: Outcome[Any]) -> None:
         """Queue a commit's new entries; called by the store after the commit."""
         self.stats.offered += len(outcome.entries)
+        entries = outcome.emitted
+        self.claims.reserve(e.id for e in entries)
         try:
-            self._queue.put_nowait((outcome.aggregate_id, outcome.emitted))
+            self._queue.put_nowait((outcome.aggregate_id, entries))
         except queue.Full:
-            self.stats.deferred += len(outcome.entries)
+            self.claims.release(e.id for e in entries)
+            self.stats.deferred += len(entries)
 
     def drain(self) -> None:
         """Wait until everything offered so far has been handled (for tests and shutdown)."""
@@ -248,6 +285,8 @@ class ImmediateDispatcher:
                 self._upto.pop(aggregate_id, None)
                 self.stats.errors.append(repr(exc))
                 log.warning("immediate_deferred aggregate=%r error=%r", aggregate_id, exc)
+            finally:
+                self.claims.release(e.id for e in entries)
 
     def _dispatch(self, aggregate_id: AggregateId, entries: tuple[OutboxMessage, ...]) -> None:
         upto = self._upto.get(aggregate_id, 0)
@@ -263,7 +302,7 @@ class ImmediateDispatcher:
         done: list[str] = []
         try:
             for entry in todo:
-                if self.claims.publish(self.publisher, entry):
+                if self.claims.publish(self.publisher, entry, reserved=True):
                     self.stats.published += 1
                 else:
                     self.stats.skipped += 1
