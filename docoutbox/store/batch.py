@@ -211,7 +211,7 @@ class BatchCore(Generic[S]):
                 break
             chunk = self._chunk(aggregate_id, snapshot, items, todo, seen, attempt)
             if not chunk.steps:
-                self._settle(chunk, results, todo)
+                self._settle(chunk, results, todo, items, seen)
                 if doc is not None:
                     self.core.cache.put(aggregate_id, doc, known)
                     fresh = False
@@ -227,7 +227,7 @@ class BatchCore(Generic[S]):
                 chunk.others[first] = Failed(aggregate_id, items[first].message.id, exc)
                 chunk.steps = []
                 chunk.covered = [i for i in chunk.covered if i <= first]
-                self._settle(chunk, results, todo)
+                self._settle(chunk, results, todo, items, seen)
                 continue
             plan = merge_plans([step.plan for step in chunk.steps])
             attempt += 1
@@ -255,8 +255,7 @@ class BatchCore(Generic[S]):
                         step.state,
                         tuple(step.entries),
                     )
-                    seen[items[step.index].message.id] = step.index
-                self._settle(chunk, results, todo)
+                self._settle(chunk, results, todo, items, seen)
                 doc, known, fresh, attempt = after, size, False, 0
                 continue
             if attempt >= retry.max_attempts:
@@ -307,8 +306,8 @@ class BatchCore(Generic[S]):
                 current = read_snapshot(self._new(aggregate_id), self.core.model)
             if is_duplicate(policy, current.inbox, current.marks, msg):
                 chunk.others[index] = Outcome(Status.DUPLICATE, aggregate_id, version, attempt)
-                if windowed:
-                    seen[msg.id] = index
+                if windowed and snapshot is not None and msg.id in snapshot.inbox:
+                    seen[msg.id] = index  # stored, hence final: it may leave the window
                 continue
             try:
                 decision = check_result(item.handler(current.state, msg), self.core.model)
@@ -396,10 +395,18 @@ class BatchCore(Generic[S]):
 
     @staticmethod
     def _settle(
-        chunk: _Chunk[S], results: list[Outcome[S] | Failed | None], todo: list[int]
+        chunk: _Chunk[S],
+        results: list[Outcome[S] | Failed | None],
+        todo: list[int],
+        items: Sequence[Item[S]],
+        seen: dict[str, int],
     ) -> None:
+        """Make the chunk's results final (its write applied, or it needed none)."""
         for index in chunk.covered:
-            results[index] = chunk.others[index]
+            result = results[index] = chunk.others[index]
+            if result.applied or result.duplicate:
+                # Processed for good, even once it leaves the window in a later commit.
+                seen[items[index].message.id] = index
         done = set(chunk.covered)
         todo[:] = [i for i in todo if i not in done]
 
