@@ -219,11 +219,14 @@ class ImmediateDispatcher:
         *,
         claims: Claims | None = None,
         max_queue: int = 10_000,
+        max_batch: int = 256,
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.claims = claims or Claims()
         self.stats = ImmediateStats()
+        #: Queued commits the worker takes at once (one trim per aggregate among them).
+        self.max_batch = max_batch
         self._queue: queue.Queue[Any] = queue.Queue(max_queue)
         #: The last seq published per aggregate (the most recently active ones).
         self._upto: OrderedDict[AggregateId, int] = OrderedDict()
@@ -272,23 +275,59 @@ class ImmediateDispatcher:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
+            batch = [self._queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self._work(batch):
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            aggregate_id, entries = item
+
+    def _work(self, batch: list[Any]) -> bool:
+        """Publish everything queued, per aggregate in seq order, then trim each aggregate
+        once. True when a stop was queued."""
+        stop = False
+        drained: list[threading.Event] = []
+        work: OrderedDict[AggregateId, dict[str, OutboxMessage]] = OrderedDict()
+        for item in batch:
+            if item is _STOP:
+                stop = True
+            elif isinstance(item, threading.Event):
+                drained.append(item)
+            else:
+                aggregate_id, entries = item
+                work.setdefault(aggregate_id, {}).update((e.id, e) for e in entries)
+        published: list[tuple[AggregateId, list[str]]] = []
+        for aggregate_id, by_id in work.items():
+            entries = sorted(by_id.values(), key=lambda e: e.seq)
+            done: list[str] = []
             try:
-                self._dispatch(aggregate_id, entries)
+                self._publish(aggregate_id, entries, done)
             except Exception as exc:  # noqa: BLE001 - left pending: the safety net publishes it
                 self._upto.pop(aggregate_id, None)
                 self.stats.errors.append(repr(exc))
                 log.warning("immediate_deferred aggregate=%r error=%r", aggregate_id, exc)
             finally:
                 self.claims.release(e.id for e in entries)
+            if done:
+                published.append((aggregate_id, done))
+        for aggregate_id, done in published:
+            try:
+                self.store.trim(aggregate_id, done)
+            except Exception as exc:  # noqa: BLE001 - published, untrimmed: republished later
+                self.stats.errors.append(repr(exc))
+                log.warning("immediate_trim_failed aggregate=%r error=%r", aggregate_id, exc)
+        while len(self._upto) > self._upto_size:
+            self._upto.popitem(last=False)
+        for event in drained:
+            event.set()
+        return stop
 
-    def _dispatch(self, aggregate_id: AggregateId, entries: tuple[OutboxMessage, ...]) -> None:
+    def _publish(
+        self, aggregate_id: AggregateId, entries: list[OutboxMessage], done: list[str]
+    ) -> None:
+        """Publish ``entries`` after any pending ones below them, appending to ``done``."""
         upto = self._upto.get(aggregate_id, 0)
         todo = [e for e in entries if e.seq > upto]
         if not todo:
@@ -299,7 +338,6 @@ class ImmediateDispatcher:
             pending = [] if snapshot is None else list(snapshot.outbox)
             below = [e for e in pending if e.seq < todo[0].seq]
             todo = below + todo
-        done: list[str] = []
         try:
             for entry in todo:
                 if self.claims.publish(self.publisher, entry, reserved=True):
@@ -309,11 +347,6 @@ class ImmediateDispatcher:
                 done.append(entry.id)
                 self._upto[aggregate_id] = entry.seq
                 self._upto.move_to_end(aggregate_id)
-            while len(self._upto) > self._upto_size:
-                self._upto.popitem(last=False)
         except Exception:
             self.stats.deferred += len(todo) - len(done)
             raise
-        finally:
-            if done:
-                self.store.trim(aggregate_id, done)
