@@ -28,7 +28,7 @@ from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.metrics import LoggingMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.errors import DocOutboxError
+from docoutbox.errors import DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
 
 log = logging.getLogger("docoutbox.cli")
@@ -228,6 +228,8 @@ def _dispatch(
     )
     try:
         dispatcher.run()
+    except PartitionMismatch as exc:
+        return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
     finally:
         close = getattr(publisher, "close", None)
         if callable(close):

@@ -129,3 +129,34 @@ class LeaseTable(Protocol):
     def release(self, partition: int, owner: str) -> None:
         """Give ``partition`` up if ``owner`` holds it."""
         ...
+
+
+@runtime_checkable
+class AsyncDeadLetters(Protocol):
+    """The async twin of :class:`DeadLetters`."""
+
+    async def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None: ...
+
+
+@runtime_checkable
+class AsyncChangeSource(Protocol):
+    """The async twin of :class:`ChangeSource`."""
+
+    async def start_marker(self) -> Position: ...
+
+    async def open(self, position: Position) -> None: ...
+
+    async def poll(self, max_events: int) -> list[ChangeEvent]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncCheckpoints(Protocol):
+    """The async twin of :class:`Checkpoints`."""
+
+    async def load(self, name: str) -> Position | None: ...
+
+    async def save(self, name: str, position: Position) -> None: ...

@@ -7,10 +7,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import datetime
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from docoutbox.drive import drive, drive_async
 from docoutbox.errors import NotFound
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
@@ -36,18 +38,7 @@ T = TypeVar("T")
 
 def run_sync(flow: Flow[T], backend: StoreBackend, sleep: Callable[[float], None]) -> T:
     """Drive ``flow`` against a sync backend."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            send = _perform(op, backend, sleep)
-        except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
-            error = exc
+    return drive(flow, partial(_perform, backend=backend, sleep=sleep))
 
 
 def _perform(op: Op, backend: StoreBackend, sleep: Callable[[float], None]) -> Any:
@@ -67,18 +58,7 @@ async def run_async(
     flow: Flow[T], backend: AsyncStoreBackend, sleep: Callable[[float], Awaitable[None]]
 ) -> T:
     """Drive ``flow`` against an async backend."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            send = await _perform_async(op, backend, sleep)
-        except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
-            error = exc
+    return await drive_async(flow, partial(_perform_async, backend=backend, sleep=sleep))
 
 
 async def _perform_async(

@@ -2,7 +2,8 @@
 
 Each process is a generator that yields operations and receives their results, like the
 library's own flows, which it runs with ``yield from`` (:meth:`Core.handle` here; the
-dispatcher is in :mod:`tests.simulation.dispatcher`). The simulator performs every
+dispatcher, the library's own dispatch engine, is driven by
+:mod:`tests.simulation.dispatcher`). The simulator performs every
 operation, so it can interleave processes, inject a fault at any step and kill a process
 between any two steps.
 """
@@ -19,7 +20,8 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, Field
 
 from docoutbox.codec import decode_entry
-from docoutbox.dispatch.flow import DispatchOp, DispatchPolicy
+from docoutbox.dispatch.engine import EngineOp
+from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.errors import StoreError
 from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
@@ -101,32 +103,7 @@ class Idle:
     """Nothing to do for now: wait a few steps."""
 
 
-@dataclass(frozen=True)
-class ReadChanges:
-    """Wait for changes ``start, start + 1, ...`` of the producers' change log."""
-
-    start: int
-    limit: int
-
-
-@dataclass(frozen=True)
-class LogEnd:
-    """The change log's current length."""
-
-
-@dataclass(frozen=True)
-class LoadCheckpoint:
-    """The dispatcher's saved position, or None."""
-
-
-@dataclass(frozen=True)
-class SaveCheckpoint:
-    position: int
-
-
-SimOp = (
-    Op | DispatchOp | Receive | Ack | Nack | Idle | ReadChanges | LogEnd | LoadCheckpoint
-) | SaveCheckpoint
+SimOp = Op | EngineOp | Receive | Ack | Nack | Idle
 Process = Generator[SimOp, Any, None]
 Step = Generator[SimOp, Any, Any]
 
