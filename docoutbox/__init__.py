@@ -6,7 +6,9 @@ an outbox of messages not yet published; handling a message is one conditional w
 
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
+from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
 from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.local import LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
@@ -43,6 +45,7 @@ from docoutbox.handlers import Decision, Handler, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
+from docoutbox.store.batch import BatchOutcome, Failed
 from docoutbox.store.core import Created, Outcome, Status, StoreConfig
 from docoutbox.store.document import Snapshot, partition_of
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
@@ -55,6 +58,7 @@ __all__ = [
     "AsyncAggregateStore",
     "AsyncPublisher",
     "AsyncStoreBackend",
+    "BatchOutcome",
     "BrokerUnavailable",
     "ChangeEvent",
     "ChangeSource",
@@ -72,8 +76,10 @@ __all__ = [
     "DocOutboxError",
     "DocumentTooLarge",
     "Emit",
+    "Failed",
     "Handler",
     "Handlers",
+    "ImmediateDispatcher",
     "InboxPolicy",
     "InboxSaturated",
     "InvalidAggregateId",
@@ -84,6 +90,7 @@ __all__ = [
     "LeaseKeeper",
     "LeaseTable",
     "LeaseTiming",
+    "LocalPublisher",
     "LoggingMetrics",
     "MalformedDocument",
     "Message",
@@ -98,6 +105,8 @@ __all__ = [
     "PublishError",
     "Publisher",
     "RetryPolicy",
+    "Route",
+    "SettledPublisher",
     "Snapshot",
     "SoleOwner",
     "Status",
