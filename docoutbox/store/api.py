@@ -145,13 +145,12 @@ class AggregateStore(Generic[S]):
         gets its error in its result, and the other messages still commit.
         """
         items = [Item(Message.parse(m), handler, create) for m in messages]
-        return self._run_batch(aggregate_id, items)
+        outcome = self._run_batch(aggregate_id, items)
+        _notify(self.commit_listeners, outcome.results)
+        return outcome
 
     def _run_batch(self, aggregate_id: AggregateId, items: Sequence[Item[S]]) -> BatchOutcome[S]:
-        outcome = self._run(self._batch.handle_batch(aggregate_id, items))
-        if self._group is None:
-            _notify(self.commit_listeners, outcome.results)
-        return outcome
+        return self._run(self._batch.handle_batch(aggregate_id, items))
 
     def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         """Create the aggregate unless it exists; either way return what is stored."""
@@ -255,15 +254,14 @@ class AsyncAggregateStore(Generic[S]):
         create: bool = False,
     ) -> BatchOutcome[S]:
         items = [Item(Message.parse(m), handler, create) for m in messages]
-        return await self._run_batch(aggregate_id, items)
+        outcome = await self._run_batch(aggregate_id, items)
+        _notify(self.commit_listeners, outcome.results)
+        return outcome
 
     async def _run_batch(
         self, aggregate_id: AggregateId, items: Sequence[Item[S]]
     ) -> BatchOutcome[S]:
-        outcome = await self._run(self._batch.handle_batch(aggregate_id, items))
-        if self._group is None:
-            _notify(self.commit_listeners, outcome.results)
-        return outcome
+        return await self._run(self._batch.handle_batch(aggregate_id, items))
 
     async def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         return await self._run(self._core.create(aggregate_id, state))

@@ -194,3 +194,17 @@ def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> N
     old = SettledPublisher(inner, backend, 0.5, clock=lambda: utcnow() + timedelta(seconds=5))
     old.publish(first)  # old enough: published without a look (at least once)
     assert inner.ids() == [second.id, first.id]
+
+
+def test_batches_and_group_commits_reach_the_immediate_path() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter, group_commit=True)
+    publisher = MemoryPublisher()
+    immediate = ImmediateDispatcher(store, publisher).start()
+    store.handle_batch("a", [add_msg(f"m{i}") for i in range(5)], counter_handlers, create=True)
+    store.handle("a", add_msg("m5"), counter_handlers)
+    immediate.drain()
+    immediate.stop()
+    assert [e.seq for e in publisher.published] == [1, 2, 3, 4, 5, 6]
+    assert pending(backend) == 0
+    assert immediate.stats.reloads == 0  # every commit was offered, none found by a reload
