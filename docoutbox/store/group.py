@@ -73,6 +73,11 @@ class Coalescer(Generic[S, W]):
             waiting = self._queues[aggregate_id].waiting
             return [waiting.popleft() for _ in range(min(len(waiting), self.max_batch))]
 
+    def requeue(self, aggregate_id: AggregateId, requests: Sequence[Request[S, W]]) -> None:
+        """Put a batch back at the head of the queue (its leader was interrupted)."""
+        with self._lock:
+            self._queues[aggregate_id].waiting.extendleft(reversed(requests))
+
     def finish(
         self, aggregate_id: AggregateId, gone: Callable[[Request[S, W]], bool] | None = None
     ) -> Request[S, W] | None:
@@ -119,10 +124,10 @@ def handle_sync(
         batch = coalescer.take(aggregate_id)
         try:
             outcome = run(aggregate_id, [r.item for r in batch])
-        except BaseException as exc:
-            for r in batch:
-                if r is not request:
-                    r.waiter.set_exception(exc)
+        except BaseException:
+            # Interrupted: the others' messages are handled again by the next leader (the
+            # inbox absorbs whatever this write may have applied).
+            coalescer.requeue(aggregate_id, [r for r in batch if r is not request])
             _hand_over(coalescer, aggregate_id)
             raise
         for r, res in zip(batch, outcome.results, strict=True):
@@ -168,10 +173,8 @@ async def handle_async(
         batch = [r for r in coalescer.take(aggregate_id) if r is request or not r.waiter.done()]
         try:
             outcome = await run(aggregate_id, [r.item for r in batch])
-        except BaseException as exc:
-            for r in batch:
-                if r is not request and not r.waiter.done():
-                    r.waiter.set_exception(exc)
+        except BaseException:
+            coalescer.requeue(aggregate_id, [r for r in batch if r is not request])
             _hand_over_async(coalescer, aggregate_id)
             raise
         for r, res in zip(batch, outcome.results, strict=True):

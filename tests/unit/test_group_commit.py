@@ -184,9 +184,57 @@ def test_a_cancelled_task_does_not_stall_the_others() -> None:
         tasks[4].cancel()
         tasks[0].cancel()  # the first leader, in the middle of its write
         done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=5)
-        assert sum(isinstance(d, asyncio.CancelledError) for d in done) >= 1
+        # Only the cancelled callers see the cancellation; the leader's batch is requeued.
+        cancelled = [i for i, d in enumerate(done) if isinstance(d, asyncio.CancelledError)]
+        assert cancelled == [0, 4]
         assert all(d.applied for d in done if not isinstance(d, BaseException))
         # More work still flows through the aggregate afterwards.
         assert (await store.handle("hot", add_msg("after"), counter_handlers)).applied
 
     asyncio.run(main())
+
+
+def test_an_interrupted_leader_hands_its_batch_to_the_next() -> None:
+    """The leader's thread is interrupted mid-write: the callers queued with it are
+    handled by the next leader and none of them sees the interruption."""
+
+    class Interrupt(BaseException):
+        pass
+
+    class Breaking(Slow):
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed = True
+
+        def write(self, plan: WritePlan) -> bool:
+            if self.armed and threading.current_thread().name == "leader":
+                self.armed = False
+                raise Interrupt
+            if threading.current_thread().name == "first":
+                time.sleep(0.05)  # the others queue up behind this write
+            return super().write(plan)
+
+    store = AggregateStore(Breaking(), Counter, group_commit=True)
+    store.create("hot", Counter())
+    results: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        try:
+            results[i] = store.handle("hot", add_msg(f"m{i}"), counter_handlers)
+        except Interrupt as exc:
+            results[i] = exc
+
+    first = threading.Thread(target=call, args=(9,), name="first")
+    first.start()
+    time.sleep(0.01)
+    leader = threading.Thread(target=call, args=(0,), name="leader")
+    leader.start()  # queued first: it leads the next batch, which holds everybody
+    time.sleep(0.01)
+    others = [threading.Thread(target=call, args=(i,)) for i in range(1, 6)]
+    for t in others:
+        t.start()
+    for t in [first, leader, *others]:
+        t.join(10)
+    assert isinstance(results[0], Interrupt)
+    assert all(results[i].applied for i in range(1, 6))
+    assert sorted(store.get("hot").state.applied) == [f"m{i}" for i in (1, 2, 3, 4, 5, 9)]
