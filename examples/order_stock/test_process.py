@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,17 +37,22 @@ CONFIG = DispatcherConfig(
 )
 
 
-class Shaky(MemoryBackend):
-    """Some commits apply and then report an error, as when the reply is lost."""
+class Shaky:
+    """A store backend whose commits sometimes apply and then report an error, as when
+    the reply is lost."""
 
-    def __init__(self, rng: random.Random, lock: threading.Lock) -> None:
-        super().__init__()
+    def __init__(self, inner: Any, rng: random.Random, lock: threading.Lock) -> None:
+        self.inner = inner
         self.rng = rng
         self.rng_lock = lock
         self.armed = False
+        self.max_document_bytes = inner.max_document_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def write(self, plan: WritePlan) -> bool:
-        applied = super().write(plan)
+        applied: bool = self.inner.write(plan)
         with self.rng_lock:
             lost = self.armed and isinstance(plan, CommitPlan) and self.rng.random() < 0.05
         if lost:
@@ -78,8 +85,11 @@ class Flaky:
 class Fleet:
     """Dispatchers for one collection: two at a time, one replaced now and then."""
 
-    def __init__(self, backend: MemoryBackend, publisher: Any, dead: MemoryDeadLetters) -> None:
+    def __init__(
+        self, backend: Any, publisher: Any, dead: MemoryDeadLetters, *, stream: bool
+    ) -> None:
         self.backend = backend
+        self.stream = stream
         self.publisher = publisher
         self.dead = dead
         self.running: list[tuple[Dispatcher, threading.Thread]] = []
@@ -90,8 +100,8 @@ class Fleet:
             self.backend,
             self.publisher,
             self.dead,
-            source=MemoryChangeSource(self.backend),
-            checkpoints=MemoryCheckpoints(),
+            source=MemoryChangeSource(self.backend.inner) if self.stream else None,
+            checkpoints=MemoryCheckpoints() if self.stream else None,
             config=CONFIG,
         )
         thread = threading.Thread(target=dispatcher.run, daemon=True)
@@ -112,22 +122,47 @@ class Fleet:
             thread.join(10)
 
 
-def pending(backend: MemoryBackend) -> int:
-    return sum(len(doc.get("outbox") or []) for doc in backend.docs.values())
+def pending(backend: Shaky) -> int:
+    return sum(
+        len(doc.get("outbox") or []) for doc in backend.find_pending(after=None, limit=10**6)
+    )
+
+
+@pytest.fixture(params=["memory", "wire"])
+def collections(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """Two collections of one database: orders and stocks."""
+    if request.param == "memory":
+        yield MemoryBackend(), MemoryBackend()
+        return
+    from pymongo import MongoClient
+
+    from docoutbox_mongo import MongoBackend
+
+    client: Any = MongoClient(request.getfixturevalue("mongo_uri"), uuidRepresentation="standard")
+    db = client[f"order_stock_{uuid.uuid4().hex[:8]}"]
+    yield MongoBackend(db["orders"]), MongoBackend(db["stocks"])
+    client.drop_database(db.name)
+    client.close()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_order_and_stock_without_a_broker_under_faults(seed: int) -> None:
+def test_order_and_stock_without_a_broker_under_faults(
+    seed: int, collections: tuple[Any, Any]
+) -> None:
     rng = random.Random(seed)
     lock = threading.Lock()
-    orders_backend, stocks_backend = Shaky(rng, lock), Shaky(rng, lock)
+    orders_backend, stocks_backend = (Shaky(c, rng, lock) for c in collections)
+    stream = isinstance(collections[0], MemoryBackend)  # the wire server: sweeps only
     orders, stocks = stores(orders_backend, stocks_backend)
     for sku in SKUS:
         stocks.create(sku, Stock(available=START))
     orders_backend.armed = stocks_backend.armed = True
     flaky = Flaky(publisher(orders, stocks), rng, lock)
     dead = MemoryDeadLetters()
-    fleets = [Fleet(orders_backend, flaky, dead), Fleet(stocks_backend, flaky, dead)]
+    fleets = [
+        Fleet(orders_backend, flaky, dead, stream=stream),
+        Fleet(stocks_backend, flaky, dead, stream=stream),
+    ]
     for fleet in fleets:
         fleet.start_one()
         fleet.start_one()
