@@ -187,7 +187,7 @@ class BatchCore(Generic[S]):
         cached = self.core.cache.take(aggregate_id)
         doc, known = cached if cached is not None else (None, None)
         fresh = doc is None
-        attempt = commits = writes = loads = 0
+        attempt = commits = writes = loads = version = 0
         while todo:
             if fresh:
                 known = None
@@ -197,17 +197,18 @@ class BatchCore(Generic[S]):
                 except TransientStoreError as exc:
                     attempt += 1
                     if attempt >= retry.max_attempts:
-                        self._fail(aggregate_id, items, todo, results, exc)
+                        self._fail(aggregate_id, items, todo, results, exc, seen, version)
                         break
                     yield Sleep(retry.delay(attempt, config.rng))
                     continue
                 except DocOutboxError as exc:
-                    self._fail(aggregate_id, items, todo, results, exc)
+                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
                     break
             try:
                 snapshot = None if doc is None else read_snapshot(doc, self.core.model)
+                version = snapshot.version if snapshot is not None else 0
             except DocOutboxError as exc:
-                self._fail(aggregate_id, items, todo, results, exc)
+                self._fail(aggregate_id, items, todo, results, exc, seen, version)
                 break
             chunk = self._chunk(aggregate_id, snapshot, items, todo, seen, attempt)
             if not chunk.steps:
@@ -237,11 +238,11 @@ class BatchCore(Generic[S]):
             except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
                 if attempt >= retry.max_attempts:
-                    self._fail(aggregate_id, items, todo, results, exc)
+                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
                     break
                 applied = False
             except DocOutboxError as exc:
-                self._fail(aggregate_id, items, todo, results, exc)
+                self._fail(aggregate_id, items, todo, results, exc, seen, version)
                 break
             if applied:
                 commits += 1
@@ -260,8 +261,11 @@ class BatchCore(Generic[S]):
                 continue
             if attempt >= retry.max_attempts:
                 version = snapshot.version if snapshot is not None else 0
+                gave_up = Outcome[S](Status.GAVE_UP, aggregate_id, version, attempt)
                 for index in todo:
-                    results[index] = Outcome(Status.GAVE_UP, aggregate_id, version, attempt)
+                    done = self._processed(aggregate_id, items, index, seen, version)
+                    results[index] = done or gave_up
+                todo.clear()
                 break
             if fresh:
                 yield Sleep(retry.delay(attempt, config.rng))
@@ -417,7 +421,27 @@ class BatchCore(Generic[S]):
         todo: list[int],
         results: list[Outcome[S] | Failed | None],
         error: Exception,
+        seen: dict[str, int],
+        version: int,
     ) -> None:
+        """End the call: what is not known processed gets ``error``."""
         for index in todo:
-            results[index] = Failed(aggregate_id, items[index].message.id, error)
+            failed = Failed(aggregate_id, items[index].message.id, error)
+            done = BatchCore._processed(aggregate_id, items, index, seen, version)
+            results[index] = done or failed
         todo.clear()
+
+    @staticmethod
+    def _processed(
+        aggregate_id: AggregateId,
+        items: Sequence[Item[S]],
+        index: int,
+        seen: dict[str, int],
+        version: int,
+    ) -> Outcome[S] | None:
+        """A DUPLICATE outcome for a message this call already knows processed (a second
+        copy in the batch, or one found in the stored inbox): never report it failed, or
+        its redelivery could come back after it has left the window."""
+        if items[index].message.id not in seen:
+            return None
+        return Outcome(Status.DUPLICATE, aggregate_id, version, 0)

@@ -268,3 +268,23 @@ def test_insert_plan_is_used_for_a_new_aggregate() -> None:
     backend = Recording()
     make(backend).handle_batch("n", [add_msg("a"), add_msg("b")], counter_handlers, create=True)
     assert [type(p) for p in backend.plans] == [InsertPlan]
+
+
+def test_a_second_copy_of_an_applied_message_is_never_reported_failed() -> None:
+    """The call ends in failure after m1 was committed: its second copy in the batch is a
+    duplicate, not a failure (a consumer would redeliver a failure, maybe once m1 has left
+    the window, and apply it twice)."""
+
+    class FailingLater(Faulty):
+        def write(self, plan: WritePlan) -> bool:
+            if isinstance(plan, CommitPlan) and "m5" in plan.inbox_push:
+                raise TransientStoreError("write failed")
+            return super().write(plan)
+
+    backend = FailingLater()
+    store = make(backend, inbox=InboxPolicy(window=4))
+    store.create("c1", Counter())
+    messages = [add_msg(f"m{i}") for i in range(1, 6)] + [add_msg("m1")]
+    result = store.handle_batch("c1", messages, counter_handlers)
+    statuses = [r.status for r in result.results]
+    assert statuses == [Status.APPLIED] * 4 + ["failed", Status.DUPLICATE]
