@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from docoutbox.dispatch.drivers import AsyncPorts
+from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, EngineOp
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
@@ -41,6 +41,7 @@ from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive_async
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import utcnow
+from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import AsyncStoreBackend
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -87,6 +88,8 @@ class AsyncDispatcher:
         self.checkpoints = checkpoints
         self.ownership = ownership or SoleOwner()
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
+        #: Trims of concurrent runs go out together.
+        self.trims = AsyncGroupWriter(backend)
         self.engine = DispatchEngine(
             self.config,
             self.ownership,
@@ -124,17 +127,9 @@ class AsyncDispatcher:
     def _signal(self) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._stop.set()
-            self._wake.set()
-        else:
-            loop.call_soon_threadsafe(self._stop.set)
-            loop.call_soon_threadsafe(self._wake.set)
+            return  # not running yet: run() sees the flag
+        loop.call_soon_threadsafe(self._stop.set)
+        loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self) -> None:
         cfg = self.config
@@ -198,6 +193,8 @@ class AsyncDispatcher:
             return None
         if isinstance(op, Publish | Write) and self._crashed:
             raise Abandoned
+        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+            return await self.trims.write(op.plan)
         return await self.ports.perform(op)
 
     async def _shutdown(self) -> None:

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from docoutbox.dispatch.drivers import Ports
+from docoutbox.dispatch.drivers import GroupWriter, Ports
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, EngineOp, event_target
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
@@ -27,6 +27,7 @@ from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import utcnow
+from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import StoreBackend
 
 __all__ = ["Dispatcher", "DispatcherConfig", "event_target"]
@@ -54,6 +55,8 @@ class Dispatcher:
         self.checkpoints = checkpoints
         self.ownership = ownership or SoleOwner()
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
+        #: Trims of concurrent runs go out together.
+        self.trims = GroupWriter(backend)
         self.engine = DispatchEngine(
             self.config,
             self.ownership,
@@ -138,6 +141,8 @@ class Dispatcher:
             return None
         if isinstance(op, Publish | Write) and self._crashed.is_set():
             raise Abandoned
+        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+            return self.trims.write(op.plan)
         return self.ports.perform(op)
 
     def _shutdown(self) -> None:

@@ -1,4 +1,5 @@
-"""How each operation of the dispatch loop maps onto the ports, sync and async.
+"""How each operation of the dispatch loop maps onto the ports, sync and async; and the
+group commit that writes the trims of concurrent runs in one round trip.
 
 :class:`Ports` and :class:`AsyncPorts` bundle what a driver talks to; their ``perform``
 carries out one :data:`~docoutbox.dispatch.engine.EngineOp`. Drivers add only their own
@@ -7,6 +8,10 @@ concerns (stopping during a sleep, abandoning work after a crash).
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,7 @@ from docoutbox.dispatch.ports import (
     Publisher,
 )
 from docoutbox.store.core import FindPending, Load, Write
+from docoutbox.store.plans import WritePlan
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 
@@ -110,3 +116,103 @@ class AsyncPorts:
                 return await self.checkpoints.load(op.name)
             return await self.checkpoints.save(op.name, op.position)
         raise TypeError(f"not a dispatch operation: {op!r}")
+
+
+def write_many(backend: Any, plans: Sequence[WritePlan]) -> list[bool]:
+    """``backend.write_many(plans)`` where the backend has it (one round trip), else one
+    :meth:`~docoutbox.store.ports.StoreBackend.write` per plan."""
+    many = getattr(backend, "write_many", None)
+    if callable(many):
+        results: list[bool] = many(plans)
+        return results
+    return [backend.write(plan) for plan in plans]
+
+
+async def write_many_async(backend: Any, plans: Sequence[WritePlan]) -> list[bool]:
+    """The async twin of :func:`write_many`."""
+    many = getattr(backend, "write_many", None)
+    if callable(many):
+        results: list[bool] = await many(plans)
+        return results
+    return [await backend.write(plan) for plan in plans]
+
+
+class GroupWriter:
+    """Trims of concurrent runs, written together: a group commit.
+
+    The first caller writes everything queued in one :func:`write_many`; callers arriving
+    meanwhile queue up and are written by the next round, in one round trip for all.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._queue: list[tuple[WritePlan, Future[bool]]] = []
+        self._writing = False
+        self._lock = threading.Lock()
+        #: Round trips made, and plans written: ``plans / batches`` is the batching gain.
+        self.batches = 0
+        self.plans = 0
+
+    def write(self, plan: WritePlan) -> bool:
+        future: Future[bool] = Future()
+        with self._lock:
+            self._queue.append((plan, future))
+            lead = not self._writing
+            self._writing = True
+        if lead:
+            self._flush()
+        return future.result()
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._writing = False
+                    return
+            self.batches += 1
+            self.plans += len(batch)
+            try:
+                results = write_many(self._backend, [plan for plan, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - every writer of the batch sees it
+                for _, future in batch:
+                    future.set_exception(exc)
+            else:
+                for (_, future), ok in zip(batch, results, strict=True):
+                    future.set_result(ok)
+
+
+class AsyncGroupWriter:
+    """The asyncio twin of :class:`GroupWriter`."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._queue: list[tuple[WritePlan, asyncio.Future[bool]]] = []
+        self._writing = False
+        self.batches = 0
+        self.plans = 0
+
+    async def write(self, plan: WritePlan) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((plan, future))
+        if not self._writing:
+            self._writing = True
+            try:
+                await self._flush()
+            finally:
+                self._writing = False
+        return await future
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            self.batches += 1
+            self.plans += len(batch)
+            try:
+                results = await write_many_async(self._backend, [plan for plan, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - every writer of the batch sees it
+                for _, future in batch:
+                    future.set_exception(exc)
+            else:
+                for (_, future), ok in zip(batch, results, strict=True):
+                    future.set_result(ok)

@@ -9,7 +9,9 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
   page, poll the change stream (opening it from the checkpoint, or fresh behind a
   :class:`~docoutbox.dispatch.checkpoint.Gate`), and save the checkpoint behind the
   completed prefix of events (I5);
-- :meth:`DispatchEngine.run`, one aggregate's run: load it and publish its pending
+- :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
+  came with its latest request (an event's or a sweep's; entries never change, and those
+  this instance trimmed since are left out) or load it, then publish its pending
   entries in ``seq`` order with :func:`~docoutbox.dispatch.flow.dispatch_document` (I4),
   trimming what was published, as long as its partition is held.
 
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -47,6 +50,7 @@ from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
+from docoutbox.store.plans import TrimPlan
 
 log = logging.getLogger("docoutbox.dispatcher")
 
@@ -114,6 +118,29 @@ class SaveCheckpoint:
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
 EngineOp = StreamOp | RunOp | FindPending
+
+
+#: How many recently trimmed entry IDs the engine remembers.
+TRIMMED_MEMORY = 100_000
+
+
+class RecentIds:
+    """A bounded set of IDs (the oldest go first), safe across threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ids: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._ids
+
+    def add_all(self, ids: Iterable[str]) -> None:
+        with self._lock:
+            for i in ids:
+                self._ids[i] = None
+            while len(self._ids) > self._size:
+                del self._ids[next(iter(self._ids))]
 
 
 #: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
@@ -191,6 +218,9 @@ class DispatchEngine:
         self._clock = clock
         self._rng = rng
         self.queue = AggregateQueue(workers=config.concurrency, backoff=config.backoff, rng=rng)
+        #: Entries this instance trimmed lately: skipped in documents that came with
+        #: requests (an event's copy may predate a trim).
+        self.trimmed = RecentIds(TRIMMED_MEMORY)
         self.sweeps: deque[Sweep] = deque()
         self.tracker = PositionTracker()
         #: The checkpoint last saved (or loaded).
@@ -289,7 +319,7 @@ class DispatchEngine:
         target = event_target(doc, self.config.partitions)
         if target is None or not self.ownership.valid(target[1]):
             return None
-        return partial(self.queue.done, self.queue.request(*target))
+        return partial(self.queue.done, self.queue.request(*target, doc))
 
     # -- the change stream ------------------------------------------------------------
 
@@ -402,7 +432,9 @@ class DispatchEngine:
         if not self.ownership.enter(partition):
             return RunOutcome.DONE  # not ours: its owner sweeps it when acquiring
         try:
-            doc: Document | None = yield Load(aggregate_id)
+            doc = self._unpublished(slot.document)
+            if doc is None:
+                doc = yield Load(aggregate_id)
             if doc is None or not doc.get("outbox"):
                 return RunOutcome.DONE
             result = yield from self._publish_flow(doc, partition)
@@ -421,6 +453,17 @@ class DispatchEngine:
             len(result.held),
         )
         return RunOutcome.UNAVAILABLE if result.unavailable else RunOutcome.DONE
+
+    def _unpublished(self, doc: Document | None) -> Document | None:
+        """``doc`` (a copy that came with an event or a sweep page) without the entries
+        this instance already trimmed: entries never change, so nothing needs reloading."""
+        if doc is None:
+            return None
+        outbox = doc.get("outbox") or []
+        fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in self.trimmed)]
+        if len(fresh) == len(outbox):
+            return doc
+        return {**doc, "outbox": fresh}
 
     def _publish_flow(
         self, doc: Document, partition: int
@@ -459,6 +502,9 @@ class DispatchEngine:
                     send = yield op
                 except StoreError as exc:
                     error = exc
+                else:
+                    if send and isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+                        self.trimmed.add_all(op.plan.entry_ids)
 
     def _publish(self, op: Publish) -> Generator[RunOp, Any, Exception | None]:
         entry = op.entry

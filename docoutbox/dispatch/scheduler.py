@@ -25,6 +25,7 @@ from enum import Enum
 
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
+from docoutbox.store.document import Document
 
 __all__ = ["AggregateQueue", "Backoff", "RunOutcome", "RunSlot", "Ticket"]
 
@@ -44,12 +45,17 @@ class Ticket:
 
 @dataclass(frozen=True)
 class RunSlot:
-    """One run handed out by :meth:`AggregateQueue.start`."""
+    """One run handed out by :meth:`AggregateQueue.start`.
+
+    ``document`` is the newest copy of the aggregate that came with a request since the
+    last run began (None: load it).
+    """
 
     aggregate_id: AggregateId
     partition: int
     generation: int
     epoch: int
+    document: Document | None = None
 
 
 @dataclass
@@ -59,6 +65,7 @@ class _Agg:
     completed: int
     running: bool = False
     failures: int = 0
+    document: Document | None = None
 
 
 class AggregateQueue:
@@ -82,17 +89,21 @@ class AggregateQueue:
         self._epoch = 0  # counts pauses; a run remembers the one it started in
         self._lock = threading.Lock()
 
-    def request(self, aggregate_id: AggregateId, partition: int) -> Ticket:
+    def request(
+        self, aggregate_id: AggregateId, partition: int, document: Document | None = None
+    ) -> Ticket:
+        """Ask for a run; ``document``, if given, is the aggregate as of this request."""
         with self._lock:
             self._generation += 1
             gen = self._generation
             agg = self._aggs.get(aggregate_id)
             if agg is None:
                 # Every earlier request of this aggregate completed (or it would be here).
-                self._aggs[aggregate_id] = _Agg(partition, gen, gen - 1)
+                self._aggs[aggregate_id] = _Agg(partition, gen, gen - 1, document=document)
                 self._enqueue(aggregate_id)
             else:
                 agg.requested = gen
+                agg.document = document
                 if not agg.running and agg.failures == 0:
                     self._enqueue(aggregate_id)
             return Ticket(aggregate_id, gen)
@@ -143,7 +154,11 @@ class AggregateQueue:
                     continue
                 agg.running = True
                 self._running += 1
-                slots.append(RunSlot(aggregate_id, agg.partition, agg.requested, self._epoch))
+                slot = RunSlot(
+                    aggregate_id, agg.partition, agg.requested, self._epoch, agg.document
+                )
+                agg.document = None
+                slots.append(slot)
         return slots
 
     def finish(self, slot: RunSlot, outcome: RunOutcome, now: float) -> None:

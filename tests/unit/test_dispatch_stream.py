@@ -1,5 +1,6 @@
-"""``postBatchResumeToken``: a quiet collection's position keeps moving (unit test on the
-token handling, since the wire server sends no such token)."""
+"""What the stream brings: ``postBatchResumeToken`` keeps a quiet collection's position
+moving (a unit test on the token handling, since the wire server sends no such token), and
+an event's copy of the document is published without reloading it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import ChangeEvent
+from docoutbox.dispatch.scheduler import RunOutcome
 from docoutbox_mongo.changes import MongoChangeSource
 
 
@@ -107,3 +109,45 @@ def test_the_checkpoint_follows_position_only_events() -> None:
         except StopIteration:
             pass
     assert saved == [{"resume_after": {"_data": "0015"}}]
+
+
+def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating() -> None:
+    """The copy an event carries is published as is; a later, staler copy does not bring
+    back the entries this instance trimmed since."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="q"),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    entry = {
+        "id": "e1",
+        "type": "Added",
+        "payload": {},
+        "created_at": datetime(2030, 1, 1, tzinfo=UTC),
+        "seq": 1,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = {"_id": "a", "partition": 0, "version": 1, "outbox": [entry]}
+
+    def run_once() -> list[str]:
+        [slot] = engine.start_runs()
+        flow, ops, reply = engine.run(slot), list[str](), None
+        try:
+            while True:
+                op = flow.send(reply)
+                ops.append(type(op).__name__)
+                reply = True if ops[-1] == "Write" else None
+        except StopIteration:
+            pass
+        engine.finish(slot, RunOutcome.DONE)
+        return ops
+
+    engine.request(doc)
+    assert run_once() == ["Publish", "Write"]  # no Load: the event's copy is used
+    engine.request(dict(doc))  # a stale copy, from before the trim
+    assert run_once() == []  # nothing published again, nothing read
