@@ -8,7 +8,7 @@ from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
 from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
 from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.local import LocalPublisher, Route
+from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
@@ -56,6 +56,7 @@ __all__ = [
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncLocalPublisher",
     "AsyncPublisher",
     "AsyncStoreBackend",
     "BatchOutcome",

@@ -17,27 +17,33 @@ retried.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from docoutbox.errors import (
     DocOutboxError,
+    InvalidInput,
     PermanentPublishError,
     PublishError,
     StoreError,
 )
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.store.api import AggregateStore
+from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome, Status
 
 
 @dataclass(frozen=True)
 class Route:
-    """Where entries for one destination go: a store, its handler, and how to find the ID."""
+    """Where entries for one destination go: a store, its handler, and how to find the ID.
 
-    store: AggregateStore[Any]
+    The store is an :class:`AggregateStore` for :class:`LocalPublisher` and an
+    :class:`AsyncAggregateStore` for :class:`AsyncLocalPublisher`.
+    """
+
+    store: AggregateStore[Any] | AsyncAggregateStore[Any]
     handler: Handler[Any]
     #: The receiving aggregate's ID, for destinations without one.
     aggregate_id: Callable[[OutboxMessage], AggregateId] | None = None
@@ -45,14 +51,15 @@ class Route:
     create: bool = False
 
 
-class LocalPublisher:
-    """A :class:`~docoutbox.dispatch.ports.Publisher` that delivers by ``store.handle``.
+class _Router:
+    """Routing, error translation and counting, shared by the sync and async publishers."""
 
-    >>> publisher = LocalPublisher({"Stock": Route(stock_store, stock_handlers)})
-    >>> Dispatcher(order_backend, publisher, dead_letters, ...)
-    """
-
-    def __init__(self, routes: Mapping[str, Route]) -> None:
+    def __init__(self, routes: Mapping[str, Route], store_type: type) -> None:
+        for name, route in routes.items():
+            if not isinstance(route.store, store_type):
+                raise InvalidInput(
+                    f"route {name!r}: {type(self).__name__} needs an {store_type.__name__}"
+                )
         self.routes = dict(routes)
         #: Entries handled by their receiver, and entries it had handled already.
         self.delivered = 0
@@ -79,9 +86,22 @@ class LocalPublisher:
                 f"entry {entry.id}: cannot route {destination!r}: {exc!r}"
             ) from exc
 
-    def publish(self, entry: OutboxMessage) -> None:
-        route, aggregate_id = self.resolve(entry)
-        outcome = self.deliver(route, aggregate_id, entry)
+    @staticmethod
+    @contextmanager
+    def _translated(entry: OutboxMessage) -> Iterator[None]:
+        """The receiver's errors as publish errors: retried, or permanent."""
+        try:
+            yield
+        except StoreError as exc:
+            raise PublishError(f"entry {entry.id}: store failed: {exc!r}") from exc
+        except DocOutboxError as exc:
+            raise PermanentPublishError(f"entry {entry.id}: refused: {exc!r}") from exc
+        except Exception as exc:  # a failing handler: quarantined with its error
+            raise PermanentPublishError(f"entry {entry.id}: handler failed: {exc!r}") from exc
+
+    def _count(
+        self, entry: OutboxMessage, aggregate_id: AggregateId, outcome: Outcome[Any]
+    ) -> None:
         if outcome.status is Status.GAVE_UP:
             raise PublishError(f"entry {entry.id}: {aggregate_id!r} kept conflicting")
         if outcome.duplicate:
@@ -89,15 +109,38 @@ class LocalPublisher:
         else:
             self.delivered += 1
 
-    @staticmethod
-    def deliver(route: Route, aggregate_id: AggregateId, entry: OutboxMessage) -> Outcome[Any]:
-        try:
-            return route.store.handle(
+
+class LocalPublisher(_Router):
+    """A :class:`~docoutbox.dispatch.ports.Publisher` that delivers by ``store.handle``.
+
+    >>> publisher = LocalPublisher({"Stock": Route(stock_store, stock_handlers)})
+    >>> Dispatcher(order_backend, publisher, dead_letters, ...)
+    """
+
+    def __init__(self, routes: Mapping[str, Route]) -> None:
+        super().__init__(routes, AggregateStore)
+
+    def publish(self, entry: OutboxMessage) -> None:
+        route, aggregate_id = self.resolve(entry)
+        store: Any = route.store
+        with self._translated(entry):
+            outcome = store.handle(
                 aggregate_id, entry.to_message(), route.handler, create=route.create
             )
-        except StoreError as exc:
-            raise PublishError(f"entry {entry.id}: store failed: {exc!r}") from exc
-        except DocOutboxError as exc:
-            raise PermanentPublishError(f"entry {entry.id}: refused: {exc!r}") from exc
-        except Exception as exc:
-            raise PermanentPublishError(f"entry {entry.id}: handler failed: {exc!r}") from exc
+        self._count(entry, aggregate_id, outcome)
+
+
+class AsyncLocalPublisher(_Router):
+    """The async twin of :class:`LocalPublisher`, over :class:`AsyncAggregateStore` routes."""
+
+    def __init__(self, routes: Mapping[str, Route]) -> None:
+        super().__init__(routes, AsyncAggregateStore)
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        route, aggregate_id = self.resolve(entry)
+        store: Any = route.store
+        with self._translated(entry):
+            outcome = await store.handle(
+                aggregate_id, entry.to_message(), route.handler, create=route.create
+            )
+        self._count(entry, aggregate_id, outcome)

@@ -253,3 +253,32 @@ def test_an_unroutable_entry_is_refused_permanently() -> None:
 
 def test_order_type_names() -> None:
     assert Order.aggregate_type == "Order"
+
+
+def test_async_local_publisher_delivers_exactly_once() -> None:
+    import asyncio
+
+    from docoutbox import AsyncAggregateStore, AsyncLocalPublisher, InvalidInput, Route
+    from docoutbox.testing import AsyncMemoryBackend
+    from examples.order_stock.process import EXACT, stock_handlers
+
+    async def main() -> None:
+        orders, _ = stores(MemoryBackend(), MemoryBackend())
+        stocks = AsyncAggregateStore(AsyncMemoryBackend(), Stock, EXACT)
+        await stocks.create("x", Stock(available=5))
+        local = AsyncLocalPublisher({"Stock": Route(stocks, stock_handlers)})
+        placed = orders.handle(
+            "o1",
+            Message(id="p1", type="PlaceOrder", payload={"order_id": "o1", "lines": {"x": 2}}),
+            order_handlers,
+            create=True,
+        )
+        entry = placed.emitted[0]
+        await local.publish(entry)
+        await local.publish(entry)  # redelivered: absorbed by the receiver's inbox
+        assert (await stocks.get("x")).state.available == 3
+        assert (local.delivered, local.duplicates) == (1, 1)
+        with pytest.raises(InvalidInput):
+            LocalPublisher({"Stock": Route(stocks, stock_handlers)})  # an async store
+
+    asyncio.run(main())

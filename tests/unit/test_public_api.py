@@ -11,6 +11,7 @@ EXPECTED = {
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncLocalPublisher",
     "AsyncStoreBackend",
     "BatchOutcome",
     "ConcurrencyConflict",
