@@ -36,6 +36,7 @@ from pydantic_core import PydanticSerializationError
 from docoutbox.errors import (
     DocOutboxError,
     DocumentTooLarge,
+    InvalidHandlerResult,
     InvalidPayload,
     NotFound,
     TransientStoreError,
@@ -185,7 +186,7 @@ class BatchCore(Generic[S]):
         seen: dict[str, int] = {}
         todo = list(range(len(items)))
         cached = self.core.cache.take(aggregate_id)
-        doc, known = cached if cached is not None else (None, None)
+        doc, known = (cached[0], cached[1]) if cached is not None else (None, None)
         fresh = doc is None
         attempt = commits = writes = loads = version = 0
         while todo:
@@ -329,6 +330,12 @@ class BatchCore(Generic[S]):
         self, snapshot: Snapshot[S], message: Message, decision: Decision[S]
     ) -> tuple[CommitPlan, list[dict[str, Any]]]:
         config = self.core.config
+        # The store's own check of a handler's state, where the core has one: exactly the
+        # model, storable, and readable back; its stored form then goes into the plan.
+        check = getattr(self.core, "_state_document", None)
+        extra: dict[str, Any] = {}
+        if check is not None:
+            extra["state"], _ = check(decision.state, InvalidHandlerResult)
         try:
             return plan_commit(
                 snapshot,
@@ -337,6 +344,7 @@ class BatchCore(Generic[S]):
                 policy=config.inbox,
                 now=config.clock(),
                 deterministic_ids=config.deterministic_ids,
+                **extra,
             )
         except PydanticSerializationError as exc:
             raise InvalidPayload(f"state of {snapshot.aggregate_id!r} does not serialize") from exc
