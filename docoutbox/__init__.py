@@ -4,6 +4,7 @@ Each aggregate is one document carrying its state, an inbox of processed message
 an outbox of messages not yet published; handling a message is one conditional write.
 """
 
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
 from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
@@ -12,6 +13,9 @@ from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
+    AsyncChangeSource,
+    AsyncCheckpoints,
+    AsyncDeadLetters,
     AsyncPublisher,
     ChangeEvent,
     ChangeSource,
@@ -34,6 +38,7 @@ from docoutbox.errors import (
     InvalidPayload,
     MalformedDocument,
     NotFound,
+    PartitionMismatch,
     PermanentPublishError,
     PermanentStoreError,
     PublishError,
@@ -56,6 +61,10 @@ __all__ = [
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncChangeSource",
+    "AsyncCheckpoints",
+    "AsyncDeadLetters",
+    "AsyncDispatcher",
     "AsyncLocalPublisher",
     "AsyncPublisher",
     "AsyncStoreBackend",
@@ -101,6 +110,7 @@ __all__ = [
     "OutboxMessage",
     "Outcome",
     "Ownership",
+    "PartitionMismatch",
     "PermanentPublishError",
     "PermanentStoreError",
     "PublishError",
@@ -118,5 +128,6 @@ __all__ = [
     "UnknownMessageType",
     "__version__",
     "emit",
+    "in_thread",
     "partition_of",
 ]

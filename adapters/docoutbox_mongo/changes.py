@@ -49,6 +49,17 @@ def stream_args(position: Position) -> dict[str, Any]:
     raise ChangeStreamLost(f"not a change stream position: {position!r}")
 
 
+def _buffered(stream: Any) -> bool:
+    """Whether ``stream`` holds events received but not returned yet (so the next
+    ``try_next()`` needs no round trip). Unknown (a driver's internals differ): True."""
+    stream = getattr(stream, "delegate", stream)  # Motor wraps pymongo's stream
+    data = getattr(getattr(stream, "_cursor", None), "_data", None)
+    try:
+        return len(data) > 0 if data is not None else True
+    except TypeError:
+        return True
+
+
 class MongoChangeSource:
     """Changes of one pymongo ``Collection`` that leave pending outbox entries.
 
@@ -91,16 +102,24 @@ class MongoChangeSource:
         events: list[ChangeEvent] = []
         with translated_stream():
             while len(events) < max_events:
+                if events and not _buffered(self._stream):
+                    break  # hand over what arrived rather than wait for another getMore
                 change = self._stream.try_next()
                 if change is None:
                     self._batch_end(events)
                     break
+                if change.get("operationType") == "invalidate":
+                    self.close()
+                    raise ChangeStreamLost("the change stream was invalidated")
                 events.append(self._event(change))
         return events
 
     def _event(self, change: Mapping[str, Any]) -> ChangeEvent:
         self._token = change["_id"]
-        return ChangeEvent({"resume_after": change["_id"]}, change.get("fullDocument"))
+        # An update's document is looked up when the event is read; an insert's (or a
+        # replace's) is the document as of the change, perhaps long trimmed since.
+        current = change.get("operationType") == "update"
+        return ChangeEvent({"resume_after": change["_id"]}, change.get("fullDocument"), current)
 
     def _batch_end(self, events: list[ChangeEvent]) -> None:
         """At a batch's end, the server's ``postBatchResumeToken`` if it moved past the
@@ -144,6 +163,8 @@ class AsyncMongoChangeSource(MongoChangeSource):
         events: list[ChangeEvent] = []
         with translated_stream():
             while len(events) < max_events:
+                if events and not _buffered(self._stream):
+                    break  # hand over what arrived rather than wait for another getMore
                 change = await self._stream.try_next()
                 if change is None:
                     self._batch_end(events)

@@ -314,12 +314,16 @@ class DispatchEngine:
             )
         return True
 
-    def request(self, doc: Document | None) -> Done | None:
-        """Ask for a run of the document's aggregate if it has pending entries and is ours."""
+    def request(self, doc: Document | None, *, reuse: bool = True) -> Done | None:
+        """Ask for a run of the document's aggregate if it has pending entries and is ours.
+
+        With ``reuse`` the run publishes from ``doc`` (read recently: a sweep page, an
+        event's lookup) instead of reloading it.
+        """
         target = event_target(doc, self.config.partitions)
         if target is None or not self.ownership.valid(target[1]):
             return None
-        return partial(self.queue.done, self.queue.request(*target, doc))
+        return partial(self.queue.done, self.queue.request(*target, doc if reuse else None))
 
     # -- the change stream ------------------------------------------------------------
 
@@ -342,7 +346,7 @@ class DispatchEngine:
             self._stream_failed(exc, now)
             return False
         for event in events:
-            done = self.request(event.document)
+            done = self.request(event.document, reuse=event.current)
             if done is None:
                 self.tracker.add(event.position)
             else:

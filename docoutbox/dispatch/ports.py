@@ -53,10 +53,15 @@ class ChangeEvent:
 
     ``document`` is the document after the change (None when unknown, e.g. deleted);
     ``position`` is where to resume so that the next event is the one after this.
+    ``current`` says the document was read when the event was delivered (MongoDB's
+    ``updateLookup`` of an update), not as of the change (an insert's document, or a log
+    of copies): a current copy may be published from without reloading it. Leave it
+    False when unsure; the dispatcher then reloads.
     """
 
     position: Position
     document: Document | None
+    current: bool = False
 
 
 @runtime_checkable

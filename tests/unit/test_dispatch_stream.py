@@ -151,3 +151,70 @@ def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating()
     assert run_once() == ["Publish", "Write"]  # no Load: the event's copy is used
     engine.request(dict(doc))  # a stale copy, from before the trim
     assert run_once() == []  # nothing published again, nothing read
+
+
+def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_trip() -> None:
+    class Cursor:
+        def __init__(self) -> None:
+            self._data = [change(1), change(2)]
+
+    class Buffered(FakeStream):
+        """A stream whose received batch is visible, like pymongo's."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self._cursor = Cursor()
+            self.round_trips = 0
+
+        def try_next(self) -> dict[str, Any] | None:
+            if not self._cursor._data:
+                self.round_trips += 1  # a getMore
+                self._cursor._data = [change(3)]
+            item = self._cursor._data.pop(0)
+            self.resume_token = item["_id"]
+            return item
+
+    stream = Buffered()
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.document for e in source.poll(500)] == [{"_id": 1}, {"_id": 2}]
+    assert stream.round_trips == 0
+    assert [e.document for e in source.poll(500)] == [{"_id": 3}]  # the next poll fetches
+
+
+def test_an_invalidate_event_is_a_lost_stream() -> None:
+    import pytest
+
+    from docoutbox.errors import ChangeStreamLost
+
+    stream = FakeStream([([{"_id": {"_data": "0001"}, "operationType": "invalidate"}], None)])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    with pytest.raises(ChangeStreamLost, match="invalidated"):
+        source.poll(10)
+    with pytest.raises(ChangeStreamLost):  # closed
+        source.poll(10)
+
+
+def test_only_an_updates_looked_up_document_counts_as_current() -> None:
+    inserted = {**change(1), "operationType": "insert"}
+    replaced = {**change(2), "operationType": "replace"}
+    stream = FakeStream([([inserted, replaced, change(3)], None)])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.current for e in source.poll(10)] == [False, False, True]
+
+
+def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="q"),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
+    [slot] = engine.start_runs()
+    assert type(next(engine.run(slot))).__name__ == "Load"
