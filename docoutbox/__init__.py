@@ -7,7 +7,9 @@ an outbox of messages not yet published; handling a message is one conditional w
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
+from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
 from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
@@ -49,6 +51,7 @@ from docoutbox.handlers import Decision, Handler, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
+from docoutbox.store.batch import BatchOutcome, Failed
 from docoutbox.store.core import Created, Outcome, Status, StoreConfig
 from docoutbox.store.document import Snapshot, partition_of
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
@@ -63,8 +66,10 @@ __all__ = [
     "AsyncCheckpoints",
     "AsyncDeadLetters",
     "AsyncDispatcher",
+    "AsyncLocalPublisher",
     "AsyncPublisher",
     "AsyncStoreBackend",
+    "BatchOutcome",
     "BrokerUnavailable",
     "ChangeEvent",
     "ChangeSource",
@@ -82,8 +87,10 @@ __all__ = [
     "DocOutboxError",
     "DocumentTooLarge",
     "Emit",
+    "Failed",
     "Handler",
     "Handlers",
+    "ImmediateDispatcher",
     "InboxPolicy",
     "InboxSaturated",
     "InvalidAggregateId",
@@ -95,6 +102,7 @@ __all__ = [
     "LeaseKeeper",
     "LeaseTable",
     "LeaseTiming",
+    "LocalPublisher",
     "LoggingMetrics",
     "MalformedDocument",
     "Message",
@@ -110,6 +118,8 @@ __all__ = [
     "PublishError",
     "Publisher",
     "RetryPolicy",
+    "Route",
+    "SettledPublisher",
     "Snapshot",
     "SoleOwner",
     "Status",

@@ -32,6 +32,7 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("order-off", "order"),
         ("outbox-overwrite", "published"),  # a commit drops entries it did not publish
         ("checkpoint-early", "checkpoint"),  # I5, and then entries stranded for good
+        ("batch-first-state", "consumed-once"),  # a batch's commit loses applied messages
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

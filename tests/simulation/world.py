@@ -41,7 +41,9 @@ from tests.simulation.actors import (
     DELIVERIES,
     Ack,
     Command,
+    HandlerFault,
     Nack,
+    Poll,
     Receive,
     SimOp,
 )
@@ -139,6 +141,13 @@ class World:
                     return BLOCKED
                 self.stats[f"{name}.redelivered"] += delivery.redelivered
                 return delivery
+            case Poll(queue=name):
+                polled = self.queues[name].take(self.now, owner)
+                if polled is not None:
+                    self.stats[f"{name}.redelivered"] += polled.redelivered
+                return polled
+            case HandlerFault():
+                return self.fault("handler_error")
             case Ack(queue=name, tag=tag):
                 self.queues[name].ack(tag)
             case Nack(queue=name, tag=tag):
