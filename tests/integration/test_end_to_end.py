@@ -11,6 +11,7 @@ ledger records the seqs it applied, in order.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -19,11 +20,12 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
-from docoutbox_mongo.wiring import connect_dispatch
+from docoutbox_mongo.wiring import connect_dispatch, connect_dispatch_async
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import (
     Ledger,
@@ -120,7 +122,12 @@ class Pipeline:
     """Producers, the dispatcher engine on a thread, and a receiver, over one queue or topic."""
 
     def __init__(
-        self, mongo_uri: str, mongo: Any, broker: Broker, proxy: TcpProxy | None = None
+        self,
+        mongo_uri: str,
+        mongo: Any,
+        broker: Broker,
+        proxy: TcpProxy | None = None,
+        driver: str = "threaded",
     ) -> None:
         self.mongo = mongo
         self.producers = Producers(
@@ -133,19 +140,57 @@ class Pipeline:
         self.receiver = broker.receiver(ledgers)
         self.target = connect_dispatch(mongo_uri, mongo.name, "producers")
         self.publisher = broker.publisher(proxy)
+        config = DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy())
+        self.dispatcher: Dispatcher | AsyncDispatcher
+        if driver == "async":
+            self.dispatcher = self._async_dispatcher(mongo_uri, mongo.name, config)
+            return
         self.dispatcher = Dispatcher(
             self.target.backend,
             self.publisher,
             self.target.dead_letters,
             source=self.target.source,
             checkpoints=self.target.checkpoints,
-            config=DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy()),
+            config=config,
         )
         self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
 
+    def _async_dispatcher(self, uri: str, db: str, config: DispatcherConfig) -> AsyncDispatcher:
+        """The asyncio dispatcher on ``AsyncMongoClient``, the pika publisher in threads."""
+        made: list[AsyncDispatcher] = []
+        ready = threading.Event()
+        self._go = threading.Event()
+
+        async def main() -> None:
+            ports = await connect_dispatch_async(uri, db, "producers")
+            made.append(
+                AsyncDispatcher(
+                    ports.backend,
+                    in_thread(self.publisher),
+                    ports.dead_letters,
+                    source=ports.source,
+                    checkpoints=ports.checkpoints,
+                    config=config,
+                )
+            )
+            ready.set()
+            try:
+                await asyncio.to_thread(self._go.wait)  # until start()
+                await made[0].run()
+            finally:
+                await ports.close()
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self._thread.start()
+        assert ready.wait(30)
+        return made[0]
+
     def start(self) -> None:
         self.receiver.start()
-        self._thread.start()
+        if self._thread.is_alive():
+            self._go.set()
+        else:
+            self._thread.start()
         assert self.dispatcher.started.wait(30)
 
     def drain(self, timeout: float = 90) -> tuple[dict[str, int], dict[str, list[int]]]:
@@ -177,10 +222,15 @@ class Pipeline:
         assert all(d.action == "ack" for d in self.receiver.deliveries)
 
 
+@pytest.fixture(params=["threaded", "async"])
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def test_every_message_is_processed_exactly_once_in_order(
-    mongo_uri: str, mongo: Any, broker: Broker
+    mongo_uri: str, mongo: Any, broker: Broker, driver: str
 ) -> None:
-    pipeline = Pipeline(mongo_uri, mongo, broker)
+    pipeline = Pipeline(mongo_uri, mongo, broker, driver=driver)
     started = time.monotonic()
     try:
         pipeline.producers.run_commands(COMMANDS // 2)  # pending before the start: the sweep
@@ -192,7 +242,7 @@ def test_every_message_is_processed_exactly_once_in_order(
     pipeline.check(expected, applied)
     again = republished(pipeline.receiver.deliveries)
     print(
-        f"\nend-to-end ({broker.name}):",
+        f"\nend-to-end ({broker.name}, {driver}):",
         summary(
             {
                 "producers": PRODUCERS,
@@ -208,10 +258,10 @@ def test_every_message_is_processed_exactly_once_in_order(
 
 
 def test_a_broker_outage_holds_entries_and_loses_nothing(
-    mongo_uri: str, mongo: Any, broker: Broker
+    mongo_uri: str, mongo: Any, broker: Broker, driver: str
 ) -> None:
     with broker.proxy() as proxy:
-        pipeline = Pipeline(mongo_uri, mongo, broker, proxy)
+        pipeline = Pipeline(mongo_uri, mongo, broker, proxy, driver)
         try:
             pipeline.start()
             pipeline.producers.run_commands(COMMANDS // 2)
