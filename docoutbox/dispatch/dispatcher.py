@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 
+from docoutbox.dispatch.backlog import stream_lag
 from docoutbox.dispatch.checkpoint import Done, Gate, Sweep
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.metrics import Metrics, NullMetrics
@@ -118,7 +119,7 @@ class Dispatcher:
                 source,
                 checkpoints,
                 cfg.name,
-                request=self._request_for,
+                request=self._on_change,
                 sweep_all=lambda gate: self.sweeps.append(
                     Sweep(self.ownership.owned(), None, gate)
                 ),
@@ -130,6 +131,19 @@ class Dispatcher:
             )
         self._next_sweep = 0.0
         self.started = threading.Event()
+
+    def queued(self) -> int:
+        """Aggregates this instance has in hand (its work queue, not the outbox backlog)."""
+        return self.scheduler.backlog()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def stream_open(self) -> bool | None:
+        """Whether the change stream is open (None without a change source)."""
+        return None if self.follower is None else self.follower.is_open
 
     def stop(self) -> None:
         """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns."""
@@ -176,7 +190,8 @@ class Dispatcher:
         if self.follower is not None:
             busy = self.follower.step(now) or busy
             self.follower.checkpoint(now)
-        self.metrics.backlog(self.scheduler.backlog())
+        # The outbox backlog is measured in the database (dispatch.backlog.BacklogMonitor);
+        # the scheduler's queue is only what this instance has in hand.
         return busy
 
     def _queue_periodic_sweep(self) -> None:
@@ -226,6 +241,13 @@ class Dispatcher:
 
     def _sweep_all(self, gate: Gate) -> None:
         self.sweeps.append(Sweep(self.ownership.owned(), None, gate))
+
+    def _on_change(self, doc: Document | None) -> Done | None:
+        report = getattr(self.metrics, "stream_lag", None)
+        lag = stream_lag(doc) if report is not None and doc is not None else None
+        if report is not None and lag is not None:
+            report(lag)
+        return self._request_for(doc)
 
     def _request_for(self, doc: Document | None) -> Done | None:
         """Ask for a run of the document's aggregate if it has pending entries and is ours."""

@@ -62,6 +62,10 @@ class StreamFollower:
         self._retry_at = 0.0
         self._next_save = 0.0
 
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
     def step(self, now: float) -> bool:
         """Open the stream if needed, or poll one batch. True if anything happened."""
         if not self._open:

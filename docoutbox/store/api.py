@@ -133,7 +133,12 @@ class AggregateStore(Generic[S]):
 
         With ``create=True`` a missing aggregate starts from the model's defaults.
         """
-        return self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        observer = self.config.observer
+        if observer is None:
+            return self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        msg = Message.parse(message)
+        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
+            return self._run(self._core.handle(aggregate_id, msg, handler, create=create))
 
     def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         """Create the aggregate unless it exists; either way return what is stored."""
@@ -213,7 +218,12 @@ class AsyncAggregateStore(Generic[S]):
         *,
         create: bool = False,
     ) -> Outcome[S]:
-        return await self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        observer = self.config.observer
+        if observer is None:
+            return await self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        msg = Message.parse(message)
+        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
+            return await self._run(self._core.handle(aggregate_id, msg, handler, create=create))
 
     async def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         return await self._run(self._core.create(aggregate_id, state))

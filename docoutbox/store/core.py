@@ -12,7 +12,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
@@ -41,6 +41,7 @@ from docoutbox.retry import RetryPolicy
 from docoutbox.store.document import Document, Snapshot, new_document, partition_of, read_snapshot
 from docoutbox.store.document import utcnow as _utcnow
 from docoutbox.store.inbox import is_duplicate
+from docoutbox.store.observe import StoreObserver, with_headers
 from docoutbox.store.plans import (
     CommitPlan,
     FailurePlan,
@@ -94,6 +95,8 @@ class StoreConfig:
     cache_size: int = 1024
     clock: Callable[[], datetime] = _utcnow
     rng: random.Random = field(default_factory=random.Random)
+    #: Tracing and metrics hooks (:mod:`docoutbox.store.observe`); None: none.
+    observer: StoreObserver | None = None
 
 
 class Status(StrEnum):
@@ -206,6 +209,7 @@ class Core(Generic[S]):
                     attempt += 1
                     if attempt >= retry.max_attempts:
                         raise
+                    self._observed_retry("transient")
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
             base = doc if doc is not None else self._initial(aggregate_id, create)
@@ -243,11 +247,19 @@ class Core(Generic[S]):
                     decision.state,
                     tuple(entries),
                 )
+            observer = self.config.observer
+            if observer is not None:
+                observer.conflict(self.aggregate_type)
             if attempt >= retry.max_attempts:
                 return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
+            self._observed_retry("conflict")
             if fresh:
                 yield Sleep(retry.delay(attempt, self.config.rng))
             fresh = True
+
+    def _observed_retry(self, reason: str) -> None:
+        if self.config.observer is not None:
+            self.config.observer.retry(self.aggregate_type, reason)
 
     def _measure(
         self, after: Document, plan: CommitPlan, known: int | None, aggregate_id: AggregateId
@@ -292,7 +304,7 @@ class Core(Generic[S]):
         self, snapshot: Snapshot[S], message: Message, decision: Decision[S]
     ) -> tuple[Any, list[dict[str, Any]]]:
         try:
-            return plan_commit(
+            plan, entries = plan_commit(
                 snapshot,
                 message,
                 decision,
@@ -302,6 +314,11 @@ class Core(Generic[S]):
             )
         except PydanticSerializationError as exc:
             raise InvalidPayload(f"state of {snapshot.aggregate_id!r} does not serialize") from exc
+        observer = self.config.observer
+        if observer is not None and entries:
+            entries = with_headers(entries, observer.headers(message))
+            plan = replace(plan, outbox_push=tuple(entries))
+        return plan, entries
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)
