@@ -22,6 +22,7 @@ from pymongo.errors import DuplicateKeyError
 from docoutbox.dispatch.ports import LeaseView, Position
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
+from docoutbox_mongo.admin import stamp_acquired
 from docoutbox_mongo.errors import translated
 
 
@@ -77,7 +78,9 @@ class MongoLeaseTable:
         fields = {"group": self.group, "kind": "member", "owner": owner, "expires_at": expires_at}
         with translated():
             self.collection.update_one(
-                {"_id": self._member_id(owner)}, {"$set": fields}, upsert=True
+                {"_id": self._member_id(owner)},
+                {"$set": fields, "$setOnInsert": {"joined_at": utcnow()}},
+                upsert=True,
             )
 
     def leave(self, owner: str) -> None:
@@ -101,7 +104,10 @@ class MongoLeaseTable:
                 result = self.collection.update_one(query, {"$set": fields}, upsert=True)
             except DuplicateKeyError:
                 return False  # someone else holds it
-        return bool(result.matched_count == 1 or result.upserted_id is not None)
+        won = bool(result.matched_count == 1 or result.upserted_id is not None)
+        if won:
+            stamp_acquired(self.collection, self._lease_id(partition), owner, now)
+        return won
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
         ids = [self._lease_id(p) for p in partitions]
@@ -116,11 +122,22 @@ class MongoLeaseTable:
 
 
 class MongoDeadLetters:
+    """Dead letters of the dispatcher (``origin: "dispatch"``) and of consumers
+    (``origin: "consume"``, with ``queue`` and the raw ``body``), in one collection."""
+
     def __init__(self, collection: Any) -> None:
         self.collection = collection
 
     def put(
-        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+        self,
+        aggregate_id: AggregateId | None,
+        entry: dict[str, Any],
+        error: str,
+        attempts: int,
+        *,
+        origin: str = "dispatch",
+        queue: str | None = None,
+        body: str | None = None,
     ) -> None:
         entry_id = entry.get("id")
         if not isinstance(entry_id, str) or not entry_id:
@@ -133,7 +150,12 @@ class MongoDeadLetters:
             "error": error,
             "attempts": attempts,
             "quarantined_at": utcnow(),
+            "origin": origin,
         }
+        if queue is not None:
+            doc["queue"] = queue
+        if body is not None:
+            doc["body"] = body
         with translated(aggregate_id):
             try:
                 self.collection.insert_one(doc)

@@ -2,7 +2,9 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`).
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`);
+- ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
+  repair the outbox (:mod:`docoutbox.cli.admin`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
 """
@@ -21,12 +23,12 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from docoutbox.cli import logs
+from docoutbox.cli import admin, logs, observe
+from docoutbox.cli.help import Formatter
 from docoutbox.codec import encode_entry
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.metrics import LoggingMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.errors import DocOutboxError
 from docoutbox.model import OutboxMessage
@@ -61,12 +63,19 @@ class StdoutPublisher:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from docoutbox import __version__
+
     parser = argparse.ArgumentParser(
-        prog="docoutbox", description="Exactly-once message processing on document databases."
+        prog="docoutbox",
+        description="Exactly-once message processing on document databases.",
+        formatter_class=Formatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
-    d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
+    d = sub.add_parser(
+        "dispatch", help="publish pending outbox entries of a collection", formatter_class=Formatter
+    )
     env = os.environ.get
     d.add_argument(
         "--mongo-uri",
@@ -93,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--server-timeout", type=float, default=5.0, help="seconds to reach MongoDB")
     d.add_argument("--progress-interval", type=float, default=10.0)
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    observe.add_arguments(d)
+    admin.add_commands(sub)
     return parser
 
 
@@ -104,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = demo.main(args_list[1:])
         return code
     args = _parser().parse_args(args_list)
+    run: admin.Runner | None = getattr(args, "run", None)
+    if run is not None:
+        return run(args)
     return dispatch(args)
 
 
@@ -131,7 +145,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def dispatch(args: argparse.Namespace) -> int:
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(args.rabbitmq_url)
-    logs.configure(args.log_level, secrets=secrets)
+    logs.configure(args.log_level, secrets=secrets, fmt=args.log_format)
     problem = _check(args)
     if problem:
         return _fail(problem, secrets, code=2)
@@ -182,10 +196,16 @@ def _dispatch(
         log.info("stopped_before_start")
         return 0
     try:
+        seen = observe.Observability(args, _backlog_probe(target))
+    except ImportError as exc:
+        target.close()
+        return _fail(f"{exc}", secrets, code=2)
+    try:
         publisher = _publisher(args)
     except (DocOutboxError, ImportError, ValueError) as exc:
         target.close()
         return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
+    publisher = seen.publisher(publisher, "rabbitmq" if args.publisher == "rabbitmq" else None)
     name = args.name or f"dispatch:{args.db}.{args.collection}"
     ownership: Ownership = SoleOwner()
     if not args.no_leases:
@@ -203,7 +223,6 @@ def _dispatch(
         grace=args.grace,
         checkpoint_interval=args.checkpoint_interval,
     )
-    metrics = LoggingMetrics(every=args.progress_interval)
     dispatcher = Dispatcher(
         target.backend,
         publisher,
@@ -212,7 +231,7 @@ def _dispatch(
         checkpoints=target.checkpoints,
         ownership=ownership,
         config=config,
-        metrics=metrics,
+        metrics=seen.metrics,
     )
     running.append(dispatcher)
     if stopping.is_set():
@@ -227,14 +246,31 @@ def _dispatch(
         not args.no_leases,
     )
     try:
+        seen.start(dispatcher)
+    except OSError as exc:
+        seen.close()
+        target.close()
+        return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
+    if seen.endpoint is not None:
+        log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
+    try:
         dispatcher.run()
     finally:
         close = getattr(publisher, "close", None)
         if callable(close):
             close()
+        seen.close()
         target.close()
-        metrics.report()
     return 0
+
+
+def _backlog_probe(target: Any) -> Any:
+    from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
+        outbox_stats,
+    )
+
+    collection = target.backend.collection
+    return lambda: outbox_stats(collection)
 
 
 def _publisher(args: argparse.Namespace) -> Any:

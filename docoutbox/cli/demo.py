@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, PositiveInt
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
+from docoutbox.cli.help import Formatter
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
@@ -79,7 +80,9 @@ class Broker:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="docoutbox demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="docoutbox demo", description=__doc__.replace("``", ""), formatter_class=Formatter
+    )
     p.add_argument("--mongo-uri", help="run on MongoDB (a replica set or the test wire server)")
     p.add_argument("--wallets", type=int, default=20)
     p.add_argument("--credits", type=int, default=25, help="credit commands per wallet")

@@ -33,7 +33,10 @@ Exposition = Callable[[], tuple[bytes, str]]
 
 
 class Health:
-    def __init__(self, dispatcher: Dispatcher, monitor: BacklogMonitor | None = None) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher | None = None, monitor: BacklogMonitor | None = None
+    ) -> None:
+        #: May be set after construction (the dispatcher takes this as its metrics).
         self.dispatcher = dispatcher
         self.monitor = monitor
         self._lock = threading.Lock()
@@ -61,10 +64,12 @@ class Health:
 
     def live(self) -> bool:
         d = self.dispatcher
-        return d.started.is_set() and not d.stopping
+        return d is not None and d.started.is_set() and not d.stopping
 
     def report(self) -> dict[str, Any]:
         d = self.dispatcher
+        if d is None:
+            return {"status": "down", "live": False, "ready": False}
         with self._lock:
             broker, broker_error = self._broker, self._broker_error
         owned = d.ownership.owned()
