@@ -137,13 +137,14 @@ class MongoDeadLetters:
         *,
         origin: str = "dispatch",
         queue: str | None = None,
-        body: str | None = None,
+        body: str | bytes | None = None,
     ) -> None:
         entry_id = entry.get("id")
         if not isinstance(entry_id, str) or not entry_id:
             digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-        doc = {
+            where = aggregate_id if aggregate_id is not None else queue
+            entry_id = f"{where}/malformed/{digest[:24]}"
+        doc: dict[str, Any] = {
             "_id": entry_id,
             "aggregate_id": aggregate_id,
             "entry": entry,
