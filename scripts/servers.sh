@@ -2,7 +2,8 @@
 # Install, start and stop the servers the docoutbox test suite talks to.
 #
 # Usage: scripts/servers.sh <subcommand>
-#   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven)
+#   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven,
+#                     with the pom shipped in docoutbox/testing/mongo_wire)
 #   install-rabbitmq  apt-get install rabbitmq-server if it is missing
 #   install           both of the above
 #   start-rabbitmq    start RabbitMQ detached (no-op if running) and wait until it is ready
@@ -10,15 +11,15 @@
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: tests/support/servers.py launches one per
-# test session (java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java 0).
+# test session (java -cp 'tests/servers/mongo/lib/*' docoutbox/testing/mongo_wire/MongoWireServer.java 0).
 #
 # Environment:
 #   RABBITMQ_START_TIMEOUT  seconds to wait for RabbitMQ to come up (default 60)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
-MONGO_LIB="$MONGO_DIR/lib"
+MONGO_POM="$REPO_ROOT/docoutbox/testing/mongo_wire/pom.xml"
+MONGO_LIB="$REPO_ROOT/tests/servers/mongo/lib"
 RABBITMQ_START_TIMEOUT="${RABBITMQ_START_TIMEOUT:-60}"
 
 log() { printf '[servers] %s\n' "$*" >&2; }
@@ -68,8 +69,8 @@ cmd_install_mongo() {
     # only on failure.
     local mvn_log
     mvn_log="$(mktemp)"
-    if ! mvn -B -q -f "$MONGO_DIR/pom.xml" \
-        dependency:copy-dependencies -DoutputDirectory=lib </dev/null >"$mvn_log" 2>&1; then
+    if ! mvn -B -q -f "$MONGO_POM" \
+        dependency:copy-dependencies -DoutputDirectory="$MONGO_LIB" </dev/null >"$mvn_log" 2>&1; then
         cat "$mvn_log" >&2
         rm -f "$mvn_log"
         die "Maven could not fetch mongo-java-server (is Maven Central reachable?)"

@@ -329,3 +329,16 @@ def test_a_failing_handler_is_retried_immediately_then_with_backoff() -> None:
         b'{"id": "p2"}', store, flaky, lambda m: "b", create=True, retry=retry, sleep=sleeps.append
     )
     assert verdict.action is Action.REJECT and verdict.attempts == 1  # invalid: no retry
+
+
+def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
+    tmp_path: Any,
+) -> None:
+    from docoutbox.testing import mongo_server
+
+    assert mongo_server.LAUNCHER.is_file() and mongo_server.POM.is_file()
+    reason = mongo_server.mongo_wire_server_available(tmp_path)
+    assert reason is not None
+    assert "python -m docoutbox.testing.mongo_server install" in reason or "java" in reason
+    with pytest.raises(RuntimeError, match="cannot start"):
+        mongo_server.MongoWireServer(lib=tmp_path).start()
