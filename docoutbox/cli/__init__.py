@@ -197,7 +197,7 @@ def _dispatch(
         return 0
     try:
         seen = observe.Observability(args, _backlog_probe(target))
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:
         target.close()
         return _fail(f"{exc}", secrets, code=2)
     try:

@@ -43,6 +43,11 @@ class Observability:
     """Builds the dispatcher's metrics and the monitor, endpoint and tracing around it."""
 
     def __init__(self, args: argparse.Namespace, probe: BacklogProbe) -> None:
+        """Raises ValueError for bad settings, ImportError for a missing extra."""
+        if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+            raise ValueError("--metrics-port must be between 0 and 65535")
+        if not args.backlog_interval > 0 or not args.progress_interval > 0:
+            raise ValueError("--backlog-interval and --progress-interval must be positive")
         self.args = args
         self.progress = ProgressMetrics(every=args.progress_interval)
         self.health = Health()

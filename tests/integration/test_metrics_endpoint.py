@@ -135,3 +135,16 @@ def test_scraped_backlog_matches_the_database_and_health_tells_the_broker_is_dow
     assert "progress" in events  # the last line at stop
     progress = [r for r in seen if r["event"] == "progress"][-1]
     assert progress["backlog_entries"] == str(entries) and progress["eta_s"] == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--metrics-port", "70000"), ("--backlog-interval", "0")]
+)
+def test_bad_observability_settings_are_refused(
+    mongo: Any, mongo_uri: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from docoutbox.cli import main
+
+    args = ["dispatch", "--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "c"]
+    assert main([*args, "--no-leases", option, value]) == 2
+    assert option in capsys.readouterr().err
