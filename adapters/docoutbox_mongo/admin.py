@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pymongo import ASCENDING, ReturnDocument
+from pymongo import ASCENDING
 
 from docoutbox.dispatch.backlog import OutboxStats, summarize
 from docoutbox.errors import InvalidInput, NotFound
@@ -224,12 +224,3 @@ def lease_rows(
     rows.sort(key=lambda r: (r.group, r.partition is None, r.partition or 0, r.owner))
     return rows
 
-
-def stamp_acquired(collection: Any, lease_id: str, owner: str, now: datetime) -> None:
-    """Record when ``owner`` took the lease, unless it already held it."""
-    with translated():
-        collection.find_one_and_update(
-            {"_id": lease_id, "owner": owner, "acquired_by": {"$ne": owner}},
-            {"$set": {"acquired_at": now, "acquired_by": owner}},
-            return_document=ReturnDocument.AFTER,
-        )

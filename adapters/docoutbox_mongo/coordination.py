@@ -22,7 +22,6 @@ from pymongo.errors import DuplicateKeyError
 from docoutbox.dispatch.ports import LeaseView, Position
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
-from docoutbox_mongo.admin import stamp_acquired
 from docoutbox_mongo.errors import translated
 
 
@@ -98,16 +97,16 @@ class MongoLeaseTable:
             "partition": partition,
             "owner": owner,
             "expires_at": expires_at,
+            # Callers acquire partitions they do not hold (and renew those they do), so
+            # this is when the current owner took it over.
+            "acquired_at": now,
         }
         with translated():
             try:
                 result = self.collection.update_one(query, {"$set": fields}, upsert=True)
             except DuplicateKeyError:
                 return False  # someone else holds it
-        won = bool(result.matched_count == 1 or result.upserted_id is not None)
-        if won:
-            stamp_acquired(self.collection, self._lease_id(partition), owner, now)
-        return won
+        return bool(result.matched_count == 1 or result.upserted_id is not None)
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
         ids = [self._lease_id(p) for p in partitions]
