@@ -223,4 +223,3 @@ def lease_rows(
         )
     rows.sort(key=lambda r: (r.group, r.partition is None, r.partition or 0, r.owner))
     return rows
-
