@@ -15,6 +15,7 @@ and the processor's queue, but no network.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -108,6 +109,10 @@ def _drain(client: Any, entries: int, tracing: TracerProvider | None) -> float:
     return rate
 
 
+def _progress(stage: str) -> None:
+    print(f"[bench] tracing: {stage} measured", file=sys.stderr, flush=True)
+
+
 def run(uri: str, scale: Scale) -> Table:
     tracing, exporter = provider()
     client = connect(uri)
@@ -127,6 +132,7 @@ def run(uri: str, scale: Scale) -> Table:
         table.add("handle, wire server", median(off), median(on), paired_ratio(on, off),
                   "{:.2f}-{:.2f}".format(*ratio_range(on, off)))  # fmt: skip
         table.figures["handle_wire"] = {"ratio": paired_ratio(on, off), "on": on, "off": off}
+        _progress("handle_wire")
         on_coll.drop()
         off_coll.drop()
 
@@ -140,6 +146,7 @@ def run(uri: str, scale: Scale) -> Table:
         table.add("handle, in memory", median(off), median(on), paired_ratio(on, off),
                   "{:.2f}-{:.2f}".format(*ratio_range(on, off)))  # fmt: skip
         table.figures["handle_memory"] = {"ratio": paired_ratio(on, off), "on": on, "off": off}
+        _progress("handle_memory")
 
         entries = max(10, scale.dispatch_entries // 2)
         rounds = max(1, min(scale.rounds, 5))
@@ -155,6 +162,7 @@ def run(uri: str, scale: Scale) -> Table:
         table.add("dispatch drain, wire server", median(off), median(on),
                   paired_ratio(on, off), "{:.2f}-{:.2f}".format(*ratio_range(on, off)))  # fmt: skip
         table.figures["dispatch_wire"] = {"ratio": paired_ratio(on, off), "on": on, "off": off}
+        _progress("dispatch_wire")
 
         store = AggregateStore(MemoryBackend(), Account)
         entry = store.handle(
@@ -189,6 +197,7 @@ def run(uri: str, scale: Scale) -> Table:
         table.add("publish call alone, in memory", median(off), median(on),
                   paired_ratio(on, off), "{:.2f}-{:.2f}".format(*ratio_range(on, off)))  # fmt: skip
         table.figures["publish_memory"] = {"ratio": paired_ratio(on, off), "on": on, "off": off}
+        _progress("publish_memory")
     finally:
         tracing.shutdown()
         client.close()
