@@ -1,9 +1,11 @@
 """Shared fixtures: the servers the tests reach, and the matrix of store adapters.
 
 Servers: the MongoDB wire-protocol server (mongo-java-server, started here) and, when
-``MONGODB_URI`` is set, a real deployment too. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` or any
-truthy ``CI`` (``true``, ``1``, ``yes``...) a missing server fails the run instead of
-skipping. Every run ends with a summary of what was skipped and why.
+``MONGODB_URI`` is set, a real deployment too. Cosmos DB: ``cosmos_server``, the local
+patched server (started here) or, when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set, that
+account instead. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` or any truthy ``CI`` (``true``,
+``1``, ``yes``...) a missing server fails the run instead of skipping. Every run ends with
+a summary of what was skipped and why.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import pytest
 from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.blocking import BlockingStore
-from tests.support.servers import MongoWireServer, mongo_wire_server_available
+from tests.support.servers import (
+    CosmosAccount,
+    CosmosServer,
+    MongoWireServer,
+    cosmos_account_from_env,
+    cosmos_server_available,
+    mongo_wire_server_available,
+)
 
 
 def truthy(value: str | None) -> bool:
@@ -54,6 +63,21 @@ def wire_server() -> Iterator[MongoWireServer]:
         missing(f"MongoDB wire server unavailable ({reason}); run scripts/servers.sh install")
     with MongoWireServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def cosmos_server() -> Iterator[CosmosAccount]:
+    """A Cosmos DB account for the session: COSMOS_ENDPOINT/COSMOS_KEY when both are set
+    (a real account or the official emulator), else the local patched server."""
+    account = cosmos_account_from_env()
+    if account is not None:
+        yield account
+        return
+    reason = cosmos_server_available()
+    if reason:
+        missing(f"Cosmos DB server unavailable ({reason}); run scripts/servers.sh install-cosmos")
+    with CosmosServer() as server:
+        yield server.account()
 
 
 def server_uri(kind: str, request: pytest.FixtureRequest) -> str:
