@@ -120,6 +120,24 @@ class MongoLeaseTable:
             self.collection.delete_one({"_id": self._lease_id(partition), "owner": owner})
 
 
+def dead_letter(
+    aggregate_id: AggregateId | None, entry: dict[str, Any], error: str, attempts: int
+) -> dict[str, Any]:
+    """The dead-letter document of ``entry``; its ``_id`` is the entry ID (or a digest)."""
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+    return {
+        "_id": entry_id,
+        "aggregate_id": aggregate_id,
+        "entry": entry,
+        "error": error,
+        "attempts": attempts,
+        "quarantined_at": utcnow(),
+    }
+
+
 class MongoDeadLetters:
     """Dead letters of the dispatcher (``origin: "dispatch"``) and of consumers
     (``origin: "consume"``, with ``queue`` and the raw ``body``), in one collection."""
@@ -138,20 +156,10 @@ class MongoDeadLetters:
         queue: str | None = None,
         body: str | bytes | None = None,
     ) -> None:
-        entry_id = entry.get("id")
-        if not isinstance(entry_id, str) or not entry_id:
-            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-            where = aggregate_id if aggregate_id is not None else queue
-            entry_id = f"{where}/malformed/{digest[:24]}"
-        doc: dict[str, Any] = {
-            "_id": entry_id,
-            "aggregate_id": aggregate_id,
-            "entry": entry,
-            "error": error,
-            "attempts": attempts,
-            "quarantined_at": utcnow(),
-            "origin": origin,
-        }
+        doc = dead_letter(aggregate_id, entry, error, attempts)
+        doc["origin"] = origin
+        if aggregate_id is None and queue is not None and "/malformed/" in str(doc["_id"]):
+            doc["_id"] = f"{queue}/malformed/{str(doc['_id']).rsplit('/', 1)[-1]}"
         if queue is not None:
             doc["queue"] = queue
         if body is not None:
@@ -159,5 +167,34 @@ class MongoDeadLetters:
         with translated(aggregate_id):
             try:
                 self.collection.insert_one(doc)
+            except DuplicateKeyError:
+                return  # already quarantined
+
+
+class AsyncMongoCheckpoints(MongoCheckpoints):
+    """The async twin of :class:`MongoCheckpoints` (pymongo async or Motor)."""
+
+    async def load(self, name: str) -> Position | None:
+        with translated():
+            doc = await self.collection.find_one({"_id": name})
+        return None if doc is None else doc.get("token")
+
+    async def save(self, name: str, position: Position) -> None:  # type: ignore[override]
+        with translated():
+            await self.collection.update_one(
+                {"_id": name}, {"$set": {"token": position, "updated_at": utcnow()}}, upsert=True
+            )
+
+
+class AsyncMongoDeadLetters(MongoDeadLetters):
+    """The async twin of :class:`MongoDeadLetters` (pymongo async or Motor)."""
+
+    async def put(  # type: ignore[override]
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        doc = dead_letter(aggregate_id, entry, error, attempts)
+        with translated(aggregate_id):
+            try:
+                await self.collection.insert_one(doc)
             except DuplicateKeyError:
                 return  # already quarantined

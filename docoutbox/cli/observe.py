@@ -74,10 +74,13 @@ class Observability:
 
         return TracingPublisher(publisher, system=system)
 
-    def start(self, dispatcher: Dispatcher) -> None:
-        """Measure once, then serve (raises OSError if the port cannot be bound)."""
+    def start(self, dispatcher: Dispatcher | None) -> None:
+        """Measure once, then serve (raises OSError if the port cannot be bound).
+
+        Without a (threaded) dispatcher, health reports "down"; metrics are served.
+        """
         self.health.dispatcher = dispatcher
-        if self.prometheus is not None:
+        if self.prometheus is not None and dispatcher is not None:
             self.prometheus.watch_queue(dispatcher.queued)
         self.monitor.start()
         if self.args.metrics_port is not None:
