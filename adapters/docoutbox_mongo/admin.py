@@ -10,14 +10,17 @@ Dead letters live in one collection (``docoutbox_dead_letters``) whatever put th
 Replay, rule: a replay never changes ``version`` and never reorders an aggregate's
 pending entries.
 
-- A dispatcher dead letter is re-appended to its aggregate's outbox *as it was*: same ID,
-  same ``seq``, attempts reset. The dispatcher publishes pending entries in ``seq`` order,
-  so the replayed entry goes out before any entry of that aggregate still pending; the
-  receivers' de-duplication (ID window or exact ``(source, seq)``) sees the same message
-  and fills the gap its quarantine left. The push is conditional on the entry not being
-  pending already, and never touches ``version``, so it cannot fail a concurrent commit.
-  The dead letter is deleted after the push: a crash in between leaves both, and a second
-  replay is then a no-op push.
+- A dispatcher dead letter is re-appended to its aggregate's outbox with its ``seq`` and a
+  new ID (``<old id>~r<random>``, the old one in the ``docoutbox-replay-of`` header):
+  dispatchers remember the IDs they trimmed and never publish one again. The dispatcher
+  publishes pending entries in ``seq`` order, so the replayed entry goes out before any
+  entry of that aggregate still pending; receivers using exact de-duplication
+  ``(source, seq)`` see the gap its quarantine left filled (and recognise it if the
+  original did arrive). The push is conditional on no entry with that ``seq`` being
+  pending, and never touches ``version`` or ``outbox_seq``, so it cannot fail or be
+  undone by a concurrent commit. The dead letter is deleted after the push: a crash in
+  between leaves both, and a second replay is then a no-op push while the first copy is
+  pending.
 - A consumer dead letter is published again, body unchanged, to the queue it came from
   (``republish``), then deleted.
 
@@ -27,6 +30,7 @@ aggregate that no longer exists (or is of another type) fails the whole request.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -146,18 +150,21 @@ class DeadLetterAdmin:
         assert self.aggregates is not None
         entry = dict(doc["entry"])
         headers = dict(entry.get("headers") or {})
+        headers["docoutbox-replay-of"] = str(entry["id"])
         headers["docoutbox-replayed-at"] = utcnow().isoformat()
-        entry.update(attempts=0, last_error=None, headers=headers)
+        new_id = f"{entry['id']}~r{uuid.uuid4().hex[:8]}"
+        entry.update(id=new_id, attempts=0, last_error=None, headers=headers)
         aggregate_id = entry["aggregate_id"]
         with translated(aggregate_id):
             result = self.aggregates.update_one(
-                {"_id": aggregate_id, "outbox.id": {"$ne": entry["id"]}},
+                {"_id": aggregate_id, "outbox.seq": {"$ne": entry["seq"]}},
                 {"$push": {"outbox": entry}},
             )
         self._forget(name)
         where = f"{self.aggregates.name}/{aggregate_id!r} seq {entry['seq']}"
-        action = "re-appended" if result.modified_count else "already pending"
-        return Replayed(name, action, where)
+        if result.modified_count:
+            return Replayed(name, "re-appended", f"{where} as {new_id}")
+        return Replayed(name, "already pending", where)
 
     def _forget(self, name: str) -> None:
         with translated():

@@ -4,9 +4,9 @@
   partition and per type (``--json`` for machines);
 - ``docoutbox dead-letters list | show ID | replay ID... | purge [ID...] --yes``: one place
   for what the dispatcher quarantined and what consumers rejected. ``replay`` puts a
-  quarantined entry back on its aggregate's outbox (same ID and ``seq``, so receivers
-  de-duplicate it and per-aggregate order holds), or publishes a rejected delivery again
-  to its queue, and says which it did;
+  quarantined entry back on its aggregate's outbox (same ``seq``, a new ID, never ahead
+  of a later pending entry), or publishes a rejected delivery again to its queue, and
+  says which it did;
 - ``docoutbox leases``: which instance owns which partition, since when, until when.
 
 Exit codes: 0 done; 1 a server cannot be used, an unknown ID, an aggregate that is gone
@@ -114,11 +114,12 @@ One place for the entries the dispatcher quarantined (origin "dispatch") and the
 deliveries consumers rejected (origin "consume")."""
 
 _REPLAY = """\
-An entry the dispatcher quarantined goes back on its aggregate's outbox as it was (same
-ID and seq, attempts reset); the dispatcher publishes it before any later entry still
-pending on that aggregate, and receivers de-duplicate it if it did arrive once. A
-delivery a consumer rejected is published again, unchanged, to its queue. Every ID is
-checked first: if one is unknown or its aggregate is gone, nothing is replayed."""
+An entry the dispatcher quarantined goes back on its aggregate's outbox with its seq and
+a new ID (the old one in the docoutbox-replay-of header; attempts reset). The dispatcher
+publishes it before any later entry still pending on that aggregate; receivers with exact
+de-duplication see its seq gap filled. A delivery a consumer rejected is published again,
+unchanged, to its queue. Every ID is checked first: if one is unknown or its aggregate
+is gone, nothing is replayed."""
 
 
 def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
