@@ -7,7 +7,8 @@
   Acquiring is a conditional upsert: a race loser gets ``DuplicateKeyError`` (or matches
   nothing) and simply does not get the partition.
 - :class:`MongoDeadLetters`: ``{_id: <entry id>, aggregate_id, entry, error, attempts,
-  quarantined_at}``; a second ``put`` of the same entry is a no-op.
+  quarantined_at, origin}`` (``origin`` "dispatch", or "consume" with ``queue`` and the
+  raw ``body``); a second ``put`` of the same entry is a no-op.
 """
 
 from __future__ import annotations
