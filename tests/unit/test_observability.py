@@ -342,3 +342,13 @@ def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
     assert "python -m docoutbox.testing.mongo_server install" in reason or "java" in reason
     with pytest.raises(RuntimeError, match="cannot start"):
         mongo_server.MongoWireServer(lib=tmp_path).start()
+
+
+def test_the_memory_dead_letters_keep_consumer_rejects_too() -> None:
+    from docoutbox.receive import Rejects
+    from docoutbox.testing import MemoryDeadLetters
+
+    letters: Rejects = MemoryDeadLetters()
+    letters.put(None, {"id": "p1"}, "boom", 3, origin="consume", queue="q", body="{}")
+    kept = letters.entries["p1"]  # type: ignore[attr-defined]
+    assert (kept["origin"], kept["queue"], kept["attempts"]) == ("consume", "q", 3)
