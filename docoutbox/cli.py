@@ -2,7 +2,9 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.demo`).
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.demo`);
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (``docoutbox_spark.command``,
+  needs the ``spark`` extra).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
 """
@@ -65,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
+    sub.add_parser("audit", help="audit collections with Spark (docoutbox audit --help)")
+    sub.add_parser("export", help="write a Parquet snapshot for the audit (--help)")
     d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
     env = os.environ.get
     d.add_argument(
@@ -102,8 +106,22 @@ def main(argv: list[str] | None = None) -> int:
 
         code: int = docoutbox.demo.main(args_list[1:])
         return code
+    if args_list[:1] in (["audit"], ["export"]):
+        return _spark_command(args_list)
     args = _parser().parse_args(args_list)
     return dispatch(args)
+
+
+def _spark_command(args_list: list[str]) -> int:
+    import importlib
+
+    try:
+        command = importlib.import_module("docoutbox_spark.command")
+    except ImportError as exc:
+        print(f"docoutbox: error: pip install 'docoutbox[spark]' ({exc})", file=sys.stderr)
+        return 1
+    code: int = command.main(args_list)
+    return code
 
 
 def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:

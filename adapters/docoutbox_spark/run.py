@@ -80,10 +80,27 @@ class Findings:
     def add(self, kind: str, frame: DataFrame, where: Any = None) -> None:
         if where is not None:
             frame = frame.where(where)
-        frame = frame.cache()
-        self.counts[kind] = self.counts.get(kind, 0) + int(frame.count())
-        self.rows.setdefault(kind, []).extend(_rows(frame, self.sample))
-        frame.unpersist()
+        rows = _rows(frame, self.sample + 1)
+        count = len(rows) if len(rows) <= self.sample else int(frame.count())
+        self.counts[kind] = self.counts.get(kind, 0) + count
+        self.rows.setdefault(kind, []).extend(rows[: self.sample])
+
+    def split(self, frame: DataFrame, column: str, kinds: dict[str, str]) -> None:
+        """Add the rows of ``frame`` to the kind named by their ``column`` value."""
+        rows = _rows(frame, self.sample + 1)
+        exact = len(rows) <= self.sample
+        counts: dict[str, int] = {}
+        if not exact:
+            counts = {
+                r[column]: r["n"]
+                for r in _rows(frame.groupBy(column).agg(F.count(F.lit(1)).alias("n")))
+            }
+        for value, kind in kinds.items():
+            mine = [r for r in rows if r[column] == value]
+            self.counts[kind] = self.counts.get(kind, 0) + (
+                len(mine) if exact else counts.get(value, 0)
+            )
+            self.rows.setdefault(kind, []).extend(mine[: self.sample])
 
     def add_rows(self, kind: str, rows: list[dict[str, Any]]) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + len(rows)
@@ -101,9 +118,10 @@ def run_audit(
 ) -> dict[str, Any]:
     """Audit raw frames; return the summary (JSON-ready) with findings and figures."""
     config = config or AuditConfig()
+    cached = [producer.cache()]
     produced = conform(producer)
-    docs = produced.documents.cache()
-    entries = produced.entries.cache()
+    docs = produced.documents
+    entries = produced.entries
     findings = Findings(config.sample)
     read = int(docs.count())
     if expected_documents is not None and read < expected_documents:
@@ -122,14 +140,15 @@ def run_audit(
     stuck = audit.stuck(entries, config.now, config.sla_seconds)
     findings.add("stuck", stuck)
     findings.add("retrying", audit.retries(entries))
-    seqs = audit.seq_anomalies(entries).cache()
-    findings.add("seq_gap", seqs, F.col("kind") == "seq_gap")
-    findings.add("seq_duplicate", seqs, F.col("kind") == "seq_duplicate")
+    findings.split(
+        audit.seq_anomalies(entries),
+        "kind",
+        {"seq_gap": "seq_gap", "seq_duplicate": "seq_duplicate"},
+    )
     findings.add("outbox_seq_behind", audit.outbox_seq_behind(docs, entries))
     findings.add("duplicate_entry_id", audit.duplicate_entry_ids(entries))
-    saturation = audit.inbox_saturation(docs, config.window, config.above_limit).cache()
-    findings.add("inbox_window_full", saturation, F.col("kind") == "window")
-    findings.add("inbox_above", saturation, F.col("kind") == "above")
+    saturation = audit.inbox_saturation(docs, config.window, config.above_limit)
+    findings.split(saturation, "kind", {"window": "inbox_window_full", "above": "inbox_above"})
     findings.add(
         "near_size_limit", audit.near_size_limit(docs, config.size_limit, config.size_fraction)
     )
@@ -162,22 +181,23 @@ def run_audit(
         "partitions": skew,
     }
     if dead_letters is not None:
-        dead = conform_dead_letters(dead_letters).cache()
+        cached.append(dead_letters.cache())
+        dead = conform_dead_letters(dead_letters)
         by_error = _rows(audit.dead_letters_by_error(dead), 200)
         summary["dead_letters"] = by_error
         findings.add("dead_letter", dead.select("id", "aggregate_id", "entry_id", "error"))
     else:
         dead = None
     if consumer is not None:
+        cached.append(consumer.cache())
         consumed = conform(consumer)
-        cdocs = consumed.documents.cache()
+        cdocs = consumed.documents
         findings.add(
             "malformed", consumed.malformed.withColumn("kind", F.lit("malformed_consumer"))
         )
-        rec = audit.reconcile(docs, entries, cdocs, dead).cache()
-        for status in ("lost", "duplicated", "unexpected"):
-            findings.add(status, rec, F.col("status") == status)
-        ids = audit.reconcile_ids(cdocs).cache()
+        rec = audit.reconcile(docs, entries, cdocs, dead)
+        findings.split(rec, "status", {s: s for s in ("lost", "duplicated", "unexpected")})
+        ids = audit.reconcile_ids(cdocs)
         findings.add("duplicated", ids.select(F.col("id").alias("entry_id"), "status", "consumers"))
         summary["consumer_totals"] = _one(cdocs.agg(F.count(F.lit(1)).alias("documents")))
     summary["findings"] = {
@@ -186,6 +206,8 @@ def run_audit(
     }
     summary["rows"] = findings.rows
     summary["failed"] = failures(summary)
+    for frame in cached:
+        frame.unpersist()
     return summary
 
 

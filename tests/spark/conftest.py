@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import missing
+from tests.spark import planted
 
 JARS = Path(__file__).resolve().parents[1] / "servers" / "spark" / "lib"
 
@@ -45,13 +46,19 @@ def spark() -> Iterator[Any]:
     spark.stop()
 
 
-@pytest.fixture
-def scratch_db(mongo_uri: str) -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def planted_db(wire_server: Any) -> Any:
+    import uuid
+
     from pymongo import MongoClient
 
-    client: Any = MongoClient(mongo_uri)
+    client: Any = MongoClient(wire_server.uri)
     name = f"audit_{uuid.uuid4().hex[:8]}"
-    yield client[name]
+    db = client[name]
+    db.producer.insert_many(planted.producer())
+    db.consumer.insert_many(planted.consumer())
+    db.dead.insert_many(planted.dead_letters())
+    yield wire_server.uri, name
     client.drop_database(name)
     client.close()
 
