@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from docoutbox import logs
+from docoutbox.cli import logs
 from docoutbox.errors import DocOutboxError
 
 EXIT_FINDINGS = 3

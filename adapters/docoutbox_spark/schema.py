@@ -1,6 +1,6 @@
 """The one explicit schema of a stored aggregate document, and its raw reading form.
 
-:data:`DOCUMENT_SCHEMA` is the layout of :mod:`docoutbox.document` as Spark types, with
+:data:`DOCUMENT_SCHEMA` is the layout of :mod:`docoutbox.store.document` as Spark types, with
 ``payload`` and ``headers`` kept as JSON strings because they differ per message type.
 
 Readers never apply it directly: a document that does not match it (a missing field, a

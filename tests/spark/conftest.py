@@ -48,7 +48,6 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def planted_db(wire_server: Any) -> Any:
-    import uuid
 
     from pymongo import MongoClient
 

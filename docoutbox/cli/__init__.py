@@ -2,9 +2,8 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.demo`);
-- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (``docoutbox_spark.command``,
-  needs the ``spark`` extra).
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`);
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox.cli.audit`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
 """
@@ -23,14 +22,15 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from docoutbox import logs
-from docoutbox.dispatch import DispatchPolicy, encode_entry
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.cli import audit, logs
+from docoutbox.codec import encode_entry
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.metrics import LoggingMetrics
+from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.errors import DocOutboxError
-from docoutbox.leases import LeaseTiming
-from docoutbox.metrics import LoggingMetrics
 from docoutbox.model import OutboxMessage
-from docoutbox.ownership import LeaseKeeper, Ownership, SoleOwner
 
 log = logging.getLogger("docoutbox.cli")
 
@@ -67,8 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
-    sub.add_parser("audit", help="audit collections with Spark (docoutbox audit --help)")
-    sub.add_parser("export", help="write a Parquet snapshot for the audit (--help)")
+    audit.register(sub)
     d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
     env = os.environ.get
     d.add_argument(
@@ -102,26 +101,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        import docoutbox.demo  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox.cli import demo
 
-        code: int = docoutbox.demo.main(args_list[1:])
+        code: int = demo.main(args_list[1:])
         return code
-    if args_list[:1] in (["audit"], ["export"]):
-        return _spark_command(args_list)
+    if args_list[:1] and args_list[0] in audit.COMMANDS:
+        return audit.main(args_list)
     args = _parser().parse_args(args_list)
     return dispatch(args)
-
-
-def _spark_command(args_list: list[str]) -> int:
-    import importlib
-
-    try:
-        command = importlib.import_module("docoutbox_spark.command")
-    except ImportError as exc:
-        print(f"docoutbox: error: pip install 'docoutbox[spark]' ({exc})", file=sys.stderr)
-        return 1
-    code: int = command.main(args_list)
-    return code
 
 
 def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
