@@ -166,13 +166,15 @@ def progress(spark: Any, interval: float, label: str) -> Iterator[None]:
         tracker = spark.sparkContext.statusTracker()
         while not stop.wait(interval):
             stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            done = sum(s.numCompletedTasks for s in stages if s)
-            total = sum(s.numTasks for s in stages if s)
+            stages = [s for s in stages if s]
+            if not stages:
+                continue
+            text = ", ".join(
+                f"{s.name.split(' at ')[0]} {s.numCompletedTasks}/{s.numTasks}" for s in stages
+            )
+            elapsed = time.monotonic() - started
             print(
-                f"docoutbox: {label}: {time.monotonic() - started:.0f}s, "
-                f"{done}/{total} tasks of the running stages",
-                file=sys.stderr,
-                flush=True,
+                f"docoutbox: {label} {elapsed:.0f}s: tasks done {text}", file=sys.stderr, flush=True
             )
 
     thread = threading.Thread(target=loop, name="audit-progress", daemon=True)
