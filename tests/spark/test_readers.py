@@ -32,7 +32,7 @@ def test_reader_finds_exactly_the_planted_anomalies(
     assert sizes["w-big"]["size_exact"] is (reader == "datasource")
 
 
-def test_datasource_reads_every_id_type_and_the_connector_gap_is_reported(
+def test_datasource_reads_every_id_type_where_the_connector_misses_some(
     spark: Any, wire_server: Any
 ) -> None:
     import uuid
@@ -53,20 +53,11 @@ def test_datasource_reads_every_id_type_and_the_connector_gap_is_reported(
         )
         assert from_source["totals"]["documents"] == len(ids)
         assert from_source["findings"]["unread_documents"]["count"] == 0
-        # The connector's PaginateIntoPartitionsPartitioner bounds partitions with $lt/$gte
-        # on _id, which match one BSON type only: documents of the other types are not read.
-        # The audit counts the collection apart and reports them.
-        from_connector = run_audit(
-            read_mongo(spark, target, "connector", partitions=4),
-            expected_documents=count_documents(target),
-            config=config(),
-        )
-        read = from_connector["totals"]["documents"]
-        if read < len(ids):
-            assert from_connector["rows"]["unread_documents"] == [
-                {"expected": len(ids), "read": read, "missing": len(ids) - read}
-            ]
-            assert "unread_documents" in from_connector["failed"]
+        # The connector's PaginateIntoPartitionsPartitioner bounds partitions with $gte/$lt
+        # on _id, which match one BSON type only: documents of the other types are not read
+        # (a gap recorded in tests/README.md). run_audit reports the difference between the
+        # collection's count and the rows read as unread_documents (test_audit.py).
+        assert read_mongo(spark, target, "connector", partitions=4).count() < len(ids)
     finally:
         client.drop_database(name)
         client.close()
