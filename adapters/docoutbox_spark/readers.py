@@ -17,6 +17,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from docoutbox_spark.cosmos_source import NAME as COSMOS
+from docoutbox_spark.cosmos_source import CosmosSource
 from docoutbox_spark.datasource import NAME, MongoSource
 from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
 
@@ -57,6 +59,7 @@ def session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(MongoSource)
+    spark.dataSource.register(CosmosSource)
     return spark
 
 
@@ -124,6 +127,35 @@ def read_mongo(
         kind = "dead_letters" if dead_letters else "documents"
         return read_datasource(spark, target, kind, partitions)
     raise ValueError(f"unknown reader {reader!r}: one of {', '.join(READERS)}")
+
+
+@dataclass(frozen=True)
+class CosmosTarget:
+    endpoint: str
+    key: str
+    database: str
+    container: str
+    verify: bool = True
+    discovery: bool = True
+
+
+def read_cosmos(
+    spark: SparkSession, target: CosmosTarget, kind: str = "documents", batch: int = 1000
+) -> DataFrame:
+    """Read a Cosmos DB container through the project's azure-cosmos data source (one
+    partition per feed range)."""
+    return (
+        spark.read.format(COSMOS)
+        .option("endpoint", target.endpoint)
+        .option("key", target.key)
+        .option("database", target.database)
+        .option("container", target.container)
+        .option("kind", kind)
+        .option("batch", str(batch))
+        .option("verify", str(target.verify).lower())
+        .option("discovery", str(target.discovery).lower())
+        .load()
+    )
 
 
 def count_documents(target: MongoTarget) -> int:

@@ -67,3 +67,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.spark)
+            # Each audit is a few dozen Spark jobs: allow for a slow shared machine.
+            item.add_marker(pytest.mark.timeout(900))
