@@ -1,6 +1,6 @@
 """The bank service: handles commands on accounts, then relays their outbox to the ledger.
 
-Run against MongoDB:   python -m examples.bank.app mongodb://localhost:27017/
+Run against MongoDB:   python -m examples.bank.app mongodb://localhost:27017/ [DATABASE]
 Run in memory:         python -m examples.bank.app
 """
 
@@ -14,14 +14,16 @@ from docoutbox.testing import MemoryBackend
 from examples.bank.model import Account, Ledger, handlers, ledger_handlers
 
 
-def stores(uri: str | None) -> tuple[AggregateStore[Account], AggregateStore[Ledger]]:
+def stores(
+    uri: str | None, database: str = "bank"
+) -> tuple[AggregateStore[Account], AggregateStore[Ledger]]:
     if uri is None:
         return AggregateStore(MemoryBackend(), Account), _ledger(MemoryBackend())
     from pymongo import MongoClient
 
     from docoutbox_mongo import MongoBackend
 
-    db: Any = MongoClient(uri, serverSelectionTimeoutMS=5000)["bank"]
+    db: Any = MongoClient(uri, serverSelectionTimeoutMS=5000)[database]
     accounts = AggregateStore(MongoBackend(db["accounts"]), Account)
     ledger = _ledger(MongoBackend(db["ledger"]))
     accounts.ensure_indexes()
@@ -46,7 +48,7 @@ def relay(accounts: AggregateStore[Account], ledger: AggregateStore[Ledger]) -> 
 
 
 def main(argv: list[str]) -> int:
-    accounts, ledger = stores(argv[0] if argv else None)
+    accounts, ledger = stores(*argv[:2]) if argv else stores(None)
     accounts.create("alice", Account(owner="Alice"))
     commands = [
         Message(id="cmd-1", type="Deposit", payload={"amount": 100}),
