@@ -4,7 +4,8 @@
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
-  repair the outbox (:mod:`docoutbox.cli.admin`).
+  repair the outbox (:mod:`docoutbox.cli.admin`);
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox.cli.audit`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
@@ -28,7 +29,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from docoutbox.cli import admin, logs, observe
+from docoutbox.cli import admin, audit, logs, observe
 from docoutbox.cli.help import Formatter
 from docoutbox.codec import encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
@@ -118,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
+    audit.register(sub)
     d = sub.add_parser(
         "dispatch",
         help="publish pending outbox entries of a collection",
@@ -205,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
 
         code: int = demo.main(args_list[1:])
         return code
+    if args_list[:1] and args_list[0] in audit.COMMANDS:
+        return audit.main(args_list)
     args = _parser().parse_args(args_list)
     run: admin.Runner | None = getattr(args, "run", None)
     if run is not None:
