@@ -1,7 +1,7 @@
 """The broker body of an outbox entry, shared by every broker adapter.
 
 Plain docoutbox JSON, or a CloudEvent in structured or binary mode (:class:`WireFormat`);
-:func:`decode_message` reads all three.
+:func:`decode_message` reads all three, and plain ``{id, type, payload}`` messages.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from urllib.parse import quote
 from docoutbox.errors import InvalidInput, InvalidMessage
 from docoutbox.model import Message, OutboxMessage, stream_name
 
+#: The fields a plain message from a producer that is not docoutbox may carry.
+PLAIN_FIELDS = ("id", "type", "payload", "headers", "correlation_id", "causation_id")
+
 
 def encode_entry(entry: OutboxMessage) -> bytes:
     """The broker body for an entry: compact JSON of the whole entry."""
@@ -33,6 +36,24 @@ def decode_entry(body: bytes | str) -> OutboxMessage:
         raise InvalidMessage(f"body is not JSON: {exc}") from exc
     parsed: OutboxMessage = OutboxMessage.parse(data)
     return parsed
+
+
+def _plain_message(body: bytes | str) -> Message:
+    """The message in a plain broker body: a docoutbox entry (:func:`encode_entry`, recognised by
+    its ``seq`` and ``aggregate_id``), or a plain ``{id, type, payload}`` object from any
+    other producer (also ``headers``, ``correlation_id``, ``causation_id``; other fields
+    are ignored). Typed error if neither."""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidMessage(f"body is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidMessage(f"body is not a JSON object: {type(data).__name__}")
+    if "seq" in data and "aggregate_id" in data:
+        entry: OutboxMessage = OutboxMessage.parse(data)
+        return entry.to_message()
+    message: Message = Message.parse({k: data[k] for k in PLAIN_FIELDS if k in data})
+    return message
 
 
 # --- Wire formats -------------------------------------------------------------------------
@@ -151,7 +172,8 @@ def decode_message(
     - a CloudEvent in structured mode (``application/cloudevents+json``, or a JSON object
       with ``specversion``);
     - a CloudEvent in binary mode (``ce_``/``cloudEvents:`` headers with ``specversion``);
-    - else a docoutbox body (:func:`decode_entry`).
+    - else a docoutbox entry (:func:`encode_entry`) or a plain ``{id, type, payload}``
+      object from any other producer.
 
     A CloudEvent with docoutbox's extensions gives the same message as the plain body of
     the same entry (``source`` and ``seq`` included, for exact de-duplication); any other
@@ -171,8 +193,7 @@ def decode_message(
         raise InvalidMessage(f"body is not JSON: {exc}") from exc
     if isinstance(parsed, dict) and (structured or "specversion" in parsed):
         return _message_of(parsed)
-    entry: OutboxMessage = OutboxMessage.parse(parsed)
-    return entry.to_message()
+    return _plain_message(body)
 
 
 def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, Any]:
