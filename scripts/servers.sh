@@ -4,13 +4,16 @@
 # Usage: scripts/servers.sh <subcommand>
 #   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven)
 #   install-rabbitmq  apt-get install rabbitmq-server if it is missing
-#   install           both of the above
+#   install-cosmos    npm ci the local Cosmos DB server into tests/servers/cosmos/node_modules
+#                     (@vercel/cosmosdb-server, pinned, with the project's patch applied)
+#   install           all of the above
 #   start-rabbitmq    start RabbitMQ detached (no-op if running) and wait until it is ready
 #   stop-rabbitmq     stop RabbitMQ and wait for it to exit (no-op if not running), then epmd
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: tests/support/servers.py launches one per
 # test session (java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java 0).
+# Nor is the Cosmos DB server: tests/support/servers.py launches one per session too.
 #
 # Environment:
 #   RABBITMQ_START_TIMEOUT  seconds to wait for RabbitMQ to come up (default 60)
@@ -19,6 +22,7 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
 MONGO_LIB="$MONGO_DIR/lib"
+COSMOS_DIR="$REPO_ROOT/tests/servers/cosmos"
 RABBITMQ_START_TIMEOUT="${RABBITMQ_START_TIMEOUT:-60}"
 
 log() { printf '[servers] %s\n' "$*" >&2; }
@@ -157,9 +161,44 @@ cmd_stop_rabbitmq() {
     fi
 }
 
+# A stamp of what was installed: the lock file and the patches. npm ci runs again only when
+# one of them changed (or node_modules is gone), so the subcommand is cheap when up to date.
+cosmos_stamp() {
+    cat "$COSMOS_DIR/package.json" "$COSMOS_DIR/package-lock.json" "$COSMOS_DIR"/patches/*.patch \
+        2>/dev/null | sha256sum | cut -d' ' -f1
+}
+
+cmd_install_cosmos() {
+    local stamp_file="$COSMOS_DIR/node_modules/.docoutbox-install-stamp"
+    local cli="$COSMOS_DIR/node_modules/@vercel/cosmosdb-server/lib/cli.js"
+    command -v node >/dev/null 2>&1 || die "node (20+) is required for install-cosmos"
+    command -v npm >/dev/null 2>&1 || die "npm is required for install-cosmos"
+    local major
+    major="$(node -p 'process.versions.node.split(".")[0]')"
+    ((major >= 20)) || die "node $(node --version) is too old: @vercel/cosmosdb-server needs 20+"
+    if [[ -f "$cli" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$(cosmos_stamp)" ]]; then
+        log "Cosmos DB server already installed in $COSMOS_DIR/node_modules"
+        return 0
+    fi
+    log "installing the Cosmos DB server (npm ci, then patch-package) in $COSMOS_DIR"
+    local npm_log
+    npm_log="$(mktemp)"
+    if ! (cd "$COSMOS_DIR" && npm ci --no-audit --no-fund --loglevel=error) \
+        </dev/null >"$npm_log" 2>&1; then
+        cat "$npm_log" >&2
+        rm -f "$npm_log"
+        die "npm ci failed in $COSMOS_DIR (is the npm registry reachable? does the patch apply?)"
+    fi
+    rm -f "$npm_log"
+    [[ -f "$cli" ]] || die "npm ci finished but $cli is missing"
+    cosmos_stamp >"$stamp_file"
+    log "Cosmos DB server installed"
+}
+
 cmd_install() {
     cmd_install_mongo
     cmd_install_rabbitmq
+    cmd_install_cosmos
 }
 
 usage() {
@@ -173,6 +212,7 @@ main() {
     case "$1" in
         install-mongo) cmd_install_mongo ;;
         install-rabbitmq) cmd_install_rabbitmq ;;
+        install-cosmos) cmd_install_cosmos ;;
         install) cmd_install ;;
         start-rabbitmq) cmd_start_rabbitmq ;;
         stop-rabbitmq) cmd_stop_rabbitmq ;;

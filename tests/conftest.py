@@ -18,7 +18,14 @@ import pytest
 from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.blocking import BlockingStore
-from tests.support.servers import MongoWireServer, mongo_wire_server_available
+from tests.support.servers import (
+    CosmosAccount,
+    CosmosServer,
+    MongoWireServer,
+    cosmos_account_from_env,
+    cosmos_server_available,
+    mongo_wire_server_available,
+)
 
 REQUIRE_SERVERS = os.environ.get("DOCOUTBOX_REQUIRE_SERVERS") == "1"
 MONGODB_URI = os.environ.get("MONGODB_URI")
@@ -45,6 +52,21 @@ def wire_server() -> Iterator[MongoWireServer]:
         missing(f"MongoDB wire server unavailable ({reason}); run scripts/servers.sh install")
     with MongoWireServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def cosmos_server() -> Iterator[CosmosAccount]:
+    """A Cosmos DB account for the session: COSMOS_ENDPOINT/COSMOS_KEY when both are set
+    (a real account or the official emulator), else the local patched server."""
+    account = cosmos_account_from_env()
+    if account is not None:
+        yield account
+        return
+    reason = cosmos_server_available()
+    if reason:
+        missing(f"Cosmos DB server unavailable ({reason}); run scripts/servers.sh install-cosmos")
+    with CosmosServer() as server:
+        yield server.account()
 
 
 def server_uri(kind: str, request: pytest.FixtureRequest) -> str:

@@ -1,9 +1,11 @@
-"""Test servers: the in-memory MongoDB wire server and a RabbitMQ broker.
+"""Test servers: the in-memory MongoDB wire server, a local Cosmos DB server, RabbitMQ.
 
 The MongoDB wire server is ``de.bwaldvogel:mongo-java-server`` (see ``tests/servers/mongo``),
 fetched by ``scripts/servers.sh install-mongo``. RabbitMQ is started by
-``scripts/servers.sh start-rabbitmq``. Only the standard library is imported at module
-level; pika is imported lazily.
+``scripts/servers.sh start-rabbitmq``. The Cosmos DB server is ``@vercel/cosmosdb-server``
+with the project's patch (see ``tests/servers/cosmos``), installed by
+``scripts/servers.sh install-cosmos``. Only the standard library is imported at module
+level; pika and azure-cosmos are imported lazily.
 
 Fidelity gaps of the wire server versus real MongoDB are listed in ``tests/README.md``.
 """
@@ -14,13 +16,15 @@ import atexit
 import contextlib
 import os
 import queue
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[2]
 MONGO_DIR: Path = REPO_ROOT / "tests" / "servers" / "mongo"
@@ -225,3 +229,255 @@ def rabbitmq_available(url: str, timeout: float = 3.0) -> str | None:
     with contextlib.suppress(pika.exceptions.AMQPError, OSError):
         connection.close()
     return None
+
+
+# --- Cosmos DB ---------------------------------------------------------------------------
+
+COSMOS_DIR: Path = REPO_ROOT / "tests" / "servers" / "cosmos"
+COSMOS_CLI: Path = COSMOS_DIR / "node_modules" / "@vercel" / "cosmosdb-server" / "lib" / "cli.js"
+COSMOS_WATCHDOG: Path = COSMOS_DIR / "exit-on-stdin-eof.js"
+COSMOS_ENDPOINT_ENV = "COSMOS_ENDPOINT"
+COSMOS_KEY_ENV = "COSMOS_KEY"
+#: Read by the patched server: how many feed ranges (partition key ranges) a container has.
+COSMOS_FEED_RANGES_ENV = "COSMOSDB_SERVER_FEED_RANGES"
+DEFAULT_COSMOS_FEED_RANGES = 4
+#: The local server does not check signatures; the SDK only needs a valid base64 key.
+#: This is the well-known key of the official emulator, not a secret.
+EMULATOR_KEY = (
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
+)
+_COSMOS_READY = re.compile(r"Ready to accept HTTPS? connections at (\S+):(\d+)")
+
+
+def cosmos_server_available() -> str | None:
+    """Return None when the local Cosmos DB server can be launched, else the reason."""
+    if shutil.which("node") is None:
+        return "node is not on PATH (Node 20+ is needed for the Cosmos DB server)"
+    if not COSMOS_CLI.is_file():
+        return f"{COSMOS_CLI} is missing; run: scripts/servers.sh install-cosmos"
+    return None
+
+
+@dataclass(frozen=True)
+class CosmosAccount:
+    """Where a Cosmos DB account is and how the SDK must connect to it.
+
+    ``client_kwargs`` go to ``azure.cosmos.CosmosClient`` and ``azure.cosmos.aio.CosmosClient``
+    alike. ``emulated`` is True for the local server (its fidelity gaps are listed in
+    ``tests/README.md``), False for ``COSMOS_ENDPOINT``/``COSMOS_KEY``.
+    """
+
+    endpoint: str
+    key: str
+    client_kwargs: dict[str, Any] = field(default_factory=dict)
+    emulated: bool = False
+
+    def client(self) -> Any:
+        """A new sync ``azure.cosmos.CosmosClient``; close it (or use ``with``)."""
+        from azure.cosmos import CosmosClient
+
+        return CosmosClient(self.endpoint, self.key, **self.client_kwargs)
+
+    def async_client(self) -> Any:
+        """A new ``azure.cosmos.aio.CosmosClient``; create it inside a running loop."""
+        from azure.cosmos.aio import CosmosClient
+
+        return CosmosClient(self.endpoint, self.key, **self.client_kwargs)
+
+
+def cosmos_account_from_env() -> CosmosAccount | None:
+    """The account of ``COSMOS_ENDPOINT``/``COSMOS_KEY`` (a real one or the official
+    emulator), or None when they are not set."""
+    endpoint = os.environ.get(COSMOS_ENDPOINT_ENV)
+    key = os.environ.get(COSMOS_KEY_ENV)
+    if not endpoint or not key:
+        return None
+    kwargs: dict[str, Any] = {}
+    if endpoint.startswith("https://localhost") or endpoint.startswith("https://127.0.0.1"):
+        kwargs["connection_verify"] = False  # the official emulator's certificate
+    return CosmosAccount(endpoint=endpoint, key=key, client_kwargs=kwargs, emulated=False)
+
+
+class CosmosServer:
+    """The local Cosmos DB server (``@vercel/cosmosdb-server``, patched) in a node subprocess.
+
+    Usage::
+
+        with CosmosServer() as server:
+            client = azure.cosmos.CosmosClient(server.endpoint, server.key,
+                                               **server.client_kwargs)
+
+    It listens on a free port over plain HTTP (``--no-ssl``). The SDK then needs
+    ``enable_endpoint_discovery=False``: the server's account document advertises an
+    ``https://`` address that the SDK would otherwise switch to. Plain HTTP rather than the
+    server's self-signed HTTPS because the server closes the connection after every
+    response, and a TLS handshake per request made it about 15x slower. Data lives in
+    memory and is lost when the server stops. The process exits when its stdin is closed,
+    so it also dies with the Python process that started it.
+    """
+
+    def __init__(
+        self,
+        *,
+        feed_ranges: int = DEFAULT_COSMOS_FEED_RANGES,
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        if feed_ranges < 1:
+            raise ValueError(f"feed_ranges must be at least 1, got {feed_ranges}")
+        self.feed_ranges = feed_ranges
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._port: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("CosmosServer is not running; call start() first")
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def key(self) -> str:
+        return EMULATOR_KEY
+
+    @property
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"enable_endpoint_discovery": False}
+
+    def account(self) -> CosmosAccount:
+        return CosmosAccount(
+            endpoint=self.endpoint,
+            key=self.key,
+            client_kwargs=self.client_kwargs,
+            emulated=True,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Self:
+        with self._lock:
+            if self._proc is not None:
+                return self
+            reason = cosmos_server_available()
+            if reason is not None:
+                raise RuntimeError(f"cannot start the Cosmos DB server: {reason}")
+            node = shutil.which("node")
+            assert node is not None
+            self._stderr = tempfile.TemporaryFile(  # noqa: SIM115 - closed in stop()
+                prefix="cosmos-server-", suffix=".err"
+            )
+            cmd = [
+                node,
+                "--require",
+                str(COSMOS_WATCHDOG),
+                str(COSMOS_CLI),
+                "--port",
+                "0",
+                "--host",
+                "127.0.0.1",
+                "--no-ssl",
+            ]
+            env = {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                cwd=COSMOS_DIR,
+                env=env,
+            )
+            self._proc = proc
+            atexit.register(self.stop)
+            try:
+                self._port = self._wait_ready(proc)
+            except BaseException:
+                self._stop_locked()
+                raise
+            return self
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
+        assert proc.stdout is not None
+        lines: queue.Queue[bytes | None] = queue.Queue()
+        stdout = proc.stdout
+
+        def pump() -> None:
+            for line in iter(stdout.readline, b""):
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, name="cosmos-server-stdout", daemon=True).start()
+        try:
+            while True:
+                line = lines.get(timeout=self.startup_timeout)
+                if line is None:
+                    code = proc.wait(timeout=self.stop_timeout)
+                    raise RuntimeError(
+                        f"Cosmos DB server exited with code {code} before it was ready."
+                        f"\nstderr:\n{self._read_stderr()}"
+                    )
+                match = _COSMOS_READY.search(line.decode("utf-8", "replace"))
+                if match:
+                    return int(match.group(2))
+        except queue.Empty:
+            raise RuntimeError(
+                f"Cosmos DB server was not ready within {self.startup_timeout:.0f}s."
+                f"\nstderr:\n{self._read_stderr()}"
+            ) from None
+
+    def _read_stderr(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace").strip()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
+        proc, self._proc = self._proc, None
+        self._port = None
+        if proc is not None:
+            atexit.unregister(self.stop)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # EOF on stdin makes the server exit
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"port={self._port}" if self._port is not None else "stopped"
+        return f"<CosmosServer {state} feed_ranges={self.feed_ranges}>"
