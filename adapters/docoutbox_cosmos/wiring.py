@@ -1,0 +1,83 @@
+"""Connect everything a dispatcher needs from one Cosmos DB account (used by the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from azure.cosmos import CosmosClient, PartitionKey
+
+from docoutbox.errors import PermanentStoreError
+from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
+from docoutbox_cosmos.changes import CosmosChangeSource
+from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
+from docoutbox_cosmos.errors import translated
+
+
+@dataclass
+class CosmosDispatchTarget:
+    client: Any
+    backend: CosmosBackend
+    source: CosmosChangeSource
+    checkpoints: CosmosCheckpoints
+    leases: CosmosLeaseTable
+    dead_letters: CosmosDeadLetters
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def coordination_container(database: Any, name: str) -> Any:
+    """The container ``name`` (partitioned on ``/id``), created when missing."""
+    with translated():
+        return database.create_container_if_not_exists(name, PartitionKey(path="/id"))
+
+
+def connect_dispatch(
+    endpoint: str,
+    key: str,
+    database: str,
+    container: str,
+    *,
+    timeout: float = 5.0,
+    checkpoints: str = "docoutbox_checkpoints",
+    leases: str = "docoutbox_leases",
+    dead_letters: str = "docoutbox_dead_letters",
+    group: str | None = None,
+    partition_key_path: str = "/id",
+    on_charge: ChargeHook | None = None,
+    client_options: dict[str, Any] | None = None,
+) -> CosmosDispatchTarget:
+    """Open a client, check the aggregates' container exists, and create the
+    coordination containers when missing.
+
+    Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
+    account, or a missing database or container.
+    """
+    options = {
+        "connection_timeout": max(1, int(timeout)),
+        "retry_total": 1,
+        **(client_options or {}),
+    }
+    try:
+        with translated():
+            client: Any = CosmosClient(endpoint, key, **options)
+    except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
+        raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+    try:
+        with translated():
+            db = client.get_database_client(database)
+            coll = db.get_container_client(container)
+            coll.read()
+        backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
+        return CosmosDispatchTarget(
+            client=client,
+            backend=backend,
+            source=CosmosChangeSource(coll, codec=backend.codec),
+            checkpoints=CosmosCheckpoints(coordination_container(db, checkpoints)),
+            leases=CosmosLeaseTable(coordination_container(db, leases), group or container),
+            dead_letters=CosmosDeadLetters(coordination_container(db, dead_letters)),
+        )
+    except BaseException:
+        client.close()
+        raise
