@@ -8,24 +8,21 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from azure.core.exceptions import ServiceRequestError
+from azure.cosmos import exceptions as cosmos_errors
 
-pytest.importorskip("azure.cosmos")
-
-from azure.core.exceptions import ServiceRequestError  # noqa: E402
-from azure.cosmos import exceptions as cosmos_errors  # noqa: E402
-
-from docoutbox.document import ID, new_document  # noqa: E402
-from docoutbox.errors import (  # noqa: E402
+from docoutbox.document import ID, new_document
+from docoutbox.errors import (
     DocumentTooLarge,
     InvalidAggregateId,
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan, apply_plan  # noqa: E402
-from docoutbox_cosmos import operations as flows  # noqa: E402
-from docoutbox_cosmos.backend import CosmosBackend  # noqa: E402
-from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate  # noqa: E402
-from docoutbox_cosmos.items import (  # noqa: E402
+from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan, apply_plan
+from docoutbox_cosmos import operations as flows
+from docoutbox_cosmos.backend import CosmosBackend
+from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate
+from docoutbox_cosmos.items import (
     MAX_PATCH_OPS,
     ItemCodec,
     commit_patch,
