@@ -35,8 +35,8 @@ from benchmarks.common import (
 )
 from benchmarks.workload import Account, Feed, account_ids, handlers, make_store
 from docoutbox import OutboxMessage
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.document import new_document, partition_of
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.store.document import new_document, partition_of
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters

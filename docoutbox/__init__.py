@@ -4,10 +4,20 @@ Each aggregate is one document carrying its state, an inbox of processed message
 an outbox of messages not yet published; handling a message is one conditional write.
 """
 
-from docoutbox.aggregate import Decision, Handler, Handlers
-from docoutbox.dispatch import DispatchPolicy, DispatchResult
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.document import Snapshot, partition_of
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
+from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.dispatch.ports import (
+    AsyncPublisher,
+    ChangeEvent,
+    ChangeSource,
+    Checkpoints,
+    DeadLetters,
+    LeaseTable,
+    Publisher,
+)
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
@@ -29,23 +39,13 @@ from docoutbox.errors import (
     TransientStoreError,
     UnknownMessageType,
 )
-from docoutbox.flows import Created, Outcome, RetryPolicy, Status, StoreConfig
-from docoutbox.leases import LeaseTiming
-from docoutbox.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
+from docoutbox.handlers import Decision, Handler, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
-from docoutbox.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.ports import (
-    AsyncPublisher,
-    AsyncStoreBackend,
-    ChangeEvent,
-    ChangeSource,
-    Checkpoints,
-    DeadLetters,
-    LeaseTable,
-    Publisher,
-    StoreBackend,
-)
-from docoutbox.store import AggregateStore, AsyncAggregateStore
+from docoutbox.retry import RetryPolicy
+from docoutbox.store.api import AggregateStore, AsyncAggregateStore
+from docoutbox.store.core import Created, Outcome, Status, StoreConfig
+from docoutbox.store.document import Snapshot, partition_of
+from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 __version__ = "0.1.0"
 

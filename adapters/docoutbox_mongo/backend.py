@@ -14,10 +14,10 @@ import bson
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
-from docoutbox.document import Document
 from docoutbox.errors import InvalidPayload
 from docoutbox.model import AggregateId
-from docoutbox.plan import CommitPlan, FailurePlan, InsertPlan, TrimPlan, WritePlan
+from docoutbox.store.document import Document
+from docoutbox.store.plans import CommitPlan, FailurePlan, InsertPlan, TrimPlan, WritePlan
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import (
     INDEXES,

@@ -1,4 +1,4 @@
-"""A MongoDB change stream as a :class:`docoutbox.ports.ChangeSource`.
+"""A MongoDB change stream as a :class:`docoutbox.dispatch.ports.ChangeSource`.
 
 The stream watches inserts, updates and replaces whose looked-up document still has a
 pending entry (``fullDocument.outbox.0``). Documents are identified by
@@ -17,8 +17,8 @@ from typing import Any
 
 from bson import Timestamp
 
+from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
-from docoutbox.ports import ChangeEvent, Position
 from docoutbox_mongo.errors import translated, translated_stream
 
 PIPELINE: list[dict[str, Any]] = [

@@ -19,9 +19,9 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from docoutbox.document import utcnow
+from docoutbox.dispatch.ports import LeaseView, Position
 from docoutbox.model import AggregateId
-from docoutbox.ports import LeaseView, Position
+from docoutbox.store.document import utcnow
 from docoutbox_mongo.errors import translated
 
 

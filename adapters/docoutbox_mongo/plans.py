@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from docoutbox.model import AggregateId
-from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan
+from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
 
 Filter = dict[str, Any]
 Update = dict[str, Any]

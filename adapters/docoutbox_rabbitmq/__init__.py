@@ -1,10 +1,10 @@
 """RabbitMQ adapter for docoutbox: a confirming publisher and a consumer that acks after commit."""
 
+from docoutbox.receive import Action, Verdict, receive
 from docoutbox_rabbitmq.amqp import declare, masked, properties_for
 from docoutbox_rabbitmq.consumer import ConsumerStats, RabbitConsumer
 from docoutbox_rabbitmq.errors import translate, translated
 from docoutbox_rabbitmq.publisher import RabbitPublisher
-from docoutbox_rabbitmq.settle import Action, Verdict, receive
 
 __all__ = [
     "Action",

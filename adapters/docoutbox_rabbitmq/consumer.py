@@ -12,12 +12,12 @@ from typing import Any, Generic, TypeVar
 import pika  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel
 
-from docoutbox.aggregate import Handler
+from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
-from docoutbox.store import AggregateStore
+from docoutbox.receive import Action, Verdict, describe, receive
+from docoutbox.store.api import AggregateStore
 from docoutbox_rabbitmq.amqp import masked
 from docoutbox_rabbitmq.errors import translated
-from docoutbox_rabbitmq.settle import Action, Verdict, describe, receive
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -39,7 +39,7 @@ class RabbitConsumer(Generic[S]):
 
     Each body is an entry (:func:`docoutbox.dispatch.decode_entry`); its message carries
     ``source`` and ``seq``, so exact de-duplication works. It is handled on the aggregate
-    ``aggregate_id_of(message)`` and settled as :func:`~docoutbox_rabbitmq.settle.receive`
+    ``aggregate_id_of(message)`` and settled as :func:`~docoutbox.receive.receive`
     decides: acked after the commit (or as a duplicate), nacked with requeue after
     ``requeue_delay``, or rejected without requeue and logged. Declare the queue with a
     dead-letter exchange to keep rejected deliveries.

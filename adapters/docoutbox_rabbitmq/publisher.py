@@ -13,7 +13,7 @@ from typing import Any, Self
 import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 
-from docoutbox.dispatch import encode_entry
+from docoutbox.codec import encode_entry
 from docoutbox.errors import PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.amqp import declare, masked, properties_for
@@ -35,7 +35,7 @@ class _Link:
 
 
 class RabbitPublisher:
-    """A :class:`docoutbox.ports.Publisher` for RabbitMQ: returns only once confirmed.
+    """A :class:`docoutbox.dispatch.ports.Publisher` for RabbitMQ: returns only once confirmed.
 
     Each entry is published persistent, ``mandatory``, to ``exchange`` with routing key
     ``route(entry)`` if given, else the entry's ``destination``, else ``routing_key``, else

@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from pydantic import Field
 
-from docoutbox.aggregate import Decision, Handlers
-from docoutbox.document import utcnow
 from docoutbox.errors import (
     DocumentTooLarge,
     InvalidAggregateId,
@@ -25,9 +23,11 @@ from docoutbox.errors import (
     NotFound,
     UnknownMessageType,
 )
-from docoutbox.flows import StoreConfig
+from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
-from docoutbox.plan import entry_id
+from docoutbox.store.core import StoreConfig
+from docoutbox.store.document import utcnow
+from docoutbox.store.plans import entry_id
 
 MakeStore = Callable[..., Any]
 

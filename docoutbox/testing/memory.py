@@ -1,4 +1,4 @@
-"""An in-memory store backend with the exact semantics of :func:`docoutbox.plan.apply_plan`."""
+"""An in-memory store backend with the semantics of :func:`~docoutbox.store.plans.apply_plan`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from docoutbox.document import ID, Document
 from docoutbox.model import AggregateId
-from docoutbox.plan import WritePlan, apply_plan
+from docoutbox.store.document import ID, Document
+from docoutbox.store.plans import WritePlan, apply_plan
 
 MONGODB_MAX_BYTES = 16 * 1024 * 1024
 

@@ -27,7 +27,7 @@ from typing import IO, Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch import DispatchPolicy
+from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend

@@ -13,11 +13,11 @@ import pytest
 from pymongo import MongoClient
 
 from docoutbox import AggregateStore, OutboxMessage
-from docoutbox.dispatch import DispatchPolicy
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import ChangeStreamLost, PublishError
-from docoutbox.ownership import Ownership
-from docoutbox.scheduler import Backoff
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_mongo import (

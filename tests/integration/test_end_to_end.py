@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch import DispatchPolicy
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.wiring import connect_dispatch

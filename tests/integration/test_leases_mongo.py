@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from docoutbox import OutboxMessage
-from docoutbox.dispatcher import Dispatcher
+from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import TransientStoreError
-from docoutbox.leases import LeaseTiming
-from docoutbox.ownership import LeaseKeeper
 from docoutbox_mongo import MongoLeaseTable
 from tests.integration.test_dispatcher_mongo import Env, wait_until
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from docoutbox.dispatch import decode_entry
+from docoutbox.codec import decode_entry
+from docoutbox.dispatch.ports import Publisher
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
-from docoutbox.ports import Publisher
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import (
     Sandbox,

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.dispatch import decode_entry, encode_entry
+from docoutbox.codec import decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
-from docoutbox.flows import RetryPolicy
 from docoutbox.model import OutboxMessage
+from docoutbox.retry import RetryPolicy
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from tests.support.e2e import (
     FaultyBackend,

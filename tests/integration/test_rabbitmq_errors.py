@@ -21,7 +21,7 @@ from docoutbox.errors import (
     PublishError,
     TransientStoreError,
 )
-from docoutbox.flows import RetryPolicy
+from docoutbox.retry import RetryPolicy
 from docoutbox_rabbitmq import Action, RabbitConsumer, masked, translate, translated
 from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
 

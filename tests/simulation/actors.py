@@ -18,12 +18,14 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
-from docoutbox.aggregate import Decision, Handlers
-from docoutbox.dispatch import DispatchOp, DispatchPolicy, decode_entry
+from docoutbox.codec import decode_entry
+from docoutbox.dispatch.flow import DispatchOp, DispatchPolicy
 from docoutbox.errors import StoreError
-from docoutbox.flows import Core, Op, RetryPolicy, Status, StoreConfig
+from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
-from docoutbox.ports import StoreBackend
+from docoutbox.retry import RetryPolicy
+from docoutbox.store.core import Core, Op, Status, StoreConfig
+from docoutbox.store.ports import StoreBackend
 from tests.simulation.schedule import Schedule
 
 M = TypeVar("M", bound=BaseModel)

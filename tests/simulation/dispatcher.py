@@ -1,16 +1,16 @@
 """The simulated dispatcher: the engine's design, one step at a time.
 
-It is built like :class:`docoutbox.dispatcher.Dispatcher`, with the same pure parts:
+It is built like :class:`docoutbox.dispatch.dispatcher.Dispatcher`, with the same pure parts:
 
-- change events enter a :class:`~docoutbox.tracking.PositionTracker`, each with a
+- change events enter a :class:`~docoutbox.dispatch.checkpoint.PositionTracker`, each with a
   completion check; the checkpoint saved is the tracker's ``safe`` position (I5);
 - without a checkpoint it starts "fresh" as the engine does: it takes the log's end as
   the new position and sweeps every pending document behind a
-  :class:`~docoutbox.tracking.Gate` (I6); or, with ``recovery="replay"``, it replays the
+  :class:`~docoutbox.dispatch.checkpoint.Gate` (I6); or, with ``recovery="replay"``, it replays the
   whole log;
 - sweeps page through :meth:`Core.pending_page`; with no change log (``dispatcher="sweep"``)
   it sweeps again and again;
-- each aggregate is published by :func:`~docoutbox.dispatch.dispatch_document` on the
+- each aggregate is published by :func:`~docoutbox.dispatch.flow.dispatch_document` on the
   document as loaded when its run starts. A run completes every request made before it
   started (the engine's tickets); a failed run is retried.
 
@@ -25,12 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from docoutbox.dispatch import dispatch_document
-from docoutbox.document import ID
+from docoutbox.dispatch.checkpoint import Gate, PositionTracker
+from docoutbox.dispatch.flow import dispatch_document
 from docoutbox.errors import StoreError
-from docoutbox.flows import Core, Load
 from docoutbox.model import AggregateId, InboxPolicy
-from docoutbox.tracking import Gate, PositionTracker
+from docoutbox.store.core import Core, Load
+from docoutbox.store.document import ID
 from tests.simulation.actors import (
     Env,
     Idle,

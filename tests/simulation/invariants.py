@@ -25,8 +25,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from docoutbox.document import Document
 from docoutbox.model import OutboxMessage
+from docoutbox.store.document import Document
 from tests.simulation.actors import Command
 
 

@@ -19,9 +19,11 @@ from dataclasses import replace
 from typing import Any
 from unittest import mock
 
-from docoutbox import dispatch, flows, tracking
-from docoutbox.document import Document
-from docoutbox.plan import CommitPlan, WritePlan, apply_plan
+from docoutbox.dispatch import checkpoint as tracking
+from docoutbox.dispatch import flow as dispatch
+from docoutbox.store import core as flows
+from docoutbox.store.document import Document
+from docoutbox.store.plans import CommitPlan, WritePlan, apply_plan
 from docoutbox.testing import memory
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from docoutbox.dispatch import Publish, Quarantine, decode_entry
-from docoutbox.flows import FindPending, Load, Sleep, Write
-from docoutbox.plan import CommitPlan, FailurePlan, InsertPlan, TrimPlan
+from docoutbox.codec import decode_entry
+from docoutbox.dispatch.flow import Publish, Quarantine
+from docoutbox.store.core import FindPending, Load, Sleep, Write
+from docoutbox.store.plans import CommitPlan, FailurePlan, InsertPlan, TrimPlan
 from tests.simulation.actors import Ack, Command, Nack, Receive
 from tests.simulation.queues import Delivery
 

@@ -12,18 +12,19 @@ import random
 from collections import Counter
 from typing import Any
 
-from docoutbox.dispatch import Publish, Quarantine, encode_entry
-from docoutbox.document import Document
+from docoutbox.codec import encode_entry
+from docoutbox.dispatch.flow import Publish, Quarantine
 from docoutbox.errors import (
     BrokerUnavailable,
     PermanentPublishError,
     PublishError,
     TransientStoreError,
 )
-from docoutbox.flows import FindPending, Load, Write
 from docoutbox.model import Message, OutboxMessage
-from docoutbox.plan import CommitPlan, InsertPlan, WritePlan
-from docoutbox.ports import StoreBackend
+from docoutbox.store.core import FindPending, Load, Write
+from docoutbox.store.document import Document
+from docoutbox.store.plans import CommitPlan, InsertPlan, WritePlan
+from docoutbox.store.ports import StoreBackend
 from docoutbox.testing import MemoryDeadLetters
 from tests.simulation.actors import (
     COMMANDS,

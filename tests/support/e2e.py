@@ -12,10 +12,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 
-from docoutbox.aggregate import Handlers
-from docoutbox.document import Document, utcnow
+from docoutbox.handlers import Handlers
 from docoutbox.model import Aggregate, AggregateId, Message, OutboxMessage
-from docoutbox.plan import WritePlan
+from docoutbox.store.document import Document, utcnow
+from docoutbox.store.plans import WritePlan
 from docoutbox.testing import MemoryBackend
 
 

@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
-from docoutbox.dispatch import DispatchPolicy
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.metrics import CountingMetrics
+from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.ports import Position
+from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
     PermanentPublishError,
     PublishError,
 )
-from docoutbox.metrics import CountingMetrics
-from docoutbox.ownership import SoleOwner
-from docoutbox.ports import Position
-from docoutbox.scheduler import Backoff
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints

@@ -10,12 +10,12 @@ import time
 import pytest
 from bson import Timestamp
 
-from docoutbox.dispatcher import event_target
-from docoutbox.document import partition_of
+from docoutbox.cli.logs import MaskingFilter, configure, mask, secrets_of
+from docoutbox.dispatch.checkpoint import Gate, PositionTracker
+from docoutbox.dispatch.dispatcher import event_target
+from docoutbox.dispatch.scheduler import AggregateScheduler, Backoff, RunOutcome
 from docoutbox.errors import ChangeStreamLost
-from docoutbox.logs import MaskingFilter, configure, mask, secrets_of
-from docoutbox.scheduler import AggregateScheduler, Backoff, RunOutcome
-from docoutbox.tracking import Gate, PositionTracker
+from docoutbox.store.document import partition_of
 from docoutbox_mongo.changes import stream_args
 
 

@@ -17,7 +17,7 @@ from docoutbox import (
     StoreConfig,
     TransientStoreError,
 )
-from docoutbox.plan import CommitPlan, WritePlan
+from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from docoutbox import InboxPolicy, InboxSaturated, Message
-from docoutbox.inbox import Mark, is_duplicate, record_mark
+from docoutbox.store.inbox import Mark, is_duplicate, record_mark
 
 EXACT = InboxPolicy(window=0, exact=True, max_above=50)
 

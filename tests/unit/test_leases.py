@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from docoutbox.leases import LeaseTiming, fair_share, plan_leases
-from docoutbox.ownership import LeaseKeeper
-from docoutbox.ports import LeaseView
+from docoutbox.dispatch.leases import LeaseTiming, fair_share, plan_leases
+from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.ports import LeaseView
 from docoutbox.testing.dispatch import MemoryLeaseTable
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -8,7 +8,7 @@ import pytest
 from pymongo import errors as pm
 
 from docoutbox import DocumentTooLarge, PermanentStoreError, TransientStoreError
-from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan
+from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import commit_update, failure_update, pending_filter, trim_update
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch import DispatchPolicy, Publish, Quarantine, dispatch_document
+from docoutbox.dispatch.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
-from docoutbox.flows import Sleep, Write
-from docoutbox.plan import FailurePlan, TrimPlan
+from docoutbox.store.core import Sleep, Write
+from docoutbox.store.plans import FailurePlan, TrimPlan
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from docoutbox.aggregate import Decision
-from docoutbox.document import ID, Document, Snapshot
 from docoutbox.errors import DocumentTooLarge
-from docoutbox.inbox import Mark, record_mark, uses_marks
+from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
+from docoutbox.store.document import ID, Document, Snapshot
+from docoutbox.store.inbox import Mark, record_mark, uses_marks
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
 

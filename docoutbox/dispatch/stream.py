@@ -1,12 +1,12 @@
 """Follow a change stream from its checkpoint, and move the checkpoint safely (I5).
 
-:class:`StreamFollower` opens the :class:`~docoutbox.ports.ChangeSource` at the saved
+:class:`StreamFollower` opens the :class:`~docoutbox.dispatch.ports.ChangeSource` at the saved
 position, hands every event's document to the dispatcher (which answers with a
 completion check), and saves the position behind the completed prefix of events.
 
 When there is no usable position (first start, history lost, a malformed token) it opens
 the stream at a fresh marker taken *before* a full sweep, and the marker only becomes the
-checkpoint once that sweep is complete (a :class:`~docoutbox.tracking.Gate`).
+checkpoint once that sweep is complete (a :class:`~docoutbox.dispatch.checkpoint.Gate`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import random
 import time
 from collections.abc import Callable
 
-from docoutbox.document import Document
+from docoutbox.dispatch.checkpoint import Done, Gate, PositionTracker
+from docoutbox.dispatch.ports import ChangeSource, Checkpoints, Position
+from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import ChangeStreamLost, StoreError
-from docoutbox.ports import ChangeSource, Checkpoints, Position
-from docoutbox.scheduler import Backoff
-from docoutbox.tracking import Done, Gate, PositionTracker
+from docoutbox.store.document import Document
 
 log = logging.getLogger("docoutbox.dispatcher")
 

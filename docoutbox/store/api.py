@@ -1,4 +1,4 @@
-"""The public stores: thin sync and async drivers over the flows in :mod:`docoutbox.flows`."""
+"""The public stores: thin sync and async drivers over the flows in :mod:`docoutbox.store.core`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from docoutbox.aggregate import Handler
-from docoutbox.document import Snapshot
 from docoutbox.errors import NotFound
-from docoutbox.flows import (
+from docoutbox.handlers import Handler
+from docoutbox.model import AggregateId, Message
+from docoutbox.store.core import (
     Core,
     Created,
     FindPending,
@@ -24,8 +24,8 @@ from docoutbox.flows import (
     StoreConfig,
     Write,
 )
-from docoutbox.model import AggregateId, Message
-from docoutbox.ports import AsyncStoreBackend, StoreBackend
+from docoutbox.store.document import Snapshot
+from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")

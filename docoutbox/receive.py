@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from docoutbox.aggregate import Handler
-from docoutbox.dispatch import decode_entry
+from docoutbox.codec import decode_entry
 from docoutbox.errors import (
     ConcurrencyConflict,
     DocumentTooLarge,
@@ -24,9 +23,10 @@ from docoutbox.errors import (
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.flows import Outcome, Status
+from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
-from docoutbox.store import AggregateStore
+from docoutbox.store.api import AggregateStore
+from docoutbox.store.core import Outcome, Status
 
 S = TypeVar("S", bound=BaseModel)
 

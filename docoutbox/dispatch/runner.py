@@ -1,8 +1,8 @@
 """One dispatch run of one aggregate: reload it, then drive the pure dispatch flow.
 
-:class:`DispatchRunner` is the sync driver of :func:`docoutbox.dispatch.dispatch_document`:
-it publishes through the :class:`~docoutbox.ports.Publisher`, quarantines through the
-:class:`~docoutbox.ports.DeadLetters`, trims through the store backend, and stops touching
+:class:`DispatchRunner` is the sync driver of :func:`docoutbox.dispatch.flow.dispatch_document`:
+it publishes through the :class:`~docoutbox.dispatch.ports.Publisher`, quarantines through the
+:class:`~docoutbox.dispatch.ports.DeadLetters`, trims through the store backend, and stops touching
 the aggregate as soon as its partition is no longer held.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from docoutbox.dispatch import (
+from docoutbox.dispatch.flow import (
     DispatchOp,
     DispatchPolicy,
     DispatchResult,
@@ -23,13 +23,14 @@ from docoutbox.dispatch import (
     Quarantine,
     dispatch_document,
 )
+from docoutbox.dispatch.metrics import Metrics
+from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.ports import DeadLetters, Publisher
+from docoutbox.dispatch.scheduler import RunOutcome
 from docoutbox.errors import StoreError
-from docoutbox.flows import Sleep, Write
-from docoutbox.metrics import Metrics
 from docoutbox.model import AggregateId
-from docoutbox.ownership import Ownership
-from docoutbox.ports import DeadLetters, Publisher, StoreBackend
-from docoutbox.scheduler import RunOutcome
+from docoutbox.store.core import Sleep, Write
+from docoutbox.store.ports import StoreBackend
 
 log = logging.getLogger("docoutbox.dispatcher")
 

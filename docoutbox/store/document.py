@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from docoutbox.errors import MalformedDocument
-from docoutbox.inbox import Mark
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.store.inbox import Mark
 
 S = TypeVar("S", bound=BaseModel)
 Document = dict[str, Any]

@@ -19,9 +19,10 @@ from typing import Any
 from pydantic import BaseModel, PositiveInt
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.flows import RetryPolicy, StoreConfig
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.model import OutboxMessage
+from docoutbox.retry import RetryPolicy
+from docoutbox.store.core import StoreConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 
 

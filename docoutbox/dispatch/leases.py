@@ -20,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from docoutbox.ports import LeaseView
+from docoutbox.dispatch.ports import LeaseView
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Pure dispatch decisions: publish one aggregate's pending entries in ``seq`` order, then trim.
 
-:func:`dispatch_document` is a sans-IO flow like those in :mod:`docoutbox.flows`. It
-yields :class:`Publish`, :class:`Quarantine`, :class:`~docoutbox.flows.Write` (one
-batched trim) and :class:`~docoutbox.flows.Sleep`; a sync or async engine performs them.
+:func:`dispatch_document` is a sans-IO flow like those in :mod:`docoutbox.store.core`. It
+yields :class:`Publish`, :class:`Quarantine`, :class:`~docoutbox.store.core.Write` (one
+batched trim) and :class:`~docoutbox.store.core.Sleep`; a sync or async engine performs them.
 
 Failure handling, per entry:
 
@@ -21,22 +21,22 @@ ahead of it (per-aggregate order, I4).
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from docoutbox.document import ID, Document
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidInput,
     PermanentPublishError,
     PublishError,
 )
-from docoutbox.flows import Sleep, Write, backoff
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.plan import FailurePlan, plan_trim
+from docoutbox.retry import backoff
+from docoutbox.store.core import Sleep, Write
+from docoutbox.store.document import ID, Document
+from docoutbox.store.plans import FailurePlan, plan_trim
 
 
 @dataclass(frozen=True)
@@ -169,23 +169,6 @@ def _describe(exc: BaseException) -> str:
 
 def _as_dict(raw: object) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {"value": repr(raw)}
-
-
-def encode_entry(entry: OutboxMessage) -> bytes:
-    """The broker body for an entry: compact JSON of the whole entry."""
-    return entry.model_dump_json().encode()
-
-
-def decode_entry(body: bytes | str) -> OutboxMessage:
-    """Parse a broker body written by :func:`encode_entry`; typed error if malformed."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        from docoutbox.errors import InvalidMessage
-
-        raise InvalidMessage(f"body is not JSON: {exc}") from exc
-    parsed: OutboxMessage = OutboxMessage.parse(data)
-    return parsed
 
 
 def checkpoint_after(done: Sequence[bool]) -> int:

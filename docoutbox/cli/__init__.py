@@ -2,7 +2,7 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.demo`).
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
 """
@@ -21,14 +21,15 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from docoutbox import logs
-from docoutbox.dispatch import DispatchPolicy, encode_entry
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.cli import logs
+from docoutbox.codec import encode_entry
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.metrics import LoggingMetrics
+from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.errors import DocOutboxError
-from docoutbox.leases import LeaseTiming
-from docoutbox.metrics import LoggingMetrics
 from docoutbox.model import OutboxMessage
-from docoutbox.ownership import LeaseKeeper, Ownership, SoleOwner
 
 log = logging.getLogger("docoutbox.cli")
 
@@ -98,9 +99,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        import docoutbox.demo  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox.cli import demo
 
-        code: int = docoutbox.demo.main(args_list[1:])
+        code: int = demo.main(args_list[1:])
         return code
     args = _parser().parse_args(args_list)
     return dispatch(args)

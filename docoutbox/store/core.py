@@ -1,7 +1,7 @@
 """The store's logic as sans-IO generators, written once for sync and async.
 
 A flow yields operations (:class:`Load`, :class:`Write`, :class:`FindPending`,
-:class:`Sleep`) and receives their results; a driver in :mod:`docoutbox.store` performs
+:class:`Sleep`) and receives their results; a driver in :mod:`docoutbox.store.api` performs
 them against a sync or an async backend. Errors raised by an operation are thrown back
 into the flow at the ``yield``.
 """
@@ -21,9 +21,6 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from docoutbox.aggregate import Decision, Handler, check_result
-from docoutbox.document import Document, Snapshot, new_document, partition_of, read_snapshot
-from docoutbox.document import utcnow as _utcnow
 from docoutbox.errors import (
     ConcurrencyConflict,
     DocumentTooLarge,
@@ -31,7 +28,7 @@ from docoutbox.errors import (
     NotFound,
     TransientStoreError,
 )
-from docoutbox.inbox import is_duplicate
+from docoutbox.handlers import Decision, Handler, check_result
 from docoutbox.model import (
     AggregateId,
     InboxPolicy,
@@ -40,7 +37,11 @@ from docoutbox.model import (
     aggregate_type_of,
     check_aggregate_id,
 )
-from docoutbox.plan import (
+from docoutbox.retry import RetryPolicy
+from docoutbox.store.document import Document, Snapshot, new_document, partition_of, read_snapshot
+from docoutbox.store.document import utcnow as _utcnow
+from docoutbox.store.inbox import is_duplicate
+from docoutbox.store.plans import (
     CommitPlan,
     FailurePlan,
     InsertPlan,
@@ -80,30 +81,6 @@ class Sleep:
 
 Op = Load | Write | FindPending | Sleep
 Flow = Generator[Op, Any, T]
-
-
-def backoff(
-    attempt: int, base: float, cap: float, rng: random.Random, *, floor: float = 0.0
-) -> float:
-    """Exponential backoff with jitter: a random delay in ``[floor, 1] x min(cap, base x 2^(n-1))``.
-
-    ``floor=0`` is "full jitter" (spreads retries best); a positive floor keeps a minimum
-    wait.
-    """
-    step = min(cap, base * 2.0 ** max(0, attempt - 1))
-    return rng.uniform(floor * step, step)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter."""
-
-    max_attempts: int = 10
-    base_delay: float = 0.002
-    max_delay: float = 0.25
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return backoff(attempt, self.base_delay, self.max_delay, rng)
 
 
 @dataclass(frozen=True)

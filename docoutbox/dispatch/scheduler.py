@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
-from docoutbox.flows import backoff
 from docoutbox.model import AggregateId
+from docoutbox.retry import backoff
 
 log = logging.getLogger("docoutbox.dispatcher")
 

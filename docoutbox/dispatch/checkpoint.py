@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from docoutbox.dispatch import checkpoint_after
+from docoutbox.dispatch.flow import checkpoint_after
+from docoutbox.dispatch.ports import Position
 from docoutbox.model import AggregateId
-from docoutbox.ports import Position
 
 Done = Callable[[], bool]
 

@@ -1,11 +1,11 @@
 """The dispatcher: turns committed outbox entries into confirmed publishes, then trims them.
 
-Sources of work: a :class:`~docoutbox.ports.ChangeSource` (optional) and sweeps of
+Sources of work: a :class:`~docoutbox.dispatch.ports.ChangeSource` (optional) and sweeps of
 documents with pending entries (periodic, with a grace period; on every partition
 acquired; and in full whenever the stream position is lost). Each aggregate is handled by
-:func:`docoutbox.dispatch.dispatch_document`, run by an :class:`AggregateScheduler`:
+:func:`docoutbox.dispatch.flow.dispatch_document`, run by an :class:`AggregateScheduler`:
 concurrent across aggregates, serial per aggregate. The checkpoint moves only past events
-whose work is complete (:mod:`docoutbox.tracking`).
+whose work is complete (:mod:`docoutbox.dispatch.checkpoint`).
 
 Call :meth:`Dispatcher.run` on a thread of your choice and :meth:`Dispatcher.stop` (for
 example from a SIGTERM handler) to finish in-flight work, checkpoint and release leases.
@@ -22,23 +22,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 
-from docoutbox.dispatch import DispatchPolicy
-from docoutbox.document import ID, Document, partition_of, utcnow
+from docoutbox.dispatch.checkpoint import Done, Gate, Sweep
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.metrics import Metrics, NullMetrics
+from docoutbox.dispatch.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.ports import ChangeSource, Checkpoints, DeadLetters, Publisher
+from docoutbox.dispatch.runner import DispatchRunner
+from docoutbox.dispatch.scheduler import AggregateScheduler, Backoff
+from docoutbox.dispatch.stream import StreamFollower
 from docoutbox.errors import StoreError
-from docoutbox.following import StreamFollower
-from docoutbox.metrics import Metrics, NullMetrics
 from docoutbox.model import AggregateId
-from docoutbox.ownership import Ownership, SoleOwner
-from docoutbox.ports import (
-    ChangeSource,
-    Checkpoints,
-    DeadLetters,
-    Publisher,
-    StoreBackend,
-)
-from docoutbox.runner import DispatchRunner
-from docoutbox.scheduler import AggregateScheduler, Backoff
-from docoutbox.tracking import Done, Gate, Sweep
+from docoutbox.store.document import ID, Document, partition_of, utcnow
+from docoutbox.store.ports import StoreBackend
 
 log = logging.getLogger("docoutbox.dispatcher")
 

@@ -1,0 +1,12 @@
+"""The aggregate store: one document per aggregate, its inbox and outbox, one conditional
+write per message.
+
+- :mod:`~docoutbox.store.document`: the stored layout and its reading;
+- :mod:`~docoutbox.store.inbox`: de-duplication (ID window, exact watermarks);
+- :mod:`~docoutbox.store.plans`: pure write plans and :func:`~docoutbox.store.plans.apply_plan`,
+  the reference semantics;
+- :mod:`~docoutbox.store.core`: the store's logic as sans-IO generator flows;
+- :mod:`~docoutbox.store.api`: :class:`AggregateStore` and :class:`AsyncAggregateStore`,
+  thin drivers of those flows;
+- :mod:`~docoutbox.store.ports`: what a store adapter provides.
+"""

@@ -1,0 +1,82 @@
+"""What a store adapter must provide. Adapters execute plans; they decide nothing.
+
+A store backend has a sync and an async twin with the same methods. The store's logic
+lives in :mod:`docoutbox.store.core` and is driven against either twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from docoutbox.model import AggregateId
+from docoutbox.store.document import Document
+from docoutbox.store.plans import WritePlan
+
+
+@runtime_checkable
+class StoreBackend(Protocol):
+    """A collection of aggregate documents, used synchronously."""
+
+    #: The largest document the database accepts, in bytes.
+    max_document_bytes: int
+
+    def document_size(self, document: Document) -> int:
+        """The size the database would count for ``document``. Pure, no I/O."""
+        ...
+
+    def load(self, aggregate_id: AggregateId) -> Document | None:
+        """The document, or None when it does not exist."""
+        ...
+
+    def write(self, plan: WritePlan) -> bool:
+        """Execute ``plan`` as one conditional write.
+
+        Return False when its condition did not hold (an insert whose ``_id`` exists, a
+        commit whose expected version is stale, a trim of a missing document). Raise a
+        :class:`~docoutbox.errors.StoreError` for database failures.
+        """
+        ...
+
+    def find_pending(
+        self,
+        *,
+        after: AggregateId | None,
+        limit: int,
+        older_than: datetime | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        """Documents with a non-empty outbox, in ``_id`` order, strictly after ``after``.
+
+        ``older_than`` keeps only those whose oldest pending entry was created before it.
+        """
+        ...
+
+    def ensure_indexes(self) -> None:
+        """Create the indexes the store's queries need (an explicit setup step)."""
+        ...
+
+
+@runtime_checkable
+class AsyncStoreBackend(Protocol):
+    """The async twin of :class:`StoreBackend`."""
+
+    max_document_bytes: int
+
+    def document_size(self, document: Document) -> int: ...
+
+    async def load(self, aggregate_id: AggregateId) -> Document | None: ...
+
+    async def write(self, plan: WritePlan) -> bool: ...
+
+    async def find_pending(
+        self,
+        *,
+        after: AggregateId | None,
+        limit: int,
+        older_than: datetime | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]: ...
+
+    async def ensure_indexes(self) -> None: ...
