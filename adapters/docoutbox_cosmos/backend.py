@@ -16,9 +16,9 @@ from typing import Any
 
 from azure.core import MatchConditions
 
-from docoutbox.document import Document
 from docoutbox.model import AggregateId
-from docoutbox.plan import WritePlan
+from docoutbox.store.document import Document
+from docoutbox.store.plans import WritePlan
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.errors import DRIVER_ERRORS, refusal, retry_after, translate
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json

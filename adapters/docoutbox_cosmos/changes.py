@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
-from docoutbox.ports import ChangeEvent, Position
 from docoutbox_cosmos.errors import translated, translated_feed
 from docoutbox_cosmos.items import ItemCodec
 

@@ -26,10 +26,10 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.document import ID, Document
 from docoutbox.errors import InvalidAggregateId, InvalidPayload
 from docoutbox.model import AggregateId, check_aggregate_id
-from docoutbox.plan import CommitPlan, FailurePlan
+from docoutbox.store.document import ID, Document
+from docoutbox.store.plans import CommitPlan, FailurePlan
 
 #: The largest item Cosmos DB accepts, in bytes.
 MAX_ITEM_BYTES = 2 * 1024 * 1024

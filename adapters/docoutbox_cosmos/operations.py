@@ -24,10 +24,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from docoutbox.document import Document
 from docoutbox.errors import TransientStoreError
 from docoutbox.model import AggregateId
-from docoutbox.plan import CommitPlan, FailurePlan, InsertPlan, TrimPlan, WritePlan, apply_plan
+from docoutbox.store.document import Document
+from docoutbox.store.plans import (
+    CommitPlan,
+    FailurePlan,
+    InsertPlan,
+    TrimPlan,
+    WritePlan,
+    apply_plan,
+)
 from docoutbox_cosmos.errors import Refusal
 from docoutbox_cosmos.items import (
     Item,

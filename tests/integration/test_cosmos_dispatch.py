@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
-from docoutbox.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.ownership import LeaseKeeper, Ownership
 from docoutbox.errors import ChangeStreamLost, PublishError
-from docoutbox.leases import LeaseTiming
-from docoutbox.ownership import LeaseKeeper, Ownership
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import (

@@ -11,14 +11,14 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions as cosmos_errors
 
-from docoutbox.document import ID, new_document
 from docoutbox.errors import (
     DocumentTooLarge,
     InvalidAggregateId,
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.plan import CommitPlan, FailurePlan, TrimPlan, apply_plan
+from docoutbox.store.document import ID, new_document
+from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
 from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate
