@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +53,17 @@ def connect_dispatch(
     coordination containers when missing.
 
     Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
-    account, or a missing database or container.
+    account, or a missing database or container. A plain ``http://`` endpoint (a local
+    emulator) is used as is: endpoint discovery would switch to the ``https://`` address
+    the account advertises.
     """
-    options = {
+    options: dict[str, Any] = {
         "connection_timeout": max(1, int(timeout)),
         "retry_total": 1,
-        **(client_options or {}),
     }
+    if endpoint.startswith("http://"):
+        options["enable_endpoint_discovery"] = False
+    options.update(client_options or {})
     try:
         with translated():
             client: Any = CosmosClient(endpoint, key, **options)
@@ -81,3 +86,18 @@ def connect_dispatch(
     except BaseException:
         client.close()
         raise
+
+
+def connect_cli(args: Any) -> CosmosDispatchTarget:
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments.
+
+    The SDK logs every request and response at INFO; the command keeps its own lines only.
+    """
+    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLogger().level))
+    return connect_dispatch(
+        args.cosmos_endpoint,
+        args.cosmos_key,
+        args.db,
+        args.collection,
+        timeout=args.server_timeout,
+    )

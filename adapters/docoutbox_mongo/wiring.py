@@ -70,3 +70,8 @@ def connect_dispatch(
     except BaseException:
         client.close()
         raise
+
+
+def connect_cli(args: Any) -> MongoDispatchTarget:
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
+    return connect_dispatch(args.mongo_uri, args.db, args.collection, timeout=args.server_timeout)

@@ -10,6 +10,7 @@ Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad argu
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -73,8 +74,18 @@ def _parser() -> argparse.ArgumentParser:
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    d.add_argument("--db", required=True)
-    d.add_argument("--collection", required=True)
+    d.add_argument(
+        "--cosmos-endpoint",
+        default=env("COSMOS_ENDPOINT"),
+        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
+    )
+    d.add_argument(
+        "--cosmos-key",
+        default=env("COSMOS_KEY"),
+        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
+    )
+    d.add_argument("--db", "--database", dest="db", help="MongoDB or Cosmos DB database")
+    d.add_argument("--collection", "--container", dest="collection", help="its aggregates")
     d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
     d.add_argument("--rabbitmq-url", default=env("DOCOUTBOX_RABBITMQ_URL"))
     d.add_argument("--exchange", default="")
@@ -90,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--grace", type=float, default=30.0, help="sweep entries older than this")
     d.add_argument("--max-attempts", type=int, default=5, help="publish attempts per entry")
     d.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
-    d.add_argument("--server-timeout", type=float, default=5.0, help="seconds to reach MongoDB")
+    d.add_argument(
+        "--server-timeout", type=float, default=5.0, help="seconds to reach the database"
+    )
     d.add_argument("--progress-interval", type=float, default=10.0)
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -113,8 +126,14 @@ def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if not args.mongo_uri:
-        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required"
+    if args.cosmos_endpoint and args.mongo_uri:
+        return "give either --mongo-uri or --cosmos-endpoint, not both"
+    if args.cosmos_endpoint and not args.cosmos_key:
+        return "--cosmos-endpoint needs --cosmos-key (or COSMOS_KEY)"
+    if not args.mongo_uri and not args.cosmos_endpoint:
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
+    if not args.db or not args.collection:
+        return "--db (--database) and --collection (--container) are required"
     if args.partitions < 1 or args.concurrency < 1 or args.max_attempts < 1:
         return "--partitions, --concurrency and --max-attempts must be at least 1"
     if args.sweep_interval <= 0 or args.grace < 0 or args.lease_ttl <= 0:
@@ -131,6 +150,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def dispatch(args: argparse.Namespace) -> int:
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(args.rabbitmq_url)
+    secrets += [args.cosmos_key] if args.cosmos_key else []
     logs.configure(args.log_level, secrets=secrets)
     problem = _check(args)
     if problem:
@@ -160,23 +180,21 @@ def _dispatch(
     stopping: threading.Event,
     running: list[Dispatcher],
 ) -> int:
+    kind = "cosmos" if args.cosmos_endpoint else "mongo"
+    label, extra = ("Cosmos DB", "cosmos") if kind == "cosmos" else ("MongoDB", "mongodb")
     try:
-        from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
-            connect_dispatch,
-        )
+        wiring = importlib.import_module(f"docoutbox_{kind}.wiring")
     except ImportError as exc:
         return _fail(
-            f"the MongoDB adapter is not installed ({exc}); pip install 'docoutbox[mongodb]'",
+            f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
             secrets,
         )
-    where = logs.mask(args.mongo_uri, secrets)
-    log.debug("connecting mongo=%s timeout=%ss", where, args.server_timeout)
+    where = logs.mask(args.cosmos_endpoint or args.mongo_uri, secrets)
+    log.debug("connecting %s=%s timeout=%ss", kind, where, args.server_timeout)
     try:
-        target = connect_dispatch(
-            args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
-        )
+        target = wiring.connect_cli(args)
     except DocOutboxError as exc:
-        return _fail(f"cannot use MongoDB at {where}: {_short(exc)}", secrets)
+        return _fail(f"cannot use {label} at {where}: {_short(exc)}", secrets)
     if stopping.is_set():
         target.close()
         log.info("stopped_before_start")
@@ -218,7 +236,8 @@ def _dispatch(
     if stopping.is_set():
         dispatcher.stop()
     log.info(
-        "dispatch_starting mongo=%s db=%s collection=%s publisher=%s name=%s leases=%s",
+        "dispatch_starting %s=%s db=%s collection=%s publisher=%s name=%s leases=%s",
+        kind,
         where,
         args.db,
         args.collection,
