@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from azure.cosmos import CosmosClient, PartitionKey
+from azure.cosmos import exceptions as cosmos_errors
 
 from docoutbox.errors import PermanentStoreError
 from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
-from docoutbox_cosmos.errors import translated
+from docoutbox_cosmos.errors import Refusal, refusal, translated
 
 
 @dataclass
@@ -29,9 +30,17 @@ class CosmosDispatchTarget:
 
 
 def coordination_container(database: Any, name: str) -> Any:
-    """The container ``name`` (partitioned on ``/id``), created when missing."""
+    """The container ``name`` (partitioned on ``/id``), created when missing.
+
+    Instances starting together race to create it: the loser's 409 means it exists now.
+    """
     with translated():
-        return database.create_container_if_not_exists(name, PartitionKey(path="/id"))
+        try:
+            return database.create_container_if_not_exists(name, PartitionKey(path="/id"))
+        except cosmos_errors.CosmosHttpResponseError as exc:
+            if refusal(exc) is not Refusal.EXISTS:
+                raise
+            return database.get_container_client(name)
 
 
 def connect_dispatch(
