@@ -29,6 +29,19 @@ class CosmosDispatchTarget:
         self.client.close()
 
 
+def open_client(endpoint: str, key: str, **options: Any) -> Any:
+    """A sync ``CosmosClient``. A plain ``http://`` endpoint (a local emulator) is used as
+    is: endpoint discovery would switch to the ``https://`` address the account advertises.
+    """
+    if endpoint.startswith("http://"):
+        options.setdefault("enable_endpoint_discovery", False)
+    try:
+        with translated():
+            return CosmosClient(endpoint, key, **options)
+    except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
+        raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+
+
 def coordination_container(database: Any, name: str) -> Any:
     """The container ``name`` (partitioned on ``/id``), created when missing.
 
@@ -62,22 +75,10 @@ def connect_dispatch(
     coordination containers when missing.
 
     Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
-    account, or a missing database or container. A plain ``http://`` endpoint (a local
-    emulator) is used as is: endpoint discovery would switch to the ``https://`` address
-    the account advertises.
+    account, or a missing database or container.
     """
-    options: dict[str, Any] = {
-        "connection_timeout": max(1, int(timeout)),
-        "retry_total": 1,
-    }
-    if endpoint.startswith("http://"):
-        options["enable_endpoint_discovery"] = False
-    options.update(client_options or {})
-    try:
-        with translated():
-            client: Any = CosmosClient(endpoint, key, **options)
-    except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
-        raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+    options: dict[str, Any] = {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
+    client = open_client(endpoint, key, **{**options, **(client_options or {})})
     try:
         with translated():
             db = client.get_database_client(database)

@@ -1,10 +1,11 @@
-"""The bank example, in memory and on the MongoDB wire server."""
+"""The bank example, in memory, on the MongoDB wire server and on Cosmos DB."""
 
 from __future__ import annotations
 
 import pytest
 
 from examples.bank import app
+from tests.support.servers import CosmosAccount
 
 
 def check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,4 +28,23 @@ def test_on_mongodb(mongo_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
 
     MongoClient(mongo_uri).drop_database("bank")
     assert app.main([mongo_uri]) == 0
+    check(capsys)
+
+
+@pytest.mark.cosmos
+def test_on_cosmos(
+    cosmos_server: CosmosAccount,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support.cosmos import unique
+
+    monkeypatch.setenv("COSMOS_ENDPOINT", cosmos_server.endpoint)
+    monkeypatch.setenv("COSMOS_KEY", cosmos_server.key)
+    database = unique("bank")
+    try:
+        assert app.main(["cosmos", database]) == 0
+    finally:
+        with cosmos_server.client() as client:
+            client.delete_database(database)
     check(capsys)
