@@ -9,7 +9,9 @@ response's request charge (``x-ms-request-charge``) goes to the ``on_charge`` ho
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
@@ -26,6 +28,8 @@ from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json
 #: Bytes an item carries beyond its document: id and aid (255 characters each at most,
 #: escaped), a partition-key field, and _rid/_self/_etag/_ts/_attachments/_lsn.
 ITEM_OVERHEAD = 1024
+#: How many items' outbox entry IDs a backend remembers for trims.
+REMEMBERED_ITEMS = 4096
 #: Called after every response with (request kind, HTTP status, request charge in RU).
 ChargeHook = Callable[[str, int, float], None]
 
@@ -53,6 +57,27 @@ class _Base:
         self.container = container
         self.codec = ItemCodec(partition_key_path, partition_key)
         self.on_charge = on_charge
+        self._outboxes: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._memory_lock = threading.Lock()
+
+    def _remember(self, item: Any) -> None:
+        """Keep the entry IDs of the item's outbox, for a trim's first attempt."""
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            return
+        outbox = item.get("outbox")
+        if not isinstance(outbox, list):
+            return
+        ids = [{"id": e.get("id")} for e in outbox if isinstance(e, dict)]
+        with self._memory_lock:
+            self._outboxes[item["id"]] = ids
+            self._outboxes.move_to_end(item["id"])
+            while len(self._outboxes) > REMEMBERED_ITEMS:
+                self._outboxes.popitem(last=False)
+
+    def _recalled(self, request: flows.Recall) -> Any:
+        with self._memory_lock:
+            ids = self._outboxes.get(request.item_id)
+        return None if ids is None else {"outbox": ids, flows.RECALLED: True}
 
     def document_size(self, document: Document) -> int:
         """An upper bound of the item's size: compact UTF-8 JSON plus ``id``, ``aid``, the
@@ -73,7 +98,7 @@ class _Base:
     def _call(self, request: flows.Request) -> tuple[Any, dict[str, Any]]:
         """The container method and arguments for ``request``."""
         c = self.container
-        if isinstance(request, flows.Read):
+        if isinstance(request, flows.Read | flows.Recall):
             return c.read_item, {
                 "item": request.item_id,
                 "partition_key": request.partition_key,
@@ -103,11 +128,17 @@ class _Base:
         return {"query": request.sql, "parameters": request.parameters, **self._hooks("query")}
 
 
+def _remembering(backend: _Base, request: flows.Request, answer: Any) -> Any:
+    if not isinstance(request, flows.Query):
+        backend._remember(answer)
+    return answer
+
+
 def _expected(request: flows.Request, exc: BaseException) -> Any:
     """The answer an expected refusal stands for, or raise it translated."""
     kind = refusal(exc)
     if kind is not None and not isinstance(request, flows.Query):
-        return None if isinstance(request, flows.Read) else kind
+        return None if isinstance(request, flows.Read | flows.Recall) else kind
     raise translate(exc, getattr(request, "item_id", None)) from exc
 
 
@@ -127,8 +158,10 @@ class CosmosBackend(_Base):
                         enable_cross_partition_query=True, **self._query_args(request)
                     )
                     return list(pages)
+                if isinstance(request, flows.Recall) and (known := self._recalled(request)):
+                    return known
                 method, kwargs = self._call(request)
-                return method(**kwargs)
+                return _remembering(self, request, method(**kwargs))
             except DRIVER_ERRORS as exc:
                 wait = retry_after(exc, attempt)
                 if wait is None:
@@ -179,8 +212,10 @@ class AsyncCosmosBackend(_Base):
                 if isinstance(request, flows.Query):
                     pages = self.container.query_items(**self._query_args(request))
                     return [item async for item in pages]
+                if isinstance(request, flows.Recall) and (known := self._recalled(request)):
+                    return known
                 method, kwargs = self._call(request)
-                return await method(**kwargs)
+                return _remembering(self, request, await method(**kwargs))
             except DRIVER_ERRORS as exc:
                 wait = retry_after(exc, attempt)
                 if wait is None:

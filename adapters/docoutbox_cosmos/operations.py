@@ -13,7 +13,9 @@ Rules kept here:
   ``version`` still matches; a 412 caused by a trim or a failure record (which change the
   ETag, never ``version``) re-reads and replaces again, so a trim never fails a commit;
 - a trim removes entries by index, guarded by the IDs at those indexes; it never touches
-  ``version``; when another writer moved them (412) it re-reads and tries again;
+  ``version``; when another writer moved them (412) it re-reads and tries again. Its
+  first attempt uses the outbox remembered from the item's last read or write (the
+  dispatcher has just loaded it), so a trim is usually one request;
 - a failure record sets two fields of one entry, guarded the same way.
 """
 
@@ -48,10 +50,21 @@ from docoutbox_cosmos.items import (
 
 #: How many times a trim, failure record or large commit re-reads after losing a race.
 MAX_RACES = 100
+#: The key marking an item answered from memory (:class:`Recall`).
+RECALLED = "__recalled__"
 
 
 @dataclass(frozen=True)
 class Read:
+    item_id: str
+    partition_key: str
+
+
+@dataclass(frozen=True)
+class Recall:
+    """Like :class:`Read`, but answered from the backend's memory of the item's outbox
+    (entry IDs only, from its last read or write) when it has one."""
+
     item_id: str
     partition_key: str
 
@@ -82,8 +95,9 @@ class Query:
     parameters: list[dict[str, Any]]
 
 
-Request = Read | Create | Patch | Replace | Query
-#: Answers: Read -> Item | None; Create, Patch, Replace -> Item | Refusal; Query -> list.
+Request = Read | Recall | Create | Patch | Replace | Query
+#: Answers: Read, Recall -> Item | None; Create, Patch, Replace -> Item | Refusal;
+#: Query -> list. A recalled item has ``RECALLED`` set and only its ``outbox`` IDs.
 Flow = Generator[Request, Any, Any]
 
 
@@ -104,8 +118,10 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
         if patch is not None:
             answer = yield Patch(item_id, pk, *patch)
             return not isinstance(answer, Refusal)
+    recall = not isinstance(plan, CommitPlan)  # a trim first trusts the remembered outbox
     for _ in range(MAX_RACES):
-        item = yield Read(item_id, pk)
+        item = yield (Recall(item_id, pk) if recall else Read(item_id, pk))
+        recall = False
         if item is None:
             return False
         outcome = yield from _conditional(codec, plan, item, item_id, pk)
@@ -125,6 +141,9 @@ def _conditional(
 ) -> Generator[Request, Any, bool | None]:
     """One attempt from a fresh read: True/False when decided, None to re-read."""
     outbox = item.get("outbox") or []
+    known = {e.get("id") for e in outbox if isinstance(e, dict)}
+    if item.get(RECALLED) and isinstance(plan, TrimPlan) and not known >= set(plan.entry_ids):
+        return None  # the memory may predate those entries: read before concluding
     if isinstance(plan, TrimPlan):
         for ops, predicate in trim_patches(outbox, plan.entry_ids):
             answer = yield Patch(item_id, pk, ops, predicate)

@@ -225,6 +225,20 @@ def test_a_trim_losing_a_race_rereads_and_never_touches_version() -> None:
     assert container.calls == ["read", "patch", "read", "patch"]
 
 
+def test_a_trim_after_a_load_is_one_request_and_unknown_ids_force_a_read() -> None:
+    codec = ItemCodec()
+    item = codec.to_item(_doc_with([{"id": "e0"}, {"id": "e1"}]))
+    backend, _ = _backend([item, {}, item, {}])
+    assert backend.load("a") is not None
+    assert backend.write(TrimPlan("a", ("e0",)))
+    container = backend.container
+    assert isinstance(container, ScriptedContainer)
+    assert container.calls == ["read", "patch"]  # the outbox was remembered from the load
+    # e9 is not in the remembered outbox (it may be newer): read before concluding.
+    assert backend.write(TrimPlan("a", ("e1", "e9")))
+    assert container.calls == ["read", "patch", "read", "patch"]
+
+
 def test_a_large_commit_retries_its_replace_when_only_the_etag_moved() -> None:
     codec = ItemCodec()
     doc = {**_doc_with([]), "version": 4}
