@@ -29,7 +29,7 @@ from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json
 #: escaped), a partition-key field, and _rid/_self/_etag/_ts/_attachments/_lsn.
 ITEM_OVERHEAD = 1024
 #: How many items' outbox entry IDs a backend remembers for trims.
-REMEMBERED_ITEMS = 4096
+REMEMBERED_ITEMS = 1024
 #: Called after every response with (request kind, HTTP status, request charge in RU).
 ChargeHook = Callable[[str, int, float], None]
 
@@ -57,7 +57,7 @@ class _Base:
         self.container = container
         self.codec = ItemCodec(partition_key_path, partition_key)
         self.on_charge = on_charge
-        self._outboxes: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._outboxes: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self._memory_lock = threading.Lock()
 
     def _remember(self, item: Any) -> None:
@@ -67,7 +67,7 @@ class _Base:
         outbox = item.get("outbox")
         if not isinstance(outbox, list):
             return
-        ids = [{"id": e.get("id")} for e in outbox if isinstance(e, dict)]
+        ids = tuple(e.get("id") for e in outbox if isinstance(e, dict))
         with self._memory_lock:
             self._outboxes[item["id"]] = ids
             self._outboxes.move_to_end(item["id"])
@@ -77,7 +77,9 @@ class _Base:
     def _recalled(self, request: flows.Recall) -> Any:
         with self._memory_lock:
             ids = self._outboxes.get(request.item_id)
-        return None if ids is None else {"outbox": ids, flows.RECALLED: True}
+        if ids is None:
+            return None
+        return {"outbox": [{"id": entry_id} for entry_id in ids], flows.RECALLED: True}
 
     def document_size(self, document: Document) -> int:
         """An upper bound of the item's size: compact UTF-8 JSON plus ``id``, ``aid``, the
