@@ -9,20 +9,30 @@
 #   install           all of the above
 #   start-rabbitmq    start RabbitMQ detached (no-op if running) and wait until it is ready
 #   stop-rabbitmq     stop RabbitMQ and wait for it to exit (no-op if not running), then epmd
+#   start-cosmos      start a long-lived local Cosmos DB server on 127.0.0.1:$COSMOS_PORT
+#                     (default 8081; no-op if ours is running) and print the COSMOS_* exports
+#   stop-cosmos       stop the server start-cosmos started (its pid is in .servers/cosmos.pid)
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: tests/support/servers.py launches one per
 # test session (java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java 0).
-# Nor is the Cosmos DB server: tests/support/servers.py launches one per session too.
+# Nor is the Cosmos DB server: tests/support/servers.py launches one per session too;
+# start-cosmos is for examples and manual runs (tests then use it through COSMOS_ENDPOINT).
 #
 # Environment:
 #   RABBITMQ_START_TIMEOUT  seconds to wait for RabbitMQ to come up (default 60)
+#   COSMOS_PORT             port of start-cosmos (default 8081)
+#   COSMOSDB_SERVER_FEED_RANGES  feed ranges per container of start-cosmos (default 4)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
 MONGO_LIB="$MONGO_DIR/lib"
 COSMOS_DIR="$REPO_ROOT/tests/servers/cosmos"
+COSMOS_PORT="${COSMOS_PORT:-8081}"
+STATE_DIR="$REPO_ROOT/.servers"
+# The official emulator's well-known key (not a secret); the local server checks no signature.
+COSMOS_EMULATOR_KEY="C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
 RABBITMQ_START_TIMEOUT="${RABBITMQ_START_TIMEOUT:-60}"
 
 log() { printf '[servers] %s\n' "$*" >&2; }
@@ -195,6 +205,55 @@ cmd_install_cosmos() {
     log "Cosmos DB server installed"
 }
 
+cosmos_pid() {
+    local pid
+    [[ -f "$STATE_DIR/cosmos.pid" ]] || return 1
+    pid="$(cat "$STATE_DIR/cosmos.pid")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && grep -q cosmosdb-server "/proc/$pid/cmdline" 2>/dev/null \
+        && echo "$pid"
+}
+
+cmd_start_cosmos() {
+    local cli="$COSMOS_DIR/node_modules/@vercel/cosmosdb-server/lib/cli.js"
+    [[ -f "$cli" ]] || die "the Cosmos DB server is not installed; run: $0 install-cosmos"
+    mkdir -p "$STATE_DIR"
+    if cosmos_pid >/dev/null; then
+        log "Cosmos DB server already running (pid $(cosmos_pid))"
+    else
+        log "starting the Cosmos DB server on 127.0.0.1:$COSMOS_PORT"
+        (cd "$COSMOS_DIR" && exec nohup node "$cli" --port "$COSMOS_PORT" --host 127.0.0.1 \
+            --no-ssl --keep-alive </dev/null >"$STATE_DIR/cosmos.log" 2>&1) &
+        echo $! >"$STATE_DIR/cosmos.pid"
+        local deadline=$((SECONDS + 30))
+        until grep -q "Ready to accept" "$STATE_DIR/cosmos.log" 2>/dev/null; do
+            if ! cosmos_pid >/dev/null; then
+                cat "$STATE_DIR/cosmos.log" >&2 || true
+                rm -f "$STATE_DIR/cosmos.pid"
+                die "the Cosmos DB server exited (is port $COSMOS_PORT taken?)"
+            fi
+            ((SECONDS < deadline)) || die "the Cosmos DB server was not ready within 30 s"
+            sleep 0.2
+        done
+    fi
+    log "Cosmos DB server ready; its data lives in memory until stop-cosmos"
+    printf 'export COSMOS_ENDPOINT=http://127.0.0.1:%s/\n' "$COSMOS_PORT"
+    printf 'export COSMOS_KEY=%s\n' "$COSMOS_EMULATOR_KEY"
+}
+
+cmd_stop_cosmos() {
+    local pid
+    if pid="$(cosmos_pid)"; then
+        log "stopping the Cosmos DB server (pid $pid)"
+        kill "$pid"
+        local deadline=$((SECONDS + 10))
+        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+        kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    else
+        log "no Cosmos DB server started by start-cosmos is running"
+    fi
+    rm -f "$STATE_DIR/cosmos.pid"
+}
+
 cmd_install() {
     cmd_install_mongo
     cmd_install_rabbitmq
@@ -216,6 +275,8 @@ main() {
         install) cmd_install ;;
         start-rabbitmq) cmd_start_rabbitmq ;;
         stop-rabbitmq) cmd_stop_rabbitmq ;;
+        start-cosmos) cmd_start_cosmos ;;
+        stop-cosmos) cmd_stop_cosmos ;;
         -h | --help | help) usage ;;
         *) log "unknown subcommand: $1"; usage ;;
     esac

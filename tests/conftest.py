@@ -1,8 +1,10 @@
 """Shared fixtures: the servers the tests reach, and the matrix of store adapters.
 
 Servers: the MongoDB wire-protocol server (mongo-java-server, started here) and, when
-``MONGODB_URI`` is set, a real deployment too. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` (CI
-sets it) a missing server fails the run instead of skipping.
+``MONGODB_URI`` is set, a real deployment too. Cosmos DB: ``cosmos_server``, the local
+patched server (started here) or, when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set, that
+account instead. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` (CI sets it) a missing server fails
+the run instead of skipping.
 """
 
 from __future__ import annotations
