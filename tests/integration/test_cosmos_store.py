@@ -10,8 +10,9 @@ import pytest
 
 from docoutbox import AggregateStore
 from docoutbox.errors import DocumentTooLarge, InvalidAggregateId
+from docoutbox.store.plans import plan_trim
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
-from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos import CosmosBackend, Throttled
 from tests.integration.test_concurrency import (
     PATIENT,
     PER_THREAD,
@@ -129,3 +130,89 @@ def test_the_size_guard_is_cosmos_two_megabytes(container: Any) -> None:
         store.handle("c1", big, counter_handlers)
     assert caught.value.limit == 2 * 1024 * 1024
     assert store.get("c1").version == 0
+
+
+# -- faults injected into the local server --------------------------------------------
+
+
+def _faulty(cosmos_server: CosmosAccount) -> CosmosAccount:
+    if not cosmos_server.emulated:
+        pytest.skip("fault injection needs the local Cosmos DB server")
+    return cosmos_server
+
+
+def _impatient_container(account: CosmosAccount, database: Any, container: Any) -> Any:
+    """The container through a client whose SDK retries a 429 only once."""
+    kwargs = {**account.client_kwargs, "retry_throttle_total": 1}
+    client = CosmosAccount(account.endpoint, account.key, kwargs, emulated=True).client()
+    return client.get_database_client(database.id).get_container_client(container.id)
+
+
+def test_throttled_requests_are_resent_after_the_servers_delay(
+    cosmos_server: CosmosAccount, database: Any, container: Any
+) -> None:
+    account = _faulty(cosmos_server)
+    charges: list[tuple[str, int, float]] = []
+    backend = CosmosBackend(
+        _impatient_container(account, database, container),
+        on_charge=lambda *c: charges.append(c),
+    )
+    store = AggregateStore(backend, Counter)
+    store.create("c1", Counter())
+    where = f"/dbs/{database.id}/"
+    account.inject_fault(status=429, retryAfterMs=20, count=4, method="PATCH", pathContains=where)
+    outcome = store.handle("c1", add_msg("m1"), counter_handlers)
+    assert outcome.applied and outcome.attempts == 1  # resent by the backend, not the core
+    assert [status for kind, status, _ in charges if kind == "patch"].count(429) == 4
+    account.inject_fault(status=429, retryAfterMs=1, count=40, method="PATCH", pathContains=where)
+    try:
+        with pytest.raises(Throttled):
+            backend.write(plan_trim("c1", [store.get("c1").outbox[0].id]))
+    finally:
+        account.clear_faults()
+    assert len(store.get("c1").outbox) == 1  # nothing was trimmed
+
+
+def test_unavailable_and_lost_replies_never_apply_a_message_twice(
+    cosmos_server: CosmosAccount, database: Any, container: Any
+) -> None:
+    account = _faulty(cosmos_server)
+    store = AggregateStore(CosmosBackend(container), Counter, PATIENT)
+    store.create("c1", Counter())
+    where = f"/dbs/{database.id}/"
+    account.inject_fault(status=503, count=1, method="PATCH", pathContains=where)
+    first = store.handle("c1", add_msg("m1"), counter_handlers)
+    assert first.applied and first.attempts == 2  # TransientStoreError, retried by the core
+    account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
+    lost = store.handle("c1", add_msg("m2"), counter_handlers)
+    # The commit applied but its reply was lost: the retry finds m2 in the inbox.
+    assert lost.duplicate or lost.applied
+    snap = store.get("c1")
+    assert (snap.version, snap.state.total, snap.state.applied) == (2, 2, ["m1", "m2"])
+    assert [e.seq for e in snap.outbox] == [1, 2]
+
+
+def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
+    cosmos_server: CosmosAccount, database: Any, container: Any
+) -> None:
+    """azure.cosmos.aio resends a write whose reply was lost and then gets 412 for its own
+    commit: the store reloads, finds the message in the inbox, and applies nothing twice."""
+    import asyncio
+
+    from docoutbox import AsyncAggregateStore
+    from docoutbox_cosmos import AsyncCosmosBackend
+
+    account = _faulty(cosmos_server)
+
+    async def scenario() -> None:
+        async with account.async_client() as client:
+            proxy = client.get_database_client(database.id).get_container_client(container.id)
+            store = AsyncAggregateStore(AsyncCosmosBackend(proxy), Counter, PATIENT)
+            await store.create("c1", Counter())
+            where = f"/dbs/{database.id}/"
+            account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
+            await store.handle("c1", add_msg("m1"), counter_handlers)
+            snap = await store.get("c1")
+            assert (snap.version, snap.state.total, len(snap.outbox)) == (1, 1, 1)
+
+    asyncio.run(scenario())
