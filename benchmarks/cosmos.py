@@ -445,7 +445,7 @@ def child(endpoint: str, database: str, container: str, expected: int) -> None:
 def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
     """Benchmark 4: peak memory of a dispatcher draining backlogs of two sizes."""
     per_doc = 10
-    sizes = [max(2, scale.mem_docs // 200), max(4, scale.mem_docs // 50)]
+    sizes = [max(2, scale.mem_docs // 50), max(4, scale.mem_docs // 16)]
     table = Table(
         "cosmos_memory",
         "Cosmos DB: dispatcher memory over a backlog (peak RSS growth while draining)",
