@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,11 +98,7 @@ def connect_dispatch(
 
 
 def connect_cli(args: Any) -> CosmosDispatchTarget:
-    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments.
-
-    The SDK logs every request and response at INFO; the command keeps its own lines only.
-    """
-    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLogger().level))
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
     return connect_dispatch(
         args.cosmos_endpoint,
         args.cosmos_key,

@@ -76,4 +76,5 @@ def configure(
     root.setLevel(level if isinstance(level, int) else level.upper())
     logging.getLogger("pika").setLevel(logging.WARNING)
     logging.getLogger("pymongo").setLevel(logging.WARNING)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # every HTTP request at INFO
     return handler

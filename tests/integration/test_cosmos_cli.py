@@ -81,7 +81,9 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
     proc = cli(
         "dispatch",
         *("--cosmos-endpoint", cosmos_server.endpoint, "--database", database.id),
-        *("--container", "aggs", "--publisher", "stdout", "--lease-ttl", "2"),
+        # A heartbeat renews each lease with its own request: on the loaded local server a
+        # 2 s TTL can lapse between heartbeats and make work re-publish (tests/README.md).
+        *("--container", "aggs", "--publisher", "stdout", "--lease-ttl", "5"),
         *("--name", "cli-test", "--checkpoint-interval", "3600", "--log-level", "DEBUG"),
         key=cosmos_server.key,
     )
