@@ -34,7 +34,8 @@ from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 
-#: Longer than the MongoDB tests' 2 s: each held lease is renewed with its own request (tests/README.md).
+#: Longer than the MongoDB tests' 2 s: each held lease is renewed with its own request
+#: (tests/README.md).
 TTL = 4.0
 NOW = datetime.now(UTC).replace(microsecond=0)
 
