@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +33,8 @@ from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import encode_id, format_time, literal, parse_time, to_json
 
 _FREE = datetime(1970, 1, 1, tzinfo=UTC)
+#: How many lease renewals one heartbeat sends at once.
+RENEW_CONCURRENCY = 8
 
 
 def _expiry(value: object) -> datetime | None:
@@ -175,9 +178,18 @@ class CosmosLeaseTable:
                     raise  # 404/412: not (or no longer) ours
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        """One guarded patch per lease, sent concurrently (up to :data:`RENEW_CONCURRENCY`):
+        a heartbeat must fit well inside the TTL however many partitions it holds."""
         stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
-        for partition in partitions:
-            self._patch_if_owner(partition, owner, stamp)
+        held = sorted(partitions)
+        if len(held) <= 1:
+            for partition in held:
+                self._patch_if_owner(partition, owner, stamp)
+            return
+        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
+            futures = [pool.submit(self._patch_if_owner, p, owner, stamp) for p in held]
+        for future in futures:
+            future.result()  # re-raise the first failure, translated
 
     def release(self, partition: int, owner: str) -> None:
         self._patch_if_owner(partition, owner, {"owner": None, "expires_at": format_time(_FREE)})
