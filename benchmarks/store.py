@@ -69,6 +69,9 @@ class Variant:
         self.before = before
         self.collection = collection
         self.handled = 0
+        #: Client CPU per message, in microseconds, per round (process time: this
+        #: process only, so the server's work and other processes' load are left out).
+        self.cpu_us: list[float] = []
 
     def round(self) -> float:
         if self.before is not None:
@@ -80,7 +83,9 @@ class Variant:
             for account, message in batch:
                 handle(account, message)
 
+        cpu = time.process_time()
         rate = timed_rate(len(batch), work)
+        self.cpu_us.append((time.process_time() - cpu) / max(1, len(batch)) * 1e6)
         self.handled += len(batch)
         return rate
 
@@ -265,22 +270,48 @@ def versus_raw(uri: str, scale: Scale) -> Table:
     table = Table(
         "raw",
         f"docoutbox vs a raw pymongo loop doing the same update (inbox window {window})",
-        ["variant", "round trips / msg", "msgs/s", "vs raw find + update", "vs raw cached update"],
+        [
+            "variant",
+            "round trips / msg",
+            "msgs/s",
+            "vs raw find + update",
+            "vs raw cached update",
+            "client CPU µs/msg",
+            "client CPU vs its raw loop",
+        ],
     )
     trips = {"raw find + update": 2, "raw cached update": 1}
     trips |= {"docoutbox cold (cache off)": 2, "docoutbox warm (cached)": 1}
+    # Like for like: the cold store against the find + update loop, the warm one against
+    # the cached loop. CPU ratios are raw / docoutbox, so 1.00x means no extra client CPU.
+    peer = {
+        "raw find + update": "raw find + update",
+        "raw cached update": "raw cached update",
+        "docoutbox cold (cache off)": "raw find + update",
+        "docoutbox warm (cached)": "raw cached update",
+    }
+    cpu = {
+        name: variant.cpu_us[scale.warmup :] or variant.cpu_us for name, variant in variants.items()
+    }
     for name in variants:
+        base_cpu = cpu[peer[name]]
+        cpu_ratio = paired_ratio(base_cpu, cpu[name])
+        low, high = ratio_range(base_cpu, cpu[name])
         table.add(
             name,
             trips[name],
             median(samples[name]),
             _ratio_cell(samples, name, "raw find + update"),
             _ratio_cell(samples, name, "raw cached update"),
+            round(median(cpu[name]), 1),
+            f"{cpu_ratio:.2f}x ({low:.2f}-{high:.2f})",
         )
         table.figures[name] = {
             "per_s": median(samples[name]),
             "vs_raw": paired_ratio(samples[name], samples["raw find + update"]),
             "vs_raw_cached": paired_ratio(samples[name], samples["raw cached update"]),
+            "client_cpu_us": median(cpu[name]),
+            "client_cpu_vs_raw": cpu_ratio,
         }
     table.notes.append(
         "Like for like: cold vs raw find + update (2 round trips each), warm vs raw cached "

@@ -9,6 +9,7 @@ Every error the library raises derives from :class:`DocOutboxError`::
     │   ├── InvalidPayload
     │   ├── InvalidHandlerResult
     │   ├── UnknownMessageType
+    │   ├── InvalidConfig (also a TypeError)  a configuration value of the wrong type or range
     │   └── MalformedDocument                 a stored document the core cannot read
     ├── ConcurrencyConflict                   the optimistic-concurrency guard did not match
     ├── NotFound
@@ -55,6 +56,10 @@ class InvalidHandlerResult(InvalidInput):
 
 class UnknownMessageType(InvalidInput):
     """No handler is registered for a message type."""
+
+
+class InvalidConfig(InvalidInput, TypeError):
+    """A configuration value (store, retry, inbox, dispatcher) has the wrong type or range."""
 
 
 class MalformedDocument(InvalidInput):

@@ -22,9 +22,27 @@ class Decision(Generic[S]):
     emits: tuple[Emit, ...]
 
     def __init__(self, state: S, *emits: Emit | Iterable[Emit]) -> None:
+        if not isinstance(state, BaseModel):
+            raise InvalidHandlerResult(
+                f"a Decision's state must be a pydantic model, got {type(state).__name__}"
+            )
         flat: list[Emit] = []
         for item in emits:
-            flat.extend([item] if isinstance(item, Emit) else item)
+            if isinstance(item, Emit):
+                flat.append(item)
+                continue
+            if isinstance(item, str | bytes | dict | BaseModel) or not isinstance(item, Iterable):
+                raise InvalidHandlerResult(
+                    f"a Decision takes Emit values (or iterables of them), got "
+                    f"{type(item).__name__}; use docoutbox.emit()"
+                )
+            for sub in item:
+                if not isinstance(sub, Emit):
+                    raise InvalidHandlerResult(
+                        f"a Decision takes Emit values, got {type(sub).__name__} in "
+                        f"{type(item).__name__}; use docoutbox.emit()"
+                    )
+                flat.append(sub)
         object.__setattr__(self, "state", state)
         object.__setattr__(self, "emits", tuple(flat))
 
@@ -33,24 +51,26 @@ Handler = Callable[[S, Message], "S | Decision[S]"]
 
 
 def check_result(result: object, model: type[S]) -> Decision[S]:
-    """Normalize a handler's return value, rejecting anything but a state or Decision."""
+    """Normalize a handler's return value, rejecting anything but a state or Decision.
+
+    The state must be exactly ``model``: a subclass would be stored with fields (or
+    types) that ``model`` cannot read back.
+    """
+    decision: Decision[S]
     if isinstance(result, Decision):
-        if not isinstance(result.state, model):
-            raise InvalidHandlerResult(
-                f"handler returned a Decision whose state is {type(result.state).__name__}, "
-                f"expected {model.__name__}"
-            )
-        for item in result.emits:
-            if not isinstance(item, Emit):
-                raise InvalidHandlerResult(
-                    f"handler emitted {type(item).__name__}; use docoutbox.emit()"
-                )
-        return result
-    if isinstance(result, model):
-        return Decision(result)
-    raise InvalidHandlerResult(
-        f"handler returned {type(result).__name__}; expected {model.__name__} or Decision"
-    )
+        decision = result
+    elif isinstance(result, BaseModel):
+        decision = Decision(result)  # type: ignore[arg-type]
+    else:
+        raise InvalidHandlerResult(
+            f"handler returned {type(result).__name__}; expected {model.__name__} or Decision"
+        )
+    if type(decision.state) is not model:
+        raise InvalidHandlerResult(
+            f"handler returned a state of type {type(decision.state).__name__}, "
+            f"expected exactly {model.__name__}"
+        )
+    return decision
 
 
 class Handlers(Generic[S]):

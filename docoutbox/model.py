@@ -7,9 +7,23 @@ import math
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from docoutbox.errors import InvalidAggregateId, InvalidInput, InvalidMessage, InvalidPayload
+from docoutbox.errors import (
+    InvalidAggregateId,
+    InvalidConfig,
+    InvalidInput,
+    InvalidMessage,
+    InvalidPayload,
+)
 
 M = TypeVar("M", bound=BaseModel)
 AggregateId = str | int
@@ -19,26 +33,115 @@ MAX_ID_LENGTH = 255
 _PAYLOAD_FIELDS = frozenset({"payload", "headers"})
 
 
+def is_utf8(text: str) -> bool:
+    """True when ``text`` can be stored: it encodes as UTF-8 (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_problem(value: object) -> str | None:
+    """What makes ``value`` impossible to store exactly, or None.
+
+    Text must be UTF-8 (a lone surrogate such as ``"\\ud800"`` is not; drivers refuse it
+    or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
+    serializes them as ``null`` inside ``Any``-typed data, which would change the value
+    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models.
+
+    This runs on every message and state, so plain leaves are checked inline.
+    """
+    kind = type(value)
+    if kind is dict:
+        items: Any = value.items()  # type: ignore[attr-defined]
+        for key, sub in items:
+            if type(key) is str:
+                if not key.isascii() and not is_utf8(key):
+                    return _bad_text(key)
+            elif (problem := storable_problem(key)) is not None:
+                return problem
+            sub_kind = type(sub)
+            if sub_kind is str:
+                if not sub.isascii() and not is_utf8(sub):
+                    return _bad_text(sub)
+            elif sub_kind is int or sub_kind is bool or sub is None:
+                continue
+            elif (problem := storable_problem(sub)) is not None:
+                return problem
+        return None
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        return None if text.isascii() or is_utf8(text) else _bad_text(text)
+    if kind is int or kind is bool or value is None:
+        return None
+    if kind is float:
+        number: float = value  # type: ignore[assignment]
+        return None if math.isfinite(number) else _bad_number(number)
+    if kind is list or kind is tuple or kind is set or kind is frozenset:
+        elements: Any = value
+        for sub in elements:
+            sub_kind = type(sub)
+            if sub_kind is str:
+                if not sub.isascii() and not is_utf8(sub):
+                    return _bad_text(sub)
+            elif sub_kind is int or sub_kind is bool or sub is None:
+                continue
+            elif (problem := storable_problem(sub)) is not None:
+                return problem
+        return None
+    if isinstance(value, BaseModel):
+        problem = storable_problem(value.__dict__)
+        if problem is None and value.__pydantic_extra__:
+            problem = storable_problem(value.__pydantic_extra__)
+        return problem
+    if isinstance(value, str):
+        return storable_problem(str(value))
+    if isinstance(value, float):
+        return storable_problem(float(value))
+    if isinstance(value, dict):
+        return storable_problem(dict(value))
+    if isinstance(value, list | tuple | set | frozenset):
+        return storable_problem(list(value))
+    return None
+
+
+def _bad_text(text: str) -> str:
+    return f"text {text!r} is not valid UTF-8"
+
+
+def _bad_number(number: float) -> str:
+    return f"{number!r} is not a finite number (JSON has no NaN or Infinity)"
+
+
 def check_aggregate_id(aggregate_id: object) -> AggregateId:
     """Return ``aggregate_id`` if it is a plain scalar a database filter can use safely.
 
-    Only non-empty strings and integers are accepted, so an operator document such as
-    ``{"$ne": None}`` can never reach a query filter.
+    Only non-empty UTF-8 strings and 64-bit integers are accepted, so an operator document
+    such as ``{"$ne": None}`` can never reach a query filter.
     """
-    if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
-        raise InvalidAggregateId(
-            f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"
-        )
-    if isinstance(aggregate_id, str):
-        if not aggregate_id or len(aggregate_id) > MAX_ID_LENGTH:
+    kind = type(aggregate_id)
+    if kind is str:
+        text: str = aggregate_id  # type: ignore[assignment]
+        if not text or len(text) > MAX_ID_LENGTH:
             raise InvalidAggregateId(
-                f"aggregate id must have 1 to {MAX_ID_LENGTH} characters: {aggregate_id!r}"
+                f"aggregate id must have 1 to {MAX_ID_LENGTH} characters: {text!r}"
             )
-        if "\x00" in aggregate_id:
+        if "\x00" in text:
             raise InvalidAggregateId("aggregate id must not contain NUL")
-    elif abs(aggregate_id) >= 2**63:
-        raise InvalidAggregateId(f"aggregate id {aggregate_id} does not fit in 64 bits")
-    return aggregate_id
+        if not is_utf8(text):
+            raise InvalidAggregateId(f"aggregate id {text!r} is not valid UTF-8")
+        return text
+    if kind is int:
+        number: int = aggregate_id  # type: ignore[assignment]
+        if not -(2**63) <= number < 2**63:
+            raise InvalidAggregateId(f"aggregate id {number} does not fit in 64 bits")
+        return number
+    raise InvalidAggregateId(
+        f"aggregate id must be a str or int, got {type(aggregate_id).__name__}"
+    )
 
 
 class _Strict(BaseModel):
@@ -52,6 +155,10 @@ class _Strict(BaseModel):
         except ValidationError as exc:
             raise self._typed(exc) from exc
 
+    # Tells pydantic this __init__ only wraps errors: model_validate() then validates once
+    # instead of calling __init__ (and validating again) from inside the validator.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     @classmethod
     def parse(cls, data: object) -> Any:
         """Validate ``data`` (a mapping or an instance) into this model, or raise typed."""
@@ -64,30 +171,34 @@ class _Strict(BaseModel):
 
     @classmethod
     def _typed(cls, exc: ValidationError) -> InvalidInput:
-        fields = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        errors = exc.errors()
+        fields = {str(err["loc"][0]) for err in errors if err["loc"]}
+        causes = [(err.get("ctx") or {}).get("error") for err in errors]
         kind = InvalidPayload if fields and fields <= _PAYLOAD_FIELDS else cls._invalid
+        if causes and all(isinstance(cause, InvalidPayload) for cause in causes):
+            kind = InvalidPayload
         return kind(f"invalid {cls.__name__}: {exc}")
 
 
 def _json_object(value: object) -> object:
     if isinstance(value, BaseModel):
+        problem = storable_problem(value)
+        if problem:
+            raise ValueError(problem)
         value = value.model_dump(mode="json")
     return value
 
 
-def _finite(value: JsonObject) -> JsonObject:
-    def walk(item: object) -> None:
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError("NaN and Infinity are not JSON")
-        if isinstance(item, dict):
-            for sub in item.values():
-                walk(sub)
-        elif isinstance(item, list):
-            for sub in item:
-                walk(sub)
-
-    walk(value)
-    return value
+def check_storable(texts: tuple[str | None, ...], payload: object, headers: object) -> None:
+    """Raise unless every text is UTF-8 and the payload and headers are storable as given."""
+    for text in texts:
+        if text is not None and not text.isascii() and not is_utf8(text):
+            raise InvalidMessage(_bad_text(text))
+    problem = storable_problem(payload) if payload else None
+    if problem is None and headers:
+        problem = storable_problem(headers)
+    if problem:
+        raise InvalidPayload(problem)
 
 
 class Message(_Strict):
@@ -109,7 +220,12 @@ class Message(_Strict):
     seq: int | None = Field(default=None, ge=1)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_finite = field_validator("payload")(_finite)
+
+    @model_validator(mode="after")
+    def _storable(self) -> Message:
+        texts = (self.id, self.type, self.correlation_id, self.causation_id, self.source)
+        check_storable(texts, self.payload, self.headers)
+        return self
 
     def payload_as(self, model: builtins.type[M]) -> M:
         """The payload validated as ``model``; InvalidPayload if it does not fit."""
@@ -134,7 +250,11 @@ class Emit(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=512)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
-    _payload_finite = field_validator("payload")(_finite)
+
+    @model_validator(mode="after")
+    def _storable(self) -> Emit:
+        check_storable((self.type, self.destination, self.id), self.payload, self.headers)
+        return self
 
 
 def emit(
@@ -150,7 +270,7 @@ def emit(
         type=type,
         payload=payload if payload is not None else {},
         destination=destination,
-        headers=headers or {},
+        headers=headers if headers is not None else {},
         id=id,
     )
 
@@ -204,7 +324,7 @@ def stream_name(aggregate_type: str, aggregate_id: AggregateId) -> str:
     return f"{aggregate_type}/{aggregate_id}"
 
 
-class InboxPolicy(BaseModel):
+class InboxPolicy(_Strict):
     """How a document remembers which messages it has processed.
 
     ``window``: keep the IDs of the last ``window`` messages (0 disables the window).
@@ -214,11 +334,12 @@ class InboxPolicy(BaseModel):
     tolerates reordering up to ``max_above`` outstanding numbers per source.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    _invalid: ClassVar[type[InvalidInput]] = InvalidConfig
 
     window: int = Field(default=100, ge=0, le=100_000)
     exact: bool = False
-    max_above: int = Field(default=1000, ge=1)
+    max_above: int = Field(default=1000, ge=1, le=1_000_000)
 
 
 class Aggregate(BaseModel):

@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+from docoutbox.errors import InvalidConfig
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` if it is an ``int`` (not a bool) in ``[low, high]``, else InvalidConfig."""
+    if type(value) is not int:
+        raise InvalidConfig(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise InvalidConfig(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` if it is a finite, non-negative (or positive) number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidConfig(f"{name} must be a number, got {type(value).__name__}: {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "positive" if positive else "non-negative"
+        raise InvalidConfig(f"{name} must be a finite, {kind} number of seconds, got {value}")
+    return float(value)
 
 
 def backoff(
@@ -25,6 +48,16 @@ class RetryPolicy:
     max_attempts: int = 10
     base_delay: float = 0.002
     max_delay: float = 0.25
+
+    def __post_init__(self) -> None:
+        check_int("RetryPolicy.max_attempts", self.max_attempts, 1, 1_000_000)
+        check_seconds("RetryPolicy.base_delay", self.base_delay)
+        check_seconds("RetryPolicy.max_delay", self.max_delay)
+        if self.max_delay < self.base_delay:
+            raise InvalidConfig(
+                f"RetryPolicy.max_delay ({self.max_delay}) must not be below "
+                f"base_delay ({self.base_delay})"
+            )
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return backoff(attempt, self.base_delay, self.max_delay, rng)

@@ -3,8 +3,9 @@
 Servers: the MongoDB wire-protocol server (mongo-java-server, started here) and, when
 ``MONGODB_URI`` is set, a real deployment too. Cosmos DB: ``cosmos_server``, the local
 patched server (started here) or, when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set, that
-account instead. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` (CI sets it) a missing server fails
-the run instead of skipping.
+account instead. With ``DOCOUTBOX_REQUIRE_SERVERS=1`` or any truthy ``CI`` (``true``,
+``1``, ``yes``...) a missing server fails the run instead of skipping. Every run ends with
+a summary of what was skipped and why.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from tests.support.servers import (
     mongo_wire_server_available,
 )
 
-REQUIRE_SERVERS = os.environ.get("DOCOUTBOX_REQUIRE_SERVERS") == "1"
+
+def truthy(value: str | None) -> bool:
+    """How CI systems spell "on": anything but empty, 0, false, no or off."""
+    return (value or "").strip().lower() not in {"", "0", "false", "no", "off"}
+
+
+REQUIRE_SERVERS = truthy(os.environ.get("DOCOUTBOX_REQUIRE_SERVERS")) or truthy(
+    os.environ.get("CI")
+)
 MONGODB_URI = os.environ.get("MONGODB_URI")
 
 #: Store adapters of the contract matrix. "wire-*" reach mongo-java-server; "uri-*" reach
@@ -188,3 +197,27 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         close()
     if loop is not None:
         loop.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """A loud summary of every skipped test, grouped by reason, so that a green run that
+    left whole layers out (no server, no broker) cannot pass unnoticed."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    write = terminalreporter.write_line
+    terminalreporter.section(f"SKIPPED: {len(skipped)} tests did not run", sep="!", red=True)
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        write(f"  {count:5d} x {reason}", red=True)
+    if not REQUIRE_SERVERS:
+        write(
+            "  These parts are untested in this run. Set CI=1 (or "
+            "DOCOUTBOX_REQUIRE_SERVERS=1) to make a missing server fail the run.",
+            yellow=True,
+        )

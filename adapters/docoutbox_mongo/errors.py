@@ -34,23 +34,40 @@ def is_duplicate_id(exc: pm.DuplicateKeyError) -> bool:
     return pattern is None or set(pattern) == {"_id"}
 
 
-@contextmanager
-def translated(aggregate_id: AggregateId | None = None) -> Iterator[None]:
-    """Re-raise pymongo errors as docoutbox's StoreError tree."""
-    try:
-        yield
-    except pm.DocumentTooLarge as exc:
-        raise DocumentTooLarge(aggregate_id) from exc
-    except (pm.ConnectionFailure, pm.WTimeoutError, pm.ExecutionTimeout) as exc:
-        raise TransientStoreError(f"MongoDB unavailable: {type(exc).__name__}: {exc}") from exc
-    except pm.OperationFailure as exc:
+class translated:
+    """Re-raise pymongo errors as docoutbox's StoreError tree.
+
+    A class rather than a ``@contextmanager`` generator: it wraps every database call,
+    and entering a generator-based one costs several times more.
+    """
+
+    __slots__ = ("aggregate_id",)
+
+    def __init__(self, aggregate_id: AggregateId | None = None) -> None:
+        self.aggregate_id = aggregate_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, pm.PyMongoError | pm.DocumentTooLarge):
+            raise _translate(exc, self.aggregate_id) from exc
+
+
+def _translate(exc: Exception, aggregate_id: AggregateId | None) -> Exception:
+    if isinstance(exc, pm.DocumentTooLarge):
+        return DocumentTooLarge(aggregate_id)
+    if isinstance(exc, pm.ConnectionFailure | pm.WTimeoutError | pm.ExecutionTimeout):
+        return TransientStoreError(f"MongoDB unavailable: {type(exc).__name__}: {exc}")
+    if isinstance(exc, pm.OperationFailure):
         if exc.code in TOO_LARGE_CODES:
-            raise DocumentTooLarge(aggregate_id) from exc
+            return DocumentTooLarge(aggregate_id)
         if exc.code in TRANSIENT_CODES or exc.has_error_label("RetryableWriteError"):
-            raise TransientStoreError(f"MongoDB error {exc.code}: {exc}") from exc
-        raise PermanentStoreError(f"MongoDB error {exc.code}: {exc}") from exc
-    except pm.PyMongoError as exc:
-        raise PermanentStoreError(f"MongoDB error: {type(exc).__name__}: {exc}") from exc
+            return TransientStoreError(f"MongoDB error {exc.code}: {exc}")
+        return PermanentStoreError(f"MongoDB error {exc.code}: {exc}")
+    return PermanentStoreError(f"MongoDB error: {type(exc).__name__}: {exc}")
 
 
 @contextmanager

@@ -14,12 +14,19 @@ import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 
 from docoutbox.codec import encode_entry
-from docoutbox.errors import PermanentPublishError
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.amqp import declare, masked, properties_for
-from docoutbox_rabbitmq.errors import translated
+from docoutbox_rabbitmq.errors import MISSING_CODES, translate, translated
 
 log = logging.getLogger("docoutbox.rabbitmq")
+
+#: What pika raises when the broker refuses the user, the password or the vhost.
+REFUSED_LOGIN = (
+    px.ProbableAuthenticationError,
+    px.AuthenticationError,
+    px.ProbableAccessDeniedError,
+)
 
 #: RabbitMQ's default ``max_message_size`` (128 MiB).
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
@@ -95,11 +102,13 @@ class RabbitPublisher:
                 f"max_message_size of {self.max_message_size} bytes"
             )
         link = self._link()
+        key = self.routing_key_for(entry)
+        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
         try:
-            with translated(f"publish entry {entry.id} to {masked(self._url)}"):
+            with translated(f"publish entry {entry.id} to {where}"):
                 link.channel.basic_publish(
                     self.exchange,
-                    self.routing_key_for(entry),
+                    key,
                     body,
                     properties_for(entry),
                     mandatory=self.mandatory,
@@ -126,6 +135,48 @@ class RabbitPublisher:
                 queues=queues,
                 dead_letters=dead_letters,
             )
+        finally:
+            if link.connection.is_closed:
+                self._discard(link)
+
+    def check(self, *, declare_type: str | None = None) -> None:
+        """Fail fast on a broker this publisher cannot use: connect, log in, and make sure
+        the exchange exists (declaring it, durable, of ``declare_type`` when given).
+
+        Raises :class:`~docoutbox.errors.BrokerUnavailable` when the broker cannot be
+        reached, and :class:`~docoutbox.errors.PermanentPublishError` when it refuses the
+        credentials or the exchange does not exist.
+        """
+        where = masked(self._url)
+        try:
+            link = self._link()
+        except BrokerUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(
+                cause,
+                px.ProbableAuthenticationError
+                | px.AuthenticationError
+                | px.ProbableAccessDeniedError,
+            ):
+                raise PermanentPublishError(
+                    f"RabbitMQ at {where} refused the credentials ({type(cause).__name__})"
+                ) from exc
+            raise
+        try:
+            if declare_type is not None:
+                self.declare(exchange_type=declare_type)
+            elif self.exchange:
+                try:
+                    link.channel.exchange_declare(self.exchange, passive=True)
+                except px.ChannelClosedByBroker as exc:
+                    if int(exc.reply_code) in MISSING_CODES:
+                        raise PermanentPublishError(
+                            f"exchange {self.exchange!r} does not exist on {where}; declare "
+                            f"it, or start with --declare-exchange"
+                        ) from exc
+                    raise translate(exc, f"check exchange {self.exchange!r}") from exc
+                except (px.AMQPError, OSError) as exc:
+                    raise translate(exc, f"check exchange {self.exchange!r}") from exc
         finally:
             if link.connection.is_closed:
                 self._discard(link)

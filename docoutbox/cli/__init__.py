@@ -4,7 +4,9 @@
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`).
 
-Exit codes: 0 after a clean stop, 1 when a server cannot be used, 2 for bad arguments.
+Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
+unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
+stderr, within seconds), 2 for bad arguments (checked before connecting).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -21,6 +24,7 @@ import uuid
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from docoutbox.cli import logs
 from docoutbox.codec import encode_entry
@@ -61,13 +65,62 @@ class StdoutPublisher:
             sys.stdout.flush()
 
 
+def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) -> Any:
+    """An argparse ``type``: a finite number of ``kind`` >= ``low`` (> ``low`` if strict)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            relation = "greater than" if strict else "at least"
+            raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _name(what: str) -> Any:
+    """An argparse ``type`` for a MongoDB database or collection name."""
+    forbidden = '/\\. "$' if what == "database" else "$"
+
+    def parse(text: str) -> str:
+        bad = [c for c in forbidden if c in text]
+        if not text or "\x00" in text or bad or text.startswith("system."):
+            raise argparse.ArgumentTypeError(
+                f"not a usable {what} name: {text!r}"
+                + (f" (it must not contain {''.join(bad)!r})" if bad else "")
+            )
+        return text
+
+    parse.__name__ = f"{what} name"
+    return parse
+
+
+POSITIVE = _number(float, 0, strict=True)
+NON_NEGATIVE = _number(float, 0)
+AT_LEAST_ONE = _number(int, 1)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="docoutbox", description="Exactly-once message processing on document databases."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
-    d = sub.add_parser("dispatch", help="publish pending outbox entries of a collection")
+    d = sub.add_parser(
+        "dispatch",
+        help="publish pending outbox entries of a collection",
+        epilog=(
+            "Modes: with change streams (a replica set) entries are published as they are "
+            "committed, and a sweep every --sweep-interval seconds catches anything older "
+            "than --grace. With --poll-interval SECONDS (for deployments without change "
+            "streams) there is no stream: every SECONDS the dispatcher sweeps all pending "
+            "entries, so a new entry is published within about that long."
+        ),
+    )
     env = os.environ.get
     d.add_argument(
         "--mongo-uri",
@@ -84,27 +137,58 @@ def _parser() -> argparse.ArgumentParser:
         default=env("COSMOS_KEY"),
         help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
     )
-    d.add_argument("--db", "--database", dest="db", help="MongoDB or Cosmos DB database")
-    d.add_argument("--collection", "--container", dest="collection", help="its aggregates")
-    d.add_argument("--publisher", choices=["memory", "stdout", "rabbitmq"], default="memory")
+    d.add_argument("--db", "--database", dest="db", type=_name("database"))
+    d.add_argument("--collection", "--container", dest="collection", type=_name("collection"))
+    d.add_argument(
+        "--publisher",
+        required=True,
+        choices=["stdout", "rabbitmq", "memory"],
+        help="where entries go. 'memory' publishes NOWHERE (entries are counted and "
+        "trimmed): demos and tests only, and only with --discard-entries",
+    )
+    d.add_argument(
+        "--discard-entries",
+        action="store_true",
+        help="required with --publisher memory: confirms that entries are trimmed undelivered",
+    )
     d.add_argument("--rabbitmq-url", default=env("DOCOUTBOX_RABBITMQ_URL"))
     d.add_argument("--exchange", default="")
+    d.add_argument(
+        "--declare-exchange",
+        metavar="TYPE",
+        choices=["topic", "direct", "fanout", "headers"],
+        help="declare the exchange (durable, of this type) at start-up instead of requiring it",
+    )
     d.add_argument(
         "--routing-key", help="routing key for entries without a destination (default: type)"
     )
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
-    d.add_argument("--partitions", type=int, default=16, help="must match the stores' config")
-    d.add_argument("--lease-ttl", type=float, default=10.0, help="seconds; failover time")
-    d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
-    d.add_argument("--concurrency", type=int, default=8, help="aggregates in parallel")
-    d.add_argument("--sweep-interval", type=float, default=60.0)
-    d.add_argument("--grace", type=float, default=30.0, help="sweep entries older than this")
-    d.add_argument("--max-attempts", type=int, default=5, help="publish attempts per entry")
-    d.add_argument("--checkpoint-interval", type=float, default=1.0, help="seconds")
     d.add_argument(
-        "--server-timeout", type=float, default=5.0, help="seconds to reach the database"
+        "--partitions", type=AT_LEAST_ONE, default=16, help="must match the stores' config"
     )
-    d.add_argument("--progress-interval", type=float, default=10.0)
+    d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
+    d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
+    d.add_argument("--concurrency", type=AT_LEAST_ONE, default=8, help="aggregates in parallel")
+    d.add_argument("--sweep-interval", type=POSITIVE, default=60.0, help="seconds")
+    d.add_argument(
+        "--grace", type=NON_NEGATIVE, default=30.0, help="sweep entries older than this (s)"
+    )
+    d.add_argument(
+        "--poll-interval",
+        type=POSITIVE,
+        help="polling mode, without change streams: sweep every this many seconds, no grace",
+    )
+    d.add_argument(
+        "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
+    )
+    d.add_argument("--checkpoint-interval", type=POSITIVE, default=1.0, help="seconds")
+    d.add_argument(
+        "--server-timeout", type=POSITIVE, default=5.0, help="seconds to reach the server"
+    )
+    d.add_argument(
+        "--broker-timeout", type=POSITIVE, default=5.0, help="seconds to reach the broker"
+    )
+    d.add_argument("--progress-interval", type=POSITIVE, default=10.0, help="seconds")
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -134,17 +218,37 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
-    if args.partitions < 1 or args.concurrency < 1 or args.max_attempts < 1:
-        return "--partitions, --concurrency and --max-attempts must be at least 1"
-    if args.sweep_interval <= 0 or args.grace < 0 or args.lease_ttl <= 0:
-        return "--sweep-interval and --lease-ttl must be positive, --grace not negative"
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)
         except ValueError as exc:
             return str(exc)
-    if args.publisher == "rabbitmq" and not args.rabbitmq_url:
-        return "--publisher rabbitmq needs --rabbitmq-url (or DOCOUTBOX_RABBITMQ_URL)"
+    if args.publisher == "memory" and not args.discard_entries:
+        return (
+            "--publisher memory delivers entries nowhere and trims them; it is for demos and "
+            "tests only: add --discard-entries to confirm"
+        )
+    if args.publisher == "rabbitmq":
+        if not args.rabbitmq_url:
+            return "--publisher rabbitmq needs --rabbitmq-url (or DOCOUTBOX_RABBITMQ_URL)"
+        problem = _amqp_url_problem(args.rabbitmq_url)
+        if problem:
+            return f"--rabbitmq-url: {problem}"
+    elif args.declare_exchange or args.exchange:
+        return "--exchange and --declare-exchange apply to --publisher rabbitmq only"
+    return None
+
+
+def _amqp_url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in {"amqp", "amqps"}:
+        return f"expected amqp:// or amqps://, got {logs.mask(url)!r}"
+    if not parts.hostname:
+        return f"no host in {logs.mask(url)!r}"
     return None
 
 
@@ -204,6 +308,11 @@ def _dispatch(
     except (DocOutboxError, ImportError, ValueError) as exc:
         target.close()
         return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
+    if args.publisher == "memory":
+        log.warning(
+            "publisher=memory: entries are trimmed WITHOUT being delivered anywhere "
+            "(--discard-entries); never point this at data that matters"
+        )
     name = args.name or f"dispatch:{args.db}.{args.collection}"
     ownership: Ownership = SoleOwner()
     if not args.no_leases:
@@ -212,13 +321,14 @@ def _dispatch(
         ownership = LeaseKeeper(
             target.leases, partitions=args.partitions, owner=owner, timing=timing
         )
+    polling = args.poll_interval is not None
     config = DispatcherConfig(
         name=name,
         partitions=args.partitions,
         concurrency=args.concurrency,
         policy=DispatchPolicy(max_attempts=args.max_attempts),
-        sweep_interval=args.sweep_interval,
-        grace=args.grace,
+        sweep_interval=args.poll_interval if polling else args.sweep_interval,
+        grace=0.0 if polling else args.grace,
         checkpoint_interval=args.checkpoint_interval,
     )
     metrics = LoggingMetrics(every=args.progress_interval)
@@ -226,7 +336,7 @@ def _dispatch(
         target.backend,
         publisher,
         target.dead_letters,
-        source=target.source,
+        source=None if polling else target.source,
         checkpoints=target.checkpoints,
         ownership=ownership,
         config=config,
@@ -236,7 +346,7 @@ def _dispatch(
     if stopping.is_set():
         dispatcher.stop()
     log.info(
-        "dispatch_starting %s=%s db=%s collection=%s publisher=%s name=%s leases=%s",
+        "dispatch_starting %s=%s db=%s collection=%s publisher=%s name=%s leases=%s mode=%s",
         kind,
         where,
         args.db,
@@ -244,6 +354,7 @@ def _dispatch(
         args.publisher,
         name,
         not args.no_leases,
+        f"polling every {config.sweep_interval}s" if polling else "change-stream",
     )
     try:
         dispatcher.run()
@@ -265,7 +376,25 @@ def _publisher(args: argparse.Namespace) -> Any:
         RabbitPublisher,
     )
 
-    return RabbitPublisher(args.rabbitmq_url, exchange=args.exchange, routing_key=args.routing_key)
+    url = _with_timeout(args.rabbitmq_url, args.broker_timeout)
+    publisher = RabbitPublisher(url, exchange=args.exchange, routing_key=args.routing_key)
+    try:
+        publisher.check(declare_type=args.declare_exchange)
+    except BaseException:
+        publisher.close()
+        raise
+    return publisher
+
+
+def _with_timeout(url: str, seconds: float) -> str:
+    """``url`` with pika's connection timeouts set, unless the URL sets them itself."""
+    parts = urlsplit(url)
+    query = parts.query
+    for name in ("socket_timeout", "connection_attempts", "blocked_connection_timeout"):
+        if name + "=" in query:
+            return url
+    extra = f"socket_timeout={seconds}&connection_attempts=1"
+    return urlunsplit(parts._replace(query=f"{query}&{extra}" if query else extra))
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -74,7 +74,11 @@ def configure(
             root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level if isinstance(level, int) else level.upper())
-    logging.getLogger("pika").setLevel(logging.WARNING)
+    # The broker adapter turns pika's failures into one docoutbox error each; pika's own
+    # per-attempt ERROR tracebacks (dozens a second while a broker refuses a login) are
+    # only shown at DEBUG.
+    debug = root.level <= logging.DEBUG
+    logging.getLogger("pika").setLevel(logging.DEBUG if debug else logging.CRITICAL)
     logging.getLogger("pymongo").setLevel(logging.WARNING)
     logging.getLogger("azure").setLevel(logging.WARNING)  # every HTTP request at INFO
     return handler

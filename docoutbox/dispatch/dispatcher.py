@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from docoutbox.dispatch.checkpoint import Done, Gate, Sweep
 from docoutbox.dispatch.flow import DispatchPolicy
@@ -55,6 +56,13 @@ class DispatcherConfig:
     checkpoint_interval: float = 1.0
     backoff: Backoff = field(default_factory=Backoff)
 
+    @classmethod
+    def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
+        """Polling mode, for deployments without change streams: sweep every ``interval``
+        seconds with no grace period, so a new entry is published within about
+        ``interval``. A :class:`Dispatcher` without a change source uses it by default."""
+        return cls(sweep_interval=interval, grace=0.0, **options)
+
 
 def event_target(doc: Document | None, partitions: int) -> tuple[AggregateId, int] | None:
     """The aggregate and partition of a document with pending entries, else None."""
@@ -83,7 +91,9 @@ class Dispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or DispatcherConfig()
+        self.config = config or (
+            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        )
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints

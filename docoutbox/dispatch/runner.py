@@ -27,7 +27,7 @@ from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import DeadLetters, Publisher
 from docoutbox.dispatch.scheduler import RunOutcome
-from docoutbox.errors import StoreError
+from docoutbox.errors import BrokerUnavailable, StoreError
 from docoutbox.model import AggregateId
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.ports import StoreBackend
@@ -56,6 +56,7 @@ class DispatchRunner:
         self.publisher = publisher
         self.dead_letters = dead_letters
         self.ownership = ownership
+        self.broker = BrokerState()
         self.policy = policy
         self.metrics = metrics
         self._stop = stop
@@ -131,17 +132,43 @@ class DispatchRunner:
             self.publisher.publish(entry)
         except Exception as exc:  # noqa: BLE001 - thrown into the flow, which classifies it
             self.metrics.failed(entry, exc)
-            log.warning(
-                "publish_failed aggregate=%r entry=%s seq=%d error=%r",
-                entry.aggregate_id,
-                entry.id,
-                entry.seq,
-                exc,
-            )
+            if isinstance(exc, BrokerUnavailable):
+                self.broker.down(exc)
+            else:
+                log.warning(
+                    "publish_failed aggregate=%r entry=%s seq=%d error=%r",
+                    entry.aggregate_id,
+                    entry.id,
+                    entry.seq,
+                    exc,
+                )
             return exc
+        self.broker.up()
         lag = (self._clock() - entry.created_at).total_seconds()
         self.metrics.published(entry, lag)
         return None
+
+
+class BrokerState:
+    """Logs the broker going down and coming back once each, not once per attempt."""
+
+    def __init__(self) -> None:
+        self._down = False
+        self._lock = threading.Lock()
+
+    def down(self, exc: BaseException) -> None:
+        with self._lock:
+            changed, self._down = not self._down, True
+        if changed:
+            log.warning("broker_unavailable error=%s; entries stay pending", exc)
+
+    def up(self) -> None:
+        if not self._down:
+            return
+        with self._lock:
+            changed, self._down = self._down, False
+        if changed:
+            log.warning("broker_available_again")
 
 
 def _entry_id(entry: dict[str, Any]) -> str | None:

@@ -168,7 +168,19 @@ class AggregateStore(Generic[S]):
         partitions: Collection[int] | None = None,
         batch_size: int = 100,
     ) -> Iterator[Snapshot[S]]:
-        """Stream the aggregates that have pending outbox entries, in ``_id`` order."""
+        """Stream the aggregates that have pending outbox entries, in ``_id`` order.
+
+        Bad arguments raise :class:`~docoutbox.errors.InvalidInput` here, before any query.
+        """
+        self._core.check_pending(batch_size, older_than, partitions)
+        return self._pages(older_than, partitions, batch_size)
+
+    def _pages(
+        self,
+        older_than: datetime | None,
+        partitions: Collection[int] | None,
+        batch_size: int,
+    ) -> Iterator[Snapshot[S]]:
         after: AggregateId | None = None
         while True:
             page = self._run(self._core.pending_page(after, batch_size, older_than, partitions))
@@ -235,12 +247,22 @@ class AsyncAggregateStore(Generic[S]):
     ) -> bool:
         return await self._run(self._core.record_failure(aggregate_id, entry_id, attempts, error))
 
-    async def pending(
+    def pending(
         self,
         *,
         older_than: datetime | None = None,
         partitions: Collection[int] | None = None,
         batch_size: int = 100,
+    ) -> AsyncIterator[Snapshot[S]]:
+        """Stream the aggregates that have pending outbox entries, in ``_id`` order."""
+        self._core.check_pending(batch_size, older_than, partitions)
+        return self._pages(older_than, partitions, batch_size)
+
+    async def _pages(
+        self,
+        older_than: datetime | None,
+        partitions: Collection[int] | None,
+        batch_size: int,
     ) -> AsyncIterator[Snapshot[S]]:
         after: AggregateId | None = None
         while True:

@@ -18,12 +18,16 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from docoutbox.errors import (
     ConcurrencyConflict,
     DocumentTooLarge,
+    InvalidConfig,
+    InvalidHandlerResult,
+    InvalidInput,
+    InvalidMessage,
     InvalidPayload,
     NotFound,
     TransientStoreError,
@@ -36,9 +40,18 @@ from docoutbox.model import (
     OutboxMessage,
     aggregate_type_of,
     check_aggregate_id,
+    is_utf8,
+    storable_problem,
 )
-from docoutbox.retry import RetryPolicy
-from docoutbox.store.document import Document, Snapshot, new_document, partition_of, read_snapshot
+from docoutbox.retry import RetryPolicy, check_int
+from docoutbox.store.document import (
+    Document,
+    Snapshot,
+    fast_frozen,
+    new_document,
+    partition_of,
+    read_snapshot,
+)
 from docoutbox.store.document import utcnow as _utcnow
 from docoutbox.store.inbox import is_duplicate
 from docoutbox.store.plans import (
@@ -82,6 +95,15 @@ class Sleep:
 Op = Load | Write | FindPending | Sleep
 Flow = Generator[Op, Any, T]
 
+#: The most partitions a store may spread its documents over.
+MAX_PARTITIONS = 65_536
+#: The largest ``pending()`` page.
+MAX_BATCH = 100_000
+#: The most publish attempts :meth:`Core.record_failure` accepts (a 32-bit counter).
+MAX_ATTEMPTS = 2**31 - 1
+#: The longest message ID (as :class:`~docoutbox.model.Message` accepts).
+MAX_MESSAGE_ID = 512
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -94,6 +116,28 @@ class StoreConfig:
     cache_size: int = 1024
     clock: Callable[[], datetime] = _utcnow
     rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inbox, InboxPolicy):
+            raise InvalidConfig(
+                f"StoreConfig.inbox must be an InboxPolicy, got {type(self.inbox).__name__}"
+            )
+        if not isinstance(self.retry, RetryPolicy):
+            raise InvalidConfig(
+                f"StoreConfig.retry must be a RetryPolicy, got {type(self.retry).__name__}"
+            )
+        if type(self.deterministic_ids) is not bool:
+            raise InvalidConfig(
+                f"StoreConfig.deterministic_ids must be a bool, got {self.deterministic_ids!r}"
+            )
+        check_int("StoreConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
+        check_int("StoreConfig.cache_size", self.cache_size, 0, 10_000_000)
+        if not callable(self.clock):
+            raise InvalidConfig(f"StoreConfig.clock must be callable, got {self.clock!r}")
+        if not isinstance(self.rng, random.Random):
+            raise InvalidConfig(
+                f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
+            )
 
 
 class Status(StrEnum):
@@ -127,6 +171,11 @@ class Outcome(Generic[S]):
     def duplicate(self) -> bool:
         return self.status is Status.DUPLICATE
 
+    @property
+    def gave_up(self) -> bool:
+        """True when conflicts outlasted the retries: nothing was written; redeliver."""
+        return self.status is Status.GAVE_UP
+
 
 @dataclass(frozen=True)
 class Created(Generic[S]):
@@ -134,6 +183,10 @@ class Created(Generic[S]):
 
     created: bool
     snapshot: Snapshot[S]
+
+
+#: A cached document, its size bound and its state as read back (or None).
+Cached = tuple[Document, int | None, Any]
 
 
 class DocumentCache:
@@ -151,19 +204,24 @@ class DocumentCache:
     def __init__(self, size: int, max_outbox: int = 64) -> None:
         self._size = size
         self._max_outbox = max_outbox
-        self._docs: OrderedDict[AggregateId, tuple[Document, int | None]] = OrderedDict()
+        self._docs: OrderedDict[AggregateId, Cached] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, aggregate_id: AggregateId) -> tuple[Document, int | None] | None:
-        """The cached document and an upper bound of its size (None: unknown)."""
+    def take(self, aggregate_id: AggregateId) -> Cached | None:
+        """The cached document, an upper bound of its size (None: unknown) and its state
+        as read back (None: not read yet)."""
         with self._lock:
             return self._docs.pop(aggregate_id, None)
 
-    def put(self, aggregate_id: AggregateId, doc: Document, size: int | None) -> None:
+    def put(
+        self, aggregate_id: AggregateId, doc: Document, size: int | None, state: Any = None
+    ) -> None:
+        """Keep ``doc``. ``state``, when given, must be the model read from ``doc["state"]``
+        and held by nobody else: the next handler receives it instead of a fresh read."""
         if self._size <= 0 or len(doc.get("outbox") or ()) > self._max_outbox:
             return
         with self._lock:
-            self._docs[aggregate_id] = (doc, size)
+            self._docs[aggregate_id] = (doc, size, state)
             self._docs.move_to_end(aggregate_id)
             while len(self._docs) > self._size:
                 self._docs.popitem(last=False)
@@ -194,12 +252,12 @@ class Core(Generic[S]):
         msg: Message = Message.parse(message)
         retry = self.config.retry
         cached = self.cache.take(aggregate_id)
-        doc, known = cached if cached is not None else (None, None)
+        doc, known, state = cached if cached is not None else (None, None, None)
         fresh = doc is None
         attempt = 0
         while True:
             if fresh:
-                known = None
+                known = state = None
                 try:
                     doc = yield Load(aggregate_id)
                 except TransientStoreError:
@@ -209,13 +267,16 @@ class Core(Generic[S]):
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
             base = doc if doc is not None else self._initial(aggregate_id, create)
-            snapshot = read_snapshot(base, self.model)
+            snapshot = read_snapshot(base, self.model, state)
             if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
                 if doc is not None:
-                    self.cache.put(aggregate_id, doc, known)
+                    self.cache.put(aggregate_id, doc, known, snapshot.state)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)
+            # From here on the handler may have changed snapshot.state in place.
+            state = None
             decision = check_result(handler(snapshot.state, msg), self.model)
-            plan, entries = self._plan(snapshot, msg, decision)
+            stored, readable = self._state_document(decision.state, InvalidHandlerResult)
+            plan, entries = self._plan(snapshot, msg, decision, stored)
             after = apply_plan(base, plan)
             assert after is not None
             try:
@@ -234,15 +295,17 @@ class Core(Generic[S]):
                     raise
                 applied = False
             if applied:
-                self.cache.put(aggregate_id, after, size)
-                return Outcome(
-                    Status.APPLIED,
-                    aggregate_id,
-                    after["version"],
-                    attempt,
-                    decision.state,
-                    tuple(entries),
+                self.cache.put(aggregate_id, after, size, readable)
+                outcome: Outcome[S] = fast_frozen(
+                    Outcome,
+                    status=Status.APPLIED,
+                    aggregate_id=aggregate_id,
+                    version=after["version"],
+                    attempts=attempt,
+                    state=decision.state,
+                    entries=tuple(entries),
                 )
+                return outcome
             if attempt >= retry.max_attempts:
                 return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
             if fresh:
@@ -277,36 +340,69 @@ class Core(Generic[S]):
     def _initial(self, aggregate_id: AggregateId, create: bool) -> Document:
         if not create:
             raise NotFound(f"{self.aggregate_type} {aggregate_id!r} does not exist")
-        return self._new_document(aggregate_id, self.model())
+        try:
+            initial = self.model()
+        except ValidationError as exc:
+            raise InvalidPayload(
+                f"{self.model.__name__} has required fields: create the aggregate with "
+                f"store.create() instead of handle(create=True): {exc}"
+            ) from exc
+        return self._new_document(aggregate_id, initial)
 
-    def _new_document(self, aggregate_id: AggregateId, state: S) -> Document:
+    def _new_document(self, aggregate_id: AggregateId, state: object) -> Document:
+        stored, _ = self._state_document(state, InvalidPayload)
         return new_document(
             aggregate_id,
             self.aggregate_type,
-            _dump_state(state),
+            stored,
             partition_of(aggregate_id, self.config.partitions),
             self.config.clock(),
         )
 
-    def _plan(
-        self, snapshot: Snapshot[S], message: Message, decision: Decision[S]
-    ) -> tuple[Any, list[dict[str, Any]]]:
+    def _state_document(
+        self, state: object, invalid: type[InvalidInput]
+    ) -> tuple[dict[str, Any], S]:
+        """The stored form of ``state`` and the state as it will be read back.
+
+        Raises ``invalid`` unless ``state`` is exactly the store's model and what would be
+        stored reads back through the model's own validation (so ``model_copy(update=...)``
+        or ``model_construct`` with wrong types, or a subclass, are refused), and
+        InvalidPayload for text that is not UTF-8 or a non-finite float. Nothing is
+        written either way.
+        """
+        model = self.model
+        if type(state) is not model:
+            raise invalid(f"state must be exactly a {model.__name__}, got {type(state).__name__}")
+        problem = storable_problem(state)
+        if problem is not None:
+            raise InvalidPayload(f"{model.__name__} state: {problem}")
         try:
-            return plan_commit(
-                snapshot,
-                message,
-                decision,
-                policy=self.config.inbox,
-                now=self.config.clock(),
-                deterministic_ids=self.config.deterministic_ids,
+            stored: dict[str, Any] = model.__pydantic_serializer__.to_python(
+                state, mode="json", warnings="error"
             )
-        except PydanticSerializationError as exc:
-            raise InvalidPayload(f"state of {snapshot.aggregate_id!r} does not serialize") from exc
+        except (PydanticSerializationError, ValueError, TypeError, AttributeError) as exc:
+            raise invalid(f"{model.__name__} state does not serialize: {exc}") from exc
+        try:
+            readable: S = model.__pydantic_validator__.validate_python(stored)
+        except ValidationError as exc:
+            raise invalid(f"{model.__name__} state would not read back: {exc}") from exc
+        return stored, readable
+
+    def _plan(
+        self, snapshot: Snapshot[S], message: Message, decision: Decision[S], state: dict[str, Any]
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        return plan_commit(
+            snapshot,
+            message,
+            decision,
+            policy=self.config.inbox,
+            now=self.config.clock(),
+            deterministic_ids=self.config.deterministic_ids,
+            state=state,
+        )
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)
-        if not isinstance(state, self.model):
-            raise InvalidPayload(f"state must be a {self.model.__name__}")
         doc = self._new_document(aggregate_id, state)
         guard_size(doc, aggregate_id, self._size_of, self._limit)
         if (yield Write(InsertPlan(aggregate_id, doc))):
@@ -324,17 +420,54 @@ class Core(Generic[S]):
 
     def trim(self, aggregate_id: AggregateId, entry_ids: Collection[str]) -> Flow[bool]:
         check_aggregate_id(aggregate_id)
-        if not entry_ids:
+        if isinstance(entry_ids, str | bytes) or not isinstance(entry_ids, Collection):
+            raise InvalidMessage(
+                f"entry_ids must be a collection of entry IDs, got {type(entry_ids).__name__}"
+            )
+        ids = [_check_entry_id(item) for item in entry_ids]
+        if not ids:
             return True
-        applied: bool = yield Write(plan_trim(aggregate_id, list(entry_ids)))
+        applied: bool = yield Write(plan_trim(aggregate_id, ids))
         return applied
 
     def record_failure(
         self, aggregate_id: AggregateId, entry_id: str, attempts: int, error: str
     ) -> Flow[bool]:
         check_aggregate_id(aggregate_id)
-        applied: bool = yield Write(FailurePlan(aggregate_id, entry_id, attempts, error))
+        _check_entry_id(entry_id)
+        if type(attempts) is not int or not 0 <= attempts <= MAX_ATTEMPTS:
+            raise InvalidMessage(
+                f"attempts must be an int from 0 to {MAX_ATTEMPTS}, got {attempts!r}"
+            )
+        if not isinstance(error, str) or not is_utf8(error):
+            raise InvalidMessage(f"error must be UTF-8 text, got {type(error).__name__}")
+        applied: bool = yield Write(FailurePlan(aggregate_id, entry_id, attempts, str(error)))
         return applied
+
+    def check_pending(
+        self,
+        batch_size: object,
+        older_than: object,
+        partitions: object,
+    ) -> None:
+        """Refuse bad ``pending()`` arguments before the first query."""
+        if type(batch_size) is not int or not 1 <= batch_size <= MAX_BATCH:
+            raise InvalidInput(
+                f"batch_size must be an int from 1 to {MAX_BATCH}, got {batch_size!r}"
+            )
+        if older_than is not None and (
+            not isinstance(older_than, datetime) or older_than.tzinfo is None
+        ):
+            raise InvalidInput(f"older_than must be a timezone-aware datetime, got {older_than!r}")
+        if partitions is not None:
+            if isinstance(partitions, str | bytes) or not isinstance(partitions, Collection):
+                raise InvalidInput(f"partitions must be a collection of ints, got {partitions!r}")
+            for number in partitions:
+                if type(number) is not int or not 0 <= number < self.config.partitions:
+                    raise InvalidInput(
+                        f"partitions must be ints from 0 to {self.config.partitions - 1}, "
+                        f"got {number!r}"
+                    )
 
     def pending_page(
         self,
@@ -347,8 +480,12 @@ class Core(Generic[S]):
         return [read_snapshot(doc, self.model) for doc in docs]
 
 
-def _dump_state(state: BaseModel) -> dict[str, Any]:
-    try:
-        return state.model_dump(mode="json")
-    except PydanticSerializationError as exc:
-        raise InvalidPayload(f"{type(state).__name__} does not serialize: {exc}") from exc
+def _check_entry_id(entry_id: object) -> str:
+    """``entry_id`` if it is a plain, non-empty UTF-8 string (never an operator document)."""
+    if not isinstance(entry_id, str):
+        raise InvalidMessage(f"an entry ID must be a str, got {type(entry_id).__name__}")
+    if not 1 <= len(entry_id) <= MAX_MESSAGE_ID or not is_utf8(entry_id):
+        raise InvalidMessage(
+            f"an entry ID must be UTF-8 text of 1 to {MAX_MESSAGE_ID} characters: {entry_id!r}"
+        )
+    return str(entry_id)

@@ -22,7 +22,7 @@ from typing import Any
 from docoutbox.errors import DocumentTooLarge
 from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
-from docoutbox.store.document import ID, Document, Snapshot
+from docoutbox.store.document import ID, Document, Snapshot, fast_frozen
 from docoutbox.store.inbox import Mark, record_mark, uses_marks
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
@@ -126,8 +126,13 @@ def plan_commit(
     policy: InboxPolicy,
     now: datetime,
     deterministic_ids: bool,
+    state: dict[str, Any] | None = None,
 ) -> tuple[CommitPlan, list[dict[str, Any]]]:
-    """The conditional write that records ``decision`` as the handling of ``message``."""
+    """The conditional write that records ``decision`` as the handling of ``message``.
+
+    ``state`` is the decision's state in stored form when the caller has it already (the
+    store checks it reads back); by default it is dumped here.
+    """
     entries = seal(
         decision.emits,
         aggregate_id=snapshot.aggregate_id,
@@ -145,10 +150,11 @@ def plan_commit(
     elif policy.window:
         inbox_push = (message.id,)
         inbox_after = (*snapshot.inbox, message.id)[-policy.window :]
-    plan = CommitPlan(
+    plan = fast_frozen(
+        CommitPlan,
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
-        state=decision.state.model_dump(mode="json"),
+        state=decision.state.model_dump(mode="json") if state is None else state,
         outbox_push=tuple(entries),
         outbox_seq=snapshot.outbox_seq + len(entries),
         inbox_push=inbox_push,

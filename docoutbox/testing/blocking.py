@@ -21,7 +21,24 @@ class BlockingStore:
             return self._blocking(attr)
         if inspect.isasyncgenfunction(attr):
             return self._collecting(attr)
+        if inspect.ismethod(attr):
+            return self._iterating(attr)
         return attr
+
+    def _iterating(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A method that returns an async iterator (after checking its arguments)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            if not hasattr(result, "__aiter__"):
+                return result
+
+            async def collect() -> list[Any]:
+                return [item async for item in result]
+
+            return iter(self._loop.run_until_complete(collect()))
+
+        return call
 
     def _blocking(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:

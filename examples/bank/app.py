@@ -1,7 +1,7 @@
 """The bank service: handles commands on accounts, then relays their outbox to the ledger.
 
-Run against MongoDB:   python -m examples.bank.app mongodb://localhost:27017/
-Run on Cosmos DB:      COSMOS_ENDPOINT=... COSMOS_KEY=... python -m examples.bank.app cosmos [db]
+Run against MongoDB:   python -m examples.bank.app mongodb://localhost:27017/ [DATABASE]
+Run on Cosmos DB:      COSMOS_ENDPOINT=... COSMOS_KEY=... python -m examples.bank.app cosmos [DB]
 Run in memory:         python -m examples.bank.app
 """
 
@@ -27,7 +27,7 @@ def stores(
 
     from docoutbox_mongo import MongoBackend
 
-    db: Any = MongoClient(uri, serverSelectionTimeoutMS=5000)["bank"]
+    db: Any = MongoClient(uri, serverSelectionTimeoutMS=5000)[database]
     accounts = AggregateStore(MongoBackend(db["accounts"]), Account)
     ledger = _ledger(MongoBackend(db["ledger"]))
     accounts.ensure_indexes()
@@ -68,7 +68,7 @@ def relay(accounts: AggregateStore[Account], ledger: AggregateStore[Ledger]) -> 
 
 
 def main(argv: list[str]) -> int:
-    accounts, ledger = stores(argv[0] if argv else None, *argv[1:2])
+    accounts, ledger = stores(*argv[:2]) if argv else stores(None)
     accounts.create("alice", Account(owner="Alice"))
     commands = [
         Message(id="cmd-1", type="Deposit", payload={"amount": 100}),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import pytest
 
 from examples.bank import app
@@ -26,9 +29,15 @@ def test_in_memory(capsys: pytest.CaptureFixture[str]) -> None:
 def test_on_mongodb(mongo_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
     from pymongo import MongoClient
 
-    MongoClient(mongo_uri).drop_database("bank")
-    assert app.main([mongo_uri]) == 0
-    check(capsys)
+    scratch = f"bank_{uuid.uuid4().hex[:12]}"  # never a database the test did not create
+    client: MongoClient[Any] = MongoClient(mongo_uri)
+    try:
+        assert scratch not in client.list_database_names()
+        assert app.main([mongo_uri, scratch]) == 0
+        check(capsys)
+    finally:
+        client.drop_database(scratch)
+        client.close()
 
 
 @pytest.mark.cosmos

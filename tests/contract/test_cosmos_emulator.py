@@ -1,6 +1,6 @@
 """The local Cosmos DB server itself: the patch's partition-key hashing against the SDK's,
 its configurable feed ranges, its launcher's lifetime, container replacement, and the
-faults it can inject (throttling, errors, lost requests and replies).
+faults and partition splits it can inject (throttling, errors, lost requests and replies).
 
 All but the last need node and ``scripts/servers.sh install-cosmos``; the last runs on
 ``cosmos_server`` (a real account too when ``COSMOS_ENDPOINT``/``COSMOS_KEY`` are set).
@@ -9,6 +9,7 @@ All but the last need node and ``scripts/servers.sh install-cosmos``; the last r
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import random
@@ -263,3 +264,56 @@ def test_injected_status_filtered_by_header_hits_only_the_change_feed(
     with pytest.raises(exceptions.CosmosHttpResponseError) as err:
         list(container.query_items_change_feed(start_time="Beginning"))
     assert err.value.status_code == 503
+
+
+# --- partition splits ------------------------------------------------------------------
+
+
+def _drain(container: Any, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+    pages = container.query_items_change_feed(**kw).by_page()
+    items = [item for page in pages for item in page]
+    token = pages.continuation_token or container.client_connection.last_response_headers["etag"]
+    return items, token
+
+
+def _token_ranges(token: str) -> list[tuple[str, str]]:
+    state = json.loads(base64.b64decode(token))
+    return [(t["range"]["min"], t["range"]["max"]) for t in state["continuation"]["continuation"]]
+
+
+def test_continuations_survive_a_feed_range_split(scratch: tuple[CosmosAccount, str]) -> None:
+    """A split replaces a range by two children: a continuation of the parent range gets
+    410/1002 from the server, and the SDK (sync and aio) resumes it on both children,
+    losing and repeating nothing."""
+    account, name = scratch
+    container = _container(account, name)
+    for n in range(40):
+        container.create_item({"id": f"old{n}", "pk": f"k{n}"})
+    ranges = list(container.read_feed_ranges())
+    tokens = [_drain(container, feed_range=r, start_time="Beginning")[1] for r in ranges]
+    children = account.split_feed_range(name, "c", "1")
+    assert children == ["4", "5"]
+    assert len(list(container.read_feed_ranges(force_refresh=True))) == len(ranges) + 1
+    for n in range(40):
+        container.create_item({"id": f"new{n}", "pk": f"k{n}"})
+    seen: list[str] = []
+    for feed_range, token in zip(ranges, tokens, strict=True):
+        items, after = _drain(container, continuation=token)
+        for item in items:
+            item_range = container.feed_range_from_partition_key(item["pk"])
+            assert container.is_feed_range_subset(feed_range, item_range)
+        seen += [d["id"] for d in items]
+        if feed_range is ranges[1]:  # the range that split: resumed on both children
+            split_items = sorted(d["id"] for d in items)
+            assert len(_token_ranges(after)) == 2
+
+    async def resume_split_range_with_aio() -> list[str]:
+        async with account.async_client() as client:
+            aio = client.get_database_client(name).get_container_client("c")
+            pages = aio.query_items_change_feed(continuation=tokens[1]).by_page()
+            ids = [item["id"] async for page in pages async for item in page]
+            assert len(_token_ranges(pages.continuation_token)) == 2
+            return sorted(ids)
+
+    assert sorted(seen) == sorted(f"new{n}" for n in range(40))
+    assert split_items and asyncio.run(resume_split_range_with_aio()) == split_items

@@ -58,7 +58,8 @@ def lines_of(stream: IO[str]) -> queue.Queue[str]:
 )
 def test_an_unusable_server_is_one_clear_line_and_a_failing_exit(uri: str, expected: str) -> None:
     proc = cli(
-        "dispatch", "--mongo-uri", uri, "--db", "d", "--collection", "c", "--server-timeout", "0.5"
+        *("dispatch", "--mongo-uri", uri, "--db", "d", "--collection", "c"),
+        *("--server-timeout", "0.5", "--publisher", "stdout"),
     )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
@@ -70,13 +71,14 @@ def test_an_unusable_server_is_one_clear_line_and_a_failing_exit(uri: str, expec
 
 
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dispatch", "--mongo-uri", "", "--db", "d", "--collection", "c"]) == 2
+    empty = ["dispatch", "--mongo-uri", "", "--db", "d", "--collection", "c"]
+    assert main([*empty, "--publisher", "stdout"]) == 2
     assert "--mongo-uri" in capsys.readouterr().err
     uri = f"mongodb://alice:{SECRET}@127.0.0.1:1/"
     args = ["dispatch", "--mongo-uri", uri, "--db", "d", "--collection", "c"]
     assert main([*args, "--publisher", "rabbitmq", "--rabbitmq-url", ""]) == 2
-    assert main([*args, "--lease-ttl", "0"]) == 2
-    assert main([*args, "--concurrency", "0"]) == 2
+    assert _exit_code([*args, "--publisher", "stdout", "--lease-ttl", "0"]) == 2
+    assert _exit_code([*args, "--publisher", "stdout", "--concurrency", "0"]) == 2
     assert "s3cr" not in capsys.readouterr().err
 
 
@@ -160,6 +162,8 @@ def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
             "4",
             "--log-level",
             "DEBUG",
+            "--publisher",
+            "stdout",
         )
         assert proc.stderr is not None
         lines = lines_of(proc.stderr)
@@ -176,3 +180,195 @@ def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
         silent.close()
     assert proc.returncode >= 0, f"killed by signal {-proc.returncode}: {err}"
     assert "signal_received signal=SIGTERM" in err
+
+
+def _exit_code(argv: list[str]) -> Any:
+    """What ``docoutbox`` exits with (argparse exits by raising SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exited:
+        return exited.code
+
+
+def _dispatch_args(mongo_uri: str, db: str, *extra: str) -> list[str]:
+    return ["dispatch", "--mongo-uri", mongo_uri, "--db", db, "--collection", "aggs", *extra]
+
+
+def _one_error_line(proc: subprocess.Popen[str], seconds: float) -> str:
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < seconds, err
+    assert proc.returncode == 1, err
+    assert err.count("\n") == 1 and err.startswith("docoutbox: error: "), err
+    assert out == ""
+    return err
+
+
+def _untouched(database: Any) -> None:
+    """Nothing written: no checkpoint, no lease, no dead letter, the entries still pending."""
+    assert database["docoutbox_checkpoints"].count_documents({}) == 0
+    assert database["docoutbox_leases"].count_documents({}) == 0
+    assert database["docoutbox_dead_letters"].count_documents({}) == 0
+    assert database["aggs"].count_documents({"outbox.0": {"$exists": True}}) == 1
+
+
+@pytest.mark.wire
+def test_a_wrong_broker_password_is_one_line_within_seconds(mongo_uri: str, database: Any) -> None:
+    from tests.support.e2e import require_rabbitmq
+
+    url = require_rabbitmq()
+    parts = url.split("@", 1)
+    assert len(parts) == 2, url
+    wrong = parts[0].rsplit(":", 1)[0] + ":not-the-password@" + parts[1]
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    store.handle("a", add_msg("m1"), counter_handlers, create=True)
+    proc = cli(
+        *_dispatch_args(mongo_uri, database.name, "--log-level", "DEBUG"),
+        *("--publisher", "rabbitmq", "--rabbitmq-url", wrong, "--exchange", "x"),
+    )
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("docoutbox: error: ") and "refused the credentials" in last, err
+    assert "not-the-password" not in err
+    _untouched(database)
+
+
+@pytest.mark.wire
+def test_a_wrong_broker_password_logs_one_line_at_info(mongo_uri: str, database: Any) -> None:
+    from tests.support.e2e import require_rabbitmq
+
+    url = require_rabbitmq()
+    head, tail = url.split("@", 1)
+    wrong = head.rsplit(":", 1)[0] + ":not-the-password@" + tail
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    store.handle("a", add_msg("m1"), counter_handlers, create=True)
+    proc = cli(
+        *_dispatch_args(mongo_uri, database.name, "--log-level", "WARNING"),
+        *("--publisher", "rabbitmq", "--rabbitmq-url", wrong),
+    )
+    err = _one_error_line(proc, seconds=15)
+    assert "refused the credentials" in err
+    _untouched(database)
+
+
+@pytest.mark.wire
+def test_a_missing_exchange_is_one_line_and_declare_exchange_fixes_it(
+    mongo_uri: str, database: Any
+) -> None:
+    from tests.support.e2e import require_rabbitmq, sandbox
+
+    url = require_rabbitmq()
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    store.handle("a", add_msg("m1"), counter_handlers, create=True)
+    with sandbox(url) as box:
+        exchange, _, _ = box.names()
+        base = [
+            *_dispatch_args(mongo_uri, database.name, "--log-level", "WARNING"),
+            *("--publisher", "rabbitmq", "--rabbitmq-url", url, "--exchange", exchange),
+        ]
+        err = _one_error_line(cli(*base), seconds=15)
+        assert f"exchange {exchange!r} does not exist" in err and "--declare-exchange" in err
+        _untouched(database)
+
+        proc = cli(*base, "--declare-exchange", "topic", "--no-leases", "--poll-interval", "0.2")
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    box.channel.exchange_declare(exchange, passive=True)
+                    break
+                except Exception:  # the channel closes on a 404; reopen it
+                    box.channel = box.connection.channel()
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the exchange was never declared")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+        assert proc.returncode == 0
+
+
+def test_memory_publisher_needs_an_explicit_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    assert _exit_code(args) == 2  # no --publisher at all
+    assert "--publisher" in capsys.readouterr().err
+    assert main([*args, "--publisher", "memory"]) == 2
+    assert "--discard-entries" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--lease-ttl", "nan"],
+        ["--grace", "nan"],
+        ["--sweep-interval", "inf"],
+        ["--checkpoint-interval", "-1"],
+        ["--progress-interval", "-5"],
+        ["--server-timeout", "-5"],
+        ["--poll-interval", "0"],
+        ["--partitions", "0"],
+        ["--partitions", "1.5"],
+        ["--collection", "$cmd"],
+        ["--collection", "system.users"],
+        ["--db", "a/b"],
+        ["--publisher", "rabbitmq", "--rabbitmq-url", "not a url"],
+        ["--publisher", "rabbitmq", "--rabbitmq-url", "amqp://u:p@host:port/"],
+        ["--publisher", "stdout", "--exchange", "x"],
+    ],
+)
+def test_bad_options_exit_2_before_connecting(
+    bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    if "--publisher" not in bad:
+        args += ["--publisher", "stdout"]
+    assert _exit_code([*args, *bad]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert ":p@" not in err
+
+
+@pytest.mark.wire
+def test_polling_mode_delivers_within_seconds(mongo_uri: str, database: Any) -> None:
+    """Without a change stream (--poll-interval), a new entry is published within about
+    one interval, not after the default sweep's 60 s + 30 s grace."""
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    proc = cli(
+        *_dispatch_args(mongo_uri, database.name),
+        *("--publisher", "stdout", "--no-leases", "--poll-interval", "0.5"),
+    )
+    assert proc.stdout is not None
+    lines = lines_of(proc.stdout)
+    try:
+        time.sleep(1.0)
+        store.handle("p", add_msg("m1"), counter_handlers, create=True)
+        start = time.monotonic()
+        published = json.loads(lines.get(timeout=20))
+        assert published["aggregate_id"] == "p"
+        assert time.monotonic() - start < 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "mode=polling every 0.5s" in err
+
+
+@pytest.mark.wire
+def test_the_memory_publisher_says_loudly_that_it_discards(mongo_uri: str, database: Any) -> None:
+    proc = cli(
+        *_dispatch_args(mongo_uri, database.name),
+        *("--publisher", "memory", "--discard-entries", "--no-leases", "--poll-interval", "0.2"),
+    )
+    assert proc.stderr is not None
+    lines = lines_of(proc.stderr)
+    seen: list[str] = []
+    try:
+        while not any("dispatcher_started" in line for line in seen):
+            seen.append(lines.get(timeout=30))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    warning = [line for line in seen if "publisher=memory" in line]
+    assert warning and "level=WARNING" in warning[0] and "WITHOUT being delivered" in warning[0]
+    assert proc.returncode == 0

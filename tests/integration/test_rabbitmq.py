@@ -88,16 +88,19 @@ def test_unroutable_message_raises_publish_error_and_channel_stays_usable(
             publisher.publish(make_entry(destination="nobody-listens"))
         assert not isinstance(caught.value, PermanentPublishError)
         assert "312" in str(caught.value)
+        assert "routing key 'nobody-listens'" in str(caught.value)
         publisher.publish(make_entry(destination="known"))
     assert len(box.drain(queue)) == 1
 
 
-def test_missing_exchange_holds_entries_until_declared(url: str, box: Sandbox) -> None:
+def test_missing_exchange_is_a_permanent_configuration_error(url: str, box: Sandbox) -> None:
     exchange, queue, _ = box.names()
     with RabbitPublisher(url, exchange) as publisher:
-        with pytest.raises(BrokerUnavailable) as caught:
+        with pytest.raises(PermanentPublishError) as caught:
             publisher.publish(make_entry())
-        assert "404" in str(caught.value)
+        assert "404" in str(caught.value) and "missing exchange" in str(caught.value)
+        with pytest.raises(PermanentPublishError, match="does not exist"):
+            publisher.check()
         publisher.declare(queues={queue: ["#"]})  # reopens the channel the 404 closed
         publisher.publish(make_entry())
     assert len(box.drain(queue)) == 1

@@ -38,7 +38,7 @@ def returned(code: int) -> ReturnedMessage:
         (px.NackError([returned(0)]), PublishError),
         (px.ChannelClosedByBroker(406, "PRECONDITION_FAILED"), PermanentPublishError),
         (px.ChannelClosedByBroker(311, "CONTENT_TOO_LARGE"), PermanentPublishError),
-        (px.ChannelClosedByBroker(404, "NOT_FOUND - no exchange"), BrokerUnavailable),
+        (px.ChannelClosedByBroker(404, "NOT_FOUND - no exchange"), PermanentPublishError),
         (px.ChannelClosedByBroker(403, "ACCESS_REFUSED"), BrokerUnavailable),
         (px.ChannelClosedByBroker(506, "RESOURCE_ERROR"), PublishError),
         (px.ConnectionClosedByBroker(320, "CONNECTION_FORCED"), BrokerUnavailable),

@@ -288,20 +288,31 @@ class CosmosAccount:
 
     def clear_faults(self) -> None:
         """Remove the faults not yet used up."""
-        self._faults("DELETE", None)
+        self._control("DELETE", "_faults", None)
+
+    def split_feed_range(self, database: str, container: str, range_id: str) -> list[str]:
+        """Split one partition key range of the local server in two, as Cosmos splits a
+        physical partition; returns the children's ids. Requests for the gone range get
+        410/1002 and the SDK moves continuations to the children."""
+        body = {"database": database, "container": container, "range": range_id}
+        children: list[str] = self._control("POST", "_split", body)["children"]
+        return children
 
     def _faults(self, method: str, body: dict[str, Any] | None) -> None:
+        self._control(method, "_faults", body)
+
+    def _control(self, method: str, route: str, body: dict[str, Any] | None) -> Any:
         if not self.emulated:
-            raise RuntimeError("fault injection needs the local Cosmos DB server")
+            raise RuntimeError(f"/{route} needs the local Cosmos DB server")
         import json
         import urllib.request
 
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            f"{self.endpoint.rstrip('/')}/_faults", data=data, method=method
+            f"{self.endpoint.rstrip('/')}/{route}", data=data, method=method
         )
         with urllib.request.urlopen(request, timeout=10) as response:
-            response.read()
+            return json.loads(response.read() or b"null")
 
     def client(self) -> Any:
         """A new sync ``azure.cosmos.CosmosClient``; close it (or use ``with``)."""

@@ -188,10 +188,10 @@ def test_the_cached_size_bound_never_underestimates() -> None:
         store.handle("c", message, counter_handlers)
         cached = store._core.cache.take("c")
         if cached is not None:  # None once the cached copy holds a long backlog
-            doc, bound = cached
+            doc, bound, state = cached
             assert bound is not None
             assert bound >= bson_size(doc)
-            store._core.cache.put("c", doc, bound)
+            store._core.cache.put("c", doc, bound, state)
             checked += 1
         if rng.random() < 0.3:
             store.trim("c", [e.id for e in store.get("c").outbox])

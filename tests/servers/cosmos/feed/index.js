@@ -9,10 +9,11 @@
 //   - the change feed read itself, filtered by range/EPK, paged, with LSN etags;
 //   - the 2 MB item size limit (413);
 //   - snapshots of a container's items, so that a transactional batch can roll back;
-//   - injected faults (status codes, delays, lost requests and replies) for tests.
+//   - injected faults (status codes, delays, lost requests and replies) and partition splits,
+//     for tests.
 Object.defineProperty(exports, "__esModule", { value: true });
 const crypto = require("crypto");
-exports.dispatchWithFaults = exports.inTransaction = exports.checkItemSize = exports.restoreItems = exports.snapshotItems = exports.readChangeFeed = exports.partitionKeyRangesFor = exports.effectivePartitionKey = exports.murmurhash3_128 = exports.currentLsn = exports.stampLsn = exports.lsnOf = void 0;
+exports.splitRange = exports.rangesVersion = exports.dispatchWithFaults = exports.inTransaction = exports.checkItemSize = exports.restoreItems = exports.snapshotItems = exports.readChangeFeed = exports.partitionKeyRangesFor = exports.effectivePartitionKey = exports.murmurhash3_128 = exports.currentLsn = exports.stampLsn = exports.lsnOf = void 0;
 
 // ---------------------------------------------------------------------------------------
 // LSN. One counter for the whole server: strictly increasing, so per range it is too (on
@@ -198,6 +199,45 @@ function partitionKeyRangesFor(collectionData) {
     return ranges;
 }
 exports.partitionKeyRangesFor = partitionKeyRangesFor;
+const currentRanges = collection => [...collection.partitionKeyRanges._data.values()].map(item => item.read());
+
+// Splits: a range is replaced by two children (new ids, `parents` = [its id], split at the
+// middle of its EPK interval), as when Cosmos splits a physical partition. A change feed
+// request for the gone range then gets 410/1002 and the SDK moves its continuation to the
+// children. The pkranges feed's etag is a version bumped by each split, so the SDK's
+// routing map refresh sees the new ranges (the stock stub answered 304 forever).
+const rangeVersions = new WeakMap();
+const rangesVersion = collection => rangeVersions.get(collection.partitionKeyRanges) || 1;
+exports.rangesVersion = rangesVersion;
+const EPK_END = 0x40n << 120n; // version-2 EPKs are below 40000...0 (32 hex digits)
+const epkToBig = epk => (epk === "" ? 0n : epk === "FF" ? EPK_END : BigInt(`0x${epk.padEnd(32, "0")}`));
+function splitRange(collection, rangeId) {
+    const ranges = currentRanges(collection);
+    const range = ranges.find(r => r.id === String(rangeId));
+    if (!range)
+        throw new Error(`no partition key range ${rangeId}`);
+    const mid = (epkToBig(range.minInclusive) + epkToBig(range.maxExclusive)) / 2n;
+    const boundary = mid.toString(16).toUpperCase().padStart(32, "0");
+    if (boundary <= range.minInclusive || (range.maxExclusive !== "FF" && boundary >= range.maxExclusive))
+        throw new Error(`partition key range ${rangeId} is too narrow to split`);
+    const next = Math.max(...ranges.map(r => Number(r.id))) + 1;
+    const { _rid, _self, _etag, _ts, ...plain } = range; // the children get their own
+    const child = (id, min, max) => ({
+        ...plain,
+        id: String(id),
+        minInclusive: min,
+        maxExclusive: max,
+        ridPrefix: id,
+        throughputFraction: range.throughputFraction / 2,
+        parents: [...(range.parents || []), range.id]
+    });
+    const children = [child(next, range.minInclusive, boundary), child(next + 1, boundary, range.maxExclusive)];
+    collection.partitionKeyRanges.delete(range.id, range.id);
+    children.forEach(child => collection.partitionKeyRanges.create(child));
+    rangeVersions.set(collection.partitionKeyRanges, rangesVersion(collection) + 1);
+    return children.map(child => child.id);
+}
+exports.splitRange = splitRange;
 
 // ---------------------------------------------------------------------------------------
 // The change feed, latest-version mode ("A-IM: Incremental feed").
@@ -233,7 +273,7 @@ function readChangeFeed(collection, req, res) {
     let max = "FF";
     const rangeId = header(req, "x-ms-documentdb-partitionkeyrangeid");
     if (rangeId !== undefined) {
-        const range = partitionKeyRangesFor(collectionData).find(r => r.id === String(rangeId));
+        const range = currentRanges(collection).find(r => r.id === String(rangeId));
         if (!range) {
             res.statusCode = 410;
             res.setHeader("x-ms-substatus", "1002"); // PartitionKeyRangeGone
@@ -384,10 +424,33 @@ function controlFaults(req, res) {
         res.end(JSON.stringify({ faults }));
     });
 }
+// POST /_split {"database": ..., "container": ..., "range": "1"} splits that range.
+function controlSplit(account, req, res) {
+    const chunks = [];
+    req.on("data", chunk => chunks.push(chunk));
+    req.on("end", () => {
+        res.setHeader("content-type", "application/json");
+        try {
+            const { database, container, range } = JSON.parse(Buffer.concat(chunks).toString());
+            const collection = account.database(database).collection(container);
+            if (!collection.read())
+                throw new Error(`no container ${database}/${container}`);
+            res.end(JSON.stringify({ children: splitRange(collection, range) }));
+        }
+        catch (err) {
+            res.statusCode = 400;
+            res.end(JSON.stringify({ message: err.message }));
+        }
+    });
+}
 // Calls next() to let the server handle the request, unless a fault says otherwise.
-function dispatchWithFaults(req, res, next) {
+function dispatchWithFaults(account, req, res, next) {
     if (req.url === "/_faults" || req.url.startsWith("/_faults?")) {
         controlFaults(req, res);
+        return;
+    }
+    if (req.url === "/_split" && req.method === "POST") {
+        controlSplit(account, req, res);
         return;
     }
     const index = faults.findIndex(f => faultMatches(f, req));
