@@ -43,12 +43,13 @@ def test_bad_cosmos_arguments_exit_2(
 ) -> None:
     monkeypatch.delenv("COSMOS_KEY", raising=False)
     monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
-    base = ["dispatch", "--database", "d", "--container", "c"]
+    base = ["dispatch", "--database", "d", "--container", "c", "--publisher", "stdout"]
     assert main([*base, "--cosmos-endpoint", "https://x.documents.azure.com/"]) == 2
     assert "--cosmos-key" in capsys.readouterr().err
     both = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--mongo-uri", "mongodb://h/"]
     assert main([*base, *both]) == 2
-    assert main(["dispatch", "--cosmos-endpoint", "https://x/", "--cosmos-key", KEY]) == 2
+    no_names = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--publisher", "stdout"]
+    assert main(["dispatch", *no_names]) == 2
     assert KEY not in capsys.readouterr().err
 
 
@@ -56,7 +57,7 @@ def test_an_unreachable_account_is_one_masked_line_and_exit_1() -> None:
     proc = cli(
         "dispatch",
         *("--cosmos-endpoint", "http://127.0.0.1:1/", "--database", "d", "--container", "c"),
-        *("--server-timeout", "1"),
+        *("--server-timeout", "1", "--publisher", "stdout"),
     )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
