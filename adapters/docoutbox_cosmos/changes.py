@@ -10,15 +10,17 @@ but the last carries the position from *before* the page, and the last carries t
 position after it: resuming from a partly done page reads that page again (harmless,
 publishing is at least once), never skips its tail.
 
-A continuation the service or the SDK refuses, a position that is not ours, or feed
-ranges that changed (a split) raise :class:`~docoutbox.errors.ChangeStreamLost`: the
-dispatcher then sweeps and restarts from :meth:`start_marker`.
+A continuation the service or the SDK refuses, or a position whose ranges do not tile
+the container's raise :class:`~docoutbox.errors.ChangeStreamLost`: the dispatcher then
+sweeps and restarts from :meth:`start_marker`. A split is not a loss: the position keeps
+the parent range, and the SDK moves its continuation to the children.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 from docoutbox.dispatch.ports import ChangeEvent, Position
@@ -29,6 +31,29 @@ from docoutbox_cosmos.items import ItemCodec
 
 def range_key(feed_range: Mapping[str, Any]) -> str:
     return json.dumps(feed_range, sort_keys=True, separators=(",", ":"))
+
+
+def _span(key: str) -> tuple[str, str]:
+    feed_range = json.loads(key)
+    bounds = feed_range["Range"]
+    return str(bounds["min"]), str(bounds["max"])
+
+
+def _covers(tokens: Mapping[str, str], current: Mapping[str, Any]) -> bool:
+    """Whether the ranges of a position tile exactly the span of the ``current`` ranges.
+
+    After a split the position still names the parent range, whose continuation the SDK
+    moves to the children: the position stays usable. Ranges of another container, or a
+    key that is not a feed range, do not tile it.
+    """
+    try:
+        saved = sorted(_span(key) for key in tokens)
+        spans = sorted(_span(key) for key in current)
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not saved or not spans or saved[0][0] != spans[0][0] or saved[-1][1] != spans[-1][1]:
+        return False
+    return all(a[1] == b[0] for a, b in pairwise(saved))
 
 
 class _LastHeaders:
@@ -66,7 +91,6 @@ class CosmosChangeSource:
         self.codec = codec or ItemCodec()
         self._ranges = feed_ranges
         self._tokens: dict[str, str] | None = None
-        self._by_key: dict[str, dict[str, Any]] = {}
         self._next = 0
 
     def feed_ranges(self) -> dict[str, dict[str, Any]]:
@@ -99,10 +123,8 @@ class CosmosChangeSource:
             or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
         ):
             raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
-        current = self.feed_ranges()
-        if set(current) != set(tokens):
-            raise ChangeStreamLost("the container's feed ranges changed since the checkpoint")
-        self._by_key = current
+        if not _covers(tokens, self.feed_ranges()):
+            raise ChangeStreamLost("the checkpoint's feed ranges do not cover the container's")
         self._tokens = dict(tokens)
         self._next = 0
 

@@ -345,3 +345,25 @@ def test_two_instances_share_partitions_and_fail_over_after_a_crash(env: CosmosE
         by_instance[(instance, entry.aggregate_id)].append(entry.seq)
     for seqs in by_instance.values():
         assert seqs == sorted(set(seqs))  # in order, never twice by one instance (I4)
+
+
+def test_a_split_feed_range_keeps_the_position_usable(
+    env: CosmosEnv, cosmos_server: CosmosAccount
+) -> None:
+    if not cosmos_server.emulated:
+        pytest.skip("splitting a range on demand needs the local Cosmos DB server")
+    source = CosmosChangeSource(env.coll)
+    marker = source.start_marker()
+    for i in range(20):
+        env.write(f"before{i}", f"m{i}")
+    range_id = "1"
+    cosmos_server.split_feed_range(env.db.id, env.coll.id, range_id)
+    assert len(list(env.coll.read_feed_ranges(force_refresh=True))) == len(marker["ranges"]) + 1
+    for i in range(20):
+        env.write(f"after{i}", f"n{i}")
+    resumed = CosmosChangeSource(env.coll)
+    resumed.open(marker)  # the parent range's continuation still stands for its children
+    seen: set[Any] = set()
+    while events := resumed.poll(100):
+        seen |= {e.document["_id"] for e in events if e.document}
+    assert seen == {f"before{i}" for i in range(20)} | {f"after{i}" for i in range(20)}
