@@ -23,7 +23,7 @@ from typing import Any
 
 import pymongo
 
-from benchmarks import dispatch, memory, store, structure
+from benchmarks import batch, dispatch, immediate, memory, store, structure
 from benchmarks.common import Scale, Table, mongo_server
 
 Bench = Callable[[str, Scale], Table]
@@ -37,6 +37,9 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "hot": (store.hot_aggregate, None),
     "dispatch": (dispatch.run, None),
     "memory": (memory.run, "10g"),
+    "batch": (batch.batching, None),
+    "group": (batch.group_commit, None),
+    "immediate": (immediate.run, None),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 

@@ -13,6 +13,7 @@ and sleep the dispatcher's ``poll_interval`` when there is nothing new.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -21,8 +22,10 @@ from functools import partial
 from typing import Any
 
 from bson import Timestamp
+from pymongo import AsyncMongoClient
 
 from benchmarks.common import (
+    CommandCounter,
     Scale,
     Table,
     connect,
@@ -35,12 +38,18 @@ from benchmarks.common import (
 )
 from benchmarks.workload import Account, Feed, account_ids, handlers, make_store
 from docoutbox import OutboxMessage
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.store.document import new_document, partition_of
-from docoutbox.testing import MemoryPublisher
+from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_mongo import MongoBackend, MongoChangeSource
+from docoutbox_mongo import (
+    AsyncMongoBackend,
+    AsyncMongoChangeSource,
+    MongoBackend,
+    MongoChangeSource,
+)
 from docoutbox_mongo.changes import PIPELINE
 
 POLL = DispatcherConfig().poll_interval
@@ -48,6 +57,8 @@ TIMEOUT = 300.0
 DENSITIES = (1, 10)  # pending entries per aggregate in the drain backlog
 LIVE_DENSITY = 10
 DISPATCH_ROUNDS = 3
+#: The readers compared: the raw loop (baseline) and the two dispatcher drivers.
+KINDS = ["raw", "dispatcher", "async"]
 
 
 class TimedPublisher(MemoryPublisher):
@@ -128,30 +139,67 @@ class RawReader:
 
 
 class DispatchReader:
-    """The real dispatcher, resuming from the workbench's start point."""
+    """The real dispatcher, resuming from the workbench's start point: the threaded
+    :class:`Dispatcher`, or (``kind="async"``) the :class:`AsyncDispatcher` on pymongo's
+    ``AsyncMongoClient`` in an event loop of its own."""
 
-    def __init__(self, bench: Workbench) -> None:
+    def __init__(self, bench: Workbench, kind: str = "dispatcher", client: Any = None) -> None:
         self.bench = bench
         self.publisher = TimedPublisher()
         checkpoints = MemoryCheckpoints()
         config = DispatcherConfig(name="bench")
         checkpoints.save(config.name, {"start_at": bench.start})
+        self.dispatcher: Dispatcher | AsyncDispatcher
+        if kind == "async":
+            self._run_async(config, checkpoints)
+            return
+        coll = bench.coll if client is None else client[bench.coll.database.name][bench.coll.name]
         self.dispatcher = Dispatcher(
-            MongoBackend(bench.coll),
+            MongoBackend(coll),
             self.publisher,
             MemoryDeadLetters(),
-            source=MongoChangeSource(bench.coll),
+            source=MongoChangeSource(coll),
             checkpoints=checkpoints,
             config=config,
         )
         self.thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+
+    def _run_async(self, config: DispatcherConfig, checkpoints: MemoryCheckpoints) -> None:
+        made = threading.Event()
+        uri = "mongodb://{}:{}".format(*self.bench.coll.database.client.address)
+
+        async def main() -> None:
+            client: Any = AsyncMongoClient(uri, uuidRepresentation="standard")
+            coll = client[self.bench.coll.database.name][self.bench.coll.name]
+            self.dispatcher = AsyncDispatcher(
+                AsyncMongoBackend(coll),
+                AsyncMemoryPublisher(self.publisher),
+                in_thread(MemoryDeadLetters()),
+                source=AsyncMongoChangeSource(coll),
+                checkpoints=in_thread(checkpoints),
+                config=config,
+            )
+            made.set()
+            await asyncio.to_thread(self._go.wait)
+            try:
+                await self.dispatcher.run()
+            finally:
+                await client.close()
+
+        self._go = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self.thread.start()
+        made.wait(TIMEOUT)
 
     @property
     def seen(self) -> dict[str, float]:
         return self.publisher.at
 
     def start(self) -> None:
-        self.thread.start()
+        if self.thread.is_alive():
+            self._go.set()
+        else:
+            self.thread.start()
         self.dispatcher.started.wait(TIMEOUT)
 
     def finish(self) -> None:
@@ -183,10 +231,10 @@ def drain_raw(client: Any, entries: int, per_aggregate: int) -> float:
     return entries / (time.perf_counter() - began)
 
 
-def drain_dispatcher(client: Any, entries: int, per_aggregate: int) -> float:
+def drain_dispatcher(client: Any, entries: int, per_aggregate: int, kind: str) -> float:
     bench = Workbench(client, entries, per_aggregate)
     bench.produce(entries)
-    reader = DispatchReader(bench)
+    reader = DispatchReader(bench, kind)
     began = time.perf_counter()
     reader.start()
     _wait(lambda: len(reader.seen) >= entries)
@@ -204,7 +252,7 @@ def live(client: Any, entries: int, pace: float, kind: str) -> list[float]:
         thread.start()
         seen = raw.seen
     else:
-        reader = DispatchReader(bench)
+        reader = DispatchReader(bench, kind)
         reader.start()
         seen = reader.seen
     time.sleep(0.2)
@@ -223,25 +271,47 @@ def run(uri: str, scale: Scale) -> Table:
     entries = scale.dispatch_entries
     live_entries, pace = max(10, entries // 4), 200.0
     rounds = min(scale.rounds, DISPATCH_ROUNDS)
-    latencies: dict[str, list[list[float]]] = {"raw": [], "dispatcher": []}
+    latencies: dict[str, list[list[float]]] = {kind: [] for kind in KINDS}
     try:
         # Live rounds first: every getMore of the wire server scans its whole oplog, so
         # latency is measured while the oplog is still small.
         for index in range(scale.warmup + rounds):
-            kinds = ["raw", "dispatcher"] if index % 2 == 0 else ["dispatcher", "raw"]
-            for kind in kinds:
+            shift = index % len(KINDS)
+            for kind in KINDS[shift:] + KINDS[:shift]:
                 measured = live(client, live_entries, pace, kind)
                 if index >= scale.warmup:
                     latencies[kind].append(measured)
         plan: dict[str, Callable[[], float]] = {}
         for density in DENSITIES:
             plan[f"raw {density}"] = partial(drain_raw, client, entries, density)
-            plan[f"dispatcher {density}"] = partial(drain_dispatcher, client, entries, density)
+            for kind in KINDS[1:]:
+                plan[f"{kind} {density}"] = partial(
+                    drain_dispatcher, client, entries, density, kind
+                )
         drain = interleaved(plan, rounds, scale.warmup)
+        trips = {density: round_trips(client, uri, entries, density) for density in DENSITIES}
     finally:
         client.drop_database("docoutbox_bench")
         client.close()
-    return _table(drain, latencies, entries, live_entries, pace)
+    return _table(drain, latencies, entries, live_entries, pace, trips)
+
+
+def round_trips(client: Any, uri: str, entries: int, per_aggregate: int) -> float:
+    """Commands the threaded dispatcher sends per published entry, draining a backlog
+    (untimed, on a client that counts its commands)."""
+    counter = CommandCounter()
+    counting = connect(uri, counter)
+    try:
+        bench = Workbench(client, entries, per_aggregate)
+        bench.produce(entries)
+        reader = DispatchReader(bench, client=counting)
+        with counter.counting() as tally:
+            reader.start()
+            _wait(lambda: len(reader.seen) >= entries)
+            reader.finish()
+        return tally.round_trips / entries
+    finally:
+        counting.close()
 
 
 def _table(
@@ -250,6 +320,7 @@ def _table(
     entries: int,
     live_entries: int,
     pace: float,
+    trips: dict[int, float],
 ) -> Table:
     columns = ["reader"]
     for density in DENSITIES:
@@ -267,7 +338,8 @@ def _table(
         stats[kind] = (p50, p99)
     for kind, label in (
         ("raw", "raw watch() + try_next()"),
-        ("dispatcher", "docoutbox Dispatcher"),
+        ("dispatcher", "docoutbox Dispatcher (threads)"),
+        ("async", "docoutbox AsyncDispatcher (asyncio)"),
     ):
         row: list[Any] = [label]
         figures: dict[str, float] = {}
@@ -282,6 +354,7 @@ def _table(
         row += [p50, p99, f"{p50 / stats['raw'][0]:.2f}x", f"{p99 / stats['raw'][1]:.2f}x"]
         table.add(*row)
         table.figures[kind] = figures | {"p50_ms": p50, "p99_ms": p99}
+    table.figures["round_trips_per_entry"] = {f"drain_{d}": t for d, t in trips.items()}
     table.notes += [
         f"drain: {entries:,} commits (1 entry each) on {entries // DENSITIES[0]:,} or "
         f"{entries // DENSITIES[1]:,} aggregates, made before the reader starts. The raw "
@@ -289,6 +362,11 @@ def _table(
         "(checked: each exactly once, nothing left pending). One dispatch run publishes all "
         "of an aggregate's pending entries, and the change events of aggregates already "
         "trimmed are filtered out by the server, hence the effect of density.",
+        "round trips per published entry (threaded dispatcher, every command it sends "
+        "while draining, change-stream getMores included): "
+        + ", ".join(f"{t:.2f} at {d}/agg" for d, t in trips.items())
+        + ". Each run publishes from the change event's copy of the document (no reload) "
+        "and trims with one $pull.",
         f"live: {live_entries:,} commits ({aggregates(live_entries, LIVE_DENSITY):,} "
         f"aggregates) at {pace:.0f}/s while the reader runs (measured first, on a small "
         f"oplog); both poll with try_next() and sleep {POLL * 1000:.0f} ms when idle (the "

@@ -4,12 +4,18 @@ Each aggregate is one document carrying its state, an inbox of processed message
 an outbox of messages not yet published; handling a message is one conditional write.
 """
 
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
+from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
 from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
+    AsyncChangeSource,
+    AsyncCheckpoints,
+    AsyncDeadLetters,
     AsyncPublisher,
     ChangeEvent,
     ChangeSource,
@@ -33,6 +39,7 @@ from docoutbox.errors import (
     InvalidPayload,
     MalformedDocument,
     NotFound,
+    PartitionMismatch,
     PermanentPublishError,
     PermanentStoreError,
     PublishError,
@@ -44,6 +51,7 @@ from docoutbox.handlers import Decision, Handler, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
+from docoutbox.store.batch import BatchOutcome, Failed
 from docoutbox.store.core import Created, Outcome, Status, StoreConfig
 from docoutbox.store.document import Snapshot, partition_of
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
@@ -54,8 +62,14 @@ __all__ = [
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncChangeSource",
+    "AsyncCheckpoints",
+    "AsyncDeadLetters",
+    "AsyncDispatcher",
+    "AsyncLocalPublisher",
     "AsyncPublisher",
     "AsyncStoreBackend",
+    "BatchOutcome",
     "BrokerUnavailable",
     "ChangeEvent",
     "ChangeSource",
@@ -73,8 +87,10 @@ __all__ = [
     "DocOutboxError",
     "DocumentTooLarge",
     "Emit",
+    "Failed",
     "Handler",
     "Handlers",
+    "ImmediateDispatcher",
     "InboxPolicy",
     "InboxSaturated",
     "InvalidAggregateId",
@@ -86,6 +102,7 @@ __all__ = [
     "LeaseKeeper",
     "LeaseTable",
     "LeaseTiming",
+    "LocalPublisher",
     "LoggingMetrics",
     "MalformedDocument",
     "Message",
@@ -95,11 +112,14 @@ __all__ = [
     "OutboxMessage",
     "Outcome",
     "Ownership",
+    "PartitionMismatch",
     "PermanentPublishError",
     "PermanentStoreError",
     "PublishError",
     "Publisher",
     "RetryPolicy",
+    "Route",
+    "SettledPublisher",
     "Snapshot",
     "SoleOwner",
     "Status",
@@ -110,5 +130,6 @@ __all__ = [
     "UnknownMessageType",
     "__version__",
     "emit",
+    "in_thread",
     "partition_of",
 ]

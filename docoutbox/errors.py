@@ -129,3 +129,10 @@ class PermanentPublishError(PublishError):
 
 class BrokerUnavailable(DocOutboxError):
     """The broker cannot be reached. Entries stay pending; they do not count as failing."""
+
+
+class PartitionMismatch(DocOutboxError):
+    """The dispatcher's partition count differs from the one the stores wrote with.
+
+    Leased dispatchers would strand every aggregate of a partition no instance owns.
+    """

@@ -61,3 +61,15 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return backoff(attempt, self.base_delay, self.max_delay, rng)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between runs that failed: ``min(cap, base * 2**(n-1))`` times ``floor`` to 1."""
+
+    base: float = 0.1
+    cap: float = 10.0
+    floor: float = 0.5
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        return backoff(failures, self.base, self.cap, rng, floor=self.floor)

@@ -1,12 +1,27 @@
 """MongoDB adapter for docoutbox: pymongo sync, AsyncMongoClient and Motor async."""
 
 from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend, bson_size
-from docoutbox_mongo.changes import MongoChangeSource
-from docoutbox_mongo.coordination import MongoCheckpoints, MongoDeadLetters, MongoLeaseTable
-from docoutbox_mongo.wiring import MongoDispatchTarget, connect_dispatch
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
+from docoutbox_mongo.coordination import (
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
+    MongoCheckpoints,
+    MongoDeadLetters,
+    MongoLeaseTable,
+)
+from docoutbox_mongo.wiring import (
+    AsyncMongoDispatchTarget,
+    MongoDispatchTarget,
+    connect_dispatch,
+    connect_dispatch_async,
+)
 
 __all__ = [
     "AsyncMongoBackend",
+    "AsyncMongoChangeSource",
+    "AsyncMongoCheckpoints",
+    "AsyncMongoDeadLetters",
+    "AsyncMongoDispatchTarget",
     "MongoBackend",
     "MongoChangeSource",
     "MongoCheckpoints",
@@ -15,4 +30,5 @@ __all__ = [
     "MongoLeaseTable",
     "bson_size",
     "connect_dispatch",
+    "connect_dispatch_async",
 ]

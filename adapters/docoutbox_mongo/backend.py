@@ -6,12 +6,12 @@ in :mod:`docoutbox_mongo.errors`; they differ only in ``await``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 import bson
-from pymongo import ASCENDING
+from pymongo import ASCENDING, UpdateOne
 from pymongo.errors import DuplicateKeyError
 
 from docoutbox.errors import InvalidPayload
@@ -76,6 +76,23 @@ class MongoBackend:
             query, update = _update_args(plan)
             return bool(self.collection.update_one(query, update).matched_count == 1)
 
+    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+        """Several trims (or other updates) in one round trip: an unordered ``bulk_write``.
+
+        Each result is True only when every plan matched its document (a bulk reply does
+        not say which one did not). Inserts, and clients whose ``bulk_write`` cannot take
+        updates (mongomock, issue #912), are written one by one.
+        """
+        if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
+            return [self.write(p) for p in plans]
+        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        with translated():
+            try:
+                result = self.collection.bulk_write(ops, ordered=False)
+            except TypeError:  # mongomock: bulk_write rejects UpdateOne
+                return [self.write(p) for p in plans]
+        return [result.matched_count == len(plans)] * len(plans)
+
     def find_pending(
         self,
         *,
@@ -123,6 +140,18 @@ class AsyncMongoBackend:
             query, update = _update_args(plan)
             result = await self.collection.update_one(query, update)
             return bool(result.matched_count == 1)
+
+    async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+        """The async twin of :meth:`MongoBackend.write_many`."""
+        if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
+            return [await self.write(p) for p in plans]
+        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        with translated():
+            try:
+                result = await self.collection.bulk_write(ops, ordered=False)
+            except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
+                return [await self.write(p) for p in plans]
+        return [result.matched_count == len(plans)] * len(plans)
 
     async def find_pending(
         self,

@@ -7,10 +7,20 @@ which some servers fill wrongly. The stream is polled with ``try_next()``: it ne
 blocks, whatever the server does with ``maxAwaitTimeMS``.
 
 Positions are ``{"resume_after": <resume token>}`` or ``{"start_at": <Timestamp>}``.
+
+When a batch ends, the stream's ``resume_token`` is the server's
+``postBatchResumeToken`` where it sends one (MongoDB 4.0.7+): a position past changes the
+pipeline filtered out. :meth:`MongoChangeSource.poll` reports it as an event without a
+document, so a quiet collection's checkpoint keeps moving and a restart after a long idle
+period resumes from a recent position instead of replaying (or losing) old history.
+
+:class:`AsyncMongoChangeSource` is the async twin, on pymongo's ``AsyncCollection`` or
+Motor's ``AsyncIOMotorCollection``.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +49,17 @@ def stream_args(position: Position) -> dict[str, Any]:
     raise ChangeStreamLost(f"not a change stream position: {position!r}")
 
 
+def _buffered(stream: Any) -> bool:
+    """Whether ``stream`` holds events received but not returned yet (so the next
+    ``try_next()`` needs no round trip). Unknown (a driver's internals differ): True."""
+    stream = getattr(stream, "delegate", stream)  # Motor wraps pymongo's stream
+    data = getattr(getattr(stream, "_cursor", None), "_data", None)
+    try:
+        return len(data) > 0 if data is not None else True
+    except TypeError:
+        return True
+
+
 class MongoChangeSource:
     """Changes of one pymongo ``Collection`` that leave pending outbox entries.
 
@@ -58,6 +79,7 @@ class MongoChangeSource:
         self.margin = margin
         self._clock = clock
         self._stream: Any = None
+        self._token: Any = None
 
     def start_marker(self) -> Position:
         with translated():
@@ -72,6 +94,7 @@ class MongoChangeSource:
         self.close()
         with translated_stream():
             self._stream = self.collection.watch(PIPELINE, full_document="updateLookup", **args)
+        self._token = args.get("resume_after")
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
         if self._stream is None:
@@ -79,18 +102,81 @@ class MongoChangeSource:
         events: list[ChangeEvent] = []
         with translated_stream():
             while len(events) < max_events:
+                if events and not _buffered(self._stream):
+                    break  # hand over what arrived rather than wait for another getMore
                 change = self._stream.try_next()
                 if change is None:
+                    self._batch_end(events)
                     break
                 if change.get("operationType") == "invalidate":
                     self.close()
                     raise ChangeStreamLost("the change stream was invalidated")
-                document = change.get("fullDocument")
-                events.append(ChangeEvent({"resume_after": change["_id"]}, document))
+                events.append(self._event(change))
         return events
+
+    def _event(self, change: Mapping[str, Any]) -> ChangeEvent:
+        self._token = change["_id"]
+        # An update's document is looked up when the event is read; an insert's (or a
+        # replace's) is the document as of the change, perhaps long trimmed since.
+        current = change.get("operationType") == "update"
+        return ChangeEvent({"resume_after": change["_id"]}, change.get("fullDocument"), current)
+
+    def _batch_end(self, events: list[ChangeEvent]) -> None:
+        """At a batch's end, the server's ``postBatchResumeToken`` if it moved past the
+        last change: a position-only event."""
+        token = getattr(self._stream, "resume_token", None)
+        if isinstance(token, Mapping) and token and token != self._token:
+            self._token = token
+            events.append(ChangeEvent({"resume_after": dict(token)}, None))
 
     def close(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             with translated():
                 stream.close()
+
+
+class AsyncMongoChangeSource(MongoChangeSource):
+    """The async twin of :class:`MongoChangeSource` (pymongo async or Motor)."""
+
+    async def start_marker(self) -> Position:
+        with translated():
+            reply = await self.collection.database.command("ping")
+        op_time = reply.get("operationTime")
+        if not isinstance(op_time, Timestamp):
+            op_time = Timestamp(max(1, int(self._clock() - self.margin)), 0)
+        return {"start_at": op_time}
+
+    async def open(self, position: Position) -> None:  # type: ignore[override]
+        args = stream_args(position)
+        await self.close()
+        with translated_stream():
+            stream = self.collection.watch(PIPELINE, full_document="updateLookup", **args)
+            if inspect.isawaitable(stream):  # pymongo async; Motor opens lazily
+                stream = await stream
+            self._stream = stream
+        self._token = args.get("resume_after")
+
+    async def poll(self, max_events: int) -> list[ChangeEvent]:  # type: ignore[override]
+        if self._stream is None:
+            raise ChangeStreamLost("the change stream is not open")
+        events: list[ChangeEvent] = []
+        with translated_stream():
+            while len(events) < max_events:
+                if events and not _buffered(self._stream):
+                    break  # hand over what arrived rather than wait for another getMore
+                change = await self._stream.try_next()
+                if change is None:
+                    self._batch_end(events)
+                    break
+                if change.get("operationType") == "invalidate":
+                    await self.close()
+                    raise ChangeStreamLost("the change stream was invalidated")
+                events.append(self._event(change))
+        return events
+
+    async def close(self) -> None:  # type: ignore[override]
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with translated():
+                await stream.close()

@@ -115,6 +115,24 @@ class MongoLeaseTable:
             self.collection.delete_one({"_id": self._lease_id(partition), "owner": owner})
 
 
+def dead_letter(
+    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+) -> dict[str, Any]:
+    """The dead-letter document of ``entry``; its ``_id`` is the entry ID (or a digest)."""
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+    return {
+        "_id": entry_id,
+        "aggregate_id": aggregate_id,
+        "entry": entry,
+        "error": error,
+        "attempts": attempts,
+        "quarantined_at": utcnow(),
+    }
+
+
 class MongoDeadLetters:
     def __init__(self, collection: Any) -> None:
         self.collection = collection
@@ -122,20 +140,38 @@ class MongoDeadLetters:
     def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None:
-        entry_id = entry.get("id")
-        if not isinstance(entry_id, str) or not entry_id:
-            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-        doc = {
-            "_id": entry_id,
-            "aggregate_id": aggregate_id,
-            "entry": entry,
-            "error": error,
-            "attempts": attempts,
-            "quarantined_at": utcnow(),
-        }
+        doc = dead_letter(aggregate_id, entry, error, attempts)
         with translated(aggregate_id):
             try:
                 self.collection.insert_one(doc)
+            except DuplicateKeyError:
+                return  # already quarantined
+
+
+class AsyncMongoCheckpoints(MongoCheckpoints):
+    """The async twin of :class:`MongoCheckpoints` (pymongo async or Motor)."""
+
+    async def load(self, name: str) -> Position | None:
+        with translated():
+            doc = await self.collection.find_one({"_id": name})
+        return None if doc is None else doc.get("token")
+
+    async def save(self, name: str, position: Position) -> None:  # type: ignore[override]
+        with translated():
+            await self.collection.update_one(
+                {"_id": name}, {"$set": {"token": position, "updated_at": utcnow()}}, upsert=True
+            )
+
+
+class AsyncMongoDeadLetters(MongoDeadLetters):
+    """The async twin of :class:`MongoDeadLetters` (pymongo async or Motor)."""
+
+    async def put(  # type: ignore[override]
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        doc = dead_letter(aggregate_id, entry, error, attempts)
+        with translated(aggregate_id):
+            try:
+                await self.collection.insert_one(doc)
             except DuplicateKeyError:
                 return  # already quarantined

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from pymongo import MongoClient
 
 from docoutbox.errors import PermanentStoreError
-from docoutbox_mongo.backend import MongoBackend
-from docoutbox_mongo.changes import MongoChangeSource
-from docoutbox_mongo.coordination import MongoCheckpoints, MongoDeadLetters, MongoLeaseTable
+from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
+from docoutbox_mongo.coordination import (
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
+    MongoCheckpoints,
+    MongoDeadLetters,
+    MongoLeaseTable,
+)
 from docoutbox_mongo.errors import translated
 
 
@@ -75,3 +82,82 @@ def connect_dispatch(
 def connect_cli(args: Any) -> MongoDispatchTarget:
     """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
     return connect_dispatch(args.mongo_uri, args.db, args.collection, timeout=args.server_timeout)
+
+
+@dataclass
+class AsyncMongoDispatchTarget:
+    """What an :class:`~docoutbox.dispatch.aio.AsyncDispatcher` needs, on an async client.
+
+    The lease table stays sync, on its own small client: the lease keeper heartbeats on
+    a thread of its own, whatever the event loop is doing.
+    """
+
+    client: Any
+    lease_client: Any
+    backend: AsyncMongoBackend
+    source: AsyncMongoChangeSource
+    checkpoints: AsyncMongoCheckpoints
+    leases: MongoLeaseTable
+    dead_letters: AsyncMongoDeadLetters
+
+    async def close(self) -> None:
+        closed = self.client.close()
+        if inspect.isawaitable(closed):  # pymongo async; Motor closes synchronously
+            await closed
+        self.lease_client.close()
+
+
+async def connect_dispatch_async(
+    uri: str,
+    db: str,
+    collection: str,
+    *,
+    driver: str = "pymongo",
+    timeout: float = 5.0,
+    checkpoints: str = "docoutbox_checkpoints",
+    leases: str = "docoutbox_leases",
+    dead_letters: str = "docoutbox_dead_letters",
+    group: str | None = None,
+) -> AsyncMongoDispatchTarget:
+    """Like :func:`connect_dispatch`, on ``pymongo.AsyncMongoClient`` or Motor (``driver``)."""
+    ms = max(1, int(timeout * 1000))
+    options: dict[str, Any] = {
+        "serverSelectionTimeoutMS": ms,
+        "connectTimeoutMS": ms,
+        "uuidRepresentation": "standard",
+        "appname": "docoutbox-dispatch",
+    }
+    try:
+        with translated():
+            if driver == "motor":
+                from motor.motor_asyncio import AsyncIOMotorClient
+
+                client: Any = AsyncIOMotorClient(uri, **options)
+            elif driver == "pymongo":
+                from pymongo import AsyncMongoClient
+
+                client = AsyncMongoClient(uri, **options)
+            else:
+                raise ValueError(f"unknown async MongoDB driver {driver!r}")
+            lease_client: Any = MongoClient(uri, **options)
+    except ValueError as exc:
+        raise PermanentStoreError(f"invalid MongoDB URI or driver: {exc}") from exc
+    try:
+        with translated():
+            database = client[db]
+            await database.command("ping")
+        return AsyncMongoDispatchTarget(
+            client=client,
+            lease_client=lease_client,
+            backend=AsyncMongoBackend(database[collection]),
+            source=AsyncMongoChangeSource(database[collection]),
+            checkpoints=AsyncMongoCheckpoints(database[checkpoints]),
+            leases=MongoLeaseTable(lease_client[db][leases], group or collection),
+            dead_letters=AsyncMongoDeadLetters(database[dead_letters]),
+        )
+    except BaseException:
+        lease_client.close()
+        closed = client.close()
+        if inspect.isawaitable(closed):
+            await closed
+        raise

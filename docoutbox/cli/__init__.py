@@ -12,6 +12,7 @@ stderr, within seconds), 2 for bad arguments (checked before connecting).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import math
@@ -28,12 +29,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from docoutbox.cli import logs
 from docoutbox.codec import encode_entry
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.metrics import LoggingMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.errors import DocOutboxError
+from docoutbox.errors import DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
 
 log = logging.getLogger("docoutbox.cli")
@@ -169,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
     d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
     d.add_argument("--concurrency", type=AT_LEAST_ONE, default=8, help="aggregates in parallel")
+    d.add_argument(
+        "--async",
+        dest="use_async",
+        action="store_true",
+        help="run the asyncio dispatcher (pymongo's AsyncMongoClient; publisher in threads)",
+    )
     d.add_argument("--sweep-interval", type=POSITIVE, default=60.0, help="seconds")
     d.add_argument(
         "--grace", type=NON_NEGATIVE, default=30.0, help="sweep entries older than this (s)"
@@ -218,6 +226,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
+    if args.cosmos_endpoint and args.use_async:
+        return "--async is available with --mongo-uri only"
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)
@@ -262,7 +272,7 @@ def dispatch(args: argparse.Namespace) -> int:
     # Signals are taken over before connecting, so a stop request during start-up is an
     # orderly stop rather than death by signal.
     stopping = threading.Event()
-    running: list[Dispatcher] = []
+    running: list[Any] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal_received signal=%s; stopping", signal.Signals(signum).name)
@@ -282,7 +292,7 @@ def _dispatch(
     args: argparse.Namespace,
     secrets: Sequence[str],
     stopping: threading.Event,
-    running: list[Dispatcher],
+    running: list[Any],
 ) -> int:
     kind = "cosmos" if args.cosmos_endpoint else "mongo"
     label, extra = ("Cosmos DB", "cosmos") if kind == "cosmos" else ("MongoDB", "mongodb")
@@ -356,8 +366,67 @@ def _dispatch(
         not args.no_leases,
         f"polling every {config.sweep_interval}s" if polling else "change-stream",
     )
+    if args.use_async:
+        return _dispatch_async(
+            args, secrets, target, publisher, ownership, config, metrics, running, stopping
+        )
     try:
         dispatcher.run()
+    except PartitionMismatch as exc:
+        return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
+    finally:
+        close = getattr(publisher, "close", None)
+        if callable(close):
+            close()
+        target.close()
+        metrics.report()
+    return 0
+
+
+def _dispatch_async(
+    args: argparse.Namespace,
+    secrets: Sequence[str],
+    target: Any,
+    publisher: Any,
+    ownership: Ownership,
+    config: DispatcherConfig,
+    metrics: LoggingMetrics,
+    running: list[Any],
+    stopping: threading.Event,
+) -> int:
+    """The same dispatch on asyncio: async MongoDB ports, the sync publisher in threads."""
+    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+        connect_dispatch_async,
+    )
+
+    async def main() -> None:
+        ports = await connect_dispatch_async(
+            args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
+        )
+        dispatcher = AsyncDispatcher(
+            ports.backend,
+            in_thread(publisher),
+            ports.dead_letters,
+            source=None if args.poll_interval is not None else ports.source,
+            checkpoints=ports.checkpoints,
+            ownership=ownership,
+            config=config,
+            metrics=metrics,
+        )
+        running[:] = [dispatcher]  # from now on, a signal stops this one
+        if stopping.is_set():
+            dispatcher.stop()
+        try:
+            await dispatcher.run()
+        finally:
+            await ports.close()
+
+    try:
+        asyncio.run(main())
+    except PartitionMismatch as exc:
+        return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
+    except DocOutboxError as exc:
+        return _fail(f"cannot use MongoDB: {_short(exc)}", secrets)
     finally:
         close = getattr(publisher, "close", None)
         if callable(close):

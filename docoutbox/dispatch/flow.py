@@ -70,9 +70,6 @@ class DispatchPolicy:
     base_delay: float = 0.05
     max_delay: float = 2.0
 
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return backoff(attempt, self.base_delay, self.max_delay, rng)
-
 
 @dataclass
 class DispatchResult:
@@ -160,7 +157,7 @@ def _publish_with_retries(
                 return "quarantined"
             error = _describe(exc)[:1000]
             yield Write(FailurePlan(entry.aggregate_id, entry.id, attempt, error))
-            yield Sleep(policy.delay(attempt - entry.attempts, rng))
+            yield Sleep(backoff(attempt - entry.attempts, policy.base_delay, policy.max_delay, rng))
 
 
 def _describe(exc: BaseException) -> str:

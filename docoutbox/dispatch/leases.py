@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from docoutbox.dispatch.ports import LeaseView
 
@@ -80,6 +80,16 @@ def live_owners(view: LeaseView, me: str, now: datetime) -> set[str]:
     owners |= {owner for owner, expires in view.leases.values() if expires > now}
     owners.add(me)
     return owners
+
+
+def dead_members(view: LeaseView, now: datetime, ttl: float) -> list[str]:
+    """Members whose heartbeat expired more than ``ttl`` seconds before ``now``.
+
+    A live instance refreshes its record every heartbeat; one expired that long ago
+    belongs to an instance that died without leaving, and its record can go.
+    """
+    cutoff = now - timedelta(seconds=ttl)
+    return sorted(owner for owner, expires in view.members.items() if expires < cutoff)
 
 
 def plan_leases(

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from docoutbox.dispatch.leases import LeaseTiming, plan_leases
-from docoutbox.dispatch.ports import LeaseTable
+from docoutbox.dispatch.leases import LeaseTiming, dead_members, plan_leases
+from docoutbox.dispatch.ports import LeaseTable, LeaseView
 from docoutbox.errors import DocOutboxError
 from docoutbox.store.document import utcnow
 
@@ -173,7 +173,11 @@ class LeaseKeeper:
             log.warning("lease_heartbeat_failed owner=%s error=%r", self.owner, exc)
 
     def tick(self) -> None:
-        """One heartbeat: join, renew, read, then release surplus and acquire a share."""
+        """One heartbeat: join, renew, read, then hand over surplus and acquire a share.
+
+        Nothing in a tick waits for workers: a partition handed over while a worker is
+        inside it stays held (and renewed) until a later tick finds it idle.
+        """
         started, now = self._mono(), self._clock()
         expires = now + timedelta(seconds=self.timing.ttl)
         with self._cond:
@@ -199,13 +203,21 @@ class LeaseKeeper:
         if plan.lost:
             log.warning("leases_lost owner=%s partitions=%s", self.owner, list(plan.lost))
         for p in plan.release:
-            self._release_when_idle(p, timeout=self.timing.heartbeat / 2)
+            self._release_if_idle(p)
+        self._forget_dead_members(view, now)
         got = sum(self._acquire(p) for p in plan.acquire)
         self._next_wait = self.timing.heartbeat
         if plan.next_expiry is not None and len(plan.keep) + got < plan.share:
             # Short of a fair share: look again right when another lease may expire.
             until = (plan.next_expiry - now).total_seconds() + 0.01
             self._next_wait = min(self.timing.heartbeat, max(0.01, until))
+
+    def _forget_dead_members(self, view: LeaseView, now: datetime) -> None:
+        """Remove member records expired for over a TTL (instances killed, never back)."""
+        for owner in dead_members(view, now, self.timing.ttl):
+            if owner != self.owner:
+                self.table.leave(owner)
+                log.info("lease_member_removed owner=%s member=%s", self.owner, owner)
 
     def _acquire(self, partition: int) -> bool:
         started, now = self._mono(), self._clock()
@@ -218,6 +230,12 @@ class LeaseKeeper:
             log.info("lease_acquired owner=%s partition=%d", self.owner, partition)
             return True
         return False
+
+    def _release_if_idle(self, partition: int) -> bool:
+        with self._cond:
+            if self._busy[partition] > 0:
+                return False  # still busy: renewed next beat, released once idle
+        return self._release_when_idle(partition, timeout=0)
 
     def _release_when_idle(self, partition: int, timeout: float) -> bool:
         with self._cond:

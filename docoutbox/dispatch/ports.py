@@ -53,10 +53,15 @@ class ChangeEvent:
 
     ``document`` is the document after the change (None when unknown, e.g. deleted);
     ``position`` is where to resume so that the next event is the one after this.
+    ``current`` says the document was read when the event was delivered (MongoDB's
+    ``updateLookup`` of an update), not as of the change (an insert's document, or a log
+    of copies): a current copy may be published from without reloading it. Leave it
+    False when unsure; the dispatcher then reloads.
     """
 
     position: Position
     document: Document | None
+    current: bool = False
 
 
 @runtime_checkable
@@ -129,3 +134,34 @@ class LeaseTable(Protocol):
     def release(self, partition: int, owner: str) -> None:
         """Give ``partition`` up if ``owner`` holds it."""
         ...
+
+
+@runtime_checkable
+class AsyncDeadLetters(Protocol):
+    """The async twin of :class:`DeadLetters`."""
+
+    async def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None: ...
+
+
+@runtime_checkable
+class AsyncChangeSource(Protocol):
+    """The async twin of :class:`ChangeSource`."""
+
+    async def start_marker(self) -> Position: ...
+
+    async def open(self, position: Position) -> None: ...
+
+    async def poll(self, max_events: int) -> list[ChangeEvent]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncCheckpoints(Protocol):
+    """The async twin of :class:`Checkpoints`."""
+
+    async def load(self, name: str) -> Position | None: ...
+
+    async def save(self, name: str, position: Position) -> None: ...

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from concurrent.futures import Future
 from datetime import datetime
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from docoutbox.drive import drive, drive_async
 from docoutbox.errors import NotFound
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
+from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
     Core,
     Created,
@@ -25,6 +29,7 @@ from docoutbox.store.core import (
     Write,
 )
 from docoutbox.store.document import Snapshot
+from docoutbox.store.group import Coalescer, handle_async, handle_sync
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 S = TypeVar("S", bound=BaseModel)
@@ -33,18 +38,7 @@ T = TypeVar("T")
 
 def run_sync(flow: Flow[T], backend: StoreBackend, sleep: Callable[[float], None]) -> T:
     """Drive ``flow`` against a sync backend."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            send = _perform(op, backend, sleep)
-        except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
-            error = exc
+    return drive(flow, partial(_perform, backend=backend, sleep=sleep))
 
 
 def _perform(op: Op, backend: StoreBackend, sleep: Callable[[float], None]) -> Any:
@@ -64,18 +58,7 @@ async def run_async(
     flow: Flow[T], backend: AsyncStoreBackend, sleep: Callable[[float], Awaitable[None]]
 ) -> T:
     """Drive ``flow`` against an async backend."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            send = await _perform_async(op, backend, sleep)
-        except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
-            error = exc
+    return await drive_async(flow, partial(_perform_async, backend=backend, sleep=sleep))
 
 
 async def _perform_async(
@@ -107,12 +90,17 @@ class AggregateStore(Generic[S]):
         config: StoreConfig | None = None,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        group_commit: bool = False,
     ) -> None:
         self.backend = backend
         self._core = Core(
             model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
         )
         self._sleep = sleep
+        self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
+        self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
+        #: Called with every outcome that committed new outbox entries (immediate dispatch).
+        self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
 
     @property
     def config(self) -> StoreConfig:
@@ -131,9 +119,38 @@ class AggregateStore(Generic[S]):
     ) -> Outcome[S]:
         """Handle ``message`` exactly once on the aggregate (see :class:`Outcome`).
 
-        With ``create=True`` a missing aggregate starts from the model's defaults.
+        With ``create=True`` a missing aggregate starts from the model's defaults. With
+        ``group_commit=True``, concurrent calls for one aggregate share writes
+        (:mod:`docoutbox.store.group`).
         """
-        return self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        if self._group is not None:
+            item = Item(Message.parse(message), handler, create)
+            outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
+        else:
+            outcome = self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        _notify(self.commit_listeners, (outcome,))
+        return outcome
+
+    def handle_batch(
+        self,
+        aggregate_id: AggregateId,
+        messages: Sequence[Message | dict[str, Any]],
+        handler: Handler[S],
+        *,
+        create: bool = False,
+    ) -> BatchOutcome[S]:
+        """Handle ``messages`` in order on one aggregate, in as few writes as possible.
+
+        One result per message (see :mod:`docoutbox.store.batch`); a failing handler
+        gets its error in its result, and the other messages still commit.
+        """
+        items = [Item(Message.parse(m), handler, create) for m in messages]
+        outcome = self._run_batch(aggregate_id, items)
+        _notify(self.commit_listeners, outcome.results)
+        return outcome
+
+    def _run_batch(self, aggregate_id: AggregateId, items: Sequence[Item[S]]) -> BatchOutcome[S]:
+        return self._run(self._batch.handle_batch(aggregate_id, items))
 
     def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         """Create the aggregate unless it exists; either way return what is stored."""
@@ -203,12 +220,18 @@ class AsyncAggregateStore(Generic[S]):
         config: StoreConfig | None = None,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        group_commit: bool = False,
     ) -> None:
         self.backend = backend
         self._core = Core(
             model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
         )
         self._sleep = sleep
+        self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
+        self._group: Coalescer[S, asyncio.Future[Any]] | None = (
+            Coalescer() if group_commit else None
+        )
+        self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
 
     @property
     def config(self) -> StoreConfig:
@@ -225,7 +248,32 @@ class AsyncAggregateStore(Generic[S]):
         *,
         create: bool = False,
     ) -> Outcome[S]:
-        return await self._run(self._core.handle(aggregate_id, message, handler, create=create))
+        if self._group is not None:
+            item = Item(Message.parse(message), handler, create)
+            outcome = await handle_async(self._group, self._run_batch, aggregate_id, item)
+        else:
+            flow = self._core.handle(aggregate_id, message, handler, create=create)
+            outcome = await self._run(flow)
+        _notify(self.commit_listeners, (outcome,))
+        return outcome
+
+    async def handle_batch(
+        self,
+        aggregate_id: AggregateId,
+        messages: Sequence[Message | dict[str, Any]],
+        handler: Handler[S],
+        *,
+        create: bool = False,
+    ) -> BatchOutcome[S]:
+        items = [Item(Message.parse(m), handler, create) for m in messages]
+        outcome = await self._run_batch(aggregate_id, items)
+        _notify(self.commit_listeners, outcome.results)
+        return outcome
+
+    async def _run_batch(
+        self, aggregate_id: AggregateId, items: Sequence[Item[S]]
+    ) -> BatchOutcome[S]:
+        return await self._run(self._batch.handle_batch(aggregate_id, items))
 
     async def create(self, aggregate_id: AggregateId, state: S) -> Created[S]:
         return await self._run(self._core.create(aggregate_id, state))
@@ -276,3 +324,10 @@ class AsyncAggregateStore(Generic[S]):
 
     async def ensure_indexes(self) -> None:
         await self.backend.ensure_indexes()
+
+
+def _notify(listeners: Sequence[Callable[[Outcome[S]], None]], results: Sequence[object]) -> None:
+    for result in results:
+        if isinstance(result, Outcome) and result.applied and result.entries:
+            for listener in listeners:
+                listener(result)

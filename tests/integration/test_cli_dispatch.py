@@ -92,7 +92,10 @@ def database(mongo_uri: str) -> Iterator[Any]:
 
 
 @pytest.mark.wire
-def test_sigterm_finishes_checkpoints_releases_and_exits_0(mongo_uri: str, database: Any) -> None:
+@pytest.mark.parametrize("flags", [(), ("--async",)], ids=["threaded", "async"])
+def test_sigterm_finishes_checkpoints_releases_and_exits_0(
+    mongo_uri: str, database: Any, flags: tuple[str, ...]
+) -> None:
     store = AggregateStore(MongoBackend(database["aggs"]), Counter)
     for i in range(10):
         store.handle(f"early{i % 3}", add_msg(f"e{i}", emits=2), counter_handlers, create=True)
@@ -101,6 +104,7 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(mongo_uri: str, datab
         *("--mongo-uri", mongo_uri, "--db", database.name, "--collection", "aggs"),
         *("--publisher", "stdout", "--lease-ttl", "2", "--name", "cli-test"),
         *("--checkpoint-interval", "3600"),  # saved once early, then only on shutdown
+        *flags,
     )
     assert proc.stdout is not None
     lines = lines_of(proc.stdout)
@@ -372,3 +376,25 @@ def test_the_memory_publisher_says_loudly_that_it_discards(mongo_uri: str, datab
     warning = [line for line in seen if "publisher=memory" in line]
     assert warning and "level=WARNING" in warning[0] and "WITHOUT being delivered" in warning[0]
     assert proc.returncode == 0
+
+
+def test_a_leased_dispatcher_partitioned_unlike_the_stores_refuses_to_start(
+    mongo_uri: str, database: Any
+) -> None:
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)  # 16 partitions
+    for i in range(20):
+        store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+    proc = cli(
+        "dispatch",
+        *("--mongo-uri", mongo_uri, "--db", database.name, "--collection", "aggs"),
+        *("--publisher", "memory", "--discard-entries", "--partitions", "4"),
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    assert "refusing to dispatch" in err and "--partitions" in err
+    assert database["aggs"].count_documents({"outbox.0": {"$exists": True}}) == 20

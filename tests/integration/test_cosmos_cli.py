@@ -50,6 +50,7 @@ def test_bad_cosmos_arguments_exit_2(
     assert main([*base, *both]) == 2
     no_names = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--publisher", "stdout"]
     assert main(["dispatch", *no_names]) == 2
+    assert main([*base, "--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--async"]) == 2
     assert KEY not in capsys.readouterr().err
 
 

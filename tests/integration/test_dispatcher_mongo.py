@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import time
 import uuid
@@ -13,14 +15,19 @@ import pytest
 from pymongo import MongoClient
 
 from docoutbox import AggregateStore, OutboxMessage
+from docoutbox.dispatch.aio import AsyncDispatcher
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.ownership import Ownership
-from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import ChangeStreamLost, PublishError
-from docoutbox.testing import MemoryPublisher
+from docoutbox.retry import Backoff
+from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_mongo import (
+    AsyncMongoBackend,
+    AsyncMongoChangeSource,
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
     MongoBackend,
     MongoChangeSource,
     MongoCheckpoints,
@@ -49,14 +56,17 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 
 class Env:
-    """One fresh database on the wire server, and dispatchers started over it."""
+    """One fresh database on the wire server, and dispatchers started over it by one of
+    the drivers: threaded (pymongo), asyncio on ``AsyncMongoClient``, asyncio on Motor."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, driver: str = "threaded") -> None:
+        self.uri = uri
+        self.driver = driver
         self.client: MongoClient[Any] = MongoClient(uri, uuidRepresentation="standard")
         self.db = self.client[f"disp_{uuid.uuid4().hex[:10]}"]
         self.coll = self.db["aggs"]
         self.store = AggregateStore(MongoBackend(self.coll), Counter)
-        self.running: list[tuple[Dispatcher, threading.Thread]] = []
+        self.running: list[tuple[Dispatcher | AsyncDispatcher, threading.Thread]] = []
 
     def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
         outcome = self.store.handle(
@@ -71,7 +81,9 @@ class Env:
         ownership: Ownership | None = None,
         config: DispatcherConfig = CONFIG,
         margin: float = 2.0,
-    ) -> Dispatcher:
+    ) -> Dispatcher | AsyncDispatcher:
+        if self.driver != "threaded":
+            return self._start_async(publisher, ownership, config, margin)
         dispatcher = Dispatcher(
             MongoBackend(self.coll),
             publisher,
@@ -87,7 +99,40 @@ class Env:
         self.running.append((dispatcher, thread))
         return dispatcher
 
-    def stop(self, dispatcher: Dispatcher, *, crash: bool = False) -> None:
+    def _start_async(
+        self, publisher: Any, ownership: Ownership | None, config: DispatcherConfig, margin: float
+    ) -> AsyncDispatcher:
+        made: list[AsyncDispatcher] = []
+
+        async def main() -> None:
+            client = async_client(self.driver, self.uri)
+            db = client[self.db.name]
+            coll = db["aggs"]
+            dispatcher = AsyncDispatcher(
+                AsyncMongoBackend(coll),
+                AsyncMemoryPublisher(publisher),
+                AsyncMongoDeadLetters(db["dead"]),
+                source=AsyncMongoChangeSource(coll, margin=margin),
+                checkpoints=AsyncMongoCheckpoints(db["checkpoints"]),
+                ownership=ownership,
+                config=config,
+            )
+            made.append(dispatcher)
+            try:
+                await dispatcher.run()
+            finally:
+                closed = client.close()
+                if inspect.isawaitable(closed):
+                    await closed
+
+        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        thread.start()
+        wait_until(lambda: (bool(made) and made[0].started.is_set()) or not thread.is_alive())
+        assert made and made[0].started.is_set()
+        self.running.append((made[0], thread))
+        return made[0]
+
+    def stop(self, dispatcher: Dispatcher | AsyncDispatcher, *, crash: bool = False) -> None:
         for d, thread in self.running:
             if d is dispatcher:
                 d.halt() if crash else d.stop()
@@ -112,9 +157,19 @@ class Env:
         self.client.close()
 
 
-@pytest.fixture
-def env(mongo_uri: str) -> Iterator[Env]:
-    e = Env(mongo_uri)
+def async_client(driver: str, uri: str) -> Any:
+    if driver == "motor":
+        from motor.motor_asyncio import AsyncIOMotorClient
+
+        return AsyncIOMotorClient(uri, uuidRepresentation="standard")
+    from pymongo import AsyncMongoClient
+
+    return AsyncMongoClient(uri, uuidRepresentation="standard")
+
+
+@pytest.fixture(params=["threaded", "pymongo-async", "motor"])
+def env(mongo_uri: str, request: pytest.FixtureRequest) -> Iterator[Env]:
+    e = Env(mongo_uri, request.param)
     yield e
     e.close()
 

@@ -9,6 +9,7 @@ with exact de-duplication. Each ledger records the seqs it applied, in order.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -17,11 +18,12 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
-from docoutbox_mongo.wiring import connect_dispatch
+from docoutbox_mongo.wiring import connect_dispatch, connect_dispatch_async
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import (
     Ledger,
@@ -49,7 +51,9 @@ EMITS = 3
 class Pipeline:
     """Producers, the dispatcher engine on a thread, and a receiver, over one queue."""
 
-    def __init__(self, mongo_uri: str, mongo: Any, box: Sandbox, publish_url: str) -> None:
+    def __init__(
+        self, mongo_uri: str, mongo: Any, box: Sandbox, publish_url: str, driver: str = "threaded"
+    ) -> None:
         self.exchange, queue, _ = box.names()
         with RabbitPublisher(box.url, self.exchange) as setup:
             setup.declare(queues={queue: ["#"]})
@@ -64,19 +68,57 @@ class Pipeline:
         self.receiver = Receiver(box.url, queue, ledgers)
         self.target = connect_dispatch(mongo_uri, mongo.name, "producers")
         self.publisher = RabbitPublisher(publish_url, self.exchange)
+        config = DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy())
+        self.dispatcher: Dispatcher | AsyncDispatcher
+        if driver == "async":
+            self.dispatcher = self._async_dispatcher(mongo_uri, mongo.name, config)
+            return
         self.dispatcher = Dispatcher(
             self.target.backend,
             self.publisher,
             self.target.dead_letters,
             source=self.target.source,
             checkpoints=self.target.checkpoints,
-            config=DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy()),
+            config=config,
         )
         self._thread = threading.Thread(target=self.dispatcher.run, daemon=True)
 
+    def _async_dispatcher(self, uri: str, db: str, config: DispatcherConfig) -> AsyncDispatcher:
+        """The asyncio dispatcher on ``AsyncMongoClient``, the pika publisher in threads."""
+        made: list[AsyncDispatcher] = []
+        ready = threading.Event()
+        self._go = threading.Event()
+
+        async def main() -> None:
+            ports = await connect_dispatch_async(uri, db, "producers")
+            made.append(
+                AsyncDispatcher(
+                    ports.backend,
+                    in_thread(self.publisher),
+                    ports.dead_letters,
+                    source=ports.source,
+                    checkpoints=ports.checkpoints,
+                    config=config,
+                )
+            )
+            ready.set()
+            try:
+                await asyncio.to_thread(self._go.wait)  # until start()
+                await made[0].run()
+            finally:
+                await ports.close()
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self._thread.start()
+        assert ready.wait(30)
+        return made[0]
+
     def start(self) -> None:
         self.receiver.start()
-        self._thread.start()
+        if self._thread.is_alive():
+            self._go.set()
+        else:
+            self._thread.start()
         assert self.dispatcher.started.wait(30)
 
     def drain(self, timeout: float = 90) -> tuple[dict[str, int], dict[str, list[int]]]:
@@ -108,10 +150,15 @@ class Pipeline:
         assert all(d.action == "ack" for d in self.receiver.deliveries)
 
 
+@pytest.fixture(params=["threaded", "async"])
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def test_every_message_is_processed_exactly_once_in_order(
-    mongo_uri: str, mongo: Any, box: Sandbox
+    mongo_uri: str, mongo: Any, box: Sandbox, driver: str
 ) -> None:
-    pipeline = Pipeline(mongo_uri, mongo, box, box.url)
+    pipeline = Pipeline(mongo_uri, mongo, box, box.url, driver)
     started = time.monotonic()
     try:
         pipeline.producers.run_commands(COMMANDS // 2)  # pending before the start: the sweep
@@ -139,10 +186,10 @@ def test_every_message_is_processed_exactly_once_in_order(
 
 
 def test_a_broker_outage_holds_entries_and_loses_nothing(
-    mongo_uri: str, mongo: Any, box: Sandbox
+    mongo_uri: str, mongo: Any, box: Sandbox, driver: str
 ) -> None:
     with TcpProxy(broker_address(box.url)) as proxy:
-        pipeline = Pipeline(mongo_uri, mongo, box, through(box.url, proxy.port))
+        pipeline = Pipeline(mongo_uri, mongo, box, through(box.url, proxy.port), driver)
         try:
             pipeline.start()
             pipeline.producers.run_commands(COMMANDS // 2)

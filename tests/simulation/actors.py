@@ -2,7 +2,8 @@
 
 Each process is a generator that yields operations and receives their results, like the
 library's own flows, which it runs with ``yield from`` (:meth:`Core.handle` here; the
-dispatcher is in :mod:`tests.simulation.dispatcher`). The simulator performs every
+dispatcher, the library's own dispatch engine, is driven by
+:mod:`tests.simulation.dispatcher`). The simulator performs every
 operation, so it can interleave processes, inject a fault at any step and kill a process
 between any two steps.
 """
@@ -19,11 +20,13 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, Field
 
 from docoutbox.codec import decode_entry
-from docoutbox.dispatch.flow import DispatchOp, DispatchPolicy
+from docoutbox.dispatch.engine import EngineOp
+from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.errors import StoreError
 from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
 from docoutbox.retry import RetryPolicy
+from docoutbox.store.batch import BatchCore, Failed, Item
 from docoutbox.store.core import Core, Op, Status, StoreConfig
 from docoutbox.store.ports import StoreBackend
 from tests.simulation.schedule import Schedule
@@ -85,6 +88,18 @@ class Receive:
 
 
 @dataclass(frozen=True)
+class Poll:
+    """Take a delivery from a queue if one is visible now; None otherwise (no waiting)."""
+
+    queue: str
+
+
+@dataclass(frozen=True)
+class HandlerFault:
+    """Ask the world whether a handler fails this time (the ``handler_error`` fault)."""
+
+
+@dataclass(frozen=True)
 class Ack:
     queue: str
     tag: int
@@ -101,32 +116,7 @@ class Idle:
     """Nothing to do for now: wait a few steps."""
 
 
-@dataclass(frozen=True)
-class ReadChanges:
-    """Wait for changes ``start, start + 1, ...`` of the producers' change log."""
-
-    start: int
-    limit: int
-
-
-@dataclass(frozen=True)
-class LogEnd:
-    """The change log's current length."""
-
-
-@dataclass(frozen=True)
-class LoadCheckpoint:
-    """The dispatcher's saved position, or None."""
-
-
-@dataclass(frozen=True)
-class SaveCheckpoint:
-    position: int
-
-
-SimOp = (
-    Op | DispatchOp | Receive | Ack | Nack | Idle | ReadChanges | LogEnd | LoadCheckpoint
-) | SaveCheckpoint
+SimOp = Op | EngineOp | Receive | Poll | HandlerFault | Ack | Nack | Idle
 Process = Generator[SimOp, Any, None]
 Step = Generator[SimOp, Any, Any]
 
@@ -207,6 +197,8 @@ def producer(env: Env, rng: random.Random) -> Process:
 def consumer(env: Env, rng: random.Random) -> Process:
     """Handle broker deliveries on sink aggregates; acknowledge only after the commit."""
     core = env.worker_core("consumers", Sink, env.sinks, env.sink_inbox(), rng)
+    if env.schedule.consumer_batch > 1:
+        yield from batch_consumer(env, core)
     while True:
         delivery = yield Receive(DELIVERIES)
         entry = decode_entry(delivery.body)
@@ -221,3 +213,52 @@ def consumer(env: Env, rng: random.Random) -> Process:
         env.stats[f"consumer.{outcome.status}"] += 1
         settle = Nack if outcome.status is Status.GAVE_UP else Ack
         yield settle(DELIVERIES, delivery.tag)
+
+
+def _failing(message_id: str) -> Callable[[Sink, Message], Sink]:
+    def fail(state: Sink, message: Message) -> Sink:
+        raise RuntimeError(f"injected: the handler of {message_id} fails this time")
+
+    return fail
+
+
+def batch_consumer(env: Env, core: Core[Sink]) -> Process:
+    """Take up to ``consumer_batch`` visible deliveries, handle each destination's share
+    with one ``handle_batch``, then acknowledge per message: a message whose handler
+    failed (``handler_error``) or whose batch could not commit is nacked and redelivered."""
+    batcher = BatchCore(core, env.sinks.document_size, env.sinks.max_document_bytes)
+    while True:
+        deliveries = [(yield Receive(DELIVERIES))]
+        while len(deliveries) < env.schedule.consumer_batch:
+            more = yield Poll(DELIVERIES)
+            if more is None:
+                break
+            deliveries.append(more)
+        groups: dict[str, list[Any]] = {}
+        for delivery in deliveries:
+            entry = decode_entry(delivery.body)
+            assert entry.destination is not None
+            groups.setdefault(entry.destination, []).append((delivery, entry))
+        for destination, group in groups.items():
+            items = []
+            for _, entry in group:
+                message = entry.to_message()
+                broken = yield HandlerFault()
+                handler = _failing(message.id) if broken else sink_handlers
+                items.append(Item(message, handler, create=True))
+            env.stats[f"consumer.batch_size.{min(len(items), 4)}"] += 1
+            try:
+                result = yield from batcher.handle_batch(destination, items)
+            except StoreError:
+                env.stats["consumer.store_error"] += 1
+                for delivery, _ in group:
+                    yield Nack(DELIVERIES, delivery.tag)
+                continue
+            for (delivery, _), outcome in zip(group, result.results, strict=True):
+                if isinstance(outcome, Failed):
+                    env.stats["consumer.batch_failed"] += 1
+                    yield Nack(DELIVERIES, delivery.tag)
+                    continue
+                env.stats[f"consumer.{outcome.status}"] += 1
+                settle = Nack if outcome.status is Status.GAVE_UP else Ack
+                yield settle(DELIVERIES, delivery.tag)

@@ -8,7 +8,9 @@
 - ``order-off``: the dispatcher publishes a document's entries newest first;
 - ``outbox-overwrite``: a commit replaces the outbox instead of appending to it, dropping
   entries it did not publish (memory store);
-- ``checkpoint-early``: the position tracker lets the checkpoint pass unfinished events.
+- ``checkpoint-early``: the position tracker lets the checkpoint pass unfinished events;
+- ``batch-first-state``: a batch's commit keeps the state after its first message instead
+  of its last (consumers handle batches of 8, a schedule setting).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from unittest import mock
 
 from docoutbox.dispatch import checkpoint as tracking
 from docoutbox.dispatch import flow as dispatch
+from docoutbox.store import batch
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, WritePlan, apply_plan
@@ -93,6 +96,17 @@ def checkpoint_early() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def batch_first_state() -> Iterator[None]:
+    merge_plans = batch.merge_plans
+
+    def first_state(plans: Sequence[CommitPlan]) -> CommitPlan:
+        return replace(merge_plans(plans), state=plans[0].state)
+
+    with mock.patch.object(batch, "merge_plans", first_state):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -100,6 +114,7 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "order-off": order_off,
     "outbox-overwrite": outbox_overwrite,
     "checkpoint-early": checkpoint_early,
+    "batch-first-state": batch_first_state,
 }
 
 

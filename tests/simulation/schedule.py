@@ -24,6 +24,7 @@ FAULTS: dict[str, str] = {
     "checkpoint_lost": "a restarting dispatcher finds its checkpoint gone",
     "duplicate": "the broker or a client delivers a message twice",
     "delay": "a message becomes visible only some steps later",
+    "handler_error": "a consumer's handler raises for one message of its batch",
 }
 
 #: The probabilities a schedule draws from, per fault. Swarm testing: many schedules
@@ -42,6 +43,7 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "checkpoint_lost": (0.0, 0.5),
     "duplicate": (0.0, 0.1, 0.3),
     "delay": (0.0, 0.2),
+    "handler_error": (0.0, 0.1, 0.3),
 }
 
 STORES = ("memory", "wire", "cosmos")
@@ -49,6 +51,7 @@ STORES = ("memory", "wire", "cosmos")
 #: Mutations that are schedule settings rather than patches of the library.
 MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "consumer-window-0": (("consumer_exact", "false"), ("consumer_window", "0")),
+    "batch-first-state": (("consumer_batch", "8"),),
 }
 
 
@@ -91,6 +94,8 @@ class Schedule:
     #: Steps with faults on; afterwards everything runs fault-free until quiescent.
     fault_steps: int = 300
     faults: tuple[tuple[str, float], ...] = ()
+    #: Deliveries a consumer handles together with handle_batch (1: handle per message).
+    consumer_batch: int = 1
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -103,7 +108,7 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     rng = random.Random(f"schedule/{seed}")
     producers = rng.randint(2, 3)
     commands = rng.randint(3, 6)
-    return Schedule(
+    schedule = Schedule(
         seed=seed,
         store=store,
         producers=producers,
@@ -125,6 +130,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
         fault_steps=rng.randint(40, 60) * producers * commands // 3,
         faults=tuple((kind, rng.choice(LEVELS[kind])) for kind in FAULTS),
     )
+    # Drawn last, so that every earlier field of a seed stays what it was.
+    return replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
 
 
 def _parse(kind: type | str, text: str) -> object:

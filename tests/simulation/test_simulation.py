@@ -90,6 +90,9 @@ MUST_HAPPEN = [
     "producer.gave_up",
     "producer.store_error",
     "consumer.store_error",
+    "consumer.batch_failed",  # a handler failed in the middle of a batch
+    "consumer.batch_size.4",
+    "crash.Poll",  # a batch half received
     "quarantined",
     "dispatch.held",
     "dispatcher.fresh_start",  # no checkpoint: sweep behind a gate

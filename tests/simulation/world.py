@@ -13,9 +13,19 @@ from collections import Counter
 from typing import Any
 
 from docoutbox.codec import encode_entry
+from docoutbox.dispatch.engine import (
+    CloseStream,
+    LoadCheckpoint,
+    OpenStream,
+    PollChanges,
+    SaveCheckpoint,
+    StartMarker,
+)
 from docoutbox.dispatch.flow import Publish, Quarantine
+from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.errors import (
     BrokerUnavailable,
+    ChangeStreamLost,
     PermanentPublishError,
     PublishError,
     TransientStoreError,
@@ -31,12 +41,10 @@ from tests.simulation.actors import (
     DELIVERIES,
     Ack,
     Command,
-    LoadCheckpoint,
-    LogEnd,
+    HandlerFault,
     Nack,
-    ReadChanges,
+    Poll,
     Receive,
-    SaveCheckpoint,
     SimOp,
 )
 from tests.simulation.invariants import Record, Violation
@@ -60,6 +68,8 @@ class World:
         self.dead_letters = MemoryDeadLetters()
         self.published_ids: set[str] = set()
         self.checkpoint: int | None = None
+        #: The dispatcher's open change stream: the log position it reads next.
+        self.cursor: int | None = None
         self.queues: dict[str, Queue[Any]] = {
             name: Queue(name, random.Random(f"{s.seed}/{name}"), reorder=s.reorder)
             for name in (COMMANDS, DELIVERIES)
@@ -131,6 +141,13 @@ class World:
                     return BLOCKED
                 self.stats[f"{name}.redelivered"] += delivery.redelivered
                 return delivery
+            case Poll(queue=name):
+                polled = self.queues[name].take(self.now, owner)
+                if polled is not None:
+                    self.stats[f"{name}.redelivered"] += polled.redelivered
+                return polled
+            case HandlerFault():
+                return self.fault("handler_error")
             case Ack(queue=name, tag=tag):
                 self.queues[name].ack(tag)
             case Nack(queue=name, tag=tag):
@@ -155,11 +172,26 @@ class World:
                 self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
                 self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
                 self.stats["quarantined"] += 1
-            case ReadChanges(start=start, limit=limit):
-                return self.log()[start : start + limit]
-            case LogEnd():
+            case StartMarker():
+                self.stats["dispatcher.fresh_start"] += 1
                 return len(self.log())
+            case OpenStream(position=position):
+                if not isinstance(position, int) or not 0 <= position <= len(self.log()):
+                    raise ChangeStreamLost(f"position {position!r} is not in the change log")
+                self.cursor = position
+            case PollChanges(max_events=limit):
+                if self.cursor is None:
+                    raise ChangeStreamLost("the change stream is not open")
+                start = self.cursor
+                docs = self.log()[start : start + limit]
+                self.cursor = start + len(docs)
+                return [ChangeEvent(start + i + 1, doc) for i, doc in enumerate(docs)]
+            case CloseStream():
+                self.cursor = None
             case LoadCheckpoint():
+                if self.checkpoint is None and self.schedule.recovery == "replay":
+                    self.stats["dispatcher.replay"] += 1
+                    return 0  # a checkpoint store that starts at the log's beginning
                 return self.checkpoint
             case SaveCheckpoint(position=position):
                 self.check_checkpoint(position)

@@ -15,13 +15,16 @@ class TcpProxy:
     - :meth:`cut` closes every live connection (both sides), as a broker crash would;
     - ``refuse = True`` closes new connections at once, as a broker that is down;
     - :meth:`drop_on_next_send` closes a connection when its client next sends data,
-      without forwarding it: the request is lost in flight.
+      without forwarding it: the request is lost in flight;
+    - :meth:`drop_next_reply` closes a connection when its server next answers, without
+      forwarding the answer: the request was handled, its response is lost.
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.refuse = False
         self._drop_next = threading.Event()
+        self._drop_reply = threading.Event()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._server.getsockname()[1]
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -38,6 +41,9 @@ class TcpProxy:
 
     def drop_on_next_send(self) -> None:
         self._drop_next.set()
+
+    def drop_next_reply(self) -> None:
+        self._drop_reply.set()
 
     @property
     def connections(self) -> int:
@@ -85,6 +91,9 @@ class TcpProxy:
                     break
                 if from_client and self._drop_next.is_set():
                     self._drop_next.clear()
+                    break
+                if not from_client and self._drop_reply.is_set():
+                    self._drop_reply.clear()
                     break
                 sink.sendall(data)
         except OSError:

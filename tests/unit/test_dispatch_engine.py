@@ -1,7 +1,9 @@
-"""The dispatcher engine on the in-memory backend, change source and publisher."""
+"""The dispatch engine on the in-memory backend, change source and publisher, driven by the
+threaded :class:`Dispatcher` and by the :class:`AsyncDispatcher` alike."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -11,18 +13,19 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.metrics import CountingMetrics
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import Position
-from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
     PermanentPublishError,
     PublishError,
 )
+from docoutbox.retry import Backoff
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
@@ -36,6 +39,17 @@ FAST = DispatcherConfig(
     policy=DispatchPolicy(max_attempts=3, base_delay=0.001, max_delay=0.005),
     backoff=Backoff(base=0.005, cap=0.05),
 )
+
+
+#: Which driver runs the engine in this test: "threaded" or "async".
+DRIVER = ["threaded"]
+
+
+@pytest.fixture(autouse=True, params=["threaded", "async"])
+def driver(request: pytest.FixtureRequest) -> Iterator[str]:
+    DRIVER[0] = request.param
+    yield request.param
+    DRIVER[0] = "threaded"
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -56,7 +70,7 @@ class Harness:
         self.dead = MemoryDeadLetters()
         self.metrics = CountingMetrics()
         self.config = config
-        self.dispatcher: Dispatcher | None = None
+        self.dispatcher: Dispatcher | AsyncDispatcher | None = None
         self.thread: threading.Thread | None = None
 
     def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
@@ -65,7 +79,9 @@ class Harness:
         )
         assert outcome.applied
 
-    def start(self, ownership: Any = None) -> Dispatcher:
+    def start(self, ownership: Any = None) -> Dispatcher | AsyncDispatcher:
+        if DRIVER[0] == "async":
+            return self._start_async(ownership)
         self.dispatcher = Dispatcher(
             self.backend,
             self.publisher,
@@ -77,6 +93,24 @@ class Harness:
             metrics=self.metrics,
         )
         self.thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self.thread.start()
+        assert self.dispatcher.started.wait(5)
+        return self.dispatcher
+
+    def _start_async(self, ownership: Any) -> AsyncDispatcher:
+        """The same ports, as async ones (each call in a worker thread)."""
+        dispatcher = AsyncDispatcher(
+            in_thread(self.backend),
+            in_thread(self.publisher),
+            in_thread(self.dead),
+            source=in_thread(self.source),
+            checkpoints=in_thread(self.checkpoints),
+            ownership=ownership or SoleOwner(),
+            config=self.config,
+            metrics=self.metrics,
+        )
+        self.dispatcher = dispatcher
+        self.thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), daemon=True)
         self.thread.start()
         assert self.dispatcher.started.wait(5)
         return self.dispatcher

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
-import time
 
 import pytest
 from bson import Timestamp
@@ -13,8 +11,9 @@ from bson import Timestamp
 from docoutbox.cli.logs import MaskingFilter, configure, mask, secrets_of
 from docoutbox.dispatch.checkpoint import Gate, PositionTracker
 from docoutbox.dispatch.dispatcher import event_target
-from docoutbox.dispatch.scheduler import AggregateScheduler, Backoff, RunOutcome
+from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.retry import Backoff
 from docoutbox.store.document import partition_of
 from docoutbox_mongo.changes import stream_args
 
@@ -111,47 +110,34 @@ def test_a_gate_waits_for_its_sweep_and_every_run() -> None:
 
 
 def test_a_ticket_needs_a_run_that_started_after_it() -> None:
-    release = threading.Event()
-    runs: list[str] = []
-
-    def run(aggregate_id: object, partition: int) -> RunOutcome:
-        runs.append(str(aggregate_id))
-        if len(runs) == 1:
-            release.wait(5)
-        return RunOutcome.DONE
-
-    scheduler = AggregateScheduler(run, workers=2)
-    first = scheduler.request("a", 0)
-    while not runs:
-        time.sleep(0.001)
-    second = scheduler.request("a", 0)  # arrives while the first run is under way
-    third = scheduler.request("a", 0)  # coalesced with the second
-    release.set()
-    while not scheduler.idle():
-        time.sleep(0.001)
-    scheduler.close()
-    assert scheduler.done(first) and scheduler.done(second) and scheduler.done(third)
-    assert runs == ["a", "a"]
+    queue = AggregateQueue(workers=2)
+    first = queue.request("a", 0)
+    [run] = queue.start(0.0)
+    second = queue.request("a", 0)  # arrives while the first run is under way
+    third = queue.request("a", 0)  # coalesced with the second
+    assert queue.start(0.0) == []  # serial per aggregate
+    queue.finish(run, RunOutcome.DONE, 0.0)
+    assert queue.done(first) and not queue.done(second)
+    [again] = queue.start(0.0)
+    queue.finish(again, RunOutcome.DONE, 0.0)
+    assert queue.done(second) and queue.done(third) and queue.idle()
+    assert queue.start(0.0) == []
 
 
 def test_failed_runs_are_retried_with_backoff_and_never_dropped() -> None:
-    outcomes = [RunOutcome.RETRY, RunOutcome.UNAVAILABLE, RunOutcome.DONE]
-    seen: list[float] = []
-
-    def run(aggregate_id: object, partition: int) -> RunOutcome:
-        seen.append(time.monotonic())
-        return outcomes[len(seen) - 1]
-
-    scheduler = AggregateScheduler(run, workers=1, backoff=Backoff(base=0.02, cap=0.05))
-    ticket = scheduler.request("a", 0)
-    deadline = time.monotonic() + 5
-    while not scheduler.done(ticket):
-        assert time.monotonic() < deadline
-        scheduler.pump()
-        time.sleep(0.002)
-    scheduler.close()
-    assert len(seen) == 3
-    assert seen[1] - seen[0] >= 0.01 and seen[2] - seen[1] >= 0.01
+    queue = AggregateQueue(workers=1, backoff=Backoff(base=0.02, cap=0.05))
+    ticket = queue.request("a", 0)
+    [run] = queue.start(0.0)
+    queue.finish(run, RunOutcome.RETRY, 0.0)
+    assert queue.start(0.009) == []  # at least half the base delay
+    due = queue.next_due(0.0)
+    assert due is not None and 0.01 <= due <= 0.02
+    [run] = queue.start(0.02)
+    queue.finish(run, RunOutcome.UNAVAILABLE, 0.02)
+    assert queue.start(0.029) == [] and not queue.done(ticket)
+    [run] = queue.start(1.0)
+    queue.finish(run, RunOutcome.DONE, 1.0)
+    assert queue.done(ticket) and queue.idle()
 
 
 def test_backoff_grows_and_is_capped() -> None:
@@ -165,31 +151,16 @@ def test_backoff_grows_and_is_capped() -> None:
 
 
 def test_concurrent_unavailable_runs_count_as_one_outage() -> None:
-    barrier = threading.Barrier(4)
-    calls: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def run(aggregate_id: object, partition: int) -> RunOutcome:
-        with lock:
-            calls[str(aggregate_id)] = calls.get(str(aggregate_id), 0) + 1
-            first = calls[str(aggregate_id)] == 1
-        if first:
-            barrier.wait(5)  # all four fail together, in one pause epoch
-            return RunOutcome.UNAVAILABLE
-        return RunOutcome.DONE
-
-    scheduler = AggregateScheduler(run, workers=4, backoff=Backoff(base=0.05, cap=10))
-    tickets = [scheduler.request(f"a{i}", 0) for i in range(4)]
-    deadline = time.monotonic() + 5
-    while sum(calls.values()) < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    time.sleep(0.01)
-    assert scheduler.outages == 1
-    while not all(scheduler.done(t) for t in tickets):
-        assert time.monotonic() < deadline
-        scheduler.pump()
-        time.sleep(0.002)
-    scheduler.close()
-    assert scheduler.outages == 0
-    assert calls == {f"a{i}": 2 for i in range(4)}
+    queue = AggregateQueue(workers=4, backoff=Backoff(base=0.05, cap=10))
+    tickets = [queue.request(f"a{i}", 0) for i in range(4)]
+    runs = queue.start(0.0)
+    assert len(runs) == 4  # concurrent across aggregates
+    for run in runs:  # all four fail together, in one pause epoch
+        queue.finish(run, RunOutcome.UNAVAILABLE, 0.0)
+    assert queue.outages == 1
+    assert queue.start(0.01) == []  # paused
+    runs = queue.start(1.0)
+    assert len(runs) == 4
+    for run in runs:
+        queue.finish(run, RunOutcome.DONE, 1.0)
+    assert queue.outages == 0 and all(queue.done(t) for t in tickets)

@@ -1,0 +1,212 @@
+"""The asyncio dispatcher: the same engine as :class:`~docoutbox.dispatch.dispatcher.Dispatcher`.
+
+A thin driver of :class:`~docoutbox.dispatch.engine.DispatchEngine` on an event loop: the
+control loop runs in :meth:`AsyncDispatcher.run`, each aggregate run in a task (at most
+``concurrency`` at once, serial per aggregate). Its ports are async
+(:class:`~docoutbox.store.ports.AsyncStoreBackend`,
+:class:`~docoutbox.dispatch.ports.AsyncPublisher`,
+:class:`~docoutbox.dispatch.ports.AsyncDeadLetters`,
+:class:`~docoutbox.dispatch.ports.AsyncChangeSource`,
+:class:`~docoutbox.dispatch.ports.AsyncCheckpoints`); :func:`in_thread` turns a sync port
+into an async one where a driver has no async API.
+
+Leases stay with the :class:`~docoutbox.dispatch.ownership.LeaseKeeper`, whose heartbeat
+runs on its own thread against a sync :class:`~docoutbox.dispatch.ports.LeaseTable`:
+renewing must not depend on how busy the event loop is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, EngineOp
+from docoutbox.dispatch.flow import Publish
+from docoutbox.dispatch.metrics import Metrics
+from docoutbox.dispatch.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.ports import (
+    AsyncChangeSource,
+    AsyncCheckpoints,
+    AsyncDeadLetters,
+    AsyncPublisher,
+)
+from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
+from docoutbox.drive import Abandoned, drive_async
+from docoutbox.store.core import Sleep, Write
+from docoutbox.store.document import utcnow
+from docoutbox.store.plans import TrimPlan
+from docoutbox.store.ports import AsyncStoreBackend
+
+log = logging.getLogger("docoutbox.dispatcher")
+
+
+class InThread:
+    """Any sync port as its async twin: each method call runs in a worker thread."""
+
+    def __init__(self, port: Any) -> None:
+        self._port = port
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._port, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+
+        return call
+
+
+def in_thread(port: Any) -> Any:
+    """``port`` (a sync :class:`ChangeSource`, :class:`Checkpoints`, :class:`DeadLetters`,
+    :class:`Publisher` or store backend) as an async one, calling it in a thread."""
+    return InThread(port)
+
+
+class AsyncDispatcher:
+    def __init__(
+        self,
+        backend: AsyncStoreBackend,
+        publisher: AsyncPublisher,
+        dead_letters: AsyncDeadLetters,
+        *,
+        source: AsyncChangeSource | None = None,
+        checkpoints: AsyncCheckpoints | None = None,
+        ownership: Ownership | None = None,
+        config: DispatcherConfig | None = None,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or (
+            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        )
+        self.backend = backend
+        self.source = source
+        self.checkpoints = checkpoints
+        self.ownership = ownership or SoleOwner()
+        self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
+        #: Trims of concurrent runs go out together.
+        self.trims = AsyncGroupWriter(backend)
+        self.engine = DispatchEngine(
+            self.config,
+            self.ownership,
+            stream=source is not None,
+            checkpoints=checkpoints is not None,
+            monotonic=time.monotonic,
+            clock=utcnow,
+            rng=rng or random.Random(),
+            metrics=metrics,
+        )
+        self.metrics = self.engine.metrics
+        self._stopping = False
+        self._crashed = False
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        #: Set once the first leases are taken and the loop is about to start.
+        self.started = threading.Event()
+
+    def stop(self) -> None:
+        """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns.
+
+        Safe to call from any thread (say, a signal handler's).
+        """
+        self._stopping = True
+        self._signal()
+
+    def halt(self) -> None:
+        """Stop as abruptly as a crash: abandon work, no checkpoint, keep the leases."""
+        self._crashed = True
+        self.stop()
+
+    def _signal(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not running yet: run() sees the flag
+        loop.call_soon_threadsafe(self._stop.set)
+        loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self) -> None:
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        if self._stopping:
+            self._stop.set()
+        log.info(
+            "dispatcher_started name=%s partitions=%d concurrency=%d stream=%s async=True",
+            cfg.name,
+            cfg.partitions,
+            cfg.concurrency,
+            self.source is not None,
+        )
+        if not isinstance(self.ownership, SoleOwner):
+            await drive_async(self.engine.check_partitions(), self._perform)
+        await asyncio.to_thread(self.ownership.start)
+        self.engine.begin()
+        self.started.set()
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                busy = await drive_async(self.engine.turn(), self._perform)
+                self._launch()
+                if not busy:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self._idle_wait())
+        finally:
+            await self._shutdown()
+
+    def _idle_wait(self) -> float:
+        due = self.engine.next_due()
+        wait = self.config.poll_interval
+        return wait if due is None else min(wait, max(due, 0.001))
+
+    def _launch(self) -> None:
+        if self._closed:
+            return
+        for slot in self.engine.start_runs():
+            task = asyncio.create_task(self._work(slot))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _work(self, slot: RunSlot) -> None:
+        try:
+            outcome = await drive_async(self.engine.run(slot), self._perform)
+        except Abandoned:
+            outcome = RunOutcome.STOPPED
+        except Exception as exc:  # logged; the aggregate is retried, not dropped
+            log.exception("dispatch_run_failed aggregate=%r error=%r", slot.aggregate_id, exc)
+            outcome = RunOutcome.RETRY
+        self.engine.finish(slot, outcome)
+        self._launch()
+        self._wake.set()
+
+    async def _perform(self, op: EngineOp) -> Any:
+        if isinstance(op, Sleep):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), op.seconds)
+            if self._stop.is_set():
+                raise Abandoned
+            return None
+        if isinstance(op, Publish | Write) and self._crashed:
+            raise Abandoned
+        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+            return await self.trims.write(op.plan)
+        return await self.ports.perform(op)
+
+    async def _shutdown(self) -> None:
+        crashed = self._crashed
+        log.info("dispatcher_stopping name=%s crashed=%s", self.config.name, crashed)
+        self._closed = True
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not crashed:
+            await drive_async(self.engine.checkpoint(time.monotonic(), force=True), self._perform)
+        await asyncio.to_thread(self.ownership.stop, release=not crashed)
+        await drive_async(self.engine.shutdown(crashed=True), self._perform)
+        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, self.engine.saved)

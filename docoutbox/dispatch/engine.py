@@ -1,0 +1,563 @@
+"""The dispatch loop, sans-IO: one engine for the threaded, asyncio and simulated drivers.
+
+:class:`DispatchEngine` decides; a driver performs. It has two kinds of flows, both
+generators that yield operations (:data:`EngineOp`) and receive their results, driven by
+:func:`docoutbox.drive.drive` or :func:`~docoutbox.drive.drive_async`:
+
+- :meth:`DispatchEngine.turn`, one turn of the control loop: queue sweeps (periodic, on
+  every partition acquired, in full when the stream position is lost), fetch one sweep
+  page, poll the change stream (opening it from the checkpoint, or fresh behind a
+  :class:`~docoutbox.dispatch.checkpoint.Gate`), and save the checkpoint behind the
+  completed prefix of events (I5);
+- :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
+  came with its latest request (an event's or a sweep's; entries never change, and those
+  this instance trimmed since are left out) or load it, then publish its pending
+  entries in ``seq`` order with :func:`~docoutbox.dispatch.flow.dispatch_document` (I4),
+  trimming what was published, as long as its partition is held.
+
+Which runs may begin is the :class:`~docoutbox.dispatch.scheduler.AggregateQueue`'s call
+(:meth:`DispatchEngine.start_runs`); the driver runs them, concurrently or not, and
+reports each back with :meth:`DispatchEngine.finish`. Time (``monotonic`` and ``clock``)
+and randomness (``rng``) are injected, so a driver may be a deterministic simulation.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from docoutbox.dispatch.checkpoint import Done, Gate, PositionTracker, Sweep
+from docoutbox.dispatch.flow import (
+    DispatchPolicy,
+    DispatchResult,
+    Publish,
+    Quarantine,
+    dispatch_document,
+)
+from docoutbox.dispatch.metrics import Metrics, NullMetrics
+from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.ports import ChangeEvent, Position
+from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
+from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMismatch, StoreError
+from docoutbox.model import AggregateId
+from docoutbox.retry import Backoff
+from docoutbox.store.core import FindPending, Load, Sleep, Write
+from docoutbox.store.document import ID, Document, partition_of
+from docoutbox.store.plans import TrimPlan
+
+log = logging.getLogger("docoutbox.dispatcher")
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    name: str = "docoutbox"
+    #: Must equal the stores' ``StoreConfig.partitions``.
+    partitions: int = 16
+    concurrency: int = 8
+    policy: DispatchPolicy = field(default_factory=DispatchPolicy)
+    sweep_interval: float = 60.0
+    grace: float = 30.0
+    poll_interval: float = 0.05
+    batch_size: int = 500
+    sweep_page: int = 100
+    max_outstanding: int = 10_000
+    max_backlog: int = 1_000
+    checkpoint_interval: float = 1.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+    @classmethod
+    def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
+        """Polling mode, for deployments without change streams: sweep every ``interval``
+        seconds with no grace period, so a new entry is published within about
+        ``interval``. A dispatcher without a change source uses it by default."""
+        return cls(sweep_interval=interval, grace=0.0, **options)
+
+
+# -- the operations a driver performs, besides the store's and the publish flow's --------
+
+
+@dataclass(frozen=True)
+class StartMarker:
+    """:meth:`ChangeSource.start_marker`."""
+
+
+@dataclass(frozen=True)
+class OpenStream:
+    """:meth:`ChangeSource.open`."""
+
+    position: Position
+
+
+@dataclass(frozen=True)
+class PollChanges:
+    """:meth:`ChangeSource.poll`: a list of :class:`~docoutbox.dispatch.ports.ChangeEvent`."""
+
+    max_events: int
+
+
+@dataclass(frozen=True)
+class CloseStream:
+    """:meth:`ChangeSource.close`."""
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    """:meth:`Checkpoints.load`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    """:meth:`Checkpoints.save`."""
+
+    name: str
+    position: Position
+
+
+StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
+RunOp = Load | Publish | Quarantine | Write | Sleep
+EngineOp = StreamOp | RunOp | FindPending
+
+
+class BrokerState:
+    """Logs the broker going down and coming back once each, not once per attempt."""
+
+    def __init__(self) -> None:
+        self._down = False
+        self._lock = threading.Lock()
+
+    def down(self, exc: BaseException) -> None:
+        with self._lock:
+            changed, self._down = not self._down, True
+        if changed:
+            log.warning("broker_unavailable error=%s; entries stay pending", exc)
+
+    def up(self) -> None:
+        if not self._down:
+            return
+        with self._lock:
+            changed, self._down = self._down, False
+        if changed:
+            log.warning("broker_available_again")
+
+
+#: How many recently trimmed entry IDs the engine remembers.
+TRIMMED_MEMORY = 100_000
+
+
+class RecentIds:
+    """A bounded set of IDs (the oldest go first), safe across threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ids: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._ids
+
+    def add_all(self, ids: Iterable[str]) -> None:
+        with self._lock:
+            for i in ids:
+                self._ids[i] = None
+            while len(self._ids) > self._size:
+                del self._ids[next(iter(self._ids))]
+
+
+#: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
+PARTITION_SAMPLE = 50
+
+
+def event_target(doc: Document | None, partitions: int) -> tuple[AggregateId, int] | None:
+    """The aggregate and partition of a document with pending entries, else None.
+
+    A stored partition outside ``range(partitions)`` (a store configured with more
+    partitions than the dispatcher) is logged and mapped into range, so the event is not
+    lost; sweeps cannot find such a document (see :func:`partition_mismatch`).
+    """
+    if not doc or not doc.get("outbox"):
+        return None
+    aggregate_id = doc.get(ID)
+    if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
+        return None
+    partition = doc.get("partition")
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        partition = partition_of(aggregate_id, partitions)
+    elif not 0 <= partition < partitions:
+        log.error(
+            "partition_out_of_range aggregate=%r partition=%d partitions=%d",
+            aggregate_id,
+            partition,
+            partitions,
+        )
+    return aggregate_id, partition % partitions
+
+
+def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
+    """Why ``docs`` show the stores partition differently from ``partitions``, or None.
+
+    A document's stored ``partition`` must be ``partition_of(_id, partitions)``: anything
+    else means the stores and the dispatcher disagree on the partition count.
+    """
+    for doc in docs:
+        aggregate_id, stored = doc.get(ID), doc.get("partition")
+        if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
+            continue
+        if isinstance(stored, bool) or not isinstance(stored, int):
+            continue
+        expected = partition_of(aggregate_id, partitions)
+        if stored != expected:
+            return (
+                f"document {aggregate_id!r} is stored in partition {stored}, but with "
+                f"{partitions} partitions it belongs to {expected}: the stores' "
+                "StoreConfig.partitions differs from the dispatcher's"
+            )
+    return None
+
+
+class DispatchEngine:
+    """The dispatcher's state and decisions; see the module docstring."""
+
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        ownership: Ownership,
+        *,
+        stream: bool,
+        checkpoints: bool,
+        monotonic: Callable[[], float],
+        clock: Callable[[], datetime],
+        rng: random.Random,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.ownership = ownership
+        self.stream = stream
+        self.checkpoints = checkpoints
+        self.metrics = metrics or NullMetrics()
+        self.broker = BrokerState()
+        self._mono = monotonic
+        self._clock = clock
+        self._rng = rng
+        self.queue = AggregateQueue(workers=config.concurrency, backoff=config.backoff, rng=rng)
+        #: Entries this instance trimmed lately: skipped in documents that came with
+        #: requests (an event's copy may predate a trim).
+        self.trimmed = RecentIds(TRIMMED_MEMORY)
+        self.sweeps: deque[Sweep] = deque()
+        self.tracker = PositionTracker()
+        #: The checkpoint last saved (or loaded).
+        self.saved: Position | None = None
+        self._loaded = not checkpoints
+        self._resume: Position | None = None
+        self._open = False
+        self._failures = 0
+        self._retry_at = 0.0
+        self._next_save = 0.0
+        self._next_sweep = 0.0
+
+    # -- the control loop -------------------------------------------------------------
+
+    def check_partitions(self) -> Generator[EngineOp, Any, None]:
+        """Refuse to start (:class:`PartitionMismatch`) if the stores partition differently.
+
+        Samples documents with pending entries (if there are none, there is nothing to
+        strand yet).
+        """
+        try:
+            docs: list[Document] = yield FindPending(None, PARTITION_SAMPLE, None, None)
+        except StoreError as exc:
+            log.warning("partition_check_skipped error=%r", exc)
+            return
+        why = partition_mismatch(docs, self.config.partitions)
+        if why is not None:
+            log.error("partition_mismatch %s", why)
+            raise PartitionMismatch(why)
+
+    def begin(self) -> None:
+        """Call once, after the ownership started and before the first :meth:`turn`."""
+        self._next_sweep = self._mono() + self.config.sweep_interval
+        if not self.stream:
+            self.sweeps.append(Sweep(self.ownership.owned(), None))
+
+    def turn(self) -> Generator[EngineOp, Any, bool]:
+        """One turn of the loop; returns whether anything happened."""
+        now = self._mono()
+        for scope in self.ownership.take_acquired():
+            self.sweeps.append(Sweep(scope, None))
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.config.sweep_interval
+            self._queue_periodic_sweep()
+        busy = yield from self._sweep_step()
+        if self.stream:
+            busy = (yield from self._stream_step(now)) or busy
+            yield from self.checkpoint(now)
+        self.metrics.backlog(self.queue.backlog())
+        return busy
+
+    def _queue_periodic_sweep(self) -> None:
+        scope = self.ownership.owned()
+        if scope is not None and not scope:
+            return
+        if any(s.gate is None and s.older_than is not None for s in self.sweeps):
+            return
+        older_than = self._clock() - timedelta(seconds=self.config.grace)
+        self.sweeps.append(Sweep(scope, older_than))
+
+    def _sweep_step(self) -> Generator[EngineOp, Any, bool]:
+        if not self.sweeps or self.queue.backlog() >= self.config.max_backlog:
+            return False
+        sweep = self.sweeps[0]
+        partitions = None if sweep.scope is None else sorted(sweep.scope)
+        try:
+            docs: list[Document] = yield FindPending(
+                sweep.after, self.config.sweep_page, sweep.older_than, partitions
+            )
+        except StoreError as exc:
+            log.warning("sweep_failed error=%r", exc)
+            return False
+        for doc in docs:
+            done = self.request(doc)
+            if done is not None:
+                sweep.requested += 1
+                if sweep.gate is not None:
+                    sweep.gate.add(done)
+        sweep.pages += 1
+        if docs:
+            sweep.after = docs[-1][ID]
+        if len(docs) < self.config.sweep_page:
+            self.sweeps.popleft()
+            if sweep.gate is not None:
+                sweep.gate.finished = True
+            log.info(
+                "sweep_done scope=%s grace=%s aggregates=%d",
+                "all" if sweep.scope is None else sorted(sweep.scope),
+                sweep.older_than is not None,
+                sweep.requested,
+            )
+        return True
+
+    def request(self, doc: Document | None, *, reuse: bool = True) -> Done | None:
+        """Ask for a run of the document's aggregate if it has pending entries and is ours.
+
+        With ``reuse`` the run publishes from ``doc`` (read recently: a sweep page, an
+        event's lookup) instead of reloading it.
+        """
+        target = event_target(doc, self.config.partitions)
+        if target is None or not self.ownership.valid(target[1]):
+            return None
+        return partial(self.queue.done, self.queue.request(*target, doc if reuse else None))
+
+    # -- the change stream ------------------------------------------------------------
+
+    def _stream_step(self, now: float) -> Generator[EngineOp, Any, bool]:
+        """Open the stream if needed, or poll one batch. True if anything happened."""
+        if not self._open:
+            if now < self._retry_at:
+                return False
+            yield from self._start_stream(now)
+            return self._open
+        if len(self.tracker) >= self.config.max_outstanding:
+            return False
+        try:
+            events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
+        except ChangeStreamLost as exc:
+            log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
+            self._resume, self._open = None, False
+            return True
+        except StoreError as exc:
+            self._stream_failed(exc, now)
+            return False
+        for event in events:
+            done = self.request(event.document, reuse=event.current)
+            if done is None:
+                self.tracker.add(event.position)
+            else:
+                self.tracker.add(event.position, done)
+        self._resume = self.tracker.latest
+        return bool(events)
+
+    def _start_stream(self, now: float) -> Generator[EngineOp, Any, None]:
+        try:
+            if not self._loaded:
+                self._resume = self.saved = yield LoadCheckpoint(self.config.name)
+                self.tracker = PositionTracker(self._resume)
+                self._loaded = True
+            if self._resume is None:
+                yield from self._fresh_start()
+            else:
+                try:
+                    yield OpenStream(self._resume)
+                except ChangeStreamLost as exc:
+                    log.warning("stream_position_unusable error=%r; sweeping", exc)
+                    yield from self._fresh_start()
+        except StoreError as exc:
+            self._stream_failed(exc, now)
+            return
+        self._open, self._failures = True, 0
+        log.info("stream_opened")
+
+    def _fresh_start(self) -> Generator[EngineOp, Any, None]:
+        """Open the stream at "now", and sweep everything owned with no grace period."""
+        marker = yield StartMarker()
+        yield OpenStream(marker)
+        gate = Gate()
+        self.tracker.reset(marker, gate)
+        self._resume = marker
+        self.sweeps.append(Sweep(self.ownership.owned(), None, gate))
+
+    def _stream_failed(self, exc: StoreError, now: float) -> None:
+        self._open = False
+        self._failures += 1
+        delay = self.config.backoff.delay(self._failures, self._rng)
+        self._retry_at = now + delay
+        log.warning("stream_unavailable error=%r retry_in_s=%.2f", exc, delay)
+
+    def checkpoint(self, now: float, *, force: bool = False) -> Generator[EngineOp, Any, None]:
+        """Save the position behind the completed prefix (at most every interval)."""
+        self.tracker.advance()
+        safe = self.tracker.safe
+        if not self.checkpoints or safe is None or safe == self.saved:
+            return
+        if now < self._next_save and not force:
+            return
+        try:
+            yield SaveCheckpoint(self.config.name, safe)
+        except StoreError as exc:
+            log.warning("checkpoint_save_failed error=%r", exc)
+            return
+        self.saved = safe
+        self._next_save = now + self.config.checkpoint_interval
+
+    def shutdown(self, *, crashed: bool) -> Generator[EngineOp, Any, None]:
+        """After the last run finished: a final checkpoint (unless crashed), close the stream."""
+        if not self.stream:
+            return
+        if not crashed:
+            yield from self.checkpoint(self._mono(), force=True)
+        try:
+            yield CloseStream()
+        except StoreError as exc:
+            log.warning("stream_close_failed error=%r", exc)
+
+    # -- aggregate runs ---------------------------------------------------------------
+
+    def start_runs(self, limit: int | None = None) -> list[RunSlot]:
+        """The runs that may begin now; run each with :meth:`run`, then :meth:`finish` it."""
+        return self.queue.start(self._mono(), limit)
+
+    def finish(self, slot: RunSlot, outcome: RunOutcome) -> None:
+        self.queue.finish(slot, outcome, self._mono())
+
+    def next_due(self) -> float | None:
+        """Seconds until a delayed run may start, if one is waiting."""
+        return self.queue.next_due(self._mono())
+
+    def run(self, slot: RunSlot) -> Generator[RunOp, Any, RunOutcome]:
+        """Publish and trim what the aggregate has pending now."""
+        aggregate_id, partition = slot.aggregate_id, slot.partition
+        if not self.ownership.enter(partition):
+            return RunOutcome.DONE  # not ours: its owner sweeps it when acquiring
+        try:
+            doc = self._unpublished(slot.document)
+            if doc is None:
+                doc = yield Load(aggregate_id)
+            if doc is None or not doc.get("outbox"):
+                return RunOutcome.DONE
+            result = yield from self._publish_flow(doc, partition)
+        except StoreError as exc:
+            log.warning("dispatch_store_error aggregate=%r error=%r", aggregate_id, exc)
+            return RunOutcome.RETRY
+        finally:
+            self.ownership.leave(partition)
+        if result is None:
+            return RunOutcome.DONE
+        log.debug(
+            "dispatched aggregate=%r published=%d quarantined=%d held=%d",
+            aggregate_id,
+            len(result.published),
+            len(result.quarantined),
+            len(result.held),
+        )
+        return RunOutcome.UNAVAILABLE if result.unavailable else RunOutcome.DONE
+
+    def _unpublished(self, doc: Document | None) -> Document | None:
+        """``doc`` (a copy that came with an event or a sweep page) without the entries
+        this instance already trimmed: entries never change, so nothing needs reloading."""
+        if doc is None:
+            return None
+        outbox = doc.get("outbox") or []
+        fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in self.trimmed)]
+        if len(fresh) == len(outbox):
+            return doc
+        return {**doc, "outbox": fresh}
+
+    def _publish_flow(
+        self, doc: Document, partition: int
+    ) -> Generator[RunOp, Any, DispatchResult | None]:
+        """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
+        flow = dispatch_document(doc, self.config.policy, self._rng)
+        send: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                op = flow.send(send) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                result: DispatchResult = stop.value
+                return result
+            send, error = None, None
+            if isinstance(op, Publish | Write) and not self.ownership.valid(partition):
+                flow.close()  # the partition's next owner sweeps it
+                log.info("dispatch_abandoned partition=%d reason=lease", partition)
+                return None
+            if isinstance(op, Publish):
+                error = yield from self._publish(op)
+            elif isinstance(op, Quarantine):
+                yield op
+                entry_id = op.entry.get("id")
+                entry_id = entry_id if isinstance(entry_id, str) else None
+                self.metrics.quarantined(op.aggregate_id, entry_id, op.error)
+                log.error(
+                    "quarantined aggregate=%r entry=%s attempts=%d error=%s",
+                    op.aggregate_id,
+                    entry_id,
+                    op.attempts,
+                    op.error,
+                )
+            else:
+                try:
+                    send = yield op
+                except StoreError as exc:
+                    error = exc
+                else:
+                    if send and isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+                        self.trimmed.add_all(op.plan.entry_ids)
+
+    def _publish(self, op: Publish) -> Generator[RunOp, Any, Exception | None]:
+        entry = op.entry
+        try:
+            yield op
+        except Exception as exc:  # noqa: BLE001 - thrown into the flow, which classifies it
+            self.metrics.failed(entry, exc)
+            if isinstance(exc, BrokerUnavailable):
+                self.broker.down(exc)
+            else:
+                log.warning(
+                    "publish_failed aggregate=%r entry=%s seq=%d error=%r",
+                    entry.aggregate_id,
+                    entry.id,
+                    entry.seq,
+                    exc,
+                )
+            return exc
+        self.broker.up()
+        lag = (self._clock() - entry.created_at).total_seconds()
+        self.metrics.published(entry, lag)
+        return None

@@ -1,0 +1,209 @@
+"""Contracts of the dispatcher's ports: every adapter, sync or async, must pass these tests.
+
+Reuse them for your own adapter by subclassing and providing the fixture each names:
+
+- :class:`ChangeSourceContract`: ``change_source``, a ``(source, backend)`` pair: a
+  :class:`~docoutbox.dispatch.ports.ChangeSource` over one fresh, empty collection and the
+  :class:`~docoutbox.store.ports.StoreBackend` writing to that collection;
+- :class:`CheckpointsContract`: ``checkpoints``, fresh
+  :class:`~docoutbox.dispatch.ports.Checkpoints`;
+- :class:`LeaseTableContract`: ``lease_table``, a fresh
+  :class:`~docoutbox.dispatch.ports.LeaseTable` group;
+- :class:`DeadLettersContract`: ``dead_letters``, a ``(port, count)`` pair, ``count()``
+  being how many entries the store holds;
+- :class:`PublisherContract`: ``publisher``, a ``(port, received)`` pair, ``received()``
+  the IDs of the entries the broker accepted so far, in order.
+
+Async ports (:class:`~docoutbox.dispatch.ports.AsyncChangeSource` and the other twins)
+run the same tests wrapped in :class:`~docoutbox.testing.blocking.BlockingStore`, which
+works for any object with coroutine methods.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox.dispatch.ports import ChangeEvent
+from docoutbox.errors import ChangeStreamLost
+from docoutbox.model import OutboxMessage
+from docoutbox.store.api import AggregateStore
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def _events_until(
+    source: Any, wanted: Callable[[list[ChangeEvent]], bool], timeout: float = 10.0
+) -> list[ChangeEvent]:
+    """Poll ``source`` until the events seen satisfy ``wanted``."""
+    seen: list[ChangeEvent] = []
+    deadline = time.monotonic() + timeout
+    while not wanted(seen):
+        assert time.monotonic() < deadline, f"only saw {seen!r}"
+        batch = source.poll(10)
+        seen.extend(batch)
+        if not batch:
+            time.sleep(0.02)
+    return seen
+
+
+def _with_docs(events: list[ChangeEvent]) -> list[Any]:
+    return [e.document["_id"] for e in events if e.document is not None]
+
+
+class ChangeSourceContract:
+    """Behaviour every change source must show."""
+
+    def test_changes_after_the_start_marker_arrive_in_commit_order(
+        self, change_source: tuple[Any, Any]
+    ) -> None:
+        source, backend = change_source
+        store = AggregateStore(backend, Counter)
+        source.open(source.start_marker())
+        try:
+            for i in range(3):
+                store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+            events = _events_until(source, lambda seen: len(_with_docs(seen)) >= 3)
+            assert _with_docs(events)[:3] == ["a0", "a1", "a2"]
+            doc = next(e.document for e in events if e.document is not None)
+            assert doc["outbox"] and doc["outbox"][0]["seq"] == 1  # the document after it
+        finally:
+            source.close()
+
+    def test_a_position_resumes_right_after_its_event(self, change_source: tuple[Any, Any]) -> None:
+        source, backend = change_source
+        store = AggregateStore(backend, Counter)
+        source.open(source.start_marker())
+        try:
+            store.handle("a", add_msg("m1"), counter_handlers, create=True)
+            store.handle("b", add_msg("m2"), counter_handlers, create=True)
+            events = _events_until(source, lambda seen: len(_with_docs(seen)) >= 2)
+            first = next(e for e in events if e.document is not None)
+            source.open(first.position)
+            again = _events_until(source, lambda seen: len(_with_docs(seen)) >= 1)
+            assert _with_docs(again)[0] == "b"
+        finally:
+            source.close()
+
+    @pytest.mark.parametrize("bad", ["not a position", {"x": 1}, [1, 2], True])
+    def test_an_unusable_position_is_a_lost_stream(
+        self, change_source: tuple[Any, Any], bad: Any
+    ) -> None:
+        source, _ = change_source
+
+        def open_and_poll() -> None:  # a source may find out when it opens, or first polls
+            source.open(bad)
+            source.poll(1)
+
+        with pytest.raises(ChangeStreamLost):
+            open_and_poll()
+
+    def test_polling_a_closed_stream_is_a_lost_stream(self, change_source: tuple[Any, Any]) -> None:
+        source, _ = change_source
+        source.open(source.start_marker())
+        source.close()
+        source.close()  # closing twice is harmless
+        with pytest.raises(ChangeStreamLost):
+            source.poll(1)
+
+
+class CheckpointsContract:
+    """Behaviour every checkpoint store must show."""
+
+    def test_an_unknown_name_has_no_position(self, checkpoints: Any) -> None:
+        assert checkpoints.load("nobody") is None
+
+    def test_the_last_save_wins_per_name(self, checkpoints: Any) -> None:
+        checkpoints.save("a", {"resume_after": {"_data": "01"}})
+        checkpoints.save("a", {"resume_after": {"_data": "02"}})
+        checkpoints.save("b", {"resume_after": {"_data": "09"}})
+        assert checkpoints.load("a") == {"resume_after": {"_data": "02"}}
+        assert checkpoints.load("b") == {"resume_after": {"_data": "09"}}
+
+
+class LeaseTableContract:
+    """Behaviour every lease table must show: conditional writes, losers get False."""
+
+    def test_a_free_partition_is_acquired_once(self, lease_table: Any) -> None:
+        later = NOW + timedelta(seconds=10)
+        assert lease_table.acquire(0, "a", NOW, later)
+        assert not lease_table.acquire(0, "b", NOW, later)
+        assert lease_table.acquire(0, "a", NOW, later)  # its owner may take it again
+        assert lease_table.read().leases == {0: ("a", later)}
+
+    def test_an_expired_lease_is_taken_over(self, lease_table: Any) -> None:
+        assert lease_table.acquire(1, "a", NOW, NOW + timedelta(seconds=1))
+        later = NOW + timedelta(seconds=2)
+        assert lease_table.acquire(1, "b", later, later + timedelta(seconds=10))
+        assert lease_table.read().leases[1][0] == "b"
+
+    def test_renew_and_release_touch_only_the_owners_leases(self, lease_table: Any) -> None:
+        soon, later = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
+        assert lease_table.acquire(0, "a", NOW, soon)
+        assert lease_table.acquire(1, "b", NOW, soon)
+        lease_table.renew([0, 1], "a", later)
+        lease_table.release(1, "a")
+        assert lease_table.read().leases == {0: ("a", later), 1: ("b", soon)}
+        lease_table.release(0, "a")
+        assert lease_table.read().leases == {1: ("b", soon)}
+
+    def test_members_join_refresh_and_leave(self, lease_table: Any) -> None:
+        soon, later = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
+        lease_table.join("a", soon)
+        lease_table.join("b", soon)
+        lease_table.join("a", later)
+        assert lease_table.read().members == {"a": later, "b": soon}
+        lease_table.leave("b")
+        lease_table.leave("nobody")
+        assert lease_table.read().members == {"a": later}
+
+
+def _entry(entry_id: str = "e-1") -> dict[str, Any]:
+    return {
+        "id": entry_id,
+        "type": "Added",
+        "payload": {"n": 1},
+        "created_at": NOW,
+        "seq": 1,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+
+
+class DeadLettersContract:
+    """Behaviour every dead-letter store must show: ``put`` is idempotent by entry ID."""
+
+    def test_put_is_idempotent_by_entry_id(self, dead_letters: tuple[Any, Any]) -> None:
+        port, count = dead_letters
+        port.put("a", _entry("e-1"), "refused", 3)
+        port.put("a", _entry("e-1"), "refused again", 4)
+        port.put("a", _entry("e-2"), "refused", 1)
+        assert count() == 2
+
+    def test_a_malformed_entry_is_kept_too(self, dead_letters: tuple[Any, Any]) -> None:
+        port, count = dead_letters
+        port.put("a", {"value": "'garbage'"}, "malformed entry", 0)
+        assert count() == 1
+
+
+class PublisherContract:
+    """Behaviour every publisher must show: an accepted entry is received, in order."""
+
+    def test_accepted_entries_are_received_in_order(self, publisher: tuple[Any, Any]) -> None:
+        port, received = publisher
+        entries = [
+            OutboxMessage.parse({**_entry(f"p-{i}"), "seq": i + 1, "destination": "d"})
+            for i in range(5)
+        ]
+        for entry in entries:
+            port.publish(entry)
+        deadline = time.monotonic() + 10
+        while len(received()) < len(entries):
+            assert time.monotonic() < deadline, received()
+            time.sleep(0.02)
+        assert received() == [e.id for e in entries]

@@ -1,0 +1,180 @@
+"""The dispatch ports' contracts, over every adapter: in memory, mongomock where it can
+(it has no change streams), and the MongoDB wire server (sync, AsyncMongoClient, Motor)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from docoutbox.testing import (
+    AsyncMemoryPublisher,
+    MemoryBackend,
+    MemoryDeadLetters,
+    MemoryPublisher,
+)
+from docoutbox.testing.blocking import BlockingStore
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
+from docoutbox.testing.dispatch_contract import (
+    ChangeSourceContract,
+    CheckpointsContract,
+    DeadLettersContract,
+    LeaseTableContract,
+    PublisherContract,
+)
+from tests.conftest import server_uri
+
+
+class Databases:
+    """Fresh databases of one kind; ``async_`` ones are used through a blocking wrapper."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.name = f"ports_{uuid.uuid4().hex[:10]}"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._closers: list[Callable[[], None]] = []
+        self.sync_db: Any = None
+        self.async_db: Any = None
+        if kind == "mongomock":
+            import mongomock
+
+            self.sync_db = mongomock.MongoClient()[self.name]
+            return
+        if kind == "mongomock-motor":
+            from mongomock_motor import AsyncMongoMockClient
+
+            self.loop = asyncio.new_event_loop()
+            self.async_db = AsyncMongoMockClient()[self.name]
+            return
+        from pymongo import MongoClient
+
+        uri = server_uri("wire", request)
+        client: Any = MongoClient(uri, uuidRepresentation="standard")
+        self.sync_db = client[self.name]
+        self._closers.append(lambda: client.drop_database(self.name))
+        self._closers.append(client.close)
+        if kind == "wire":
+            return
+        self.loop = asyncio.new_event_loop()
+        if kind == "wire-motor":
+            from motor.motor_asyncio import AsyncIOMotorClient
+
+            aclient: Any = AsyncIOMotorClient(uri, io_loop=self.loop)
+            self._closers.insert(0, aclient.close)
+        else:
+            from pymongo import AsyncMongoClient
+
+            aclient = AsyncMongoClient(uri)
+            loop = self.loop
+            self._closers.insert(0, lambda: loop.run_until_complete(aclient.close()))
+        self.async_db = aclient[self.name]
+
+    def port(self, sync_type: Any, async_type: Any, collection: str, *args: Any) -> Any:
+        if self.async_db is None:
+            return sync_type(self.sync_db[collection], *args)
+        assert self.loop is not None
+        return BlockingStore(async_type(self.async_db[collection], *args), self.loop)
+
+    def close(self) -> None:
+        for close in self._closers:
+            close()
+        if self.loop is not None:
+            self.loop.close()
+
+
+def databases(kinds: list[str]) -> Callable[..., Iterator[Databases]]:
+    @pytest.fixture(params=kinds)
+    def fixture(request: pytest.FixtureRequest) -> Iterator[Databases]:
+        dbs = Databases(request.param, request)
+        yield dbs
+        dbs.close()
+
+    return fixture
+
+
+source_dbs = databases(["wire", "wire-async", "wire-motor"])
+checkpoint_dbs = databases(["mongomock", "mongomock-motor", "wire", "wire-async", "wire-motor"])
+lease_dbs = databases(["mongomock", "wire"])
+dead_letter_dbs = databases(["mongomock", "mongomock-motor", "wire", "wire-async", "wire-motor"])
+
+
+class TestMemoryChangeSource(ChangeSourceContract):
+    @pytest.fixture
+    def change_source(self) -> tuple[Any, Any]:
+        backend = MemoryBackend()
+        return MemoryChangeSource(backend), backend
+
+
+@pytest.mark.wire
+class TestMongoChangeSource(ChangeSourceContract):
+    @pytest.fixture
+    def change_source(self, source_dbs: Databases) -> tuple[Any, Any]:
+        from docoutbox_mongo import AsyncMongoChangeSource, MongoBackend, MongoChangeSource
+
+        source = source_dbs.port(MongoChangeSource, AsyncMongoChangeSource, "aggs")
+        return source, MongoBackend(source_dbs.sync_db["aggs"])
+
+
+class TestMemoryCheckpoints(CheckpointsContract):
+    @pytest.fixture
+    def checkpoints(self) -> Any:
+        return MemoryCheckpoints()
+
+
+class TestMongoCheckpoints(CheckpointsContract):
+    @pytest.fixture
+    def checkpoints(self, checkpoint_dbs: Databases) -> Any:
+        from docoutbox_mongo import AsyncMongoCheckpoints, MongoCheckpoints
+
+        return checkpoint_dbs.port(MongoCheckpoints, AsyncMongoCheckpoints, "checkpoints")
+
+
+class TestMemoryLeaseTable(LeaseTableContract):
+    @pytest.fixture
+    def lease_table(self) -> Any:
+        return MemoryLeaseTable()
+
+
+class TestMongoLeaseTable(LeaseTableContract):
+    @pytest.fixture
+    def lease_table(self, lease_dbs: Databases) -> Any:
+        from docoutbox_mongo import MongoLeaseTable
+
+        return lease_dbs.port(MongoLeaseTable, None, "leases", "group")
+
+
+class TestMemoryDeadLetters(DeadLettersContract):
+    @pytest.fixture
+    def dead_letters(self) -> tuple[Any, Any]:
+        port = MemoryDeadLetters()
+        return port, lambda: len(port.entries)
+
+
+class TestMongoDeadLetters(DeadLettersContract):
+    @pytest.fixture
+    def dead_letters(self, dead_letter_dbs: Databases) -> tuple[Any, Any]:
+        from docoutbox_mongo import AsyncMongoDeadLetters, MongoDeadLetters
+
+        port = dead_letter_dbs.port(MongoDeadLetters, AsyncMongoDeadLetters, "dead")
+        if dead_letter_dbs.async_db is not None:
+            loop, coll = dead_letter_dbs.loop, dead_letter_dbs.async_db["dead"]
+            assert loop is not None
+            return port, lambda: loop.run_until_complete(coll.count_documents({}))
+        return port, lambda: dead_letter_dbs.sync_db["dead"].count_documents({})
+
+
+class TestMemoryPublisher(PublisherContract):
+    @pytest.fixture(params=["sync", "async"])
+    def publisher(
+        self, request: pytest.FixtureRequest, event_loop_: asyncio.AbstractEventLoop
+    ) -> tuple[Any, Any]:
+        sync = MemoryPublisher()
+        port = (
+            sync
+            if request.param == "sync"
+            else BlockingStore(AsyncMemoryPublisher(sync), event_loop_)
+        )
+        return port, sync.ids

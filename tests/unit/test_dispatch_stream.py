@@ -1,0 +1,220 @@
+"""What the stream brings: ``postBatchResumeToken`` keeps a quiet collection's position
+moving (a unit test on the token handling, since the wire server sends no such token), and
+an event's copy of the document is published without reloading it."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
+from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.ports import ChangeEvent
+from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox_mongo.changes import MongoChangeSource
+
+
+class FakeStream:
+    """A change stream whose batches end with the server's post-batch token."""
+
+    def __init__(self, batches: list[tuple[list[dict[str, Any]], dict[str, Any] | None]]) -> None:
+        self.batches = batches
+        self.resume_token: dict[str, Any] | None = None
+
+    def try_next(self) -> dict[str, Any] | None:
+        changes, post_batch = self.batches[0]
+        if changes:
+            change = changes.pop(0)
+            self.resume_token = change["_id"]
+            return change
+        self.batches.pop(0)
+        if post_batch is not None:
+            self.resume_token = post_batch
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class FakeCollection:
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream = stream
+        self.watched: list[dict[str, Any]] = []
+
+    def watch(self, pipeline: Any, **kwargs: Any) -> FakeStream:
+        self.watched.append(kwargs)
+        return self.stream
+
+
+def change(n: int) -> dict[str, Any]:
+    return {"_id": {"_data": f"{n:04d}"}, "operationType": "update", "fullDocument": {"_id": n}}
+
+
+def test_a_batch_end_token_past_the_last_change_becomes_a_position_event() -> None:
+    stream = FakeStream(
+        [
+            ([change(1), change(2)], {"_data": "0009"}),  # filtered-out changes up to 9
+            ([], {"_data": "0015"}),  # a quiet period: the server still moves on
+            ([], {"_data": "0015"}),  # no further move: nothing to report
+            ([change(16)], None),  # a server that sends no post-batch token
+        ]
+    )
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    first = source.poll(10)
+    assert [e.position for e in first] == [
+        {"resume_after": {"_data": "0001"}},
+        {"resume_after": {"_data": "0002"}},
+        {"resume_after": {"_data": "0009"}},
+    ]
+    assert first[-1].document is None
+    assert source.poll(10) == [ChangeEvent({"resume_after": {"_data": "0015"}}, None)]
+    assert source.poll(10) == []
+    [last] = source.poll(10)
+    assert last.position == {"resume_after": {"_data": "0016"}} and last.document == {"_id": 16}
+
+
+def test_a_full_batch_does_not_report_the_token_early() -> None:
+    stream = FakeStream([([change(1), change(2)], {"_data": "0009"})])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.document for e in source.poll(2)] == [{"_id": 1}, {"_id": 2}]  # batch not over
+
+
+def test_the_checkpoint_follows_position_only_events() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", checkpoint_interval=0),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    saved: list[Any] = []
+    quiet = ChangeEvent({"resume_after": {"_data": "0015"}}, None)
+    replies: dict[str, Any] = {"LoadCheckpoint": {"resume_after": {"_data": "0001"}}}
+    for _ in range(2):  # open the stream, then poll
+        flow = engine.turn()
+        op = next(flow)
+        try:
+            while True:
+                name = type(op).__name__
+                if name == "SaveCheckpoint":
+                    saved.append(op.position)
+                reply = [quiet] if isinstance(op, PollChanges) else replies.get(name)
+                op = flow.send(reply)
+        except StopIteration:
+            pass
+    assert saved == [{"resume_after": {"_data": "0015"}}]
+
+
+def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating() -> None:
+    """The copy an event carries is published as is; a later, staler copy does not bring
+    back the entries this instance trimmed since."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="q"),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    entry = {
+        "id": "e1",
+        "type": "Added",
+        "payload": {},
+        "created_at": datetime(2030, 1, 1, tzinfo=UTC),
+        "seq": 1,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = {"_id": "a", "partition": 0, "version": 1, "outbox": [entry]}
+
+    def run_once() -> list[str]:
+        [slot] = engine.start_runs()
+        flow, ops, reply = engine.run(slot), list[str](), None
+        try:
+            while True:
+                op = flow.send(reply)
+                ops.append(type(op).__name__)
+                reply = True if ops[-1] == "Write" else None
+        except StopIteration:
+            pass
+        engine.finish(slot, RunOutcome.DONE)
+        return ops
+
+    engine.request(doc)
+    assert run_once() == ["Publish", "Write"]  # no Load: the event's copy is used
+    engine.request(dict(doc))  # a stale copy, from before the trim
+    assert run_once() == []  # nothing published again, nothing read
+
+
+def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_trip() -> None:
+    class Cursor:
+        def __init__(self) -> None:
+            self._data = [change(1), change(2)]
+
+    class Buffered(FakeStream):
+        """A stream whose received batch is visible, like pymongo's."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self._cursor = Cursor()
+            self.round_trips = 0
+
+        def try_next(self) -> dict[str, Any] | None:
+            if not self._cursor._data:
+                self.round_trips += 1  # a getMore
+                self._cursor._data = [change(3)]
+            item = self._cursor._data.pop(0)
+            self.resume_token = item["_id"]
+            return item
+
+    stream = Buffered()
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.document for e in source.poll(500)] == [{"_id": 1}, {"_id": 2}]
+    assert stream.round_trips == 0
+    assert [e.document for e in source.poll(500)] == [{"_id": 3}]  # the next poll fetches
+
+
+def test_an_invalidate_event_is_a_lost_stream() -> None:
+    import pytest
+
+    from docoutbox.errors import ChangeStreamLost
+
+    stream = FakeStream([([{"_id": {"_data": "0001"}, "operationType": "invalidate"}], None)])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    with pytest.raises(ChangeStreamLost, match="invalidated"):
+        source.poll(10)
+    with pytest.raises(ChangeStreamLost):  # closed
+        source.poll(10)
+
+
+def test_only_an_updates_looked_up_document_counts_as_current() -> None:
+    inserted = {**change(1), "operationType": "insert"}
+    replaced = {**change(2), "operationType": "replace"}
+    stream = FakeStream([([inserted, replaced, change(3)], None)])
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert [e.current for e in source.poll(10)] == [False, False, True]
+
+
+def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="q"),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
+    [slot] = engine.start_runs()
+    assert type(next(engine.run(slot))).__name__ == "Load"

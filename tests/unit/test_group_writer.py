@@ -1,0 +1,148 @@
+"""Trims of concurrent runs go out together (group commit), in one ``bulk_write``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore
+from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter
+from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
+from docoutbox.testing import MemoryBackend
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+
+
+class SlowBulk:
+    """A backend whose ``write_many`` takes a while and records each batch's size."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+        self.batches.append(len(plans))
+        time.sleep(0.05)
+        return [True] * len(plans)
+
+
+def test_concurrent_trims_share_round_trips() -> None:
+    backend = SlowBulk()
+    writer = GroupWriter(backend)
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(writer.write(plan_trim(f"a{i}", ["e"]))))
+        for i in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 8
+    assert sum(backend.batches) == 8 and len(backend.batches) < 8
+    assert (writer.plans, writer.batches) == (8, len(backend.batches))
+
+
+def test_a_failed_batch_fails_every_writer_in_it() -> None:
+    class Broken:
+        def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+            raise RuntimeError("down")
+
+    with pytest.raises(RuntimeError, match="down"):
+        GroupWriter(Broken()).write(plan_trim("a", ["e"]))
+
+
+def stored(backend: Any, aggregates: int) -> dict[str, list[str]]:
+    store = AggregateStore(backend, Counter)
+    ids = {}
+    for i in range(aggregates):
+        outcome = store.handle(f"a{i}", add_msg(f"m{i}", emits=2), counter_handlers, create=True)
+        ids[f"a{i}"] = [e.id for e in outcome.emitted]
+    return ids
+
+
+def test_a_backend_without_write_many_is_written_plan_by_plan() -> None:
+    backend = MemoryBackend()
+    ids = stored(backend, 3)
+    writer = GroupWriter(backend)
+    assert writer.write(plan_trim("a0", ids["a0"][:1])) is True
+    assert [e["id"] for e in backend.docs["a0"]["outbox"]] == ids["a0"][1:]
+
+
+def test_async_trims_share_round_trips() -> None:
+    class AsyncSlowBulk:
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+            self.batches.append(len(plans))
+            await asyncio.sleep(0.02)
+            return [True] * len(plans)
+
+    backend = AsyncSlowBulk()
+    writer = AsyncGroupWriter(backend)
+
+    async def main() -> list[bool]:
+        return list(
+            await asyncio.gather(*(writer.write(plan_trim(f"a{i}", ["e"])) for i in range(8)))
+        )
+
+    assert asyncio.run(main()) == [True] * 8
+    assert sum(backend.batches) == 8 and len(backend.batches) < 8
+
+
+def trims(ids: dict[str, list[str]]) -> list[TrimPlan]:
+    return [plan_trim(a, entries[:1]) for a, entries in ids.items()]
+
+
+def test_mongomock_bulk_write_falls_back_to_one_write_per_plan() -> None:
+    import mongomock
+
+    from docoutbox_mongo import MongoBackend
+
+    backend = MongoBackend(mongomock.MongoClient()["t"][uuid.uuid4().hex])
+    ids = stored(backend, 3)
+    assert backend.write_many(trims(ids)) == [True] * 3
+    for aggregate, entries in ids.items():
+        assert [e["id"] for e in backend.load(aggregate)["outbox"]] == entries[1:]
+
+
+@pytest.mark.wire
+def test_many_trims_are_one_bulk_write_on_the_wire_server(mongo_uri: str) -> None:
+    from pymongo import MongoClient, monitoring
+
+    from docoutbox_mongo import MongoBackend
+
+    class Commands(monitoring.CommandListener):
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def started(self, event: monitoring.CommandStartedEvent) -> None:
+            self.names.append(event.command_name)
+
+        def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+            return None
+
+        def failed(self, event: monitoring.CommandFailedEvent) -> None:
+            return None
+
+    commands = Commands()
+    client: Any = MongoClient(mongo_uri, event_listeners=[commands])
+    name = f"trims_{uuid.uuid4().hex[:8]}"
+    try:
+        backend = MongoBackend(client[name]["aggs"])
+        ids = stored(backend, 4)
+        commands.names.clear()
+        assert backend.write_many(trims(ids)) == [True] * 4
+        assert commands.names == ["update"]  # four $pulls, one round trip
+        for aggregate, entries in ids.items():
+            assert [e["id"] for e in backend.load(aggregate)["outbox"]] == entries[1:]
+        missing = [*trims(ids), plan_trim("nobody", ["x"])]
+        assert backend.write_many(missing) == [False] * 5  # the reply cannot say which
+    finally:
+        client.drop_database(name)
+        client.close()

@@ -1,0 +1,210 @@
+"""Immediate dispatch: entries published right after their commit; the regular dispatcher
+remains the safety net, and in one process the two paths do not publish an entry twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import Any
+
+from docoutbox import AggregateStore, BrokerUnavailable, OutboxMessage
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.immediate import ImmediateDispatcher
+from docoutbox.dispatch.scheduler import Backoff
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+
+FAST = DispatcherConfig(
+    name="t",
+    concurrency=4,
+    sweep_interval=3600,
+    poll_interval=0.005,
+    checkpoint_interval=0,
+    policy=DispatchPolicy(max_attempts=50, base_delay=0.001, max_delay=0.005),
+    backoff=Backoff(base=0.005, cap=0.05),
+)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def pending(backend: MemoryBackend) -> int:
+    return sum(len(doc.get("outbox") or []) for doc in backend.docs.values())
+
+
+def committed_ids(backend: MemoryBackend) -> set[str]:
+    return {e["id"] for doc in backend.changes for e in doc.get("outbox") or []}
+
+
+def in_seq_order(entries: list[OutboxMessage]) -> bool:
+    """Per aggregate, the first publish of each entry comes in seq order (I4)."""
+    firsts: dict[Any, list[int]] = {}
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.id not in seen:
+            seen.add(entry.id)
+            firsts.setdefault(entry.aggregate_id, []).append(entry.seq)
+    return all(seqs == sorted(seqs) for seqs in firsts.values())
+
+
+def run_dispatcher(backend: MemoryBackend, publisher: Any, *, stream: bool) -> Dispatcher:
+    dispatcher = Dispatcher(
+        backend,
+        publisher,
+        MemoryDeadLetters(),
+        source=MemoryChangeSource(backend) if stream else None,
+        checkpoints=MemoryCheckpoints() if stream else None,
+        config=FAST,
+    )
+    threading.Thread(target=dispatcher.run, daemon=True).start()
+    assert dispatcher.started.wait(5)
+    return dispatcher
+
+
+def test_entries_are_published_and_trimmed_right_after_the_commit() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    publisher = MemoryPublisher()
+    immediate = ImmediateDispatcher(store, publisher).start()
+    for i in range(20):
+        store.handle(f"a{i % 3}", add_msg(f"m{i}", emits=2), counter_handlers, create=True)
+    immediate.drain()
+    immediate.stop()
+    assert sorted(publisher.ids()) == sorted(committed_ids(backend))
+    assert len(publisher.ids()) == 40
+    assert pending(backend) == 0
+    assert in_seq_order(publisher.published)
+    assert immediate.stats.reloads == 0
+
+
+def test_a_failed_publish_is_left_to_the_safety_net_in_order() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    broken = {"on": True}
+    publisher = MemoryPublisher(
+        fail=lambda e: BrokerUnavailable("down") if broken["on"] and e.seq == 3 else None
+    )
+    immediate = ImmediateDispatcher(store, publisher).start()
+    for i in range(6):
+        store.handle("a", add_msg(f"m{i}"), counter_handlers, create=True)
+    immediate.drain()
+    # seq 3 failed: the immediate path stopped for "a" and left 3.. pending.
+    assert [e.seq for e in publisher.published] == [1, 2]
+    assert immediate.stats.deferred >= 1
+    assert pending(backend) == 4
+    broken["on"] = False
+    dispatcher = run_dispatcher(backend, immediate.guard(publisher), stream=False)
+    wait_until(lambda: pending(backend) == 0)
+    dispatcher.stop()
+    # A new commit after the failure: the immediate path reloads and keeps seq order.
+    store.handle("a", add_msg("m6"), counter_handlers)
+    immediate.drain()
+    immediate.stop()
+    assert [e.seq for e in publisher.published] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_crash_of_the_immediate_path_loses_nothing() -> None:
+    """The process dies while entries wait for the immediate path: a new process's
+    dispatcher publishes every committed entry (I1)."""
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    publisher = MemoryPublisher()
+    frozen = threading.Event()
+
+    class Dying(MemoryPublisher):
+        """Publishes 10 entries, then the process freezes for good (a crash)."""
+
+        def publish(self, entry: OutboxMessage) -> None:
+            if len(self.published) >= 10:
+                frozen.wait()
+                raise BrokerUnavailable("the process is gone")
+            super().publish(entry)
+
+    dying = Dying()
+    immediate = ImmediateDispatcher(store, dying).start()
+    for i in range(60):
+        store.handle(f"a{i % 4}", add_msg(f"m{i}"), counter_handlers, create=True)
+    wait_until(lambda: len(dying.published) == 10)
+    store.commit_listeners.clear()  # the process and its queue are gone
+    assert pending(backend) > 0
+    # A new process: its dispatcher (stream + sweep) publishes everything still pending.
+    dispatcher = run_dispatcher(backend, publisher, stream=True)
+    wait_until(lambda: pending(backend) == 0)
+    dispatcher.stop()
+    assert committed_ids(backend) == set(dying.ids()) | set(publisher.ids())
+    frozen.set()
+    immediate.stop()
+
+
+def test_both_paths_in_one_process_publish_each_entry_once() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    publisher = MemoryPublisher()
+    immediate = ImmediateDispatcher(store, publisher).start()
+    dispatcher = run_dispatcher(backend, immediate.guard(publisher), stream=True)
+    threads = [
+        threading.Thread(
+            target=lambda w=w: [
+                store.handle(f"a{w}", add_msg(f"w{w}-{i}"), counter_handlers, create=True)
+                for i in range(40)
+            ]
+        )
+        for w in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    immediate.drain()
+    wait_until(lambda: pending(backend) == 0)
+    dispatcher.stop()
+    immediate.stop()
+    counts = Tally(publisher.ids())
+    assert set(counts) == committed_ids(backend)
+    assert max(counts.values()) == 1
+    assert in_seq_order(publisher.published)
+
+
+def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
+    from datetime import timedelta
+
+    from docoutbox.dispatch.immediate import SettledPublisher
+    from docoutbox.store.document import utcnow
+
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
+    store.trim("a", [first.id])  # the immediate path published and trimmed it
+    inner = MemoryPublisher()
+    slept: list[float] = []
+    settled = SettledPublisher(inner, backend, 0.5, sleep=slept.append)
+    settled.publish(first)
+    settled.publish(second)
+    assert inner.ids() == [second.id] and settled.skipped == 1
+    assert len(slept) == 2 and all(0 < s <= 0.5 for s in slept)
+    old = SettledPublisher(inner, backend, 0.5, clock=lambda: utcnow() + timedelta(seconds=5))
+    old.publish(first)  # old enough: published without a look (at least once)
+    assert inner.ids() == [second.id, first.id]
+
+
+def test_batches_and_group_commits_reach_the_immediate_path() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter, group_commit=True)
+    publisher = MemoryPublisher()
+    immediate = ImmediateDispatcher(store, publisher).start()
+    store.handle_batch("a", [add_msg(f"m{i}") for i in range(5)], counter_handlers, create=True)
+    store.handle("a", add_msg("m5"), counter_handlers)
+    immediate.drain()
+    immediate.stop()
+    assert [e.seq for e in publisher.published] == [1, 2, 3, 4, 5, 6]
+    assert pending(backend) == 0
+    assert immediate.stats.reloads == 0  # every commit was offered, none found by a reload
