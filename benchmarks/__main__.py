@@ -23,7 +23,7 @@ from typing import Any
 
 import pymongo
 
-from benchmarks import batch, dispatch, immediate, memory, store, structure
+from benchmarks import audit, batch, dispatch, immediate, memory, store, structure, tracing
 from benchmarks.common import Scale, Table, mongo_server
 
 Bench = Callable[[str, Scale], Table]
@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "batch": (batch.batching, None),
     "group": (batch.group_commit, None),
     "immediate": (immediate.run, None),
+    "tracing": (tracing.run, None),
+    "audit": (audit.run, "6g"),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 

@@ -2,8 +2,11 @@
 # Install, start and stop the servers the docoutbox test suite talks to.
 #
 # Usage: scripts/servers.sh <subcommand>
-#   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven)
+#   install-mongo     fetch mongo-java-server + deps into tests/servers/mongo/lib (Maven,
+#                     with the pom shipped in docoutbox/testing/mongo_wire)
 #   install-rabbitmq  apt-get install rabbitmq-server if it is missing
+#   install-spark     fetch the MongoDB Spark connector + driver into tests/servers/spark/lib
+#   install-chromium  apt-get install chromium (headless rendering of the audit report)
 #   install-cosmos    npm ci the local Cosmos DB server into tests/servers/cosmos/node_modules
 #                     (@vercel/cosmosdb-server, pinned, with the project's patch applied)
 #   install           all of the above
@@ -15,7 +18,7 @@
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: tests/support/servers.py launches one per
-# test session (java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java 0).
+# test session (java -cp 'tests/servers/mongo/lib/*' docoutbox/testing/mongo_wire/MongoWireServer.java 0).
 # Nor is the Cosmos DB server: tests/support/servers.py launches one per session too;
 # start-cosmos is for examples and manual runs (tests then use it through COSMOS_ENDPOINT).
 #
@@ -26,8 +29,10 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MONGO_DIR="$REPO_ROOT/tests/servers/mongo"
-MONGO_LIB="$MONGO_DIR/lib"
+MONGO_POM="$REPO_ROOT/docoutbox/testing/mongo_wire/pom.xml"
+MONGO_LIB="$REPO_ROOT/tests/servers/mongo/lib"
+SPARK_DIR="$REPO_ROOT/tests/servers/spark"
+SPARK_LIB="$SPARK_DIR/lib"
 COSMOS_DIR="$REPO_ROOT/tests/servers/cosmos"
 COSMOS_PORT="${COSMOS_PORT:-8081}"
 STATE_DIR="$REPO_ROOT/.servers"
@@ -82,8 +87,8 @@ cmd_install_mongo() {
     # only on failure.
     local mvn_log
     mvn_log="$(mktemp)"
-    if ! mvn -B -q -f "$MONGO_DIR/pom.xml" \
-        dependency:copy-dependencies -DoutputDirectory=lib </dev/null >"$mvn_log" 2>&1; then
+    if ! mvn -B -q -f "$MONGO_POM" \
+        dependency:copy-dependencies -DoutputDirectory="$MONGO_LIB" </dev/null >"$mvn_log" 2>&1; then
         cat "$mvn_log" >&2
         rm -f "$mvn_log"
         die "Maven could not fetch mongo-java-server (is Maven Central reachable?)"
@@ -169,6 +174,42 @@ cmd_stop_rabbitmq() {
     if command -v epmd >/dev/null 2>&1; then
         epmd -kill >/dev/null 2>&1 || true
     fi
+}
+
+cmd_install_spark() {
+    if compgen -G "$SPARK_LIB/mongo-spark-connector_2.13-*.jar" >/dev/null; then
+        log "MongoDB Spark connector already in $SPARK_LIB"
+        return 0
+    fi
+    command -v mvn >/dev/null 2>&1 || die "mvn (Maven) is required for install-spark"
+    log "fetching the MongoDB Spark connector and its dependencies into $SPARK_LIB"
+    local mvn_log
+    mvn_log="$(mktemp)"
+    if ! mvn -B -q -f "$SPARK_DIR/pom.xml" \
+        dependency:copy-dependencies -DoutputDirectory=lib </dev/null >"$mvn_log" 2>&1; then
+        cat "$mvn_log" >&2
+        rm -f "$mvn_log"
+        die "Maven could not fetch the MongoDB Spark connector (is Maven Central reachable?)"
+    fi
+    rm -f "$mvn_log"
+    compgen -G "$SPARK_LIB/mongo-spark-connector_2.13-*.jar" >/dev/null \
+        || die "Maven finished but no connector jar is in $SPARK_LIB"
+    log "MongoDB Spark connector installed"
+}
+
+cmd_install_chromium() {
+    if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+        log "chromium already installed"
+        return 0
+    fi
+    command -v apt-get >/dev/null 2>&1 \
+        || die "chromium is missing and apt-get is not available; install it manually"
+    log "installing chromium with apt-get"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        chromium fonts-dejavu-core </dev/null
+    command -v chromium >/dev/null 2>&1 || die "apt-get finished but chromium is still missing"
+    log "chromium installed"
 }
 
 # A stamp of what was installed: the lock file and the patches. npm ci runs again only when
@@ -257,6 +298,8 @@ cmd_stop_cosmos() {
 cmd_install() {
     cmd_install_mongo
     cmd_install_rabbitmq
+    cmd_install_spark
+    cmd_install_chromium
     cmd_install_cosmos
 }
 
@@ -271,6 +314,8 @@ main() {
     case "$1" in
         install-mongo) cmd_install_mongo ;;
         install-rabbitmq) cmd_install_rabbitmq ;;
+        install-spark) cmd_install_spark ;;
+        install-chromium) cmd_install_chromium ;;
         install-cosmos) cmd_install_cosmos ;;
         install) cmd_install ;;
         start-rabbitmq) cmd_start_rabbitmq ;;

@@ -7,7 +7,8 @@
   Acquiring is a conditional upsert: a race loser gets ``DuplicateKeyError`` (or matches
   nothing) and simply does not get the partition.
 - :class:`MongoDeadLetters`: ``{_id: <entry id>, aggregate_id, entry, error, attempts,
-  quarantined_at}``; a second ``put`` of the same entry is a no-op.
+  quarantined_at, origin}`` (``origin`` "dispatch", or "consume" with ``queue`` and the
+  raw ``body``); a second ``put`` of the same entry is a no-op.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ class MongoLeaseTable:
         fields = {"group": self.group, "kind": "member", "owner": owner, "expires_at": expires_at}
         with translated():
             self.collection.update_one(
-                {"_id": self._member_id(owner)}, {"$set": fields}, upsert=True
+                {"_id": self._member_id(owner)},
+                {"$set": fields, "$setOnInsert": {"joined_at": utcnow()}},
+                upsert=True,
             )
 
     def leave(self, owner: str) -> None:
@@ -95,6 +98,9 @@ class MongoLeaseTable:
             "partition": partition,
             "owner": owner,
             "expires_at": expires_at,
+            # Callers acquire partitions they do not hold (and renew those they do), so
+            # this is when the current owner took it over.
+            "acquired_at": now,
         }
         with translated():
             try:
@@ -116,7 +122,7 @@ class MongoLeaseTable:
 
 
 def dead_letter(
-    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    aggregate_id: AggregateId | None, entry: dict[str, Any], error: str, attempts: int
 ) -> dict[str, Any]:
     """The dead-letter document of ``entry``; its ``_id`` is the entry ID (or a digest)."""
     entry_id = entry.get("id")
@@ -134,13 +140,31 @@ def dead_letter(
 
 
 class MongoDeadLetters:
+    """Dead letters of the dispatcher (``origin: "dispatch"``) and of consumers
+    (``origin: "consume"``, with ``queue`` and the raw ``body``), in one collection."""
+
     def __init__(self, collection: Any) -> None:
         self.collection = collection
 
     def put(
-        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+        self,
+        aggregate_id: AggregateId | None,
+        entry: dict[str, Any],
+        error: str,
+        attempts: int,
+        *,
+        origin: str = "dispatch",
+        queue: str | None = None,
+        body: str | bytes | None = None,
     ) -> None:
         doc = dead_letter(aggregate_id, entry, error, attempts)
+        doc["origin"] = origin
+        if aggregate_id is None and queue is not None and "/malformed/" in str(doc["_id"]):
+            doc["_id"] = f"{queue}/malformed/{str(doc['_id']).rsplit('/', 1)[-1]}"
+        if queue is not None:
+            doc["queue"] = queue
+        if body is not None:
+            doc["body"] = body
         with translated(aggregate_id):
             try:
                 self.collection.insert_one(doc)

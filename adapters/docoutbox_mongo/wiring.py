@@ -49,23 +49,9 @@ def connect_dispatch(
 
     Raises :class:`~docoutbox.errors.StoreError` for a bad URI or an unreachable server.
     """
-    ms = max(1, int(timeout * 1000))
+    client, database = connect_database(uri, db, timeout=timeout, appname="docoutbox-dispatch")
     try:
-        with translated():
-            client: Any = MongoClient(
-                uri,
-                serverSelectionTimeoutMS=ms,
-                connectTimeoutMS=ms,
-                uuidRepresentation="standard",
-                appname="docoutbox-dispatch",
-            )
-    except ValueError as exc:  # pymongo reports some malformed URIs as plain ValueError
-        raise PermanentStoreError(f"invalid MongoDB URI: {exc}") from exc
-    try:
-        with translated():
-            database = client[db]
-            coll = database[collection]
-            database.command("ping")
+        coll = database[collection]
         return MongoDispatchTarget(
             client=client,
             backend=MongoBackend(coll),
@@ -82,6 +68,33 @@ def connect_dispatch(
 def connect_cli(args: Any) -> MongoDispatchTarget:
     """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
     return connect_dispatch(args.mongo_uri, args.db, args.collection, timeout=args.server_timeout)
+
+
+def connect_database(
+    uri: str, db: str, *, timeout: float = 5.0, appname: str = "docoutbox"
+) -> tuple[Any, Any]:
+    """A client and its database ``db``, once the server answered a ping within
+    ``timeout`` seconds. Raises :class:`~docoutbox.errors.StoreError` otherwise."""
+    ms = max(1, int(timeout * 1000))
+    try:
+        with translated():
+            client: Any = MongoClient(
+                uri,
+                serverSelectionTimeoutMS=ms,
+                connectTimeoutMS=ms,
+                uuidRepresentation="standard",
+                appname=appname,
+            )
+    except ValueError as exc:  # pymongo reports some malformed URIs as plain ValueError
+        raise PermanentStoreError(f"invalid MongoDB URI: {exc}") from exc
+    try:
+        with translated():
+            database = client[db]
+            database.command("ping")
+    except BaseException:
+        client.close()
+        raise
+    return client, database
 
 
 @dataclass

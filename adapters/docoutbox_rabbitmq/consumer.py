@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -12,9 +14,10 @@ from typing import Any, Generic, TypeVar
 import pika  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel
 
+from docoutbox.errors import StoreError
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
-from docoutbox.receive import Action, Verdict, describe, receive
+from docoutbox.receive import Action, HandlerRetry, Rejects, Verdict, describe, receive_retrying
 from docoutbox.store.api import AggregateStore
 from docoutbox_rabbitmq.amqp import masked
 from docoutbox_rabbitmq.errors import translated
@@ -30,6 +33,10 @@ class ConsumerStats:
     duplicates: int = 0
     requeued: int = 0
     rejected: int = 0
+    #: Handlings repeated because the handler failed (HandlerRetry).
+    retried: int = 0
+    #: Rejected deliveries kept in the dead letters.
+    dead_lettered: int = 0
     #: Deliveries the broker flagged as redelivered (after a requeue or a lost consumer).
     redelivered: int = 0
 
@@ -37,12 +44,20 @@ class ConsumerStats:
 class RabbitConsumer(Generic[S]):
     """Feed a queue's deliveries to ``store.handle`` and acknowledge only after the commit.
 
-    Each body is an entry (:func:`docoutbox.dispatch.decode_entry`); its message carries
-    ``source`` and ``seq``, so exact de-duplication works. It is handled on the aggregate
+    Each body is a docoutbox entry (its message carries ``source`` and ``seq``, so exact
+    de-duplication works) or a plain ``{id, type, payload}`` message from any producer
+    (:func:`docoutbox.codec.decode_message`). It is handled on the aggregate
     ``aggregate_id_of(message)`` and settled as :func:`~docoutbox.receive.receive`
     decides: acked after the commit (or as a duplicate), nacked with requeue after
-    ``requeue_delay``, or rejected without requeue and logged. Declare the queue with a
-    dead-letter exchange to keep rejected deliveries.
+    ``requeue_delay``, or rejected without requeue.
+
+    A handler that fails is retried first (``retry``: immediately, then after growing
+    delays; ``HandlerRetry(immediate=0, delayed=0)`` turns that off). A delivery still
+    failing, or invalid, is rejected: with ``dead_letters`` (e.g. ``MongoDeadLetters``)
+    it is first stored there with its error, attempts, queue and raw body, beside the
+    dispatcher's dead letters, so ``docoutbox dead-letters`` lists and replays both. If
+    that store fails, the delivery is requeued rather than lost. Without
+    ``dead_letters``, declare the queue with a dead-letter exchange to keep it.
 
     A requeued delivery may be overtaken by later ones when ``prefetch`` > 1; use
     ``prefetch=1`` where a source's order must hold across requeues. Like any pika
@@ -61,6 +76,9 @@ class RabbitConsumer(Generic[S]):
         prefetch: int = 16,
         requeue_delay: float = 0.05,
         on_verdict: Callable[[Verdict, bool], None] | None = None,
+        retry: HandlerRetry | None = None,
+        dead_letters: Rejects | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.queue = queue
         self.store = store
@@ -70,6 +88,10 @@ class RabbitConsumer(Generic[S]):
         self.prefetch = prefetch
         self.requeue_delay = requeue_delay
         self.on_verdict = on_verdict
+        self.retry = retry if retry is not None else HandlerRetry()
+        self.dead_letters = dead_letters
+        self._sleep = sleep
+        self._rng = random.Random()
         self.stats = ConsumerStats()
         self._url = url
         self._params = pika.URLParameters(url)
@@ -81,7 +103,18 @@ class RabbitConsumer(Generic[S]):
 
     def decide(self, body: bytes) -> Verdict:
         """Handle one body against the store and decide how to settle it. No broker I/O."""
-        return receive(body, self.store, self.handler, self.aggregate_id_of, create=self.create)
+        verdict = receive_retrying(
+            body,
+            self.store,
+            self.handler,
+            self.aggregate_id_of,
+            create=self.create,
+            retry=self.retry,
+            sleep=self._sleep,
+            rng=self._rng,
+        )
+        self.stats.retried += verdict.attempts - 1
+        return verdict
 
     def run(
         self,
@@ -150,10 +183,22 @@ class RabbitConsumer(Generic[S]):
             time.sleep(self.requeue_delay)
             channel.basic_nack(tag, requeue=True)
             stats.requeued += 1
+        elif not self._keep(verdict, body):
+            log.warning("requeueing %s: its dead letter could not be stored", describe(verdict))
+            time.sleep(self.requeue_delay)
+            channel.basic_nack(tag, requeue=True)
+            stats.requeued += 1
         else:
+            kept = (
+                "in the dead letters"
+                if self.dead_letters is not None
+                else ("only if the queue has a dead-letter exchange")
+            )
             log.error(
-                "rejecting %s (kept only if the queue has a dead-letter exchange); body %r",
+                "rejecting %s after %d attempt(s) (kept %s); body %r",
                 describe(verdict),
+                verdict.attempts,
+                kept,
                 body[:200],
                 exc_info=verdict.error,
             )
@@ -161,3 +206,35 @@ class RabbitConsumer(Generic[S]):
             stats.rejected += 1
         if self.on_verdict is not None:
             self.on_verdict(verdict, redelivered)
+
+    def _keep(self, verdict: Verdict, body: bytes) -> bool:
+        """Store a rejected delivery in the dead letters; False if that failed."""
+        if self.dead_letters is None:
+            return True
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        entry: dict[str, Any] = data if isinstance(data, dict) else {"value": repr(body[:1000])}
+        if verdict.message is not None:
+            entry.setdefault("id", verdict.message.id)
+        aggregate_id = entry.get("aggregate_id")
+        try:
+            text: str | bytes = body.decode()
+        except UnicodeDecodeError:
+            text = body
+        try:
+            self.dead_letters.put(
+                aggregate_id if isinstance(aggregate_id, str | int) else None,
+                entry,
+                describe(verdict),
+                verdict.attempts,
+                origin="consume",
+                queue=self.queue,
+                body=text,
+            )
+        except StoreError as exc:
+            log.error("dead_letter_failed queue=%s error=%r", self.queue, exc)
+            return False
+        self.stats.dead_lettered += 1
+        return True

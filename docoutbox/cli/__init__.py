@@ -2,7 +2,10 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`).
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`);
+- ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
+  repair the outbox (:mod:`docoutbox.cli.admin`);
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox.cli.audit`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
@@ -27,13 +30,13 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from docoutbox.cli import logs
+from docoutbox.cli import admin, audit, logs, observe
+from docoutbox.cli.help import Formatter
 from docoutbox.codec import encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.metrics import LoggingMetrics
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
 from docoutbox.errors import DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
@@ -107,14 +110,21 @@ AT_LEAST_ONE = _number(int, 1)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from docoutbox import __version__
+
     parser = argparse.ArgumentParser(
-        prog="docoutbox", description="Exactly-once message processing on document databases."
+        prog="docoutbox",
+        description="Exactly-once message processing on document databases.",
+        formatter_class=Formatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the demonstration (docoutbox demo --help)")
+    audit.register(sub)
     d = sub.add_parser(
         "dispatch",
         help="publish pending outbox entries of a collection",
+        formatter_class=Formatter,
         epilog=(
             "Modes: with change streams (a replica set) entries are published as they are "
             "committed, and a sweep every --sweep-interval seconds catches anything older "
@@ -198,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--progress-interval", type=POSITIVE, default=10.0, help="seconds")
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    observe.add_arguments(d)
+    admin.add_commands(sub)
     return parser
 
 
@@ -208,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
 
         code: int = demo.main(args_list[1:])
         return code
+    if args_list[:1] and args_list[0] in audit.COMMANDS:
+        return audit.main(args_list)
     args = _parser().parse_args(args_list)
+    run: admin.Runner | None = getattr(args, "run", None)
+    if run is not None:
+        return run(args)
     return dispatch(args)
 
 
@@ -265,7 +282,7 @@ def _amqp_url_problem(url: str) -> str | None:
 def dispatch(args: argparse.Namespace) -> int:
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(args.rabbitmq_url)
     secrets += [args.cosmos_key] if args.cosmos_key else []
-    logs.configure(args.log_level, secrets=secrets)
+    logs.configure(args.log_level, secrets=secrets, fmt=args.log_format)
     problem = _check(args)
     if problem:
         return _fail(problem, secrets, code=2)
@@ -314,6 +331,11 @@ def _dispatch(
         log.info("stopped_before_start")
         return 0
     try:
+        seen = observe.Observability(args, _backlog_probe(target))
+    except (ImportError, ValueError) as exc:
+        target.close()
+        return _fail(f"{exc}", secrets, code=2)
+    try:
         publisher = _publisher(args)
     except (DocOutboxError, ImportError, ValueError) as exc:
         target.close()
@@ -323,6 +345,7 @@ def _dispatch(
             "publisher=memory: entries are trimmed WITHOUT being delivered anywhere "
             "(--discard-entries); never point this at data that matters"
         )
+    publisher = seen.publisher(publisher, "rabbitmq" if args.publisher == "rabbitmq" else None)
     name = args.name or f"dispatch:{args.db}.{args.collection}"
     ownership: Ownership = SoleOwner()
     if not args.no_leases:
@@ -341,7 +364,6 @@ def _dispatch(
         grace=0.0 if polling else args.grace,
         checkpoint_interval=args.checkpoint_interval,
     )
-    metrics = LoggingMetrics(every=args.progress_interval)
     dispatcher = Dispatcher(
         target.backend,
         publisher,
@@ -350,7 +372,7 @@ def _dispatch(
         checkpoints=target.checkpoints,
         ownership=ownership,
         config=config,
-        metrics=metrics,
+        metrics=seen.metrics,
     )
     running.append(dispatcher)
     if stopping.is_set():
@@ -368,8 +390,16 @@ def _dispatch(
     )
     if args.use_async:
         return _dispatch_async(
-            args, secrets, target, publisher, ownership, config, metrics, running, stopping
+            args, secrets, target, publisher, ownership, config, seen, running, stopping
         )
+    try:
+        seen.start(dispatcher)
+    except OSError as exc:
+        seen.close()
+        target.close()
+        return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
+    if seen.endpoint is not None:
+        log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
     try:
         dispatcher.run()
     except PartitionMismatch as exc:
@@ -378,8 +408,8 @@ def _dispatch(
         close = getattr(publisher, "close", None)
         if callable(close):
             close()
+        seen.close()
         target.close()
-        metrics.report()
     return 0
 
 
@@ -390,7 +420,7 @@ def _dispatch_async(
     publisher: Any,
     ownership: Ownership,
     config: DispatcherConfig,
-    metrics: LoggingMetrics,
+    seen: observe.Observability,
     running: list[Any],
     stopping: threading.Event,
 ) -> int:
@@ -411,7 +441,7 @@ def _dispatch_async(
             checkpoints=ports.checkpoints,
             ownership=ownership,
             config=config,
-            metrics=metrics,
+            metrics=seen.metrics,
         )
         running[:] = [dispatcher]  # from now on, a signal stops this one
         if stopping.is_set():
@@ -422,6 +452,12 @@ def _dispatch_async(
             await ports.close()
 
     try:
+        seen.start(None)
+    except OSError as exc:
+        seen.close()
+        target.close()
+        return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
+    try:
         asyncio.run(main())
     except PartitionMismatch as exc:
         return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
@@ -431,9 +467,18 @@ def _dispatch_async(
         close = getattr(publisher, "close", None)
         if callable(close):
             close()
+        seen.close()
         target.close()
-        metrics.report()
     return 0
+
+
+def _backlog_probe(target: Any) -> Any:
+    from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
+        outbox_stats,
+    )
+
+    collection = target.backend.collection
+    return lambda: outbox_stats(collection)
 
 
 def _publisher(args: argparse.Namespace) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, PositiveInt
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
+from docoutbox.cli.help import Formatter
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
@@ -79,7 +80,9 @@ class Broker:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="docoutbox demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="docoutbox demo", description=__doc__.replace("``", ""), formatter_class=Formatter
+    )
     p.add_argument("--mongo-uri", help="run on MongoDB (a replica set or the test wire server)")
     p.add_argument("--wallets", type=int, default=20)
     p.add_argument("--credits", type=int, default=25, help="credit commands per wallet")
@@ -87,22 +90,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duplicate", type=float, default=0.2, help="share of deliveries doubled")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--db", help="MongoDB database to use (default: a new random name)")
+    p.add_argument("--keep", action="store_true", help="keep the MongoDB database afterwards")
     return p
 
 
-def _stores(uri: str | None) -> tuple[Any, Any, Any, Any]:
+def _stores(
+    uri: str | None, name: str | None = None, keep: bool = False
+) -> tuple[Any, Any, Any, Any]:
     """(wallet backend, statement backend, change source or None, closer)."""
     if uri is None:
         return MemoryBackend(), MemoryBackend(), None, lambda: None
     from docoutbox_mongo import MongoBackend
     from docoutbox_mongo.wiring import connect_dispatch
 
-    db = f"docoutbox_demo_{uuid.uuid4().hex[:8]}"
+    db = name or f"docoutbox_demo_{uuid.uuid4().hex[:8]}"
     target = connect_dispatch(uri, db, "wallets")
     statements = MongoBackend(target.client[db]["statements"])
 
     def close() -> None:
-        target.client.drop_database(db)
+        if not keep:
+            target.client.drop_database(db)
         target.close()
 
     return target.backend, statements, target.source, close
@@ -111,7 +119,7 @@ def _stores(uri: str | None) -> tuple[Any, Any, Any, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     rng = random.Random(args.seed)
-    wallet_backend, statement_backend, source, close = _stores(args.mongo_uri)
+    wallet_backend, statement_backend, source, close = _stores(args.mongo_uri, args.db, args.keep)
     patient = StoreConfig(retry=RetryPolicy(max_attempts=1000, max_delay=0.05))
     wallets = AggregateStore(wallet_backend, Wallet, patient)
     statements = AggregateStore(

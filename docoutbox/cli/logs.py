@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import TextIO
 from urllib.parse import unquote, urlsplit
 
@@ -58,13 +60,43 @@ class MaskingFilter(logging.Filter):
         return True
 
 
+_FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``event`` (the message's
+    first word), its ``key=value`` pairs as fields, and the whole ``message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        line: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "event": message.split(" ", 1)[0] if message else "",
+        }
+        for key, value in _FIELD.findall(message):
+            line.setdefault(key, value)
+        line["message"] = message
+        if record.exc_text or record.exc_info:
+            line["exception"] = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
+        return json.dumps(line, default=str)
+
+
 def configure(
-    level: str | int = "INFO", *, secrets: Iterable[str] = (), stream: TextIO | None = None
+    level: str | int = "INFO",
+    *,
+    secrets: Iterable[str] = (),
+    stream: TextIO | None = None,
+    fmt: str = "text",
 ) -> logging.Handler:
-    """Log ``ts level=... logger=... event key=value`` lines to stderr, masked."""
+    """Log ``ts level=... logger=... event key=value`` lines (or JSON objects, with
+    ``fmt="json"``) to stderr, masked."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(
-        logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     )
     handler.addFilter(MaskingFilter(secrets))
     handler.set_name(_HANDLER_NAME)

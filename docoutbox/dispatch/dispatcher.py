@@ -78,6 +78,19 @@ class Dispatcher:
         self._wake = threading.Event()
         self.started = threading.Event()
 
+    def queued(self) -> int:
+        """Aggregates this instance has in hand (its work queue, not the outbox backlog)."""
+        return self.engine.queue.backlog()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def stream_open(self) -> bool | None:
+        """Whether the change stream is open (None without a change source)."""
+        return self.engine.stream_open
+
     def stop(self) -> None:
         """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns."""
         self._stop.set()

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from docoutbox.dispatch.backlog import stream_lag
 from docoutbox.dispatch.checkpoint import Done, Gate, PositionTracker, Sweep
 from docoutbox.dispatch.flow import (
     DispatchPolicy,
@@ -299,8 +300,14 @@ class DispatchEngine:
         if self.stream:
             busy = (yield from self._stream_step(now)) or busy
             yield from self.checkpoint(now)
-        self.metrics.backlog(self.queue.backlog())
+        # The outbox backlog is measured in the database (dispatch.backlog.BacklogMonitor);
+        # self.queue holds only what this instance has in hand (queued()).
         return busy
+
+    @property
+    def stream_open(self) -> bool | None:
+        """Whether the change stream is open (None without a change stream)."""
+        return self._open if self.stream else None
 
     def _queue_periodic_sweep(self) -> None:
         scope = self.ownership.owned()
@@ -375,7 +382,12 @@ class DispatchEngine:
         except StoreError as exc:
             self._stream_failed(exc, now)
             return False
+        report = getattr(self.metrics, "stream_lag", None)
         for event in events:
+            if report is not None and event.document is not None:
+                lag = stream_lag(event.document, self._clock())
+                if lag is not None:
+                    report(lag)
             done = self.request(event.document, reuse=event.current)
             if done is None:
                 self.tracker.add(event.position)

@@ -227,7 +227,7 @@ class LeaseKeeper:
                 self._until[partition] = self.timing.valid_until(started)
                 self._releasing.discard(partition)
                 self._gained.add(partition)
-            log.info("lease_acquired owner=%s partition=%d", self.owner, partition)
+            log.debug("lease_acquired owner=%s partition=%d", self.owner, partition)
             return True
         return False
 
@@ -244,7 +244,7 @@ class LeaseKeeper:
         self.table.release(partition, self.owner)
         with self._cond:
             self._drop(partition)
-        log.info("lease_released owner=%s partition=%d", self.owner, partition)
+        log.debug("lease_released owner=%s partition=%d", self.owner, partition)
         return True
 
     def _drop(self, partition: int) -> None:

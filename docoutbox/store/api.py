@@ -123,6 +123,20 @@ class AggregateStore(Generic[S]):
         ``group_commit=True``, concurrent calls for one aggregate share writes
         (:mod:`docoutbox.store.group`).
         """
+        observer = self.config.observer
+        if observer is None:
+            return self._handle(aggregate_id, message, handler, create)
+        msg = Message.parse(message)
+        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
+            return self._handle(aggregate_id, msg, handler, create)
+
+    def _handle(
+        self,
+        aggregate_id: AggregateId,
+        message: Message | dict[str, Any],
+        handler: Handler[S],
+        create: bool,
+    ) -> Outcome[S]:
         if self._group is not None:
             item = Item(Message.parse(message), handler, create)
             outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
@@ -247,6 +261,20 @@ class AsyncAggregateStore(Generic[S]):
         handler: Handler[S],
         *,
         create: bool = False,
+    ) -> Outcome[S]:
+        observer = self.config.observer
+        if observer is None:
+            return await self._handle(aggregate_id, message, handler, create)
+        msg = Message.parse(message)
+        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
+            return await self._handle(aggregate_id, msg, handler, create)
+
+    async def _handle(
+        self,
+        aggregate_id: AggregateId,
+        message: Message | dict[str, Any],
+        handler: Handler[S],
+        create: bool,
     ) -> Outcome[S]:
         if self._group is not None:
             item = Item(Message.parse(message), handler, create)

@@ -12,7 +12,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
@@ -54,6 +54,7 @@ from docoutbox.store.document import (
 )
 from docoutbox.store.document import utcnow as _utcnow
 from docoutbox.store.inbox import is_duplicate
+from docoutbox.store.observe import StoreObserver, with_headers
 from docoutbox.store.plans import (
     CommitPlan,
     FailurePlan,
@@ -116,6 +117,8 @@ class StoreConfig:
     cache_size: int = 1024
     clock: Callable[[], datetime] = _utcnow
     rng: random.Random = field(default_factory=random.Random)
+    #: Tracing and metrics hooks (:mod:`docoutbox.store.observe`); None: none.
+    observer: StoreObserver | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.inbox, InboxPolicy):
@@ -137,6 +140,11 @@ class StoreConfig:
         if not isinstance(self.rng, random.Random):
             raise InvalidConfig(
                 f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
+            )
+        if self.observer is not None and not isinstance(self.observer, StoreObserver):
+            raise InvalidConfig(
+                "StoreConfig.observer must implement docoutbox.store.observe.StoreObserver, "
+                f"got {type(self.observer).__name__}"
             )
 
 
@@ -264,6 +272,7 @@ class Core(Generic[S]):
                     attempt += 1
                     if attempt >= retry.max_attempts:
                         raise
+                    self._observed_retry("transient")
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
             base = doc if doc is not None else self._initial(aggregate_id, create)
@@ -306,11 +315,19 @@ class Core(Generic[S]):
                     entries=tuple(entries),
                 )
                 return outcome
+            observer = self.config.observer
+            if observer is not None:
+                observer.conflict(self.aggregate_type)
             if attempt >= retry.max_attempts:
                 return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
+            self._observed_retry("conflict")
             if fresh:
                 yield Sleep(retry.delay(attempt, self.config.rng))
             fresh = True
+
+    def _observed_retry(self, reason: str) -> None:
+        if self.config.observer is not None:
+            self.config.observer.retry(self.aggregate_type, reason)
 
     def _measure(
         self, after: Document, plan: CommitPlan, known: int | None, aggregate_id: AggregateId
@@ -391,7 +408,7 @@ class Core(Generic[S]):
     def _plan(
         self, snapshot: Snapshot[S], message: Message, decision: Decision[S], state: dict[str, Any]
     ) -> tuple[Any, list[dict[str, Any]]]:
-        return plan_commit(
+        plan, entries = plan_commit(
             snapshot,
             message,
             decision,
@@ -400,6 +417,11 @@ class Core(Generic[S]):
             deterministic_ids=self.config.deterministic_ids,
             state=state,
         )
+        observer = self.config.observer
+        if observer is not None and entries:
+            entries = with_headers(entries, observer.headers(message))
+            plan = replace(plan, outbox_push=tuple(entries))
+        return plan, entries
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)

@@ -1,6 +1,7 @@
 """Test doubles and contract suites that users can reuse for their own adapters."""
 
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.mongo_server import MongoWireServer
 from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters, MemoryPublisher
 
 __all__ = [
@@ -9,4 +10,5 @@ __all__ = [
     "MemoryBackend",
     "MemoryDeadLetters",
     "MemoryPublisher",
+    "MongoWireServer",
 ]

@@ -51,9 +51,20 @@ class MemoryDeadLetters:
         self._lock = threading.Lock()
 
     def put(
-        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+        self,
+        aggregate_id: AggregateId | None,
+        entry: dict[str, Any],
+        error: str,
+        attempts: int,
+        *,
+        origin: str = "dispatch",
+        queue: str | None = None,
+        body: str | bytes | None = None,
     ) -> None:
-        key = str(entry.get("id") or f"{aggregate_id}/{entry!r}")
+        """Also a consumer's :class:`~docoutbox.receive.Rejects` (``origin="consume"``)."""
+        key = str(
+            entry.get("id") or f"{aggregate_id if aggregate_id is not None else queue}/{entry!r}"
+        )
         with self._lock:
             self.entries.setdefault(
                 key,
@@ -62,5 +73,8 @@ class MemoryDeadLetters:
                     "entry": entry,
                     "error": error,
                     "attempts": attempts,
+                    "origin": origin,
+                    "queue": queue,
+                    "body": body,
                 },
             )

@@ -1,7 +1,8 @@
 """Test servers: the in-memory MongoDB wire server, a local Cosmos DB server, RabbitMQ.
 
-The MongoDB wire server is ``de.bwaldvogel:mongo-java-server`` (see ``tests/servers/mongo``),
-fetched by ``scripts/servers.sh install-mongo``. RabbitMQ is started by
+The MongoDB wire server is :mod:`docoutbox.testing.mongo_server` (shipped, so users can
+start it too); the suite keeps its jars in ``tests/servers/mongo/lib``, fetched by
+``scripts/servers.sh install-mongo``. RabbitMQ is started by
 ``scripts/servers.sh start-rabbitmq``. The Cosmos DB server is ``@vercel/cosmosdb-server``
 with the project's patch (see ``tests/servers/cosmos``), installed by
 ``scripts/servers.sh install-cosmos``. Only the standard library is imported at module
@@ -26,178 +27,27 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from docoutbox.testing.mongo_server import MongoWireServer as _MongoWireServer
+from docoutbox.testing.mongo_server import mongo_wire_server_available as _available
+
 REPO_ROOT: Path = Path(__file__).resolve().parents[2]
-MONGO_DIR: Path = REPO_ROOT / "tests" / "servers" / "mongo"
-MONGO_LIB: Path = MONGO_DIR / "lib"
-MONGO_LAUNCHER: Path = MONGO_DIR / "MongoWireServer.java"
+MONGO_LIB: Path = REPO_ROOT / "tests" / "servers" / "mongo" / "lib"
 
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBITMQ_URL_ENV = "DOCOUTBOX_RABBITMQ_URL"
 
-_INSTALL_HINT = "run: scripts/servers.sh install-mongo"
 
+class MongoWireServer(_MongoWireServer):
+    """:class:`docoutbox.testing.mongo_server.MongoWireServer` over the repository's jars."""
 
-def _mongo_jar() -> Path | None:
-    jars = sorted(MONGO_LIB.glob("mongo-java-server-[0-9]*.jar"))
-    return jars[0] if jars else None
+    def __init__(self, **options: Any) -> None:
+        options.setdefault("lib", MONGO_LIB)
+        super().__init__(**options)
 
 
 def mongo_wire_server_available() -> str | None:
     """Return None when the wire server can be launched, else a human-readable reason."""
-    if shutil.which("java") is None:
-        return "java is not on PATH (Java 17+ is needed for the MongoDB wire server)"
-    if not MONGO_LAUNCHER.is_file():
-        return f"launcher {MONGO_LAUNCHER} is missing"
-    if _mongo_jar() is None:
-        return f"mongo-java-server jar not found in {MONGO_LIB}; {_INSTALL_HINT}"
-    return None
-
-
-class MongoWireServer:
-    """An in-memory MongoDB-compatible server (mongo-java-server) in a Java subprocess.
-
-    Usage::
-
-        with MongoWireServer() as server:
-            client = pymongo.MongoClient(server.uri, uuidRepresentation="standard")
-
-    The server reports MongoDB 6.0 / wire version 17 and has its oplog enabled, so change
-    streams work (pass ``start_at_operation_time`` on the first ``watch()``; see
-    ``tests/README.md``). The process exits when its stdin is closed, so it also dies with
-    the Python process that started it.
-    """
-
-    def __init__(self, *, startup_timeout: float = 60.0, stop_timeout: float = 10.0) -> None:
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._port: int | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("MongoWireServer is not running; call start() first")
-        return self._port
-
-    @property
-    def uri(self) -> str:
-        """Connection string; ``directConnection`` skips replica-set discovery."""
-        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> Self:
-        with self._lock:
-            if self._proc is not None:
-                return self
-            reason = mongo_wire_server_available()
-            if reason is not None:
-                raise RuntimeError(f"cannot start the MongoDB wire server: {reason}")
-            java = shutil.which("java")
-            assert java is not None
-            # stderr goes to a file: an unread pipe could fill up and block the server.
-            self._stderr = tempfile.TemporaryFile(  # noqa: SIM115 - closed in stop()
-                prefix="mongo-wire-server-", suffix=".err"
-            )
-            cmd = [java, "-cp", f"{MONGO_LIB}/*", str(MONGO_LAUNCHER), "0"]
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-                cwd=REPO_ROOT,
-            )
-            self._proc = proc
-            atexit.register(self.stop)
-            try:
-                self._port = self._wait_ready(proc)
-            except BaseException:
-                self._stop_locked()
-                raise
-            return self
-
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
-        assert proc.stdout is not None
-        lines: queue.Queue[bytes | None] = queue.Queue()
-        stdout = proc.stdout
-
-        def pump() -> None:
-            # Hand over every stdout line and keep draining until EOF.
-            for line in iter(stdout.readline, b""):
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, name="mongo-wire-server-stdout", daemon=True).start()
-        try:
-            while True:
-                line = lines.get(timeout=self.startup_timeout)
-                if line is None:
-                    code = proc.wait(timeout=self.stop_timeout)
-                    raise RuntimeError(
-                        f"MongoDB wire server exited with code {code} before it was ready."
-                        f"\nstderr:\n{self._read_stderr()}"
-                    )
-                text = line.decode("utf-8", "replace").strip()
-                if text.startswith("READY "):
-                    return int(text.split()[1])
-        except queue.Empty:
-            raise RuntimeError(
-                f"MongoDB wire server was not ready within {self.startup_timeout:.0f}s."
-                f"\nstderr:\n{self._read_stderr()}"
-            ) from None
-
-    def _read_stderr(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace").strip()
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stop_locked()
-
-    def _stop_locked(self) -> None:
-        proc, self._proc = self._proc, None
-        self._port = None
-        if proc is not None:
-            atexit.unregister(self.stop)
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()  # EOF on stdin makes the launcher shut down
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=self.stop_timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = f"port={self._port}" if self._port is not None else "stopped"
-        return f"<MongoWireServer {state}>"
+    return _available(MONGO_LIB)
 
 
 def rabbitmq_url() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import dispatch, memory, store, structure
+from benchmarks import dispatch, memory, store, structure, tracing
 from benchmarks.__main__ import main
 from benchmarks.common import Scale, Table, paired_ratio, percentile
 
@@ -71,6 +71,13 @@ def test_dispatch_benchmark_runs(mongo_uri: str) -> None:
     table = dispatch.run(mongo_uri, QUICK)
     _sane(table)
     assert {"raw", "dispatcher"} <= set(table.figures)
+
+
+def test_tracing_benchmark_runs(mongo_uri: str) -> None:
+    table = tracing.run(mongo_uri, QUICK)
+    _sane(table)
+    assert len(table.rows) == 4
+    assert {"handle_wire", "handle_memory", "dispatch_wire", "publish_memory"} == set(table.figures)
 
 
 def test_memory_benchmark_runs(mongo_uri: str) -> None:

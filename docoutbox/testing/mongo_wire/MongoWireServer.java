@@ -1,9 +1,9 @@
-// In-memory MongoDB wire-protocol server for the docoutbox test suite.
+// In-memory MongoDB wire-protocol server for tests (docoutbox.testing.mongo_server).
 //
 // Fetch the jars once:
-//   mvn -B -q -f tests/servers/mongo/pom.xml dependency:copy-dependencies -DoutputDirectory=lib
+//   python -m docoutbox.testing.mongo_server install [--lib DIR]
 // Run (Java 17 single-file source launch):
-//   java -cp 'tests/servers/mongo/lib/*' tests/servers/mongo/MongoWireServer.java [PORT]
+//   java -cp 'DIR/*' MongoWireServer.java [PORT]
 //
 // PORT 0 (the default) picks a free port. Once bound, prints exactly one line
 // "READY <port>" to stdout. Shuts down and exits when stdin reaches EOF (so the server

@@ -1,0 +1,14 @@
+"""Audit docoutbox collections with PySpark.
+
+- :mod:`docoutbox_spark.schema`: the explicit document schema and its raw reading form;
+- :mod:`docoutbox_spark.readers`: the MongoDB Spark connector, the pymongo data source
+  (:mod:`docoutbox_spark.datasource`) and Parquet snapshots;
+- :mod:`docoutbox_spark.conform`: typed frames, with malformed documents as findings;
+- :mod:`docoutbox_spark.audit`: the audit functions (DataFrame in, DataFrame out);
+- :mod:`docoutbox_spark.run` and :mod:`docoutbox_spark.report`: the summary, its JSON and
+  the offline HTML report; :mod:`docoutbox_spark.command`: ``docoutbox audit``/``export``.
+"""
+
+from docoutbox_spark.schema import DEAD_LETTER_SCHEMA, DOCUMENT_SCHEMA, ENTRY_SCHEMA
+
+__all__ = ["DEAD_LETTER_SCHEMA", "DOCUMENT_SCHEMA", "ENTRY_SCHEMA"]

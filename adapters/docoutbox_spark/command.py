@@ -1,0 +1,343 @@
+"""``docoutbox audit`` and ``docoutbox export``.
+
+- ``audit`` reads a producer collection (plus, optionally, a consumer collection and the
+  dead letters) from MongoDB, through the MongoDB Spark connector (``--reader
+  connector``) or the project's pymongo data source (``--reader datasource``), or a
+  Parquet snapshot (``--from-parquet DIR``); writes a JSON summary and an HTML report.
+- ``export`` writes such a snapshot: ``DIR/producer``, ``DIR/consumer``,
+  ``DIR/dead_letters`` (raw rows, so malformed documents survive) and ``DIR/manifest.json``
+  (the collections' document counts, checked again when the snapshot is audited).
+
+Exit codes: 0 when no finding crosses its threshold, 3 when one does, 1 when the data
+cannot be read, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from docoutbox.cli import logs
+from docoutbox.errors import DocOutboxError
+
+EXIT_FINDINGS = 3
+
+
+class AuditError(DocOutboxError):
+    """The audit could not read or write its data."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument(
+        "--mongo-uri",
+        default=env("DOCOUTBOX_MONGO_URI"),
+        help="MongoDB URI (or DOCOUTBOX_MONGO_URI)",
+    )
+    p.add_argument("--db")
+    p.add_argument("--collection", help="the producer (aggregate) collection")
+    p.add_argument("--consumer-collection", help="a consumer collection to reconcile against")
+    p.add_argument("--dead-letters", help="the dead-letter collection (docoutbox_dead_letters)")
+    p.add_argument("--reader", choices=["connector", "datasource"], default="connector")
+    p.add_argument("--read-partitions", type=int, default=4, help="Spark partitions per read")
+    p.add_argument(
+        "--spark-jars",
+        default=env("DOCOUTBOX_SPARK_JARS"),
+        help="directory or comma-separated jars with the MongoDB Spark connector "
+        "(default: resolved from Maven Central)",
+    )
+    p.add_argument("--spark-master", default="local[*]")
+    p.add_argument("--driver-memory", default="1g")
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=5.0,
+        help="seconds between progress lines on stderr (0: none)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="docoutbox")
+    sub = top.add_subparsers(dest="command", required=True)
+    a = sub.add_parser(
+        "audit", help="audit collections with Spark: stuck, lost, duplicated, near a limit"
+    )
+    _common(a)
+    a.add_argument("--from-parquet", metavar="DIR", help="audit a snapshot written by export")
+    a.add_argument("--report", metavar="HTML", help="write the HTML report here")
+    a.add_argument("--json", metavar="JSON", help="write the JSON summary here")
+    a.add_argument("--sla", type=float, default=300.0, help="seconds an entry may stay pending")
+    a.add_argument("--window", type=int, default=100, help="the consumers' inbox window")
+    a.add_argument(
+        "--above-limit",
+        type=int,
+        default=100,
+        help="exact-mode 'above' set size that counts as saturation",
+    )
+    a.add_argument("--size-limit", choices=["mongodb", "cosmos"], default="mongodb")
+    a.add_argument(
+        "--size-fraction",
+        type=float,
+        default=0.8,
+        help="a document above this fraction of the size limit is a finding",
+    )
+    a.add_argument("--partitions", type=int, help="dispatcher partitions (StoreConfig.partitions)")
+    a.add_argument(
+        "--skew-ratio",
+        type=float,
+        default=4.0,
+        help="a partition with this multiple of the mean backlog is a finding",
+    )
+    a.add_argument(
+        "--skew-min-pending",
+        type=int,
+        default=100,
+        help="report skew only when at least this many entries are pending",
+    )
+    a.add_argument("--now", type=_instant, help="audit as of this ISO 8601 instant (default: now)")
+    a.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="allow N findings of KIND (or 'none': never fail on it); repeatable",
+    )
+    e = sub.add_parser("export", help="write a Parquet snapshot of the collections")
+    _common(e)
+    e.add_argument("--out", required=True, metavar="DIR")
+    return top
+
+
+def _instant(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _thresholds(items: list[str]) -> dict[str, int | None]:
+    from docoutbox_spark.run import DEFAULT_THRESHOLDS
+
+    out = dict(DEFAULT_THRESHOLDS)
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or kind not in out:
+            raise ValueError(
+                f"--threshold {item!r}: expected KIND=N with KIND one of {', '.join(out)}"
+            )
+        if value == "none":
+            out[kind] = None
+        elif value.isdigit():
+            out[kind] = int(value)
+        else:
+            raise ValueError(f"--threshold {item!r}: N must be a non-negative integer or 'none'")
+    return out
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.command == "audit" and args.from_parquet:
+        return (
+            None if Path(args.from_parquet).is_dir() else f"{args.from_parquet} is not a directory"
+        )
+    if not (args.mongo_uri and args.db and args.collection):
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI), --db and --collection are required"
+    if args.read_partitions < 1:
+        return "--read-partitions must be at least 1"
+    return None
+
+
+@contextmanager
+def progress(spark: Any, interval: float, label: str) -> Iterator[None]:
+    """Print the running Spark stages' task counts to stderr every ``interval`` seconds."""
+    if interval <= 0:
+        yield
+        return
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def loop() -> None:
+        tracker = spark.sparkContext.statusTracker()
+        while not stop.wait(interval):
+            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            stages = [s for s in stages if s]
+            if not stages:
+                continue
+            text = ", ".join(
+                f"{s.name.split(' at ')[0]} {s.numCompletedTasks}/{s.numTasks}" for s in stages
+            )
+            elapsed = time.monotonic() - started
+            print(
+                f"docoutbox: {label} {elapsed:.0f}s: tasks done {text}", file=sys.stderr, flush=True
+            )
+
+    thread = threading.Thread(target=loop, name="audit-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _frames(
+    spark: Any, args: argparse.Namespace
+) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
+    from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo, read_snapshot
+
+    if getattr(args, "from_parquet", None):
+        frames = read_snapshot(spark, args.from_parquet)
+        if "producer" not in frames:
+            raise AuditError(f"{args.from_parquet} holds no producer/ snapshot")
+        manifest = Path(args.from_parquet) / "manifest.json"
+        expected = None
+        if manifest.is_file():
+            expected = json.loads(manifest.read_text()).get("collection_counts", {}).get("producer")
+        return frames, expected, {"parquet": str(args.from_parquet)}
+    frames = {}
+    target = MongoTarget(args.mongo_uri, args.db, args.collection)
+    expected = count_documents(target)
+    frames["producer"] = read_mongo(spark, target, args.reader, partitions=args.read_partitions)
+    if args.consumer_collection:
+        frames["consumer"] = read_mongo(
+            spark,
+            MongoTarget(args.mongo_uri, args.db, args.consumer_collection),
+            args.reader,
+            partitions=args.read_partitions,
+        )
+    if args.dead_letters:
+        frames["dead_letters"] = read_mongo(
+            spark,
+            MongoTarget(args.mongo_uri, args.db, args.dead_letters),
+            args.reader,
+            dead_letters=True,
+            partitions=args.read_partitions,
+        )
+    source = {
+        "db": args.db,
+        "collection": args.collection,
+        "reader": args.reader,
+        "consumer_collection": args.consumer_collection,
+        "dead_letters": args.dead_letters,
+    }
+    return frames, expected, source
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    secrets = logs.secrets_of(args.mongo_uri)
+    problem = _check(args)
+    thresholds: dict[str, int | None] = {}
+    if problem is None and args.command == "audit":
+        try:
+            thresholds = _thresholds(args.threshold)
+        except ValueError as exc:
+            problem = str(exc)
+    if problem:
+        print(f"docoutbox: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        from docoutbox_spark.readers import session
+    except ImportError as exc:
+        print(
+            f"docoutbox: error: the Spark adapter needs pip install 'docoutbox[spark]' ({exc})",
+            file=sys.stderr,
+        )
+        return 1
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None
+    spark = session(jars=args.spark_jars, master=args.spark_master, memory=args.driver_memory)
+    try:
+        with progress(spark, args.progress_interval, args.command):
+            if args.command == "export":
+                return _export(spark, args)
+            return _audit(spark, args, thresholds)
+    except (DocOutboxError, OSError) as exc:
+        print(f"docoutbox: error: {logs.mask(str(exc), secrets)}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        from pymongo.errors import PyMongoError
+        from pyspark.errors import PySparkException
+
+        if not isinstance(exc, PySparkException | PyMongoError):
+            raise
+        text = " ".join(str(exc).split())[:500]
+        print(f"docoutbox: error: cannot read: {logs.mask(text, secrets)}", file=sys.stderr)
+        return 1
+    finally:
+        if owned:
+            spark.stop()
+
+
+def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | None]) -> int:
+    from docoutbox_spark.audit import COSMOS_LIMIT, MONGODB_LIMIT
+    from docoutbox_spark.report import write_html, write_json
+    from docoutbox_spark.run import AuditConfig, run_audit
+
+    frames, expected, source = _frames(spark, args)
+    config = AuditConfig(
+        now=args.now or datetime.now(UTC),
+        sla_seconds=args.sla,
+        window=args.window,
+        above_limit=args.above_limit,
+        size_limit=COSMOS_LIMIT if args.size_limit == "cosmos" else MONGODB_LIMIT,
+        size_fraction=args.size_fraction,
+        partitions=args.partitions,
+        skew_ratio=args.skew_ratio,
+        skew_min_pending=args.skew_min_pending,
+        thresholds=thresholds,
+    )
+    summary = run_audit(
+        frames["producer"],
+        consumer=frames.get("consumer"),
+        dead_letters=frames.get("dead_letters"),
+        expected_documents=expected,
+        config=config,
+        source=source,
+    )
+    if args.json:
+        write_json(summary, args.json)
+    if args.report:
+        write_html(summary, args.report)
+    counts = {k: v["count"] for k, v in summary["findings"].items() if v["count"]}
+    print(
+        f"audit: {summary['totals']['documents']} documents, "
+        f"{summary['totals']['pending_entries'] or 0} pending entries; findings: "
+        + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none")
+    )
+    if args.report:
+        print(f"report: {Path(args.report).resolve()}")
+    if args.json:
+        print(f"summary: {Path(args.json).resolve()}")
+    if summary["failed"]:
+        print(f"audit: FAILED ({', '.join(summary['failed'])} above threshold)")
+        return EXIT_FINDINGS
+    return 0
+
+
+def _export(spark: Any, args: argparse.Namespace) -> int:
+    from docoutbox_spark.readers import write_snapshot
+
+    frames, collection_count, source = _frames(spark, args)
+    expected = {"producer": collection_count or 0}
+    counts = write_snapshot(frames, args.out)
+    manifest = {"source": source, "counts": counts, "collection_counts": expected}
+    Path(args.out, "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"export: {counts} rows written to {Path(args.out).resolve()}")
+    if counts["producer"] < expected["producer"]:
+        print(
+            f"export: {expected['producer'] - counts['producer']} documents were not read",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,201 @@
+"""Ways into the audit: the MongoDB Spark connector, the pymongo data source, Parquet.
+
+Every reader returns raw rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA` or
+:data:`~docoutbox_spark.schema.RAW_DEAD_LETTER_SCHEMA`); :mod:`docoutbox_spark.conform`
+applies the typed schema.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from docoutbox_spark.cosmos_source import NAME as COSMOS
+from docoutbox_spark.cosmos_source import CosmosSource
+from docoutbox_spark.datasource import NAME, MongoSource
+from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
+
+CONNECTOR = "org.mongodb.spark:mongo-spark-connector_2.13:10.5.0"
+PARTITIONER = "com.mongodb.spark.sql.connector.read.partitioner.PaginateIntoPartitionsPartitioner"
+READERS = ("connector", "datasource")
+
+
+def session(
+    *,
+    jars: str | None = None,
+    master: str = "local[1]",
+    memory: str = "512m",
+    packages: bool = True,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession for the audit. ``jars``: a directory of jars (or a comma-separated
+    list) holding the MongoDB Spark connector; without it, the connector is resolved from
+    Maven Central (``spark.jars.packages``) unless ``packages`` is False."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("docoutbox-audit")
+        .config("spark.driver.memory", memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    jar_list = _jars(jars)
+    if jar_list:
+        builder = builder.config("spark.jars", ",".join(jar_list))
+    elif packages:
+        builder = builder.config("spark.jars.packages", CONNECTOR)
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(MongoSource)
+    spark.dataSource.register(CosmosSource)
+    return spark
+
+
+def _jars(jars: str | None) -> list[str]:
+    if not jars:
+        return []
+    if os.path.isdir(jars):
+        return sorted(glob.glob(os.path.join(jars, "*.jar")))
+    return [j for j in jars.split(",") if j]
+
+
+@dataclass(frozen=True)
+class MongoTarget:
+    uri: str
+    database: str
+    collection: str
+
+
+def read_connector(
+    spark: SparkSession,
+    target: MongoTarget,
+    schema: StructType = RAW_DOCUMENT_SCHEMA,
+    partitions: int = 4,
+) -> DataFrame:
+    """Read through the official MongoDB Spark connector with the raw schema and the
+    ``PaginateIntoPartitionsPartitioner`` (the one that needs no ``$collStats``)."""
+    return (
+        spark.read.format("mongodb")
+        .schema(schema)
+        .option("connection.uri", target.uri)
+        .option("database", target.database)
+        .option("collection", target.collection)
+        .option("partitioner", PARTITIONER)
+        .option("partitioner.options.max.number.of.partitions", str(partitions))
+        .load()
+    )
+
+
+def read_datasource(
+    spark: SparkSession, target: MongoTarget, kind: str = "documents", partitions: int = 4
+) -> DataFrame:
+    """Read through the project's pymongo data source (``_id`` ranges, Arrow batches)."""
+    return (
+        spark.read.format(NAME)
+        .option("uri", target.uri)
+        .option("database", target.database)
+        .option("collection", target.collection)
+        .option("kind", kind)
+        .option("partitions", str(partitions))
+        .load()
+    )
+
+
+def read_mongo(
+    spark: SparkSession,
+    target: MongoTarget,
+    reader: str,
+    dead_letters: bool = False,
+    partitions: int = 4,
+) -> DataFrame:
+    if reader == "connector":
+        schema = RAW_DEAD_LETTER_SCHEMA if dead_letters else RAW_DOCUMENT_SCHEMA
+        return read_connector(spark, target, schema, partitions)
+    if reader == "datasource":
+        kind = "dead_letters" if dead_letters else "documents"
+        return read_datasource(spark, target, kind, partitions)
+    raise ValueError(f"unknown reader {reader!r}: one of {', '.join(READERS)}")
+
+
+@dataclass(frozen=True)
+class CosmosTarget:
+    endpoint: str
+    key: str
+    database: str
+    container: str
+    verify: bool = True
+    discovery: bool = True
+
+
+def read_cosmos(
+    spark: SparkSession, target: CosmosTarget, kind: str = "documents", batch: int = 1000
+) -> DataFrame:
+    """Read a Cosmos DB container through the project's azure-cosmos data source (one
+    partition per feed range)."""
+    return (
+        spark.read.format(COSMOS)
+        .option("endpoint", target.endpoint)
+        .option("key", target.key)
+        .option("database", target.database)
+        .option("container", target.container)
+        .option("kind", kind)
+        .option("batch", str(batch))
+        .option("verify", str(target.verify).lower())
+        .option("discovery", str(target.discovery).lower())
+        .load()
+    )
+
+
+def count_documents(target: MongoTarget) -> int:
+    """The collection's document count, read apart from Spark, to prove none went unread."""
+    from pymongo import MongoClient
+
+    with MongoClient(target.uri) as client:
+        return int(client[target.database][target.collection].count_documents({}))
+
+
+# Parquet snapshot: one directory per role, raw rows, so malformed documents survive it.
+ROLES = ("producer", "consumer", "dead_letters")
+
+
+def write_snapshot(frames: dict[str, DataFrame], directory: str | Path) -> dict[str, int]:
+    """Write each role's raw frame to ``directory/<role>`` as Parquet; return row counts."""
+    counts: dict[str, int] = {}
+    for role, frame in frames.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        path = str(Path(directory) / role)
+        frame.write.mode("overwrite").parquet(path)
+        counts[role] = spark_count(frame.sparkSession.read.parquet(path))
+    return counts
+
+
+def read_snapshot(spark: SparkSession, directory: str | Path) -> dict[str, DataFrame]:
+    """The roles present under ``directory`` (at least ``producer``)."""
+    found: dict[str, DataFrame] = {}
+    for role in ROLES:
+        path = Path(directory) / role
+        if path.is_dir():
+            schema = RAW_DEAD_LETTER_SCHEMA if role == "dead_letters" else RAW_DOCUMENT_SCHEMA
+            found[role] = spark.read.schema(schema).parquet(str(path))
+    return found
+
+
+def spark_count(frame: DataFrame) -> int:
+    return int(frame.count())
+
+
+def options_of(target: MongoTarget) -> dict[str, Any]:
+    return {"uri": target.uri, "database": target.database, "collection": target.collection}

@@ -1,0 +1,312 @@
+"""The Spark audit: time and memory of ``run_audit`` over the MongoDB Spark connector and
+over the project's pymongo data source, against a pymongo-only pass that computes the
+same figures (the baseline), at growing collection sizes, in one run.
+
+Run alone: ``python -m benchmarks.audit [--quick] [--sizes 25000 50000 100000]``; the
+table is merged into ``benchmarks/results.json`` under ``benchmarks.audit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Scale, Table, connect, mongo_server
+
+NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+SLA = 300.0
+WINDOW = 100
+LOST_EVERY = 5000  # one producer in this many has a lost seq (planted, cross-checked)
+JARS = Path(__file__).resolve().parents[1] / "tests" / "servers" / "spark" / "lib"
+MIB = 1024 * 1024
+
+
+def _entry(agg: str, seq: int, age: float) -> dict[str, Any]:
+    return {
+        "id": f"{agg}-{seq}",
+        "type": ("Credited", "Debited", "Opened")[seq % 3],
+        "payload": {"amount": seq, "note": "x" * 40},
+        "headers": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        "created_at": (NOW - timedelta(seconds=age)).replace(tzinfo=None),
+        "seq": seq,
+        "aggregate_id": agg,
+        "aggregate_type": "Wallet",
+        "correlation_id": None,
+        "causation_id": f"cmd-{agg}-{seq}",
+        "destination": ("ledger", "statements")[seq % 2],
+        "attempts": 1 if seq % 97 == 0 else 0,
+    }
+
+
+def generate(db: Any, n: int, batch: int = 5000) -> None:
+    """``n`` producer documents (0-3 pending entries, a 20-ID inbox) and ``n`` consumer
+    documents with exact-mode marks; every ``LOST_EVERY``-th producer lost its last seq."""
+    producers, consumers = [], []
+    for i in range(n):
+        agg = f"p-{i:08d}"
+        outbox_seq = 5 + i % 20
+        pending = i % 4
+        lost = 1 if i % LOST_EVERY == 2 else 0
+        seen = outbox_seq - pending - lost
+        producers.append(
+            {
+                "_id": agg,
+                "type": "Wallet",
+                "version": outbox_seq,
+                "partition": i % 16,
+                "state": {"balance": i, "owner": f"owner-{i}"},
+                "inbox": [f"cmd-{agg}-{k}" for k in range(20)],
+                "inbox_marks": [],
+                "outbox": [
+                    _entry(agg, s, age=(i % 600) + s)
+                    for s in range(outbox_seq - pending + 1, outbox_seq + 1)
+                ],
+                "outbox_seq": outbox_seq,
+                "created_at": NOW.replace(tzinfo=None),
+                "updated_at": NOW.replace(tzinfo=None),
+            }
+        )
+        consumers.append(
+            {
+                "_id": f"c-{i:08d}",
+                "type": "Statement",
+                "version": seen,
+                "partition": i % 16,
+                "state": {"lines": seen},
+                "inbox": [],
+                "inbox_marks": [{"source": f"Wallet/{agg}", "hw": seen, "above": []}],
+                "outbox": [],
+                "outbox_seq": 0,
+            }
+        )
+        if len(producers) >= batch:
+            db.producer.insert_many(producers)
+            db.consumer.insert_many(consumers)
+            producers, consumers = [], []
+    if producers:
+        db.producer.insert_many(producers)
+        db.consumer.insert_many(consumers)
+
+
+def pymongo_pass(uri: str, database: str) -> dict[str, Any]:
+    """The same figures as the Spark audit, in one Python pass per collection."""
+    from bson import decode
+    from bson.raw_bson import RawBSONDocument
+    from pymongo import MongoClient
+
+    client: Any = MongoClient(uri, document_class=RawBSONDocument)
+    db = client[database]
+    backlog: Counter[tuple[str, str]] = Counter()
+    ages: list[float] = []
+    sizes: list[int] = []
+    stuck = retrying = gaps = dups = behind = window_full = 0
+    partitions: Counter[int] = Counter()
+    entry_owners: dict[str, set[str]] = defaultdict(set)
+    emitted: dict[str, int] = {}
+    pending: set[tuple[str, int]] = set()
+    now = NOW.replace(tzinfo=None)
+    for raw in db.producer.find({}, batch_size=2000):
+        sizes.append(len(raw.raw))
+        doc = decode(raw.raw)
+        agg = str(doc["_id"])
+        outbox = doc.get("outbox") or []
+        partitions[int(doc.get("partition", 0))] += len(outbox)
+        seqs = []
+        for e in outbox:
+            backlog[(e.get("type"), e.get("destination") or "(default)")] += 1
+            age = (now - e["created_at"]).total_seconds()
+            ages.append(age)
+            stuck += age > SLA
+            retrying += e.get("attempts", 0) > 0
+            seqs.append(e["seq"])
+            entry_owners[e["id"]].add(agg)
+            pending.add((f"{doc['type']}/{agg}", e["seq"]))
+        if seqs:
+            present = set(seqs)
+            gaps += len(set(range(min(seqs), max(seqs) + 1)) - present)
+            dups += sum(1 for v in Counter(seqs).values() if v > 1)
+            behind += max(seqs) > doc["outbox_seq"]
+        window_full += len(doc.get("inbox") or []) >= WINDOW
+        emitted[f"{doc['type']}/{agg}"] = doc["outbox_seq"]
+    seen: Counter[tuple[str, int]] = Counter()
+    for raw in db.consumer.find({}, batch_size=2000):
+        doc = decode(raw.raw)
+        for m in doc.get("inbox_marks") or []:
+            if m["source"] in emitted:
+                for s in range(1, m["hw"] + 1):
+                    seen[(m["source"], s)] += 1
+                for s in m.get("above") or []:
+                    seen[(m["source"], s)] += 1
+    lost = sum(
+        1
+        for source, top in emitted.items()
+        for s in range(1, top + 1)
+        if (source, s) not in seen and (source, s) not in pending
+    )
+    duplicated = sum(1 for v in seen.values() if v > 1)
+    ages.sort()
+    sizes.sort()
+    client.close()
+    return {
+        "documents": len(sizes),
+        "pending": len(ages),
+        "backlog": dict(backlog),
+        "age_p99": ages[int(0.99 * (len(ages) - 1))] if ages else None,
+        "size_p99": sizes[int(0.99 * (len(sizes) - 1))] if sizes else None,
+        "headroom_mongodb_max": 1 - sizes[-1] / (16 * MIB) if sizes else None,
+        "stuck": stuck,
+        "retrying": retrying,
+        "seq_gap": gaps,
+        "seq_duplicate": dups,
+        "outbox_seq_behind": behind,
+        "duplicate_entry_id": sum(1 for v in entry_owners.values() if len(v) > 1),
+        "inbox_window_full": window_full,
+        "lost": lost,
+        "duplicated": duplicated,
+        "skew": max(partitions.values()) / (sum(partitions.values()) / 16) if partitions else 0,
+    }
+
+
+def _jvm_peak_mib(spark: Any) -> float | None:
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 0)
+    return None
+
+
+def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, Any]:
+    from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo
+    from docoutbox_spark.run import AuditConfig, run_audit
+
+    producer = MongoTarget(uri, database, "producer")
+    return run_audit(
+        read_mongo(spark, producer, reader, partitions=4),
+        consumer=read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=4),
+        expected_documents=count_documents(producer),
+        config=AuditConfig(now=NOW, sla_seconds=SLA, window=WINDOW, partitions=16),
+    )
+
+
+def _check(spark_summary: dict[str, Any], baseline: dict[str, Any], reader: str) -> None:
+    f = {k: v["count"] for k, v in spark_summary["findings"].items()}
+    for kind in (
+        "stuck",
+        "retrying",
+        "seq_gap",
+        "seq_duplicate",
+        "outbox_seq_behind",
+        "duplicate_entry_id",
+        "inbox_window_full",
+        "lost",
+        "duplicated",
+    ):
+        if f[kind] != baseline[kind]:
+            raise AssertionError(f"{reader}: {kind} {f[kind]} != pymongo pass {baseline[kind]}")
+    if spark_summary["totals"]["documents"] != baseline["documents"]:
+        raise AssertionError(f"{reader}: documents differ from the pymongo pass")
+    if spark_summary["totals"]["pending_entries"] != baseline["pending"]:
+        raise AssertionError(f"{reader}: pending entries differ from the pymongo pass")
+
+
+def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
+    from docoutbox_spark.readers import session
+
+    quick = scale.rounds <= 1
+    sizes = sizes or ([300, 600] if quick else [25_000, 50_000, 100_000])
+    table = Table(
+        "audit",
+        "Spark audit: seconds per run_audit (producer + consumer collections), and ratios "
+        "to a pymongo-only pass computing the same figures",
+        [
+            "documents",
+            "pymongo pass s",
+            "connector s",
+            "datasource s",
+            "connector / pymongo",
+            "datasource / pymongo",
+            "JVM peak MiB",
+        ],
+    )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(jars=str(JARS), packages=False, master="local[2]", memory="2g")
+    client = connect(uri)
+    timings: dict[str, dict[int, float]] = defaultdict(dict)
+    try:
+        warm = f"bench_audit_warm_{os.getpid()}"
+        generate(client[warm], 200)
+        for reader in ("connector", "datasource"):
+            _spark_audit(spark, uri, warm, reader)
+        client.drop_database(warm)
+        for n in sizes:
+            name = f"bench_audit_{n}_{os.getpid()}"
+            generate(client[name], n)
+            start = time.perf_counter()
+            baseline = pymongo_pass(uri, name)
+            timings["pymongo"][n] = time.perf_counter() - start
+            for reader in ("connector", "datasource"):
+                start = time.perf_counter()
+                summary = _spark_audit(spark, uri, name, reader)
+                timings[reader][n] = time.perf_counter() - start
+                _check(summary, baseline, reader)
+            client.drop_database(name)
+            t = {k: v[n] for k, v in timings.items()}
+            table.add(
+                n,
+                round(t["pymongo"], 2),
+                round(t["connector"], 2),
+                round(t["datasource"], 2),
+                round(t["connector"] / t["pymongo"], 2),
+                round(t["datasource"] / t["pymongo"], 2),
+                _jvm_peak_mib(spark),
+            )
+            print(f"[bench] audit {n}: {t}", file=sys.stderr, flush=True)
+    finally:
+        client.close()
+        spark.stop()
+    small, large = sizes[0], sizes[-1]
+    growth = {k: round((v[large] / v[small]) / (large / small), 2) for k, v in timings.items()}
+    table.figures["growth_vs_linear"] = growth
+    table.figures["sizes"] = sizes
+    table.notes.append(
+        f"growth vs linear from {small} to {large} documents (1.0 = linear): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(growth.items()))
+    )
+    table.notes.append(
+        "Every Spark run's finding counts, documents and pending entries are checked against "
+        "the pymongo pass of the same run. Spark: local[2], driver memory 2g."
+    )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.audit", description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "results.json"
+    )
+    args = parser.parse_args(argv)
+    scale = Scale.quick() if args.quick else Scale()
+    with mongo_server(java_heap="6g") as uri:
+        table = run(uri, scale, args.sizes)
+    print(table.to_markdown())
+    results = json.loads(args.out.read_text()) if args.out.exists() else {"benchmarks": {}}
+    results.setdefault("benchmarks", {})["audit"] = table.to_json()
+    results["benchmarks"]["audit"]["generated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

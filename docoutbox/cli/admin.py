@@ -1,0 +1,307 @@
+"""Operating commands on MongoDB: ``outbox stats``, ``dead-letters ...`` and ``leases``.
+
+- ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
+  partition and per type (``--json`` for machines);
+- ``docoutbox dead-letters list | show ID | replay ID... | purge [ID...] --yes``: one place
+  for what the dispatcher quarantined and what consumers rejected. ``replay`` puts a
+  quarantined entry back on its aggregate's outbox (same ``seq``, a new ID, never ahead
+  of a later pending entry), or publishes a rejected delivery again to its queue, and
+  says which it did;
+- ``docoutbox leases``: which instance owns which partition, since when, until when.
+
+Exit codes: 0 done; 1 a server cannot be used, an unknown ID, an aggregate that is gone
+(nothing is changed); 2 bad arguments (including ``purge`` without ``--yes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from docoutbox.cli import logs
+from docoutbox.cli.help import Formatter
+from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
+
+Runner = Callable[[argparse.Namespace], int]
+
+
+def _connection(parser: argparse.ArgumentParser, *, collection: bool | None) -> None:
+    env = os.environ.get
+    parser.add_argument(
+        "--mongo-uri",
+        default=env("DOCOUTBOX_MONGO_URI"),
+        help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
+    )
+    parser.add_argument("--db", required=True, help="database")
+    if collection is not None:
+        parser.add_argument(
+            "--collection",
+            required=collection,
+            help="the aggregates' collection (replaying outbox entries needs it)",
+        )
+    parser.add_argument(
+        "--dead-letters", default="docoutbox_dead_letters", help="dead-letter collection"
+    )
+    parser.add_argument("--leases", default="docoutbox_leases", help="lease collection")
+    parser.add_argument("--server-timeout", type=float, default=5.0, help="seconds")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``outbox``, ``dead-letters`` and ``leases`` to the ``docoutbox`` subparsers."""
+    outbox = sub.add_parser("outbox", help="inspect the outbox backlog", formatter_class=Formatter)
+    osub = outbox.add_subparsers(dest="outbox_command", required=True)
+    stats = osub.add_parser(
+        "stats",
+        help="pending entries and aggregates, oldest age, per partition and type",
+        formatter_class=Formatter,
+    )
+    _connection(stats, collection=True)
+    stats.set_defaults(run=_stats)
+
+    dl = sub.add_parser(
+        "dead-letters",
+        help="list, show, replay or purge dead letters",
+        description=_DEAD_LETTERS,
+        formatter_class=Formatter,
+    )
+    dsub = dl.add_subparsers(dest="dead_letters_command", required=True)
+    listing = dsub.add_parser("list", help="dead letters, oldest first", formatter_class=Formatter)
+    _connection(listing, collection=None)
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (0: all)")
+    listing.set_defaults(run=_list)
+    show = dsub.add_parser("show", help="one dead letter in full", formatter_class=Formatter)
+    _connection(show, collection=None)
+    show.add_argument("id", help="dead letter ID (the entry's ID)")
+    show.set_defaults(run=_show)
+    replay = dsub.add_parser(
+        "replay",
+        help="put dead letters back on their outbox (or queue)",
+        description=_REPLAY,
+        formatter_class=Formatter,
+    )
+    _connection(replay, collection=False)
+    replay.add_argument("ids", nargs="+", metavar="ID", help="dead letter IDs")
+    replay.add_argument(
+        "--rabbitmq-url",
+        default=os.environ.get("DOCOUTBOX_RABBITMQ_URL"),
+        help="broker for deliveries a consumer rejected (or DOCOUTBOX_RABBITMQ_URL)",
+    )
+    replay.set_defaults(run=_replay)
+    purge = dsub.add_parser(
+        "purge", help="delete dead letters (all, or the IDs given)", formatter_class=Formatter
+    )
+    _connection(purge, collection=None)
+    purge.add_argument("ids", nargs="*", metavar="ID", help="only these (default: all)")
+    purge.add_argument("--yes", action="store_true", help="really delete")
+    purge.set_defaults(run=_purge)
+
+    leases = sub.add_parser(
+        "leases", help="partition owners, since when", formatter_class=Formatter
+    )
+    _connection(leases, collection=None)
+    leases.add_argument("--group", help="only this lease group (default: every group)")
+    leases.set_defaults(run=_leases)
+
+
+_DEAD_LETTERS = """\
+One place for the entries the dispatcher quarantined (origin "dispatch") and the
+deliveries consumers rejected (origin "consume")."""
+
+_REPLAY = """\
+An entry the dispatcher quarantined goes back on its aggregate's outbox with its seq and
+a new ID (the old one in the docoutbox-replay-of header; attempts reset). The dispatcher
+publishes it before any later entry still pending on that aggregate; receivers with exact
+de-duplication see its seq gap filled. A delivery a consumer rejected is published again,
+unchanged, to its queue. Every ID is checked first: if one is unknown or its aggregate
+is gone, nothing is replayed."""
+
+
+def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
+    print(f"docoutbox: error: {logs.mask(message, secrets)}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace, body: Callable[[Any, list[str]], int]) -> int:
+    secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(getattr(args, "rabbitmq_url", None))
+    if not args.mongo_uri:
+        return _fail("--mongo-uri (or DOCOUTBOX_MONGO_URI) is required", secrets, code=2)
+    try:
+        from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+            connect_database,
+        )
+    except ImportError as exc:
+        return _fail(f"the MongoDB adapter is not installed ({exc})", secrets)
+    try:
+        client, database = connect_database(args.mongo_uri, args.db, timeout=args.server_timeout)
+    except DocOutboxError as exc:
+        return _fail(f"cannot use MongoDB: {exc}", secrets)
+    try:
+        return body(database, secrets)
+    except InvalidInput as exc:
+        return _fail(str(exc), secrets, code=2)
+    except (NotFound, DocOutboxError) as exc:
+        return _fail(str(exc), secrets)
+    finally:
+        client.close()
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=_json_default, sort_keys=True))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    def body(database: Any, secrets: list[str]) -> int:
+        from docoutbox_mongo.admin import outbox_stats  # type: ignore[import-not-found, unused-ignore]
+
+        stats = outbox_stats(database[args.collection])
+        if args.json:
+            _print_json(stats.to_json())
+            return 0
+        print(f"collection   {args.db}.{args.collection}")
+        print(f"pending      {stats.entries} entries on {stats.aggregates} aggregates")
+        oldest = stats.oldest_at.isoformat() if stats.oldest_at else "-"
+        print(f"oldest       {stats.oldest_age:.1f} s ({oldest})")
+        _table("partition", stats.by_partition)
+        _table("type", stats.by_type)
+        return 0
+
+    return _run(args, body)
+
+
+def _table(title: str, buckets: dict[Any, Any]) -> None:
+    if not buckets:
+        return
+    print(f"\n{title:<24} {'entries':>8} {'aggregates':>10} {'oldest_s':>10}")
+    for key, bucket in sorted(buckets.items(), key=lambda kv: str(kv[0]).zfill(8)):
+        print(f"{key!s:<24} {bucket.entries:>8} {bucket.aggregates:>10} {bucket.oldest_age:>10.1f}")
+
+
+def _admin(args: argparse.Namespace, database: Any) -> Any:
+    from docoutbox_mongo.admin import DeadLetterAdmin  # type: ignore[import-not-found, unused-ignore]
+
+    collection = getattr(args, "collection", None)
+    return DeadLetterAdmin(
+        database[args.dead_letters], database[collection] if collection else None
+    )
+
+
+def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+    raw = doc.get("entry")
+    entry: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return {
+        "id": doc.get("_id"),
+        "origin": doc.get("origin", "dispatch"),
+        "queue": doc.get("queue"),
+        "aggregate_id": doc.get("aggregate_id"),
+        "type": entry.get("type"),
+        "seq": entry.get("seq"),
+        "attempts": doc.get("attempts"),
+        "quarantined_at": doc.get("quarantined_at"),
+        "error": doc.get("error"),
+    }
+
+
+def _list(args: argparse.Namespace) -> int:
+    def body(database: Any, secrets: list[str]) -> int:
+        admin = _admin(args, database)
+        rows = [_summary(doc) for doc in admin.listing(args.limit)]
+        if args.json:
+            _print_json(rows)
+            return 0
+        total = admin.count()
+        print(f"{total} dead letter(s)" + (f", showing {len(rows)}" if len(rows) < total else ""))
+        for row in rows:
+            error = " ".join(str(row["error"]).split())
+            where = row["queue"] if row["origin"] == "consume" else row["aggregate_id"]
+            print(
+                f"{row['id']}  {row['origin']:<8} {where!s:<20} {row['type']!s:<16} "
+                f"seq={row['seq']} attempts={row['attempts']} "
+                f"at={_json_default(row['quarantined_at'])}  {error[:120]}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def _show(args: argparse.Namespace) -> int:
+    def body(database: Any, secrets: list[str]) -> int:
+        _print_json(_admin(args, database).get(args.id))
+        return 0
+
+    return _run(args, body)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    def body(database: Any, secrets: list[str]) -> int:
+        republish = _republisher(args.rabbitmq_url) if args.rabbitmq_url else None
+        done = _admin(args, database).replay(args.ids, republish)
+        for item in done:
+            if args.json:
+                continue
+            print(f"{item.id}: {item.action} ({item.where})")
+        if args.json:
+            _print_json([vars(item) for item in done])
+        return 0
+
+    return _run(args, body)
+
+
+def _republisher(url: str) -> Callable[[str, bytes], None]:
+    def republish(queue: str, body: bytes) -> None:
+        from docoutbox_rabbitmq.replay import (  # type: ignore[import-not-found, unused-ignore]
+            publish_body,
+        )
+
+        publish_body(url, queue, body)
+
+    return republish
+
+
+def _purge(args: argparse.Namespace) -> int:
+    if not args.yes:
+        what = f"{len(args.ids)} dead letter(s)" if args.ids else "every dead letter"
+        return _fail(f"purge deletes {what}; add --yes to confirm (nothing deleted)", [], 2)
+
+    def body(database: Any, secrets: list[str]) -> int:
+        count = _admin(args, database).purge(args.ids)
+        print(f"purged {count} dead letter(s)")
+        return 0
+
+    return _run(args, body)
+
+
+def _leases(args: argparse.Namespace) -> int:
+    def body(database: Any, secrets: list[str]) -> int:
+        from docoutbox_mongo.admin import lease_rows  # type: ignore[import-not-found, unused-ignore]
+
+        rows = lease_rows(database[args.leases], args.group)
+        if args.json:
+            _print_json([row.to_json() for row in rows])
+            return 0
+        if not rows:
+            print("no leases")
+            return 0
+        print(f"{'group':<20} {'partition':>9}  {'owner':<48} {'since':<32} expires")
+        for row in rows:
+            part = "member" if row.partition is None else str(row.partition)
+            since = _json_default(row.since) if row.since else "-"
+            until = _json_default(row.expires_at) if row.expires_at else "-"
+            print(
+                f"{row.group:<20} {part:>9}  {row.owner:<48} {since:<32} {until}"
+                + ("  (expired)" if row.expired else "")
+            )
+        return 0
+
+    return _run(args, body)

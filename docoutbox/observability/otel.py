@@ -1,0 +1,285 @@
+"""OpenTelemetry for docoutbox: one trace from an incoming message to every consumer.
+
+Rule: the trace context travels in the entries' ``headers`` (W3C ``traceparent`` and
+``tracestate``), so it survives the commit, any delay and any crash between commit and
+publish.
+
+- :class:`OtelStoreObserver` (set as ``StoreConfig(observer=...)``): each ``handle`` runs
+  in a ``process {type}`` span, a child of the incoming message's ``traceparent`` when it
+  has one (else of the current span); every entry the commit emits carries that span's
+  context. It counts store conflicts and retries;
+- :class:`TracingPublisher` / :class:`AsyncTracingPublisher` wrap any publisher: a
+  ``publish {destination}`` span, a child of the context stored in the entry, whose own
+  context replaces it in the published headers, so the consumer's ``process`` span is its
+  child;
+- :class:`OtelMetrics`: the dispatcher's metrics through the OpenTelemetry meter: outbox
+  depth and aggregates, oldest pending age, publish latency (commit to confirm), stream
+  lag, publishes, failures and quarantines.
+
+Span attributes follow the messaging semantic conventions (``messaging.system``,
+``messaging.operation.type``, ``messaging.destination.name``, ``messaging.message.id``,
+``messaging.message.conversation_id``), plus ``docoutbox.aggregate.*`` and
+``docoutbox.seq``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.propagators.textmap import TextMapPropagator
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "docoutbox.observability.otel needs OpenTelemetry: pip install 'docoutbox[otel]'"
+    ) from exc
+
+from docoutbox.dispatch.backlog import OutboxStats
+from docoutbox.dispatch.ports import AsyncPublisher, Publisher
+from docoutbox.model import AggregateId, Message, OutboxMessage
+
+SCOPE = "docoutbox"
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _attrs(**values: Any) -> dict[str, Any]:
+    return {k.replace("__", "."): v for k, v in values.items() if v is not None}
+
+
+class OtelStoreObserver:
+    """A :class:`~docoutbox.store.observe.StoreObserver` that traces and counts handling."""
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: otel_metrics.MeterProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+        system: str | None = None,
+    ) -> None:
+        self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
+        meter = otel_metrics.get_meter(SCOPE, meter_provider=meter_provider)
+        self.propagator = propagator or TraceContextTextMapPropagator()
+        self.system = system
+        self._conflicts = meter.create_counter(
+            "docoutbox.store.conflicts",
+            unit="{conflict}",
+            description="Commits that lost an optimistic-concurrency race",
+        )
+        self._retries = meter.create_counter(
+            "docoutbox.store.retries",
+            unit="{retry}",
+            description="Handling attempts repeated after a conflict or a transient error",
+        )
+
+    def _incoming(self, message: Message) -> Context | None:
+        if "traceparent" not in message.headers:
+            return None
+        return self.propagator.extract(message.headers)
+
+    @contextmanager
+    def handling(
+        self, aggregate_type: str, aggregate_id: AggregateId, message: Message
+    ) -> Iterator[object]:
+        attributes = _attrs(
+            messaging__system=self.system,
+            messaging__operation__type="process",
+            messaging__operation__name="handle",
+            messaging__message__id=message.id,
+            messaging__message__conversation_id=message.correlation_id,
+            docoutbox__aggregate__type=aggregate_type,
+            docoutbox__aggregate__id=str(aggregate_id),
+            docoutbox__message__type=message.type,
+        )
+        with self.tracer.start_as_current_span(
+            f"process {message.type}",
+            context=self._incoming(message),
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+        ) as span:
+            yield span
+
+    def headers(self, message: Message) -> Mapping[str, str]:
+        carrier: dict[str, str] = {}
+        context = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            context = self._incoming(message)  # no span here: pass the incoming one on
+        self.propagator.inject(carrier, context=context)
+        return {k: v for k, v in carrier.items() if k in TRACE_HEADERS}
+
+    def conflict(self, aggregate_type: str) -> None:
+        self._conflicts.add(1, {"docoutbox.aggregate.type": aggregate_type})
+
+    def retry(self, aggregate_type: str, reason: str) -> None:
+        self._retries.add(1, {"docoutbox.aggregate.type": aggregate_type, "reason": reason})
+
+
+class _PublishSpans:
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        propagator: TextMapPropagator | None,
+        system: str | None,
+    ) -> None:
+        self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
+        self.propagator = propagator or TraceContextTextMapPropagator()
+        self.system = system
+
+    @contextmanager
+    def span(self, entry: OutboxMessage) -> Iterator[OutboxMessage]:
+        parent = self.propagator.extract(entry.headers) if "traceparent" in entry.headers else None
+        destination = entry.destination or entry.type
+        attributes = _attrs(
+            messaging__system=self.system,
+            messaging__operation__type="send",
+            messaging__operation__name="publish",
+            messaging__destination__name=destination,
+            messaging__message__id=entry.id,
+            messaging__message__conversation_id=entry.correlation_id,
+            docoutbox__aggregate__type=entry.aggregate_type,
+            docoutbox__aggregate__id=str(entry.aggregate_id),
+            docoutbox__seq=entry.seq,
+            docoutbox__message__type=entry.type,
+        )
+        with self.tracer.start_as_current_span(
+            f"publish {destination}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes
+        ):
+            carrier = {k: v for k, v in entry.headers.items() if k not in TRACE_HEADERS}
+            self.propagator.inject(carrier)
+            yield entry.model_copy(update={"headers": carrier})
+
+
+class TracingPublisher:
+    """A :class:`~docoutbox.dispatch.ports.Publisher` that publishes in a span."""
+
+    def __init__(
+        self,
+        inner: Publisher,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+        system: str | None = None,
+    ) -> None:
+        self.inner = inner
+        self._spans = _PublishSpans(tracer_provider, propagator, system)
+
+    def publish(self, entry: OutboxMessage) -> None:
+        with self._spans.span(entry) as traced:
+            self.inner.publish(traced)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
+
+
+class AsyncTracingPublisher:
+    """The async twin of :class:`TracingPublisher`."""
+
+    def __init__(
+        self,
+        inner: AsyncPublisher,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+        system: str | None = None,
+    ) -> None:
+        self.inner = inner
+        self._spans = _PublishSpans(tracer_provider, propagator, system)
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        with self._spans.span(entry) as traced:
+            await self.inner.publish(traced)
+
+
+class OtelMetrics:
+    """The dispatcher's :class:`~docoutbox.dispatch.metrics.Metrics` through an OTel meter.
+
+    Gauges (depth, aggregates, oldest age) report the last backlog measurement
+    (:class:`~docoutbox.dispatch.backlog.BacklogMonitor`).
+    """
+
+    def __init__(self, *, meter_provider: otel_metrics.MeterProvider | None = None) -> None:
+        meter = otel_metrics.get_meter(SCOPE, meter_provider=meter_provider)
+        self._lock = threading.Lock()
+        self._stats: OutboxStats | None = None
+        self._stream_lag: float | None = None
+        self._published = meter.create_counter(
+            "docoutbox.published", unit="{message}", description="Entries confirmed by the broker"
+        )
+        self._failures = meter.create_counter(
+            "docoutbox.publish.failures", unit="{attempt}", description="Failed publish attempts"
+        )
+        self._quarantined = meter.create_counter(
+            "docoutbox.quarantined", unit="{message}", description="Entries sent to dead letters"
+        )
+        self._latency = meter.create_histogram(
+            "docoutbox.publish.latency", unit="s", description="From commit to broker confirm"
+        )
+        meter.create_observable_gauge(
+            "docoutbox.outbox.depth",
+            [self._observe("entries")],
+            unit="{message}",
+            description="Pending outbox entries in the database",
+        )
+        meter.create_observable_gauge(
+            "docoutbox.outbox.aggregates",
+            [self._observe("aggregates")],
+            unit="{aggregate}",
+            description="Aggregates with pending outbox entries",
+        )
+        meter.create_observable_gauge(
+            "docoutbox.outbox.oldest_age",
+            [self._observe("oldest_age")],
+            unit="s",
+            description="Age of the oldest pending entry",
+        )
+        meter.create_observable_gauge(
+            "docoutbox.stream.lag",
+            [self._observe_lag],
+            unit="s",
+            description="From a document's commit to the dispatcher seeing its change event",
+        )
+
+    def _observe(self, name: str) -> Any:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                stats = self._stats
+            return [] if stats is None else [Observation(getattr(stats, name))]
+
+        return callback
+
+    def _observe_lag(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            lag = self._stream_lag
+        return [] if lag is None else [Observation(lag)]
+
+    def published(self, entry: OutboxMessage, lag: float) -> None:
+        attributes = {"messaging.destination.name": entry.destination or entry.type}
+        self._published.add(1, attributes)
+        self._latency.record(max(0.0, lag), attributes)
+
+    def failed(self, entry: OutboxMessage, error: BaseException) -> None:
+        self._failures.add(1, {"error.type": type(error).__name__})
+
+    def quarantined(self, aggregate_id: AggregateId, entry_id: str | None, error: str) -> None:
+        self._quarantined.add(1)
+
+    def backlog(self, aggregates: int) -> None:
+        return None  # reported with the whole measurement in outbox()
+
+    def outbox(self, stats: OutboxStats) -> None:
+        with self._lock:
+            self._stats = stats
+
+    def stream_lag(self, seconds: float) -> None:
+        with self._lock:
+            self._stream_lag = seconds
