@@ -473,6 +473,10 @@ def _dispatch_async(
 
 
 def _backlog_probe(target: Any) -> Any:
+    if not hasattr(target.backend, "collection"):  # not MongoDB: page through find_pending
+        from docoutbox.dispatch.backlog import probe_backend
+
+        return probe_backend(target.backend)
     from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
         outbox_stats,
     )
