@@ -47,6 +47,8 @@ STORE_KINDS = ["memory", "memory-async", "mongomock", "mongomock-motor"]
 SERVER_KINDS = ["wire"] + (["uri"] if MONGODB_URI else [])
 for _server in SERVER_KINDS:
     STORE_KINDS += [f"{_server}-sync", f"{_server}-async", f"{_server}-motor"]
+#: Cosmos DB (the local server, or COSMOS_ENDPOINT/COSMOS_KEY): azure-cosmos sync and aio.
+STORE_KINDS += ["cosmos-sync", "cosmos-aio"]
 
 
 def missing(reason: str) -> None:
@@ -128,6 +130,25 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
 
         collection = mongomock.MongoClient()["docoutbox"][name]
         sync_factory = lambda: MongoBackend(collection)  # noqa: E731
+    elif kind.startswith("cosmos-"):
+        from contextlib import ExitStack
+
+        from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+        from tests.support.cosmos import async_container, create_container, scratch_database
+
+        stack = ExitStack()
+        closers.append(stack.close)
+        database = stack.enter_context(scratch_database(request.getfixturevalue("cosmos_server")))
+        container = create_container(database)
+        if kind == "cosmos-sync":
+            sync_factory = lambda: CosmosBackend(container)  # noqa: E731
+        else:
+            loop = asyncio.new_event_loop()
+            proxy, close = async_container(
+                request.getfixturevalue("cosmos_server"), database.id, container.id, loop
+            )
+            closers.insert(0, close)
+            async_factory = lambda: AsyncCosmosBackend(proxy)  # noqa: E731
     elif kind == "mongomock-motor":
         from mongomock_motor import AsyncMongoMockClient
 

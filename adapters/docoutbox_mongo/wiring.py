@@ -65,6 +65,11 @@ def connect_dispatch(
         raise
 
 
+def connect_cli(args: Any) -> MongoDispatchTarget:
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
+    return connect_dispatch(args.mongo_uri, args.db, args.collection, timeout=args.server_timeout)
+
+
 def connect_database(
     uri: str, db: str, *, timeout: float = 5.0, appname: str = "docoutbox"
 ) -> tuple[Any, Any]:

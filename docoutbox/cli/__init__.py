@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import math
 import os
@@ -138,8 +139,18 @@ def _parser() -> argparse.ArgumentParser:
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    d.add_argument("--db", required=True, type=_name("database"))
-    d.add_argument("--collection", required=True, type=_name("collection"))
+    d.add_argument(
+        "--cosmos-endpoint",
+        default=env("COSMOS_ENDPOINT"),
+        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
+    )
+    d.add_argument(
+        "--cosmos-key",
+        default=env("COSMOS_KEY"),
+        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
+    )
+    d.add_argument("--db", "--database", dest="db", type=_name("database"))
+    d.add_argument("--collection", "--container", dest="collection", type=_name("collection"))
     d.add_argument(
         "--publisher",
         required=True,
@@ -201,7 +212,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
     d.add_argument("--checkpoint-interval", type=POSITIVE, default=1.0, help="seconds")
-    d.add_argument("--server-timeout", type=POSITIVE, default=5.0, help="seconds to reach MongoDB")
+    d.add_argument(
+        "--server-timeout", type=POSITIVE, default=5.0, help="seconds to reach the server"
+    )
     d.add_argument(
         "--broker-timeout", type=POSITIVE, default=5.0, help="seconds to reach the broker"
     )
@@ -234,8 +247,16 @@ def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if not args.mongo_uri:
-        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required"
+    if args.cosmos_endpoint and args.mongo_uri:
+        return "give either --mongo-uri or --cosmos-endpoint, not both"
+    if args.cosmos_endpoint and not args.cosmos_key:
+        return "--cosmos-endpoint needs --cosmos-key (or COSMOS_KEY)"
+    if not args.mongo_uri and not args.cosmos_endpoint:
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
+    if not args.db or not args.collection:
+        return "--db (--database) and --collection (--container) are required"
+    if args.cosmos_endpoint and args.use_async:
+        return "--async is available with --mongo-uri only"
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)
@@ -276,6 +297,7 @@ def _amqp_url_problem(url: str) -> str | None:
 
 def dispatch(args: argparse.Namespace) -> int:
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(args.rabbitmq_url)
+    secrets += [args.cosmos_key] if args.cosmos_key else []
     logs.configure(args.log_level, secrets=secrets, fmt=args.log_format)
     problem = _check(args)
     if problem:
@@ -305,23 +327,21 @@ def _dispatch(
     stopping: threading.Event,
     running: list[Any],
 ) -> int:
+    kind = "cosmos" if args.cosmos_endpoint else "mongo"
+    label, extra = ("Cosmos DB", "cosmos") if kind == "cosmos" else ("MongoDB", "mongodb")
     try:
-        from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
-            connect_dispatch,
-        )
+        wiring = importlib.import_module(f"docoutbox_{kind}.wiring")
     except ImportError as exc:
         return _fail(
-            f"the MongoDB adapter is not installed ({exc}); pip install 'docoutbox[mongodb]'",
+            f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
             secrets,
         )
-    where = logs.mask(args.mongo_uri, secrets)
-    log.debug("connecting mongo=%s timeout=%ss", where, args.server_timeout)
+    where = logs.mask(args.cosmos_endpoint or args.mongo_uri, secrets)
+    log.debug("connecting %s=%s timeout=%ss", kind, where, args.server_timeout)
     try:
-        target = connect_dispatch(
-            args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
-        )
+        target = wiring.connect_cli(args)
     except DocOutboxError as exc:
-        return _fail(f"cannot use MongoDB at {where}: {_short(exc)}", secrets)
+        return _fail(f"cannot use {label} at {where}: {_short(exc)}", secrets)
     if stopping.is_set():
         target.close()
         log.info("stopped_before_start")
@@ -374,7 +394,8 @@ def _dispatch(
     if stopping.is_set():
         dispatcher.stop()
     log.info(
-        "dispatch_starting mongo=%s db=%s collection=%s publisher=%s name=%s leases=%s mode=%s",
+        "dispatch_starting %s=%s db=%s collection=%s publisher=%s name=%s leases=%s mode=%s",
+        kind,
         where,
         args.db,
         args.collection,
@@ -468,6 +489,10 @@ def _dispatch_async(
 
 
 def _backlog_probe(target: Any) -> Any:
+    if not hasattr(target.backend, "collection"):  # not MongoDB: page through find_pending
+        from docoutbox.dispatch.backlog import probe_backend
+
+        return probe_backend(target.backend)
     from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
         outbox_stats,
     )

@@ -112,4 +112,5 @@ def configure(
     debug = root.level <= logging.DEBUG
     logging.getLogger("pika").setLevel(logging.DEBUG if debug else logging.CRITICAL)
     logging.getLogger("pymongo").setLevel(logging.WARNING)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # every HTTP request at INFO
     return handler

@@ -1,11 +1,13 @@
 """The bank service: handles commands on accounts, then relays their outbox to the ledger.
 
 Run against MongoDB:   python -m examples.bank.app mongodb://localhost:27017/ [DATABASE]
+Run on Cosmos DB:      COSMOS_ENDPOINT=... COSMOS_KEY=... python -m examples.bank.app cosmos [DB]
 Run in memory:         python -m examples.bank.app
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -19,6 +21,8 @@ def stores(
 ) -> tuple[AggregateStore[Account], AggregateStore[Ledger]]:
     if uri is None:
         return AggregateStore(MemoryBackend(), Account), _ledger(MemoryBackend())
+    if uri == "cosmos":
+        return cosmos_stores(database)
     from pymongo import MongoClient
 
     from docoutbox_mongo import MongoBackend
@@ -28,6 +32,22 @@ def stores(
     ledger = _ledger(MongoBackend(db["ledger"]))
     accounts.ensure_indexes()
     ledger.ensure_indexes()
+    return accounts, ledger
+
+
+def cosmos_stores(database: str) -> tuple[AggregateStore[Account], AggregateStore[Ledger]]:
+    from azure.cosmos import PartitionKey
+
+    from docoutbox_cosmos import CosmosBackend
+    from docoutbox_cosmos.wiring import open_client
+
+    client = open_client(os.environ["COSMOS_ENDPOINT"], os.environ["COSMOS_KEY"])
+    db = client.create_database_if_not_exists(database)
+    by_id = PartitionKey(path="/id")
+    accounts = AggregateStore(
+        CosmosBackend(db.create_container_if_not_exists("accounts", by_id)), Account
+    )
+    ledger = _ledger(CosmosBackend(db.create_container_if_not_exists("ledger", by_id)))
     return accounts, ledger
 
 

@@ -1,4 +1,4 @@
-"""The bank example, in memory and on the MongoDB wire server."""
+"""The bank example, in memory, on the MongoDB wire server and on Cosmos DB."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from examples.bank import app
+from tests.support.servers import CosmosAccount
 
 
 def check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,3 +38,22 @@ def test_on_mongodb(mongo_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         client.drop_database(scratch)
         client.close()
+
+
+@pytest.mark.cosmos
+def test_on_cosmos(
+    cosmos_server: CosmosAccount,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support.cosmos import unique
+
+    monkeypatch.setenv("COSMOS_ENDPOINT", cosmos_server.endpoint)
+    monkeypatch.setenv("COSMOS_KEY", cosmos_server.key)
+    database = unique("bank")
+    try:
+        assert app.main(["cosmos", database]) == 0
+    finally:
+        with cosmos_server.client() as client:
+            client.delete_database(database)
+    check(capsys)

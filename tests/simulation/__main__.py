@@ -4,10 +4,12 @@
     python -m tests.simulation --seed 42 --trace           ... and print every step
     python -m tests.simulation --seed 0 --count 1000       explore seeds 0..999
     python -m tests.simulation --seed 7 --store wire       on the MongoDB wire server
+    python -m tests.simulation --seed 7 --store cosmos     on Cosmos DB
     python -m tests.simulation --seed 3 --mutation version-off --shrink
 
 ``--store wire`` uses ``--uri`` (or ``MONGODB_URI``), else starts a private
-mongo-java-server. ``--shrink`` reduces a failing schedule (faults off, fewer
+mongo-java-server. ``--store cosmos`` uses ``COSMOS_ENDPOINT``/``COSMOS_KEY``, else starts
+the local Cosmos DB server. ``--shrink`` reduces a failing schedule (faults off, fewer
 aggregates and commands) and prints the smallest replay command that still fails.
 The exit status is 1 when any schedule fails.
 """
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("--set takes FIELD=VALUE")
     settings = tuple((name, value) for name, _, value in (s.partition("=") for s in args.set))
     with ExitStack() as stack:
-        client = open_client(args, stack) if args.store == "wire" else None
+        client = None
+        if args.store == "wire":
+            client = open_client(args, stack)
+        elif args.store == "cosmos":
+            client = open_cosmos(stack)
         failures, totals, started = 0, Counter[str](), time.monotonic()
         for seed in range(args.seed, args.seed + args.count):
             variant = Variant(seed, args.store, args.mutation, settings, tuple(args.off))
@@ -92,6 +98,24 @@ def open_client(args: argparse.Namespace, stack: ExitStack) -> Any:
     client: Any = MongoClient(uri, uuidRepresentation="standard")
     stack.callback(client.close)
     return client
+
+
+def open_cosmos(stack: ExitStack) -> Any:
+    """A scratch database on the Cosmos account (deleted on exit)."""
+    from tests.support.cosmos import scratch_database
+    from tests.support.servers import (
+        CosmosServer,
+        cosmos_account_from_env,
+        cosmos_server_available,
+    )
+
+    account = cosmos_account_from_env()
+    if account is None:
+        reason = cosmos_server_available()
+        if reason:
+            sys.exit(f"Cosmos DB server unavailable: {reason}")
+        account = stack.enter_context(CosmosServer()).account()
+    return stack.enter_context(scratch_database(account))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from tests.simulation.dispatcher import dispatcher
 from tests.simulation.invariants import Violation, check
 from tests.simulation.mutations import applied
 from tests.simulation.schedule import Schedule, Variant
-from tests.simulation.stores import Stores, memory_stores, wire_stores
+from tests.simulation.stores import Stores, cosmos_stores, memory_stores, wire_stores
 from tests.simulation.trace import describe
 from tests.simulation.world import BLOCKED, World
 
@@ -209,10 +209,16 @@ def _kind(op: SimOp) -> str:
 
 
 def run_schedule(variant: Variant, *, client: Any = None, trace: bool = False) -> Report:
-    """Run one schedule on fresh stores (``client``: a pymongo client, for the wire store)."""
-    if variant.store == "wire" and client is None:
-        raise ValueError("the wire store needs a pymongo client")
-    stores = memory_stores() if variant.store == "memory" else wire_stores(client, variant.seed)
+    """Run one schedule on fresh stores (``client``: a pymongo client for the wire store, a
+    Cosmos ``DatabaseProxy`` for the cosmos store)."""
+    if variant.store != "memory" and client is None:
+        raise ValueError(f"the {variant.store} store needs a client")
+    if variant.store == "memory":
+        stores = memory_stores()
+    elif variant.store == "cosmos":
+        stores = cosmos_stores(client, variant.seed)
+    else:
+        stores = wire_stores(client, variant.seed)
     try:
         with applied(variant.mutation), quiet_library():
             return Simulator(variant, stores, trace=trace).run()

@@ -46,7 +46,7 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "handler_error": (0.0, 0.1, 0.3),
 }
 
-STORES = ("memory", "wire")
+STORES = ("memory", "wire", "cosmos")
 
 #: Mutations that are schedule settings rather than patches of the library.
 MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -172,7 +172,7 @@ class Variant:
                 raise ValueError(f"unknown fault {kind!r}; expected one of {sorted(FAULTS)}")
         faults = tuple((k, 0.0 if k in self.off else p) for k, p in schedule.faults)
         schedule = replace(schedule, faults=faults, **changes)  # type: ignore[arg-type]
-        if schedule.store == "wire" and schedule.dispatcher == "log":
+        if schedule.store != "memory" and schedule.dispatcher == "log":
             raise ValueError("the change-log dispatcher exists only on the memory store")
         return schedule
 

@@ -1,4 +1,5 @@
-"""The stores a schedule runs against: in memory, or fresh collections on a MongoDB server."""
+"""The stores a schedule runs against: in memory, or fresh collections on a MongoDB server,
+or fresh containers on a Cosmos DB account."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def wire_stores(client: Any, seed: int) -> Stores:
         sinks.drop()
 
     return Stores(MongoBackend(producers), MongoBackend(sinks), None, close)
+
+
+def cosmos_stores(database: Any, seed: int) -> Stores:
+    """Two fresh containers of a Cosmos DB ``DatabaseProxy`` for one schedule, deleted by
+    ``close``."""
+    from azure.cosmos import PartitionKey
+
+    from docoutbox_cosmos import CosmosBackend
+
+    prefix = f"s{seed}_{uuid.uuid4().hex[:8]}"
+    producers, sinks = (
+        database.create_container(f"{prefix}_{side}", PartitionKey(path="/id"))
+        for side in ("producers", "sinks")
+    )
+
+    def close() -> None:
+        database.delete_container(producers.id)
+        database.delete_container(sinks.id)
+
+    return Stores(CosmosBackend(producers), CosmosBackend(sinks), None, close)

@@ -2,7 +2,8 @@
 
 ``DOCOUTBOX_SIM_SCHEDULES`` sets how many in-memory schedules run (default 500; CI runs
 10,000), ``DOCOUTBOX_SIM_SEED`` the first seed (default 0), and
-``DOCOUTBOX_SIM_WIRE_SCHEDULES`` how many run on the MongoDB wire server (default 100).
+``DOCOUTBOX_SIM_WIRE_SCHEDULES`` how many run on the MongoDB wire server (default 100),
+``DOCOUTBOX_SIM_COSMOS_SCHEDULES`` how many on Cosmos DB (default 100).
 A failure prints the command that replays it.
 """
 
@@ -24,6 +25,7 @@ from tests.simulation.schedule import FAULTS, Variant
 SCHEDULES = int(os.environ.get("DOCOUTBOX_SIM_SCHEDULES", "500"))
 FIRST_SEED = int(os.environ.get("DOCOUTBOX_SIM_SEED", "0"))
 WIRE_SCHEDULES = int(os.environ.get("DOCOUTBOX_SIM_WIRE_SCHEDULES", "100"))
+COSMOS_SCHEDULES = int(os.environ.get("DOCOUTBOX_SIM_COSMOS_SCHEDULES", "100"))
 CHUNK = 500
 
 
@@ -55,6 +57,19 @@ def test_exactly_once_under_faults_on_the_wire_server(mongo_uri: str) -> None:
         problems = failures(reports)
     finally:
         client.close()
+    assert not problems, problems
+
+
+@pytest.mark.cosmos
+def test_exactly_once_under_faults_on_cosmos(cosmos_server: Any) -> None:
+    from tests.support.cosmos import scratch_database
+
+    with scratch_database(cosmos_server) as database:
+        reports = (
+            run_schedule(Variant(seed, "cosmos"), client=database)
+            for seed in range(COSMOS_SCHEDULES)
+        )
+        problems = failures(reports)
     assert not problems, problems
 
 

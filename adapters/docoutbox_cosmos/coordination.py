@@ -1,0 +1,224 @@
+"""Dispatcher coordination in Cosmos DB containers: checkpoints, leases, dead letters.
+
+Each container is partitioned on ``/id``; item IDs are encoded with
+:func:`~docoutbox_cosmos.items.encode_id`.
+
+- :class:`CosmosCheckpoints`: ``{id: <dispatcher name>, name, position, updated_at}``.
+- :class:`CosmosLeaseTable`: per group, one lease item per partition,
+  ``{id: "<group>/lease/<partition>", group, kind: "lease", partition, owner, expires_at,
+  timestamp}``, and one membership item per instance ``{id: "<group>/member/<owner>",
+  kind: "member", owner, expires_at}``. Acquiring a free lease creates it (a race loser
+  gets 409); taking over an expired one, or renewing, replaces it under the ETag that
+  was read (a race loser gets 412); releasing clears the owner under a predicate on the
+  owner. Every lost race is False, never an error.
+- :class:`CosmosDeadLetters`: ``{id: <entry id>, aggregate_id, entry, error, attempts,
+  quarantined_at}``; a second ``put`` of the same entry is a no-op (409).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.cosmos import exceptions as cosmos_errors
+
+from docoutbox.dispatch.ports import LeaseView, Position
+from docoutbox.model import AggregateId
+from docoutbox.store.document import utcnow
+from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.items import encode_id, format_time, literal, parse_time, to_json
+
+_FREE = datetime(1970, 1, 1, tzinfo=UTC)
+#: How many lease renewals one heartbeat sends at once.
+RENEW_CONCURRENCY = 8
+
+
+def _expiry(value: object) -> datetime | None:
+    parsed = parse_time(value)
+    return parsed if isinstance(parsed, datetime) else None
+
+
+class CosmosCheckpoints:
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def load(self, name: str) -> Position | None:
+        item_id = encode_id(name)
+        with translated():
+            try:
+                item = self.container.read_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                return None
+        return item.get("position")
+
+    def save(self, name: str, position: Position) -> None:
+        item_id = encode_id(name)
+        body = {"id": item_id, "name": name, "position": to_json(position)}
+        body["updated_at"] = format_time(utcnow())
+        with translated():
+            self.container.upsert_item(body)
+
+
+class CosmosLeaseTable:
+    """The leases of one ``group`` (usually the dispatched container's name)."""
+
+    def __init__(self, container: Any, group: str) -> None:
+        self.container = container
+        self.group = group
+
+    def _lease_id(self, partition: int) -> str:
+        return encode_id(f"{self.group}/lease/{partition}")
+
+    def _member_id(self, owner: str) -> str:
+        return encode_id(f"{self.group}/member/{owner}")
+
+    def read(self) -> LeaseView:
+        leases: dict[int, tuple[str, datetime]] = {}
+        members: dict[str, datetime] = {}
+        with translated():
+            items = list(
+                self.container.query_items(
+                    "SELECT * FROM c WHERE c.group = @group",
+                    parameters=[{"name": "@group", "value": self.group}],
+                    enable_cross_partition_query=True,
+                )
+            )
+        for item in items:
+            owner, expires = item.get("owner"), _expiry(item.get("expires_at"))
+            if not isinstance(owner, str) or expires is None:
+                continue
+            if item.get("kind") == "member":
+                members[owner] = expires
+            elif item.get("kind") == "lease" and isinstance(item.get("partition"), int):
+                leases[item["partition"]] = (owner, expires)
+        return LeaseView(leases, members)
+
+    def join(self, owner: str, expires_at: datetime) -> None:
+        body = {
+            "id": self._member_id(owner),
+            "group": self.group,
+            "kind": "member",
+            "owner": owner,
+            "expires_at": format_time(expires_at),
+        }
+        with translated():
+            self.container.upsert_item(body)
+
+    def leave(self, owner: str) -> None:
+        item_id = self._member_id(owner)
+        with translated():
+            try:
+                self.container.delete_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+
+    def _lease(self, partition: int, owner: str, expires_at: datetime) -> dict[str, Any]:
+        return {
+            "id": self._lease_id(partition),
+            "group": self.group,
+            "kind": "lease",
+            "partition": partition,
+            "owner": owner,
+            "expires_at": format_time(expires_at),
+            "timestamp": format_time(utcnow()),
+        }
+
+    def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
+        item_id = self._lease_id(partition)
+        body = self._lease(partition, owner, expires_at)
+        with translated():
+            try:
+                current = self.container.read_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                try:
+                    self.container.create_item(body)
+                except cosmos_errors.CosmosHttpResponseError as race:
+                    if refusal(race) is not Refusal.EXISTS:
+                        raise
+                    return False  # another instance created it first
+                return True
+            expires = _expiry(current.get("expires_at")) or _FREE
+            if current.get("owner") not in (owner, None) and expires >= now:
+                return False  # held by someone else
+            try:
+                self.container.replace_item(
+                    item_id,
+                    body,
+                    etag=current["_etag"],
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is None:
+                    raise
+                return False  # renewed or taken meanwhile
+        return True
+
+    def _patch_if_owner(self, partition: int, owner: str, fields: dict[str, Any]) -> None:
+        item_id = self._lease_id(partition)
+        ops = [{"op": "set", "path": f"/{k}", "value": v} for k, v in fields.items()]
+        with translated():
+            try:
+                self.container.patch_item(
+                    item_id,
+                    partition_key=item_id,
+                    patch_operations=ops,
+                    filter_predicate=f"FROM c WHERE c.owner = {literal(owner)}",
+                )
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is None:
+                    raise  # 404/412: not (or no longer) ours
+
+    def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        """One guarded patch per lease, sent concurrently (up to :data:`RENEW_CONCURRENCY`):
+        a heartbeat must fit well inside the TTL however many partitions it holds."""
+        stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
+        held = sorted(partitions)
+        if len(held) <= 1:
+            for partition in held:
+                self._patch_if_owner(partition, owner, stamp)
+            return
+        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
+            futures = [pool.submit(self._patch_if_owner, p, owner, stamp) for p in held]
+        for future in futures:
+            future.result()  # re-raise the first failure, translated
+
+    def release(self, partition: int, owner: str) -> None:
+        self._patch_if_owner(partition, owner, {"owner": None, "expires_at": format_time(_FREE)})
+
+
+class CosmosDeadLetters:
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        entry_id = entry.get("id")
+        if not isinstance(entry_id, str) or not entry_id:
+            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+        item_id = encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32])
+        body = {
+            "id": item_id,
+            "entry_id": entry_id,
+            "aggregate_id": aggregate_id,
+            "entry": to_json(entry),
+            "error": error,
+            "attempts": attempts,
+            "quarantined_at": format_time(utcnow()),
+        }
+        with translated(aggregate_id):
+            try:
+                self.container.create_item(body)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.EXISTS:
+                    raise  # a 409 means already quarantined

@@ -1,0 +1,108 @@
+"""Connect everything a dispatcher needs from one Cosmos DB account (used by the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from azure.cosmos import CosmosClient, PartitionKey
+from azure.cosmos import exceptions as cosmos_errors
+
+from docoutbox.errors import PermanentStoreError
+from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
+from docoutbox_cosmos.changes import CosmosChangeSource
+from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
+from docoutbox_cosmos.errors import Refusal, refusal, translated
+
+
+@dataclass
+class CosmosDispatchTarget:
+    client: Any
+    backend: CosmosBackend
+    source: CosmosChangeSource
+    checkpoints: CosmosCheckpoints
+    leases: CosmosLeaseTable
+    dead_letters: CosmosDeadLetters
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_client(endpoint: str, key: str, **options: Any) -> Any:
+    """A sync ``CosmosClient``. A plain ``http://`` endpoint (a local emulator) is used as
+    is: endpoint discovery would switch to the ``https://`` address the account advertises.
+    """
+    if endpoint.startswith("http://"):
+        options.setdefault("enable_endpoint_discovery", False)
+    try:
+        with translated():
+            return CosmosClient(endpoint, key, **options)
+    except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
+        raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+
+
+def coordination_container(database: Any, name: str) -> Any:
+    """The container ``name`` (partitioned on ``/id``), created when missing.
+
+    Instances starting together race to create it: the loser's 409 means it exists now.
+    """
+    with translated():
+        try:
+            return database.create_container_if_not_exists(name, PartitionKey(path="/id"))
+        except cosmos_errors.CosmosHttpResponseError as exc:
+            if refusal(exc) is not Refusal.EXISTS:
+                raise
+            return database.get_container_client(name)
+
+
+def connect_dispatch(
+    endpoint: str,
+    key: str,
+    database: str,
+    container: str,
+    *,
+    timeout: float = 5.0,
+    checkpoints: str = "docoutbox_checkpoints",
+    leases: str = "docoutbox_leases",
+    dead_letters: str = "docoutbox_dead_letters",
+    group: str | None = None,
+    partition_key_path: str = "/id",
+    on_charge: ChargeHook | None = None,
+    client_options: dict[str, Any] | None = None,
+) -> CosmosDispatchTarget:
+    """Open a client, check the aggregates' container exists, and create the
+    coordination containers when missing.
+
+    Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
+    account, or a missing database or container.
+    """
+    options: dict[str, Any] = {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
+    client = open_client(endpoint, key, **{**options, **(client_options or {})})
+    try:
+        with translated():
+            db = client.get_database_client(database)
+            coll = db.get_container_client(container)
+            coll.read()
+        backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
+        return CosmosDispatchTarget(
+            client=client,
+            backend=backend,
+            source=CosmosChangeSource(coll, codec=backend.codec),
+            checkpoints=CosmosCheckpoints(coordination_container(db, checkpoints)),
+            leases=CosmosLeaseTable(coordination_container(db, leases), group or container),
+            dead_letters=CosmosDeadLetters(coordination_container(db, dead_letters)),
+        )
+    except BaseException:
+        client.close()
+        raise
+
+
+def connect_cli(args: Any) -> CosmosDispatchTarget:
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
+    return connect_dispatch(
+        args.cosmos_endpoint,
+        args.cosmos_key,
+        args.db,
+        args.collection,
+        timeout=args.server_timeout,
+    )

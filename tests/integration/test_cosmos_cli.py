@@ -1,0 +1,125 @@
+"""``docoutbox dispatch`` on Cosmos DB as a subprocess: SIGTERM, bad arguments, masked key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore
+from docoutbox.cli import main
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos import CosmosBackend, CosmosCheckpoints, CosmosLeaseTable
+from tests.integration.test_cli_dispatch import lines_of
+from tests.support.cosmos import create_container, scratch_database
+from tests.support.servers import REPO_ROOT, CosmosAccount
+
+KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
+
+
+def cli(*args: str, key: str = KEY) -> subprocess.Popen[str]:
+    env = {**os.environ, "COSMOS_KEY": key}
+    env.pop("COSMOS_ENDPOINT", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "docoutbox", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+    )
+
+
+def test_bad_cosmos_arguments_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COSMOS_KEY", raising=False)
+    monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
+    base = ["dispatch", "--database", "d", "--container", "c", "--publisher", "stdout"]
+    assert main([*base, "--cosmos-endpoint", "https://x.documents.azure.com/"]) == 2
+    assert "--cosmos-key" in capsys.readouterr().err
+    both = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--mongo-uri", "mongodb://h/"]
+    assert main([*base, *both]) == 2
+    no_names = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--publisher", "stdout"]
+    assert main(["dispatch", *no_names]) == 2
+    assert main([*base, "--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--async"]) == 2
+    assert KEY not in capsys.readouterr().err
+
+
+def test_an_unreachable_account_is_one_masked_line_and_exit_1() -> None:
+    proc = cli(
+        "dispatch",
+        *("--cosmos-endpoint", "http://127.0.0.1:1/", "--database", "d", "--container", "c"),
+        *("--server-timeout", "1", "--publisher", "stdout"),
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.count("\n") == 1 and err.startswith("docoutbox: error: cannot use Cosmos DB"), err
+    assert KEY not in err and out == ""
+
+
+@pytest.fixture
+def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
+    with scratch_database(cosmos_server) as db:
+        yield db
+
+
+@pytest.mark.cosmos
+def test_sigterm_finishes_checkpoints_releases_and_exits_0(
+    cosmos_server: CosmosAccount, database: Any
+) -> None:
+    container = create_container(database, "aggs")
+    store = AggregateStore(CosmosBackend(container), Counter)
+    for i in range(10):
+        store.handle(f"early{i % 3}", add_msg(f"e{i}", emits=2), counter_handlers, create=True)
+    proc = cli(
+        "dispatch",
+        *("--cosmos-endpoint", cosmos_server.endpoint, "--database", database.id),
+        # A heartbeat renews each lease with its own request: on the loaded local server a
+        # 2 s TTL can lapse between heartbeats and make work re-publish (tests/README.md).
+        *("--container", "aggs", "--publisher", "stdout", "--lease-ttl", "5"),
+        *("--name", "cli-test", "--checkpoint-interval", "3600", "--log-level", "DEBUG"),
+        key=cosmos_server.key,
+    )
+    assert proc.stdout is not None
+    lines = lines_of(proc.stdout)
+    try:
+        published = [json.loads(lines.get(timeout=60)) for _ in range(20)]
+        checkpoints = CosmosCheckpoints(database.get_container_client("docoutbox_checkpoints"))
+        deadline = time.monotonic() + 30
+        while (before := checkpoints.load("cli-test")) is None:
+            assert time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.05)
+        for i in range(10):
+            store.handle(f"late{i % 4}", add_msg(f"l{i}", emits=1), counter_handlers, create=True)
+        published += [json.loads(lines.get(timeout=30)) for _ in range(10)]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for entry in published:
+        seqs[entry["aggregate_id"]].append(entry["seq"])
+    rows = container.query_items(
+        "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
+    )
+    assert seqs == {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
+    after = checkpoints.load("cli-test")
+    assert after is not None and after != before  # written on stop
+    view = CosmosLeaseTable(database.get_container_client("docoutbox_leases"), "aggs").read()
+    assert view.leases == {} and view.members == {}  # released, left the group
+    assert "signal_received signal=SIGTERM" in err
+    assert "dispatcher_stopped name=cli-test" in err
+    assert "published=30" in err
+    assert cosmos_server.key not in err

@@ -1,0 +1,174 @@
+"""kill -9 one of two leased dispatcher processes on Cosmos DB, again and again.
+
+Two ``python -m docoutbox dispatch --cosmos-endpoint ...`` instances share the producers'
+container through partition leases in a Cosmos lease container. While producers keep
+committing, one instance at a time is killed with SIGKILL (no checkpoint, leases left to
+expire) and restarted; the survivor takes its partitions over after the lease TTL. Then
+both drain and stop on SIGTERM. Checked as in ``test_crash.py``: nothing lost, every
+message applied exactly once and in seq order by the consumer's ledgers, and every
+re-publish explained by a kill that left the entry untrimmed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+import pytest
+
+from docoutbox import AggregateStore
+from docoutbox.testing import MemoryBackend
+from docoutbox.testing.contract import Counter
+from docoutbox_cosmos import CosmosBackend, CosmosLeaseTable
+from docoutbox_rabbitmq import RabbitPublisher
+from tests.support.cosmos import create_container, scratch_database
+from tests.support.e2e import Ledger, Sandbox
+from tests.support.servers import REPO_ROOT, CosmosAccount
+from tests.support.traffic import (
+    RECEIVER_CONFIG,
+    Producers,
+    Receiver,
+    ledger_problems,
+    republished,
+    summary,
+)
+
+pytestmark = [pytest.mark.cosmos, pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.timeout(600)]
+
+KILLS = 6
+PRODUCERS = 16
+#: One heartbeat renews each held lease with its own request: on the shared local server
+#: that takes long enough that a 2 s TTL (valid 1.5 s per renewal) lapses under load.
+LEASE_TTL = 5.0
+
+
+class Instance:
+    """``python -m docoutbox dispatch`` on Cosmos DB, its output in a temporary file."""
+
+    def __init__(self, account: CosmosAccount, database: str, url: str, exchange: str) -> None:
+        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        command = [
+            sys.executable,
+            *("-m", "docoutbox", "dispatch"),
+            *("--cosmos-endpoint", account.endpoint),
+            *("--database", database, "--container", "producers"),
+            *("--publisher", "rabbitmq", "--rabbitmq-url", url, "--exchange", exchange),
+            *("--lease-ttl", str(LEASE_TTL), "--concurrency", "4", "--log-level", "INFO"),
+        ]
+        env = {**os.environ, "COSMOS_KEY": account.key}
+        self.proc = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            env=env,
+        )
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(timeout=60)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
+    with scratch_database(cosmos_server) as db:
+        yield db
+
+
+def test_kill_9_one_of_two_leased_instances_loses_nothing(
+    cosmos_server: CosmosAccount, database: Any, box: Sandbox
+) -> None:
+    seed = int(os.environ.get("DOCOUTBOX_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"\ncosmos crash test seed={seed} (DOCOUTBOX_CRASH_SEED replays it)")
+    rng = random.Random(seed)
+    exchange, queue, _ = box.names()
+    with RabbitPublisher(box.url, exchange) as setup:
+        setup.declare(queues={queue: ["#"]})
+    producers = Producers(
+        AggregateStore(CosmosBackend(create_container(database, "producers")), Counter),
+        [f"p{i:02d}" for i in range(PRODUCERS)],
+        rng,
+        emits=3,
+    )
+    receiver = Receiver(box.url, queue, AggregateStore(MemoryBackend(), Ledger, RECEIVER_CONFIG))
+    receiver.start()
+    started = time.monotonic()
+    producers.start(threads=2, pause=0.05)
+
+    def launch() -> Instance:
+        return Instance(cosmos_server, database.id, box.url, exchange)
+
+    instances = [launch(), launch()]
+    pending_at_kill: list[set[str]] = []
+    try:
+        for kill in range(KILLS):
+            before = len(receiver.deliveries)
+            deadline = time.monotonic() + 20
+            while len(receiver.deliveries) == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.2, 1.2))
+            victim = kill % 2
+            instances[victim].kill()
+            assert instances[victim].proc.returncode == -9, instances[victim].output()
+            instances[victim].close()
+            pending_at_kill.append({i for ids in producers.pending().values() for i in ids})
+            time.sleep(rng.uniform(0, LEASE_TTL))
+            instances[victim] = launch()
+    finally:
+        producers.stop()
+    try:
+        expected = producers.expected()
+        applied = receiver.wait_for(expected, timeout=120, also=lambda: not producers.pending())
+        codes = [instance.stop() for instance in instances]
+        assert codes == [0, 0], [i.output() for i in instances]
+    finally:
+        for instance in instances:
+            instance.close()
+        receiver.stop()
+
+    assert ledger_problems(applied, expected) == {}
+    assert producers.pending() == {}
+    dead = database.get_container_client("docoutbox_dead_letters")
+    assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
+    leases = CosmosLeaseTable(database.get_container_client("docoutbox_leases"), "producers")
+    assert leases.read().leases == {}  # both stopped cleanly: every lease released
+
+    again = republished(receiver.deliveries)
+    kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
+    unexplained = {i: (n, kills_pending[i]) for i, n in again.items() if n > kills_pending[i]}
+    print(
+        "cosmos crash test:",
+        summary(
+            {
+                "seed": seed,
+                "kills": len(pending_at_kill),
+                "commands": producers.commands,
+                "messages": sum(expected.values()),
+                "deliveries": len(receiver.deliveries),
+                "republished": sum(again.values()),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        ),
+    )
+    assert len(pending_at_kill) == KILLS
+    assert unexplained == {}, "re-published more often than kills left them pending"
