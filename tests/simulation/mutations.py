@@ -10,12 +10,19 @@
   entries it did not publish (memory store);
 - ``checkpoint-early``: the position tracker lets the checkpoint pass unfinished events;
 - ``batch-first-state``: a batch's commit keeps the state after its first message instead
-  of its last (consumers handle batches of 8, a schedule setting).
+  of its last (consumers handle batches of 8, a schedule setting);
+- ``inbox-oldest``: the inbox window keeps its oldest IDs instead of its newest (memory
+  store; consumers keep a window of 2, a schedule setting, so it overflows);
+- ``trim-first``: a trim removes only the first entry of its list (memory store);
+- ``attempts-off``: the dispatcher quarantines after ``max_attempts + 1`` failed
+  publishes instead of ``max_attempts``;
+- ``trim-version``: a trim bumps the document's ``version`` (memory store), so it can
+  fail a concurrent commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -26,7 +33,7 @@ from docoutbox.dispatch import flow as dispatch
 from docoutbox.store import batch
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
-from docoutbox.store.plans import CommitPlan, WritePlan, apply_plan
+from docoutbox.store.plans import CommitPlan, TrimPlan, WritePlan, apply_plan
 from docoutbox.testing import memory
 
 
@@ -107,6 +114,53 @@ def batch_first_state() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def inbox_oldest() -> Iterator[None]:
+    def oldest(doc: Document | None, plan: WritePlan) -> Document | None:
+        after = apply_plan(doc, plan)
+        if isinstance(plan, CommitPlan) and plan.inbox_push and doc is not None and after:
+            after["inbox"] = [*doc.get("inbox", ()), *plan.inbox_push][: plan.inbox_window]
+        return after
+
+    with mock.patch.object(memory, "apply_plan", oldest):
+        yield
+
+
+@contextmanager
+def trim_first() -> Iterator[None]:
+    def first_only(doc: Document | None, plan: WritePlan) -> Document | None:
+        if isinstance(plan, TrimPlan):
+            plan = replace(plan, entry_ids=plan.entry_ids[:1])
+        return apply_plan(doc, plan)
+
+    with mock.patch.object(memory, "apply_plan", first_only):
+        yield
+
+
+@contextmanager
+def attempts_off() -> Iterator[None]:
+    publish_with_retries = dispatch._publish_with_retries
+
+    def one_more(entry: Any, policy: dispatch.DispatchPolicy, rng: Any) -> Generator[Any, Any, str]:
+        late = replace(policy, max_attempts=policy.max_attempts + 1)
+        return (yield from publish_with_retries(entry, late, rng))
+
+    with mock.patch.object(dispatch, "_publish_with_retries", one_more):
+        yield
+
+
+@contextmanager
+def trim_version() -> Iterator[None]:
+    def bump(doc: Document | None, plan: WritePlan) -> Document | None:
+        after = apply_plan(doc, plan)
+        if isinstance(plan, TrimPlan) and after is not None:
+            after["version"] = int(after["version"]) + 1
+        return after
+
+    with mock.patch.object(memory, "apply_plan", bump):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -115,6 +169,10 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "outbox-overwrite": outbox_overwrite,
     "checkpoint-early": checkpoint_early,
     "batch-first-state": batch_first_state,
+    "inbox-oldest": inbox_oldest,
+    "trim-first": trim_first,
+    "attempts-off": attempts_off,
+    "trim-version": trim_version,
 }
 
 

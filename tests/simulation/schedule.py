@@ -52,6 +52,8 @@ STORES = ("memory", "wire", "cosmos")
 MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "consumer-window-0": (("consumer_exact", "false"), ("consumer_window", "0")),
     "batch-first-state": (("consumer_batch", "8"),),
+    "inbox-oldest": (("consumer_exact", "false"), ("consumer_window", "2")),
+    "attempts-off": (("stuck", "30"),),
 }
 
 
@@ -96,6 +98,9 @@ class Schedule:
     faults: tuple[tuple[str, float], ...] = ()
     #: Deliveries a consumer handles together with handle_batch (1: handle per message).
     consumer_batch: int = 1
+    #: Percent of entries the broker refuses at every attempt while faults are on, so
+    #: they exhaust their publish attempts and are quarantined.
+    stuck: int = 0
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -131,7 +136,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
         faults=tuple((kind, rng.choice(LEVELS[kind])) for kind in FAULTS),
     )
     # Drawn last, so that every earlier field of a seed stays what it was.
-    return replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
+    schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
+    return replace(schedule, stuck=rng.choice((0, 0, 10, 30)))
 
 
 def _parse(kind: type | str, text: str) -> object:

@@ -33,6 +33,10 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("outbox-overwrite", "published"),  # a commit drops entries it did not publish
         ("checkpoint-early", "checkpoint"),  # I5, and then entries stranded for good
         ("batch-first-state", "consumed-once"),  # a batch's commit loses applied messages
+        ("inbox-oldest", "inbox-window"),  # a window of 2 overflows and drops the newest
+        ("trim-first", "trimmed"),  # trimmed entries stay pending, to be published again
+        ("attempts-off", "attempts"),  # stuck entries fail once more before quarantine
+        ("trim-version", "trim-version"),  # a trim could fail a concurrent commit
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

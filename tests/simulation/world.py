@@ -33,7 +33,7 @@ from docoutbox.errors import (
 from docoutbox.model import Message, OutboxMessage
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
-from docoutbox.store.plans import CommitPlan, InsertPlan, WritePlan
+from docoutbox.store.plans import CommitPlan, InsertPlan, TrimPlan, WritePlan
 from docoutbox.store.ports import StoreBackend
 from docoutbox.testing import MemoryDeadLetters
 from tests.simulation.actors import (
@@ -169,6 +169,7 @@ class World:
             case Quarantine():
                 if self.fault("deadletter_error"):
                     raise TransientStoreError("injected: the dead-letter store failed")
+                self.check_attempts(op)
                 self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
                 self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
                 self.stats["quarantined"] += 1
@@ -203,7 +204,10 @@ class World:
     def write(self, backend: StoreBackend, plan: WritePlan) -> bool:
         if self.fault("write_error"):
             raise TransientStoreError("injected: the write failed")
+        before = self.peek(backend, plan)
         applied = backend.write(plan)
+        if applied and before is not None:
+            self.check_write(backend, plan, before)
         self.stats[f"write.{type(plan).__name__}.{'applied' if applied else 'refused'}"] += 1
         if applied and backend is self.stores.producers:
             if isinstance(plan, CommitPlan):
@@ -214,7 +218,55 @@ class World:
             raise TransientStoreError("injected: the write applied, its reply was lost")
         return applied
 
+    def peek(self, backend: StoreBackend, plan: WritePlan) -> Document | None:
+        """The document a checked write applies to (memory store only: loads are free)."""
+        if self.schedule.store != "memory" or isinstance(plan, InsertPlan):
+            return None
+        if isinstance(plan, CommitPlan) and not plan.inbox_push:
+            return None
+        return backend.load(plan.aggregate_id)
+
+    def check_write(self, backend: StoreBackend, plan: WritePlan, before: Document) -> None:
+        """A trim or a failure record leaves ``version`` alone (so it never fails a commit);
+        a trim removes every entry it names; a commit's message is in the inbox window."""
+        after = backend.load(plan.aggregate_id) or {}
+        where = f"{plan.aggregate_id}: {type(plan).__name__}"
+        if isinstance(plan, CommitPlan):
+            inbox = list(after.get("inbox") or ())
+            if any(message_id not in inbox for message_id in plan.inbox_push):
+                self.violation(
+                    "inbox-window", f"{where} pushed {plan.inbox_push}, the inbox is {inbox}"
+                )
+            return
+        if after.get("version") != before.get("version"):
+            self.violation(
+                "trim-version",
+                f"{where} changed version {before.get('version')} to {after.get('version')}",
+            )
+        if isinstance(plan, TrimPlan):
+            left = [e["id"] for e in after.get("outbox") or () if e["id"] in plan.entry_ids]
+            if left:
+                self.violation("trimmed", f"{where} of {plan.entry_ids} left {left}")
+
+    def check_attempts(self, op: Quarantine) -> None:
+        """An entry is quarantined after exactly ``max_attempts`` failed publishes, unless
+        the broker rejected it for good."""
+        limit = self.schedule.publish_attempts
+        permanent = op.error.startswith(PermanentPublishError.__name__)
+        if not permanent and op.attempts != limit:
+            self.violation(
+                "attempts",
+                f"{op.entry.get('id')} quarantined after {op.attempts} attempts, not {limit}",
+            )
+
+    def stuck(self, entry: OutboxMessage) -> bool:
+        percent = self.schedule.stuck if self.faulty else 0
+        return bool(percent) and random.Random(f"stuck/{entry.id}").randrange(100) < percent
+
     def publish(self, entry: OutboxMessage) -> None:
+        if self.stuck(entry):
+            self.stats["fault.stuck"] += 1
+            raise PublishError("injected: the broker refuses this message while faults last")
         if self.fault("broker_down"):
             raise BrokerUnavailable("injected: the broker is unreachable")
         if self.fault("poison"):
