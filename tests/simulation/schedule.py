@@ -137,7 +137,7 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     )
     # Drawn last, so that every earlier field of a seed stays what it was.
     schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
-    return replace(schedule, stuck=rng.choice((0, 0, 10, 30)))
+    return replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
 
 
 def _parse(kind: type | str, text: str) -> object:

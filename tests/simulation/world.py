@@ -35,7 +35,7 @@ from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, InsertPlan, TrimPlan, WritePlan
 from docoutbox.store.ports import StoreBackend
-from docoutbox.testing import MemoryDeadLetters
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from tests.simulation.actors import (
     COMMANDS,
     DELIVERIES,
@@ -219,17 +219,20 @@ class World:
         return applied
 
     def peek(self, backend: StoreBackend, plan: WritePlan) -> Document | None:
-        """The document a checked write applies to (memory store only: loads are free)."""
-        if self.schedule.store != "memory" or isinstance(plan, InsertPlan):
+        """The stored document a checked write applies to, read without a copy (memory
+        store only; the write replaces it rather than changing it in place)."""
+        docs = backend.docs if isinstance(backend, MemoryBackend) else None
+        if docs is None or isinstance(plan, InsertPlan):
             return None
         if isinstance(plan, CommitPlan) and not plan.inbox_push:
             return None
-        return backend.load(plan.aggregate_id)
+        return docs.get(plan.aggregate_id)
 
     def check_write(self, backend: StoreBackend, plan: WritePlan, before: Document) -> None:
         """A trim or a failure record leaves ``version`` alone (so it never fails a commit);
         a trim removes every entry it names; a commit's message is in the inbox window."""
-        after = backend.load(plan.aggregate_id) or {}
+        assert isinstance(backend, MemoryBackend)
+        after = backend.docs.get(plan.aggregate_id) or {}
         where = f"{plan.aggregate_id}: {type(plan).__name__}"
         if isinstance(plan, CommitPlan):
             inbox = list(after.get("inbox") or ())
