@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, EngineOp
+from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, wall_clock_engine
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -40,7 +40,6 @@ from docoutbox.dispatch.ports import (
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive_async
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.document import utcnow
 from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import AsyncStoreBackend
 
@@ -92,15 +91,8 @@ class AsyncDispatcher:
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
         self.trims = AsyncGroupWriter(backend)
-        self.engine = DispatchEngine(
-            self.config,
-            self.ownership,
-            stream=source is not None,
-            checkpoints=checkpoints is not None,
-            monotonic=time.monotonic,
-            clock=utcnow,
-            rng=rng or random.Random(),
-            metrics=metrics,
+        self.engine = wall_clock_engine(
+            self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
         )
         self.metrics = self.engine.metrics
         self._stopping = False

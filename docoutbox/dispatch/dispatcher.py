@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from docoutbox.dispatch.drivers import GroupWriter, Ports
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, EngineOp, event_target
+from docoutbox.dispatch.drivers import GroupWriter, Ports, wall_clock_engine
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, event_target
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -26,7 +26,6 @@ from docoutbox.dispatch.ports import ChangeSource, Checkpoints, DeadLetters, Pub
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.document import utcnow
 from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import StoreBackend
 
@@ -59,15 +58,8 @@ class Dispatcher:
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
         self.trims = GroupWriter(backend)
-        self.engine = DispatchEngine(
-            self.config,
-            self.ownership,
-            stream=source is not None,
-            checkpoints=checkpoints is not None,
-            monotonic=time.monotonic,
-            clock=utcnow,
-            rng=rng or random.Random(),
-            metrics=metrics,
+        self.engine = wall_clock_engine(
+            self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
         )
         self.metrics = self.engine.metrics
         self._stop = threading.Event()

@@ -9,7 +9,9 @@ concerns (stopping during a sleep, abandoning work after a crash).
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from typing import Any
 
 from docoutbox.dispatch.engine import (
     CloseStream,
+    DispatchEngine,
+    DispatcherConfig,
     EngineOp,
     LoadCheckpoint,
     OpenStream,
@@ -25,6 +29,8 @@ from docoutbox.dispatch.engine import (
     StartMarker,
 )
 from docoutbox.dispatch.flow import Publish, Quarantine
+from docoutbox.dispatch.metrics import Metrics
+from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import (
     AsyncChangeSource,
     AsyncCheckpoints,
@@ -36,6 +42,7 @@ from docoutbox.dispatch.ports import (
     Publisher,
 )
 from docoutbox.store.core import FindPending, Load, Write
+from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
@@ -216,3 +223,24 @@ class AsyncGroupWriter:
             else:
                 for (_, future), ok in zip(batch, results, strict=True):
                     future.set_result(ok)
+
+
+def wall_clock_engine(
+    config: DispatcherConfig,
+    ownership: Ownership,
+    stream: bool,
+    checkpoints: bool,
+    rng: random.Random | None,
+    metrics: Metrics | None,
+) -> DispatchEngine:
+    """The engine as the threaded and asyncio drivers run it: on the wall clock."""
+    return DispatchEngine(
+        config,
+        ownership,
+        stream=stream,
+        checkpoints=checkpoints,
+        monotonic=time.monotonic,
+        clock=utcnow,
+        rng=rng or random.Random(),
+        metrics=metrics,
+    )
