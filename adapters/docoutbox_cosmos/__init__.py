@@ -5,6 +5,7 @@ from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
 from docoutbox_cosmos.errors import Throttled
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, decode_id, encode_id
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
 from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch
 
 __all__ = [
@@ -16,8 +17,10 @@ __all__ = [
     "CosmosCheckpoints",
     "CosmosDeadLetters",
     "CosmosDispatchTarget",
+    "CosmosFeedRangeLeases",
     "CosmosLeaseTable",
     "ItemCodec",
+    "LeasedChangeSource",
     "Throttled",
     "connect_dispatch",
     "decode_id",

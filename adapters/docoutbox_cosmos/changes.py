@@ -77,6 +77,18 @@ class _LastHeaders:
         return token
 
 
+def now_token(container: Any, feed_range: Mapping[str, Any]) -> str:
+    """A continuation of ``feed_range`` from now: changes committed after the call follow it."""
+    hook = _LastHeaders()
+    with translated_feed():
+        pager = container.query_items_change_feed(
+            feed_range=feed_range, start_time="Now", response_hook=hook
+        )
+        for _ in pager.by_page():
+            break  # "Now" has nothing yet; a page here only moves the start later
+    return hook.continuation()
+
+
 class CosmosChangeSource:
     """Changes of one ``azure.cosmos`` container, over ``feed_ranges`` (default: all)."""
 
@@ -102,16 +114,7 @@ class CosmosChangeSource:
         return {range_key(r): r for r in ranges}
 
     def start_marker(self) -> Position:
-        tokens: dict[str, str] = {}
-        for key, feed_range in self.feed_ranges().items():
-            hook = _LastHeaders()
-            with translated_feed():
-                pager = self.container.query_items_change_feed(
-                    feed_range=feed_range, start_time="Now", response_hook=hook
-                )
-                for _ in pager.by_page():
-                    break  # "Now" has nothing yet; a page here only moves the start later
-            tokens[key] = hook.continuation()
+        tokens = {key: now_token(self.container, r) for key, r in self.feed_ranges().items()}
         return {"v": 1, "ranges": tokens}
 
     def open(self, position: Position) -> None:
