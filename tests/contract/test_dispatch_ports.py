@@ -1,11 +1,13 @@
 """The dispatch ports' contracts, over every adapter: in memory, mongomock where it can
-(it has no change streams), and the MongoDB wire server (sync, AsyncMongoClient, Motor)."""
+(it has no change streams), the MongoDB wire server (sync, AsyncMongoClient, Motor), and
+Cosmos DB (azure-cosmos sync and aio)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from docoutbox.testing import (
 from docoutbox.testing.blocking import BlockingStore
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
 from docoutbox.testing.dispatch_contract import (
+    NOW,
     ChangeSourceContract,
     CheckpointsContract,
     DeadLettersContract,
@@ -178,3 +181,76 @@ class TestMemoryPublisher(PublisherContract):
             else BlockingStore(AsyncMemoryPublisher(sync), event_loop_)
         )
         return port, sync.ids
+
+
+# -- Cosmos DB (the session's account: the local server has four feed ranges) ------------
+
+
+@pytest.fixture
+def cosmos_db(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from tests.support.cosmos import scratch_database
+
+    with scratch_database(request.getfixturevalue("cosmos_server")) as database:
+        yield database
+
+
+@pytest.mark.cosmos
+class TestCosmosChangeSource(ChangeSourceContract):
+    ordered_across_aggregates = False  # ordered per feed range
+
+    @pytest.fixture(params=["every-range", "leased"])
+    def change_source(self, request: pytest.FixtureRequest, cosmos_db: Any) -> tuple[Any, Any]:
+        from docoutbox_cosmos import (
+            CosmosBackend,
+            CosmosChangeSource,
+            CosmosFeedRangeLeases,
+            LeasedChangeSource,
+        )
+        from tests.support.cosmos import create_container
+
+        container = create_container(cosmos_db, "aggs")
+        if request.param == "every-range":
+            return CosmosChangeSource(container), CosmosBackend(container)
+        table = CosmosFeedRangeLeases(create_container(cosmos_db, "leases"), container, "g")
+        for p in range(table.partitions):
+            assert table.acquire(p, "me", NOW, NOW + timedelta(hours=1))
+        return LeasedChangeSource(container, table), CosmosBackend(container)
+
+
+@pytest.mark.cosmos
+class TestCosmosCheckpoints(CheckpointsContract):
+    @pytest.fixture
+    def checkpoints(self, cosmos_db: Any) -> Any:
+        from docoutbox_cosmos import CosmosCheckpoints
+        from tests.support.cosmos import create_container
+
+        return CosmosCheckpoints(create_container(cosmos_db, "checkpoints"))
+
+
+@pytest.mark.cosmos
+class TestCosmosLeaseTable(LeaseTableContract):
+    @pytest.fixture(params=["feed-ranges", "partition-numbers"])
+    def lease_table(self, request: pytest.FixtureRequest, cosmos_db: Any) -> Any:
+        from docoutbox_cosmos import CosmosFeedRangeLeases, CosmosLeaseTable
+        from tests.support.cosmos import create_container
+
+        leases = create_container(cosmos_db, "leases")
+        if request.param == "partition-numbers":
+            return CosmosLeaseTable(leases, "group")
+        return CosmosFeedRangeLeases(leases, create_container(cosmos_db, "aggs"), "group")
+
+
+@pytest.mark.cosmos
+class TestCosmosDeadLetters(DeadLettersContract):
+    @pytest.fixture
+    def dead_letters(self, cosmos_db: Any) -> tuple[Any, Any]:
+        from docoutbox_cosmos import CosmosDeadLetters
+        from tests.support.cosmos import create_container
+
+        container = create_container(cosmos_db, "dead")
+
+        def count() -> int:
+            sql = "SELECT VALUE COUNT(1) FROM c"
+            return int(next(iter(container.query_items(sql, enable_cross_partition_query=True))))
+
+        return CosmosDeadLetters(container), count
