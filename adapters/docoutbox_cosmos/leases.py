@@ -364,8 +364,8 @@ class LeasedChangeSource(CosmosChangeSource):
         self._tokens = dict(tokens)
         self._next = 0
 
-    def _follow_leases(self) -> list[str]:
-        """Drop the ranges no longer held, add those acquired; the keys to read."""
+    def _follow_leases(self) -> None:
+        """Drop the ranges no longer held, add those acquired (from their continuation)."""
         assert self._tokens is not None
         keys = self.leases.range_keys()
         held = self.leases.held()
@@ -375,7 +375,6 @@ class LeasedChangeSource(CosmosChangeSource):
                 del self._tokens[key]
         for key, p in wanted.items():
             self._tokens.setdefault(key, held[p])
-        return sorted(self._tokens)
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
         if self._tokens is None:
@@ -383,18 +382,16 @@ class LeasedChangeSource(CosmosChangeSource):
         if self._lost:
             lost, self._lost = self._lost, set()
             raise ChangeStreamLost("feed ranges restarted from now", partitions=lost)
-        keys = self._follow_leases()
+        self._follow_leases()
         events: list[ChangeEvent] = []
-        for step in range(len(keys)):
+        for key in self._order():
             if len(events) >= max_events:
                 break
-            key = keys[(self._next + step) % len(keys)]
             try:
                 events.extend(self._read_page(key, max_events - len(events)))
             except ChangeStreamLost as exc:
                 self._restart(key, exc)
                 break
-        self._next = (self._next + 1) % max(1, len(keys))
         if self._lost and not events:
             return self.poll(max_events)  # raises for the lost ranges
         return events

@@ -186,71 +186,122 @@ class TestMemoryPublisher(PublisherContract):
 # -- Cosmos DB (the session's account: the local server has four feed ranges) ------------
 
 
-@pytest.fixture
-def cosmos_db(request: pytest.FixtureRequest) -> Iterator[Any]:
-    from tests.support.cosmos import scratch_database
+class CosmosPorts:
+    """A fresh database; ports over its containers, from azure-cosmos sync or aio (used
+    through a blocking wrapper)."""
 
-    with scratch_database(request.getfixturevalue("cosmos_server")) as database:
-        yield database
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        from tests.support.cosmos import scratch_database
+
+        self.kind = kind
+        self.account = request.getfixturevalue("cosmos_server")
+        self._scratch = scratch_database(self.account)
+        self.db = self._scratch.__enter__()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._closers: list[Callable[[], None]] = []
+        if kind == "aio":
+            self.loop = asyncio.new_event_loop()
+
+    def container(self, name: str) -> Any:
+        from tests.support.cosmos import create_container
+
+        return create_container(self.db, name)
+
+    def port(self, sync_type: Any, async_type: Any, name: str) -> Any:
+        """``sync_type(container)``, or ``async_type`` over an aio proxy of it."""
+        container = self.container(name)
+        if self.loop is None:
+            return sync_type(container)
+        from tests.support.cosmos import async_container
+
+        proxy, close = async_container(self.account, self.db.id, name, self.loop)
+        self._closers.append(close)
+        return BlockingStore(async_type(proxy), self.loop)
+
+    def close(self) -> None:
+        for close in self._closers:
+            close()
+        if self.loop is not None:
+            self.loop.close()
+        self._scratch.__exit__(None, None, None)
+
+
+@pytest.fixture(params=["sync", "aio"])
+def cosmos_ports(request: pytest.FixtureRequest) -> Iterator[CosmosPorts]:
+    ports = CosmosPorts(request.param, request)
+    yield ports
+    ports.close()
+
+
+@pytest.fixture
+def cosmos_sync(request: pytest.FixtureRequest) -> Iterator[CosmosPorts]:
+    """For the ports that are sync only: lease tables, heartbeated on a thread."""
+    ports = CosmosPorts("sync", request)
+    yield ports
+    ports.close()
 
 
 @pytest.mark.cosmos
 class TestCosmosChangeSource(ChangeSourceContract):
     ordered_across_aggregates = False  # ordered per feed range
 
-    @pytest.fixture(params=["every-range", "leased"])
-    def change_source(self, request: pytest.FixtureRequest, cosmos_db: Any) -> tuple[Any, Any]:
-        from docoutbox_cosmos import (
-            CosmosBackend,
-            CosmosChangeSource,
-            CosmosFeedRangeLeases,
-            LeasedChangeSource,
-        )
-        from tests.support.cosmos import create_container
+    @pytest.fixture
+    def change_source(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosBackend, CosmosChangeSource
 
-        container = create_container(cosmos_db, "aggs")
-        if request.param == "every-range":
-            return CosmosChangeSource(container), CosmosBackend(container)
-        table = CosmosFeedRangeLeases(create_container(cosmos_db, "leases"), container, "g")
+        source = cosmos_ports.port(CosmosChangeSource, AsyncCosmosChangeSource, "aggs")
+        return source, CosmosBackend(cosmos_ports.db.get_container_client("aggs"))
+
+
+@pytest.mark.cosmos
+class TestCosmosLeasedChangeSource(ChangeSourceContract):
+    """The change feed of the feed ranges held, every one of them here."""
+
+    ordered_across_aggregates = False
+
+    @pytest.fixture
+    def change_source(self, cosmos_sync: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases, LeasedChangeSource
+
+        aggs = cosmos_sync.container("aggs")
+        table = CosmosFeedRangeLeases(cosmos_sync.container("leases"), aggs, "g")
         for p in range(table.partitions):
             assert table.acquire(p, "me", NOW, NOW + timedelta(hours=1))
-        return LeasedChangeSource(container, table), CosmosBackend(container)
+        return LeasedChangeSource(aggs, table), CosmosBackend(aggs)
 
 
 @pytest.mark.cosmos
 class TestCosmosCheckpoints(CheckpointsContract):
     @pytest.fixture
-    def checkpoints(self, cosmos_db: Any) -> Any:
-        from docoutbox_cosmos import CosmosCheckpoints
-        from tests.support.cosmos import create_container
+    def checkpoints(self, cosmos_ports: CosmosPorts) -> Any:
+        from docoutbox_cosmos import AsyncCosmosCheckpoints, CosmosCheckpoints
 
-        return CosmosCheckpoints(create_container(cosmos_db, "checkpoints"))
+        return cosmos_ports.port(CosmosCheckpoints, AsyncCosmosCheckpoints, "checkpoints")
 
 
 @pytest.mark.cosmos
 class TestCosmosLeaseTable(LeaseTableContract):
     @pytest.fixture(params=["feed-ranges", "partition-numbers"])
-    def lease_table(self, request: pytest.FixtureRequest, cosmos_db: Any) -> Any:
+    def lease_table(self, request: pytest.FixtureRequest, cosmos_sync: CosmosPorts) -> Any:
         from docoutbox_cosmos import CosmosFeedRangeLeases, CosmosLeaseTable
-        from tests.support.cosmos import create_container
 
-        leases = create_container(cosmos_db, "leases")
+        leases = cosmos_sync.container("leases")
         if request.param == "partition-numbers":
             return CosmosLeaseTable(leases, "group")
-        return CosmosFeedRangeLeases(leases, create_container(cosmos_db, "aggs"), "group")
+        return CosmosFeedRangeLeases(leases, cosmos_sync.container("aggs"), "group")
 
 
 @pytest.mark.cosmos
 class TestCosmosDeadLetters(DeadLettersContract):
     @pytest.fixture
-    def dead_letters(self, cosmos_db: Any) -> tuple[Any, Any]:
-        from docoutbox_cosmos import CosmosDeadLetters
-        from tests.support.cosmos import create_container
+    def dead_letters(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import AsyncCosmosDeadLetters, CosmosDeadLetters
 
-        container = create_container(cosmos_db, "dead")
+        port = cosmos_ports.port(CosmosDeadLetters, AsyncCosmosDeadLetters, "dead")
+        container = cosmos_ports.db.get_container_client("dead")
 
         def count() -> int:
             sql = "SELECT VALUE COUNT(1) FROM c"
             return int(next(iter(container.query_items(sql, enable_cross_partition_query=True))))
 
-        return CosmosDeadLetters(container), count
+        return port, count
