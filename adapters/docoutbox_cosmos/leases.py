@@ -34,6 +34,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -44,7 +45,7 @@ from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost, StoreError
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from docoutbox_cosmos.coordination import _FREE, _expiry
+from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, _expiry
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 
@@ -153,10 +154,12 @@ class CosmosFeedRangeLeases:
                 members[owner] = expires
             elif item.get("kind") == "lease" and isinstance(item.get("partition"), int):
                 leases[item["partition"]] = (owner, expires)
+        now = utcnow()
         with self._lock:
             for p, (owner, _) in list(self._held.items()):
-                if leases.get(p, ("", None))[0] != owner:
-                    self._forget(p)  # taken over (or gone): no longer ours
+                holder, expires = leases.get(p, ("", _FREE))
+                if holder != owner or expires <= now:
+                    self._forget(p)  # taken over, gone or lapsed: not read, not written
         return LeaseView(leases, members)
 
     def join(self, owner: str, expires_at: datetime) -> None:
@@ -275,9 +278,18 @@ class CosmosFeedRangeLeases:
         return False
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        """One conditional patch per lease, sent concurrently (up to
+        :data:`RENEW_CONCURRENCY`): a heartbeat must fit well inside the TTL."""
         stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
-        for partition in sorted(partitions):
-            self._write_if_held(partition, owner, stamp)
+        held = sorted(partitions)
+        if len(held) <= 1:
+            for partition in held:
+                self._write_if_held(partition, owner, stamp)
+            return
+        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
+            futures = [pool.submit(self._write_if_held, p, owner, stamp) for p in held]
+        for future in futures:
+            future.result()  # re-raise the first failure, translated
 
     def release(self, partition: int, owner: str) -> None:
         fields = {"owner": None, "expires_at": format_time(_FREE)}
