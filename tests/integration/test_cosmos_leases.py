@@ -5,6 +5,7 @@ from their stored continuations (the local server has four feed ranges)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -15,12 +16,15 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import (
+    AsyncCosmosBackend,
+    AsyncCosmosDeadLetters,
     CosmosBackend,
     CosmosDeadLetters,
     CosmosFeedRangeLeases,
@@ -44,13 +48,15 @@ SOON, LATER = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
 class LeaseEnv:
     """A fresh database: the aggregates' container, a lease container, dead letters."""
 
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: Any, account: CosmosAccount, driver: str = "threaded") -> None:
         self.db = database
+        self.account = account
+        self.driver = driver
         self.coll = create_container(database, "aggs")
         self.lease_coll = create_container(database, "leases")
         self.dead = create_container(database, "dead")
         self.store = AggregateStore(CosmosBackend(self.coll), Counter)
-        self.running: list[tuple[Dispatcher, threading.Thread]] = []
+        self.running: list[tuple[Dispatcher | AsyncDispatcher, threading.Thread]] = []
         self._by_range: dict[int, list[str]] = defaultdict(list)
         self._next = 0
 
@@ -77,17 +83,20 @@ class LeaseEnv:
         item: dict[str, Any] = self.lease_coll.read_item(item_id, partition_key=item_id)
         return item
 
-    def start(self, publisher: Any, owner: str) -> Dispatcher:
+    def start(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
         table = self.table()
+        keeper = LeaseKeeper(
+            table, partitions=table.partitions, owner=owner, timing=LeaseTiming(ttl=TTL)
+        )
+        if self.driver == "asyncio":
+            return self._start_async(publisher, table, keeper)
         dispatcher = Dispatcher(
             CosmosBackend(self.coll),
             publisher,
             CosmosDeadLetters(self.dead),
             source=LeasedChangeSource(self.coll, table),
             checkpoints=table,
-            ownership=LeaseKeeper(
-                table, partitions=table.partitions, owner=owner, timing=LeaseTiming(ttl=TTL)
-            ),
+            ownership=keeper,
             config=CONFIG,
         )
         thread = threading.Thread(target=dispatcher.run, daemon=True)
@@ -96,7 +105,40 @@ class LeaseEnv:
         self.running.append((dispatcher, thread))
         return dispatcher
 
-    def stop(self, dispatcher: Dispatcher, *, crash: bool = False) -> None:
+    def _start_async(
+        self, publisher: Any, table: CosmosFeedRangeLeases, keeper: LeaseKeeper
+    ) -> AsyncDispatcher:
+        """The asyncio driver over azure.cosmos.aio; the lease table (and the leased
+        source and checkpoints, which share its state) stay sync, called in threads."""
+        made: list[AsyncDispatcher] = []
+
+        async def main() -> None:
+            client = self.account.async_client()
+            proxy = client.get_database_client(self.db.id).get_container_client("aggs")
+            dead = client.get_database_client(self.db.id).get_container_client("dead")
+            dispatcher = AsyncDispatcher(
+                AsyncCosmosBackend(proxy),
+                in_thread(publisher),
+                AsyncCosmosDeadLetters(dead),
+                source=in_thread(LeasedChangeSource(self.coll, table)),
+                checkpoints=in_thread(table),
+                ownership=keeper,
+                config=CONFIG,
+            )
+            made.append(dispatcher)
+            try:
+                await dispatcher.run()
+            finally:
+                await client.close()
+
+        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        thread.start()
+        wait_until(lambda: (bool(made) and made[0].started.is_set()) or not thread.is_alive())
+        assert made and made[0].started.is_set()
+        self.running.append((made[0], thread))
+        return made[0]
+
+    def stop(self, dispatcher: Dispatcher | AsyncDispatcher, *, crash: bool = False) -> None:
         for d, thread in self.running:
             if d is dispatcher:
                 d.halt() if crash else d.stop()
@@ -122,12 +164,20 @@ class LeaseEnv:
 @pytest.fixture
 def env(cosmos_server: CosmosAccount) -> Iterator[LeaseEnv]:
     with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database)
+        e = LeaseEnv(database, cosmos_server)
         yield e
         e.close()
 
 
-def owned(dispatcher: Dispatcher) -> frozenset[int]:
+@pytest.fixture(params=["threaded", "asyncio"])
+def drivers_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with scratch_database(cosmos_server) as database:
+        e = LeaseEnv(database, cosmos_server, request.param)
+        yield e
+        e.close()
+
+
+def owned(dispatcher: Dispatcher | AsyncDispatcher) -> frozenset[int]:
     scope = dispatcher.ownership.owned()
     assert scope is not None
     return scope
@@ -265,7 +315,10 @@ def test_a_refused_range_restarts_from_now_and_is_reported_alone(
     assert any(table.locate({"_id": a}) == p for a in written)
 
 
-def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(env: LeaseEnv) -> None:
+def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
+    drivers_env: LeaseEnv,
+) -> None:
+    env = drivers_env
     detector = OverlapDetector()
     ranges = env.table().partitions
     a = env.start(detector.publisher("a"), "a")
