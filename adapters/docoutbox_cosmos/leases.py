@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -50,6 +50,9 @@ from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 
 log = logging.getLogger("docoutbox.leases")
+
+#: How many partition keys' feed ranges :meth:`CosmosFeedRangeLeases.locate` remembers.
+LOCATED_MEMORY = 65_536
 
 
 def _start(feed_range: Mapping[str, Any]) -> str:
@@ -77,6 +80,7 @@ class CosmosFeedRangeLeases:
         self.group = group
         self.codec = codec or ItemCodec()
         self._ranges: list[dict[str, Any]] | None = None
+        self._keys: list[str] = []
         #: Leases this table holds: partition -> (owner, ETag of its last read or write).
         self._held: dict[int, tuple[str, str]] = {}
         #: Continuations read with the leases held (where their feeds resume).
@@ -84,6 +88,7 @@ class CosmosFeedRangeLeases:
         #: The continuation last written per partition (unchanged ones are not rewritten).
         self._written: dict[int, str] = {}
         self._locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
+        self._located: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- the ranges -------------------------------------------------------------------
@@ -106,6 +111,7 @@ class CosmosFeedRangeLeases:
                         if refusal(race) is not Refusal.EXISTS:
                             raise
                         item = self.container.read_item(item_id, partition_key=item_id)
+            self._keys = [range_key(r) for r in item["ranges"]]
             self._ranges = list(item["ranges"])
         return self._ranges
 
@@ -115,17 +121,36 @@ class CosmosFeedRangeLeases:
         return len(self.ranges())
 
     def range_keys(self) -> list[str]:
-        return [range_key(r) for r in self.ranges()]
+        """The feed ranges as position keys (:func:`~docoutbox_cosmos.changes.range_key`)."""
+        self.ranges()
+        return self._keys
 
     def locate(self, document: Document) -> int:
-        """The partition (index of the feed range) ``document`` belongs to."""
+        """The partition (index of the feed range) ``document`` belongs to.
+
+        Hashing a partition key costs the SDK about 150 µs, so the answers are kept, and
+        :class:`LeasedChangeSource` records the range of every item its feeds deliver.
+        """
         _, pk = self.codec.key(document[ID])
+        with self._lock:
+            known = self._located.get(pk)
+        if known is not None:
+            return known
         with translated():
             point = self.monitored.feed_range_from_partition_key(pk)
             for i, feed_range in enumerate(self.ranges()):
                 if self.monitored.is_feed_range_subset(feed_range, point):
+                    self.remember(pk, i)
                     return i
         raise StoreError(f"no leased feed range holds partition key {pk!r}")
+
+    def remember(self, pk: str, partition: int) -> None:
+        """Record that partition key ``pk`` is in the feed range ``partition``."""
+        with self._lock:
+            self._located[pk] = partition
+            self._located.move_to_end(pk)
+            while len(self._located) > LOCATED_MEMORY:
+                self._located.popitem(last=False)
 
     # -- the LeaseTable port ----------------------------------------------------------
 
@@ -406,6 +431,14 @@ class LeasedChangeSource(CosmosChangeSource):
                 break
         if self._lost and not events:
             return self.poll(max_events)  # raises for the lost ranges
+        return events
+
+    def _page(self, key: str, token: str, before: Position, items: list[Any]) -> list[ChangeEvent]:
+        events = super()._page(key, token, before, items)
+        partition = self.leases.range_keys().index(key)
+        for event in events:
+            if event.document is not None:
+                self.leases.remember(self.codec.key(event.document[ID])[1], partition)
         return events
 
     def _restart(self, key: str, exc: ChangeStreamLost) -> None:

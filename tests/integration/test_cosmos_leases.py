@@ -218,6 +218,28 @@ def test_locate_names_the_feed_range_whose_change_feed_carries_the_item(
     assert seen == 24
 
 
+def test_items_the_leased_feed_delivers_are_located_without_hashing(env: LeaseEnv) -> None:
+    table = env.table()
+    for p in range(table.partitions):
+        assert table.acquire(p, "a", NOW, LATER)
+    source = LeasedChangeSource(env.coll, table)
+    source.open(table.load("disp"))
+    for i in range(12):
+        env.write(f"h{i}", f"m{i}")
+    events: list[Any] = []
+    while batch := source.poll(100):
+        events += [e for e in batch if e.document]
+    assert len(events) == 12
+    expected = {e.document["_id"]: env.table().locate(e.document) for e in events}
+
+    class NoHashing:
+        def feed_range_from_partition_key(self, pk: Any) -> Any:
+            raise AssertionError(f"hashed {pk!r}")
+
+    table.monitored = NoHashing()
+    assert {e.document["_id"]: table.locate(e.document) for e in events} == expected
+
+
 def test_a_taken_over_range_resumes_from_its_lease_continuation(env: LeaseEnv) -> None:
     first, rest = env.aggregates_in(0, 2), env.aggregates_in(0, 5)[2:]
     a = env.table()
