@@ -1,4 +1,7 @@
-"""The Cosmos DB change feed (latest-version mode, pull model) as a ChangeSource.
+"""The Cosmos DB change feed (latest-version mode, pull model) as a ChangeSource, sync
+(:class:`CosmosChangeSource`) and ``azure.cosmos.aio`` (:class:`AsyncCosmosChangeSource`),
+sharing everything but the requests. The feed of the ranges whose leases an instance holds
+is :class:`docoutbox_cosmos.leases.LeasedChangeSource`.
 
 The feed is read per feed range with ``query_items_change_feed``; each range has its own
 continuation. A position is ``{"v": 1, "ranges": {<feed range as JSON>: <continuation>}}``

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -42,7 +42,7 @@ from azure.core import MatchConditions
 from azure.cosmos import exceptions as cosmos_errors
 
 from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
-from docoutbox.errors import ChangeStreamLost, StoreError
+from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
 from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, _expiry
@@ -87,7 +87,7 @@ class CosmosFeedRangeLeases:
         self._continuations: dict[int, str] = {}
         #: The continuation last written per partition (unchanged ones are not rewritten).
         self._written: dict[int, str] = {}
-        self._locks: defaultdict[int, threading.Lock] = defaultdict(threading.Lock)
+        self._locks: dict[int, threading.Lock] = {}
         self._located: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -111,9 +111,18 @@ class CosmosFeedRangeLeases:
                         if refusal(race) is not Refusal.EXISTS:
                             raise
                         item = self.container.read_item(item_id, partition_key=item_id)
-            self._keys = [range_key(r) for r in item["ranges"]]
-            self._ranges = list(item["ranges"])
+            ranges = item.get("ranges")
+            if not isinstance(ranges, list) or not ranges:
+                raise PermanentStoreError(f"lease group {self.group!r}: malformed ranges item")
+            self._keys = [range_key(r) for r in ranges]
+            self._ranges = ranges
         return self._ranges
+
+    def _lock_of(self, partition: int) -> threading.Lock:
+        """The lock serializing this table's writes to one lease (so each carries the
+        ETag of the previous one)."""
+        with self._lock:
+            return self._locks.setdefault(partition, threading.Lock())
 
     @property
     def partitions(self) -> int:
@@ -214,7 +223,7 @@ class CosmosFeedRangeLeases:
         if not 0 <= partition < len(ranges):
             return False
         item_id = self._lease_id(partition)
-        with self._locks[partition], translated():
+        with self._lock_of(partition), translated():
             try:
                 current = self.container.read_item(item_id, partition_key=item_id)
             except cosmos_errors.CosmosHttpResponseError as exc:
@@ -265,7 +274,7 @@ class CosmosFeedRangeLeases:
         ours whose reply was lost) adopts the new ETag and tries once more."""
         item_id = self._lease_id(partition)
         ops = [{"op": "set", "path": f"/{k}", "value": v} for k, v in fields.items()]
-        with self._locks[partition], translated():
+        with self._lock_of(partition), translated():
             for _ in range(2):
                 with self._lock:
                     held = self._held.get(partition)
