@@ -338,8 +338,10 @@ class DispatchEngine:
         except StoreError as exc:
             log.warning("sweep_failed error=%r", exc)
             return False
+        # Documents outside the scope came only because the query could not exclude them.
+        scope = sweep.scope if self._locate is not None else None
         for doc in docs:
-            done = self.request(doc, scope=sweep.scope)
+            done = self.request(doc, scope=scope)
             if done is not None:
                 sweep.requested += 1
                 if sweep.gate is not None:
