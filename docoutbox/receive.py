@@ -251,9 +251,11 @@ def receive_flow(
         while pending:
             results = yield from _handle(aggregate_id, pending, handler, options)
             done = 0
-            for (index, message), verdict in zip(pending, results, strict=True):
+            # Messages without a verdict (deferred behind a failure, or not in this
+            # handling) are handled again in the next round.
+            for (index, message), verdict in zip(pending, results, strict=False):
                 if verdict is None:
-                    break  # deferred behind a failure: handled again below
+                    break
                 if retryable(verdict):
                     verdict = yield from _retry(
                         aggregate_id, message, handler, options, rng, verdict
@@ -286,8 +288,8 @@ def _handle(
     handler: Handler[S],
     options: Options,
 ) -> Generator[ReceiveOp, Any, list[Verdict | None]]:
-    """Verdicts of ``pending`` handled together; None for a message deferred behind a
-    failure."""
+    """Verdicts of the first of ``pending`` (all of them with ``options.batch``); None for a
+    message deferred behind a failure."""
     messages = tuple(message for _, message in pending)
     if len(messages) == 1 or not options.batch:
         message = messages[0]
