@@ -21,7 +21,6 @@ import aiormq.exceptions as ax
 from pamqp.commands import Basic
 from pydantic import BaseModel
 
-from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError, PublishError
 from docoutbox.handlers import Handler
 from docoutbox.model import OutboxMessage
@@ -36,10 +35,9 @@ from docoutbox.receive import (
     keep_async,
 )
 from docoutbox.store.api import AsyncAggregateStore
-from docoutbox_rabbitmq.amqp import masked, message_for, topology
+from docoutbox_rabbitmq.amqp import Routing, masked, topology
 from docoutbox_rabbitmq.consumer import Settlement
 from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
-from docoutbox_rabbitmq.publisher import DEFAULT_MAX_MESSAGE_SIZE
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -91,7 +89,7 @@ async def translated(what: str) -> AsyncIterator[None]:
         raise translate(exc, what) from exc
 
 
-class AsyncRabbitPublisher:
+class AsyncRabbitPublisher(Routing):
     """A :class:`docoutbox.AsyncPublisher` for RabbitMQ: returns only once confirmed.
 
     The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
@@ -99,7 +97,8 @@ class AsyncRabbitPublisher:
     ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
     Concurrent ``publish`` calls share one channel, each awaiting its own confirm, so a
     dispatcher keeps several messages in flight. A lost connection raises
-    ``BrokerUnavailable`` and the next call reconnects.
+    ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
+    (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
 
     def __init__(
@@ -107,22 +106,11 @@ class AsyncRabbitPublisher:
         url: str,
         exchange: str = "",
         *,
-        routing_key: str | None = None,
-        route: Callable[[OutboxMessage], str] | None = None,
-        mandatory: bool = True,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         connection_name: str = "docoutbox-publisher",
         timeout: float = 30.0,
-        probe_idle: float = 1.0,
-        wire: WireFormat = WireFormat.PLAIN,
+        **options: Any,
     ) -> None:
-        self.wire = WireFormat(wire)
-        self.exchange = exchange
-        self.probe_idle = probe_idle
-        self.routing_key = routing_key
-        self.route = route
-        self.mandatory = mandatory
-        self.max_message_size = max_message_size
+        super().__init__(url, exchange, **options)
         self.connection_name = connection_name
         self.timeout = timeout
         self._url = url
@@ -131,27 +119,12 @@ class AsyncRabbitPublisher:
         self._lock = asyncio.Lock()
         self._used_at = 0.0
 
-    def __repr__(self) -> str:
-        return f"<AsyncRabbitPublisher {masked(self._url)} exchange={self.exchange!r}>"
-
-    def routing_key_for(self, entry: OutboxMessage) -> str:
-        if self.route is not None:
-            return self.route(entry)
-        return entry.destination or self.routing_key or entry.type
-
     async def publish(self, entry: OutboxMessage) -> None:
-        body, fields = message_for(entry, self.wire)
-        if len(body) > self.max_message_size:
-            raise PermanentPublishError(
-                f"entry {entry.id}: {len(body)} bytes, over the broker's "
-                f"max_message_size of {self.max_message_size} bytes"
-            )
+        body, fields, key, what = self.outgoing(entry)
         channel = await self._open()
         message = aio_pika.Message(body, **fields)
-        key = self.routing_key_for(entry)
-        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
         try:
-            async with translated(f"publish entry {entry.id} to {where}"):
+            async with translated(what):
                 exchange = (
                     channel.default_exchange
                     if not self.exchange
