@@ -32,12 +32,13 @@ from benchmarks.common import (
     ratio_range,
     timed_rate,
 )
+from benchmarks.kafka import broker
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox_kafka import KafkaConsumer, headers_for
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_mongo import MongoBackend
 from tests.support.e2e import Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics, kafka_available, kafka_bootstrap
+from tests.support.kafka import Topics
 
 ROUNDS = 3
 #: Records per aggregate in each workload.
@@ -88,10 +89,7 @@ def consume(client: Any, bootstrap: str, topic: str, records: int, batch: bool) 
 
 
 def run(uri: str, scale: Scale) -> Table:
-    bootstrap = kafka_bootstrap()
-    reason = kafka_available(bootstrap)
-    if reason is not None:
-        raise SystemExit(f"{reason}; run scripts/servers.sh install-kafka start-kafka")
+    bootstrap = broker()
     client = connect(uri)
     topics = Topics(bootstrap)
     records = scale.dispatch_entries

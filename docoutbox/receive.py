@@ -537,6 +537,16 @@ class AsyncRejects(Protocol):
     ) -> None: ...
 
 
+#: Where an async consumer keeps what it rejects: a sync or an async dead-letter store.
+AnyRejects = Rejects | AsyncRejects
+
+
+class Stop(Protocol):
+    """A consumer's stop flag: a ``threading.Event``, or an ``asyncio.Event``."""
+
+    def is_set(self) -> bool: ...
+
+
 def rejected(verdict: Verdict, body: bytes, queue: str) -> dict[str, Any]:
     """The arguments of ``Rejects.put`` for a rejected delivery: its entry (the body's
     JSON object, or its text), the aggregate it names, the error, attempts and raw body."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Message as Record
 from confluent_kafka import TopicPartition
 from pydantic import BaseModel
 
 from docoutbox.handlers import Handler
-from docoutbox.receive import AsyncReceiver, AsyncRejects, Rejects, Verdict, keep_async
+from docoutbox.receive import AnyRejects, AsyncReceiver, Stop, Verdict, keep_async
 from docoutbox.store.api import AsyncAggregateStore
 from docoutbox_kafka.consumer import ConsumerStats, KafkaSettlement, _is_async, log
 from docoutbox_kafka.errors import translated
@@ -30,15 +30,6 @@ except ImportError:  # confluent-kafka 2.12 shipped it as experimental
     )
 
 S = TypeVar("S", bound=BaseModel)
-
-#: Where the async consumer keeps what it rejects: a sync or an async dead-letter store.
-AnyRejects = Rejects | AsyncRejects
-
-
-class Stop(Protocol):
-    """A stop flag: an ``asyncio.Event``, or a ``threading.Event`` set from another thread."""
-
-    def is_set(self) -> bool: ...
 
 
 class AsyncKafkaConsumer(KafkaSettlement[AsyncAggregateStore[S], AnyRejects], Generic[S]):

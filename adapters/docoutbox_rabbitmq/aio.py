@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import aio_pika
 import aiormq.exceptions as ax
@@ -26,11 +26,11 @@ from docoutbox.handlers import Handler
 from docoutbox.model import OutboxMessage
 from docoutbox.receive import (
     Action,
+    AnyRejects,
     AsyncReceiver,
-    AsyncRejects,
     ConsumerStats,
     Delivery,
-    Rejects,
+    Stop,
     Verdict,
     keep_async,
 )
@@ -272,16 +272,6 @@ async def declare_async(
             else:
                 queue = await channel.get_queue(step.name, ensure=False)
                 await queue.bind(step.exchange, routing_key=step.key or None)
-
-
-class Stop(Protocol):
-    """A stop flag: an ``asyncio.Event``, or a ``threading.Event`` set from another thread."""
-
-    def is_set(self) -> bool: ...
-
-
-#: Where the async consumer keeps what it rejects: a sync or an async dead-letter store.
-AnyRejects = Rejects | AsyncRejects
 
 
 class AsyncRabbitConsumer(Settlement[AsyncAggregateStore[S], AnyRejects], Generic[S]):
