@@ -9,11 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import decode_entry
 from docoutbox.model import OutboxMessage
 from docoutbox.receive import HandlerRetry
+from docoutbox.retry import RetryPolicy
 from docoutbox.testing import AsyncMemoryBackend, MemoryDeadLetters
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
 from docoutbox_kafka.aio import AsyncKafkaConsumer
@@ -60,7 +62,9 @@ def consumer(request: pytest.FixtureRequest, kafka: str, topic: str) -> Iterator
     an async store sharing the backend); left without committing anything more."""
     opened: list[Any] = []
 
-    def make(backend: FaultyBackend, group: str, **options: Any) -> Any:
+    def make(
+        backend: FaultyBackend, group: str, config: StoreConfig = EXACT, **options: Any
+    ) -> Any:
         common: dict[str, Any] = {
             "aggregate_id_of": by_source,
             "create": True,
@@ -70,14 +74,14 @@ def consumer(request: pytest.FixtureRequest, kafka: str, topic: str) -> Iterator
         }
         if "dead_letters" not in common:
             common["dead_letters"] = Letters(request.param == "asyncio")
-        config = {"bootstrap.servers": kafka}
+        settings = {"bootstrap.servers": kafka}
         if request.param == "sync":
-            store = AggregateStore(backend, Ledger, EXACT)
-            created: Any = KafkaConsumer(config, topic, group, store, ledger_handlers, **common)
+            store = AggregateStore(backend, Ledger, config)
+            created: Any = KafkaConsumer(settings, topic, group, store, ledger_handlers, **common)
         else:
-            astore = AsyncAggregateStore(AsyncMemoryBackend(backend), Ledger, EXACT)
+            astore = AsyncAggregateStore(AsyncMemoryBackend(backend), Ledger, config)
             created = Blocking(
-                AsyncKafkaConsumer(config, topic, group, astore, ledger_handlers, **common)
+                AsyncKafkaConsumer(settings, topic, group, astore, ledger_handlers, **common)
             )
         opened.append(created)
         return created
@@ -215,3 +219,37 @@ def test_a_consumer_without_any_dead_letters_is_refused() -> None:
     store = AggregateStore(FaultyBackend(), Ledger)
     with pytest.raises(InvalidConfig, match="dead_letter_topic or dead_letters"):
         KafkaConsumer("unused:9092", "t", "g", store, ledger_handlers, aggregate_id_of=by_source)
+
+
+def test_a_refused_write_rewinds_and_the_poll_is_applied_in_order(
+    topics: Topics, topic: str, consumer: Any, kafka: str
+) -> None:
+    publish(kafka, topic, [make_entry("a", seq) for seq in (1, 2, 3)])
+    backend = FaultyBackend()
+    backend.refuse_writes = 1  # one conflict; with a single attempt the store gives up
+    config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(1))
+    group = group_name()
+    worker = consumer(backend, group, config)
+    stats = worker.run(max_messages=6, idle_timeout=10)
+    assert (stats.requeued, stats.applied, stats.redelivered) == (3, 3, 3)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]
+    assert topics.committed_total(topic, group) == 3
+
+
+def test_invalid_records_go_to_the_dead_letter_topic(
+    topics: Topics, topic: str, consumer: Any, kafka: str
+) -> None:
+    dead = topics.create("dx-dead")
+    raw = Producer({"bootstrap.servers": kafka})
+    raw.produce(topic, b"not json", b"a")
+    raw.flush(10)
+    publish(kafka, topic, [make_entry("a", 1)])
+    backend = FaultyBackend()
+    group = group_name()
+    worker = consumer(backend, group, dead_letters=None, dead_letter_topic=dead)
+    stats = worker.run(max_messages=2, idle_timeout=10)
+    assert (stats.applied, stats.rejected, stats.dead_lettered) == (1, 1, 1)
+    (record,) = topics.read(dead, 1)
+    assert record.value() == b"not json"
+    assert b"InvalidMessage" in dict(record.headers())["docoutbox-error"]
+    assert topics.committed_total(topic, group) == 2
