@@ -172,3 +172,13 @@ def test_the_async_driver_gives_the_same_verdicts(batch: bool) -> None:
     ]
     assert kept == [1, 5]
     assert seqs(async_backend) == seqs(sync_backend) == [1, 3, 4]
+
+
+def test_a_message_delivered_twice_in_a_poll_does_not_overtake_the_messages_between() -> None:
+    """Seq 2 fails once and comes again after seq 3: seq 3 still waits for seq 2."""
+    backend = FaultyBackend()
+    made, _ = receiver(backend, failing({2: 1}))
+    one, two, three = (make_entry("a", seq) for seq in (1, 2, 3))
+    verdicts = made.receive(deliveries(one, two, three, two))
+    assert [v.action for v in verdicts] == [Action.ACK] * 4
+    assert seqs(backend) == [1, 2, 3]
