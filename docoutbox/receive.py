@@ -204,17 +204,12 @@ ReceiveOp = Handle | HandleBatch | Sleep | Keep
 ReceiveFlow = Generator[ReceiveOp, Any, list[Verdict]]
 
 
-def _guarded(handler: Handler[S], messages: Sequence[Message]) -> Handler[S]:
-    """``handler``, raising :class:`Deferred` for the messages of a batch after one that
-    failed. Positions are by object (a message delivered twice has two), else by ID."""
-    by_object = {id(message): position for position, message in enumerate(messages)}
-    by_id: dict[str, int] = {}
-    for position, message in enumerate(messages):
-        by_id.setdefault(message.id, position)
+def _guarded(handler: Handler[S], order: Mapping[str, int]) -> Handler[S]:
+    """``handler``, raising :class:`Deferred` for messages after one that failed."""
     failed_at: list[int] = []
 
     def run(state: S, message: Message) -> Decision[S] | S:
-        position = by_object.get(id(message), by_id.get(message.id, 0))
+        position = order.get(message.id, 0)
         if failed_at and position > min(failed_at):
             raise Deferred(f"message {message.id} waits for an earlier one that failed")
         try:
@@ -303,7 +298,10 @@ def _handle(
         except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
             return [judge_error(message, exc)]
         return [judge(message, outcome)]
-    guarded = _guarded(handler, messages)
+    order: dict[str, int] = {}
+    for position, message in enumerate(messages):
+        order.setdefault(message.id, position)
+    guarded = _guarded(handler, order)
     try:
         batch: BatchOutcome[Any] = yield HandleBatch(
             aggregate_id, messages, guarded, options.create
