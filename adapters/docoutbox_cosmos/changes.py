@@ -10,6 +10,14 @@ but the last carries the position from *before* the page, and the last carries t
 position after it: resuming from a partly done page reads that page again (harmless,
 publishing is at least once), never skips its tail.
 
+Events are ``current``: in latest-version mode the feed delivers each item once, as it
+is at the time of the read (a later change of the item comes again, later in the feed),
+like MongoDB's ``updateLookup``. The dispatcher publishes from that copy and aims its
+trim at the positions it shows, without reading the item again.
+
+A poll holds at most one page per feed range and at most ``max_events`` items in all
+(``max_item_count``), never the whole backlog.
+
 A continuation the service or the SDK refuses, or a position whose ranges do not tile
 the container's raise :class:`~docoutbox.errors.ChangeStreamLost`: the dispatcher then
 sweeps and restarts from :meth:`start_marker`. A split is not a loss: the position keeps
@@ -164,8 +172,10 @@ class CosmosChangeSource:
         if not items:
             return []
         after = self._position()
-        events = [ChangeEvent(before, self.codec.to_document(item)) for item in items[:-1]]
-        events.append(ChangeEvent(after, self.codec.to_document(items[-1])))
+        docs = [self.codec.to_document(item) for item in items]
+        del items
+        events = [ChangeEvent(before, doc, current=True) for doc in docs[:-1]]
+        events.append(ChangeEvent(after, docs[-1], current=True))
         return events
 
     def close(self) -> None:

@@ -14,8 +14,11 @@ Rules kept here:
   ETag, never ``version``) re-reads and replaces again, so a trim never fails a commit;
 - a trim removes entries by index, guarded by the IDs at those indexes; it never touches
   ``version``; when another writer moved them (412) it re-reads and tries again. Its
-  first attempt uses the outbox remembered from the item's last read or write (the
-  dispatcher has just loaded it), so a trim is usually one request;
+  first attempt aims at the positions the plan's outbox hint gives (the dispatcher
+  publishes from the change feed's copy of the item), else at the outbox remembered from
+  the item's last read or write, so a trim is usually one request; a concurrent commit
+  only appends, so it never moves the positions aimed at, and its entries are never
+  named by the guard;
 - a failure record sets two fields of one entry, guarded the same way.
 """
 
@@ -120,7 +123,10 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
             return not isinstance(answer, Refusal)
     recall = not isinstance(plan, CommitPlan)  # a trim first trusts the remembered outbox
     for _ in range(MAX_RACES):
-        item = yield (Recall(item_id, pk) if recall else Read(item_id, pk))
+        if recall and isinstance(plan, TrimPlan) and plan.outbox is not None:
+            item = hinted(plan.outbox)  # the positions the dispatcher saw: no request
+        else:
+            item = yield (Recall(item_id, pk) if recall else Read(item_id, pk))
         recall = False
         if item is None:
             return False
@@ -130,6 +136,11 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
     raise TransientStoreError(
         f"aggregate {plan.aggregate_id!r}: lost {MAX_RACES} races in a row; try again"
     )
+
+
+def hinted(outbox: tuple[str | None, ...]) -> Item:
+    """A recalled item built from a trim plan's outbox hint (entry IDs in stored order)."""
+    return {"outbox": [{"id": entry_id} for entry_id in outbox], RECALLED: True}
 
 
 def _conditional(

@@ -371,8 +371,11 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        if len(self.tracker) >= self.config.max_outstanding:
-            return False
+        if (
+            len(self.tracker) >= self.config.max_outstanding
+            or self.queue.backlog() >= self.config.max_backlog
+        ):
+            return False  # enough in hand: memory stays bounded however long the backlog
         try:
             events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
         except ChangeStreamLost as exc:

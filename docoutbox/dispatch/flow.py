@@ -101,6 +101,7 @@ def dispatch_document(
 ) -> Generator[DispatchOp, Any, DispatchResult]:
     """Publish the document's pending entries in order, quarantine poison, trim in batches."""
     result = DispatchResult(doc[ID])
+    stored = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
     removable: list[str] = []
     trims: list[bool] = []
     blocked = False
@@ -128,12 +129,22 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
-            trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
+            trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable, stored)))))
+            gone = set(removable)
+            stored = [i for i in stored if i not in gone]
             removable = []
     if removable:
-        trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
+        trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable, stored)))))
     result.trimmed = bool(trims) and all(trims)
     return result
+
+
+def _stored_ids(doc: Document) -> list[str | None]:
+    """The entry IDs of the document's outbox in stored order: a trim's position hint."""
+    outbox = doc.get("outbox") or []
+    return [
+        e["id"] if isinstance(e, dict) and isinstance(e.get("id"), str) else None for e in outbox
+    ]
 
 
 def _publish_with_retries(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import string
 import threading
@@ -19,8 +20,9 @@ from docoutbox.errors import (
     PermanentStoreError,
     TransientStoreError,
 )
+from docoutbox.store.core import Write
 from docoutbox.store.document import ID, new_document
-from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan
+from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan, plan_trim
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
 from docoutbox_cosmos.coordination import CosmosLeaseTable
@@ -335,3 +337,126 @@ def test_lease_renewals_are_sent_concurrently() -> None:
     table.renew(range(16), "me", NOW)
     assert len(container.patched) == 16
     assert container.most > 1
+
+
+class RecordingContainer(ScriptedContainer):
+    """A scripted container that also records each patch's operations and predicate."""
+
+    def __init__(self, script: list[Any]) -> None:
+        super().__init__(script)
+        self.patches: list[tuple[list[dict[str, Any]], str]] = []
+
+    def patch_item(self, **kwargs: Any) -> Any:
+        self.patches.append((kwargs["patch_operations"], kwargs["filter_predicate"]))
+        return self._next("patch")
+
+
+def test_a_trim_with_an_outbox_hint_is_one_patch_aimed_at_those_positions() -> None:
+    container = RecordingContainer([{}])
+    backend = CosmosBackend(container)
+    assert backend.write(plan_trim("a", ["e1", "e2"], ["e0", "e1", "e2", None]))
+    assert container.calls == ["patch"]  # no read: the dispatcher's copy gave the positions
+    ops, predicate = container.patches[0]
+    assert ops == [{"op": "remove", "path": "/outbox/2"}, {"op": "remove", "path": "/outbox/1"}]
+    assert predicate == 'FROM c WHERE c.outbox[2].id = "e2" AND c.outbox[1].id = "e1"'
+
+
+def test_a_stale_outbox_hint_costs_a_read_never_a_wrong_removal() -> None:
+    codec = ItemCodec()
+    moved = codec.to_item(_doc_with([{"id": "e1"}, {"id": "e5"}]))  # e0 went meanwhile
+    container = RecordingContainer([http_error(412), moved, {}])
+    backend = CosmosBackend(container)
+    assert backend.write(plan_trim("a", ["e1"], ["e0", "e1"]))
+    assert container.calls == ["patch", "read", "patch"]
+    assert [p[1] for p in container.patches] == [
+        'FROM c WHERE c.outbox[1].id = "e1"',
+        'FROM c WHERE c.outbox[0].id = "e1"',
+    ]
+    # A hint without some of the IDs (they may be newer than the copy) reads first.
+    container = RecordingContainer([moved, {}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e1", "e5"], ["e1"]))
+    assert container.calls == ["read", "patch"]
+
+
+def test_the_dispatch_flow_hints_the_outbox_left_after_each_partial_trim() -> None:
+    from docoutbox.dispatch.flow import DispatchPolicy, Publish, dispatch_document
+
+    entry = {
+        "type": "T",
+        "payload": {},
+        "headers": {},
+        "created_at": NOW,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = _doc_with([{**entry, "id": f"e{i}", "seq": i} for i in range(1, 6)])
+    doc["outbox"].insert(2, {"seq": 0})  # malformed: quarantined, keeps its position
+    flow = dispatch_document(doc, DispatchPolicy(trim_every=2), random.Random(0))
+    trims: list[Any] = []
+    answer: Any = None
+    with contextlib.suppress(StopIteration):
+        while True:
+            op = flow.send(answer)
+            answer = True if isinstance(op, Write) else None
+            if isinstance(op, Write):
+                trims.append(op.plan)
+            assert isinstance(op, Publish | Write) or type(op).__name__ == "Quarantine"
+    assert [t.entry_ids for t in trims] == [("e1", "e2"), ("e3", "e4"), ("e5",)]
+    assert [t.outbox for t in trims] == [
+        ("e1", "e2", None, "e3", "e4", "e5"),
+        (None, "e3", "e4", "e5"),
+        (None, "e5"),
+    ]  # the entry without an ID is never named, so it stays (and keeps its position)
+
+
+class ConcurrencyProbe(ScriptedContainer):
+    """Patches that wait until ``width`` of them are in flight at once (or time out)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__([])
+        self.barrier = threading.Barrier(width, timeout=5)
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+
+    def patch_item(self, **kwargs: Any) -> Any:
+        with self.lock:
+            self.order.append(kwargs["filter_predicate"])
+        if kwargs["item"] != "solo":
+            self.barrier.wait()
+        return {}
+
+
+def test_write_many_trims_different_aggregates_concurrently_one_aggregate_in_order() -> None:
+    probe = ConcurrencyProbe(width=4)
+    backend = CosmosBackend(probe)
+    try:
+        plans = [plan_trim(f"a{i}", ["x"], ["x"]) for i in range(4)]
+        plans += [plan_trim("solo", ["y"], ["y"]), plan_trim("solo", ["z"], ["z"])]
+        # Serial writes would wait at the barrier forever (BrokenBarrierError after 5 s).
+        assert backend.write_many(plans) == [True] * 6
+        solo = [p for p in probe.order if '"y"' in p or '"z"' in p]
+        assert solo == ['FROM c WHERE c.outbox[0].id = "y"', 'FROM c WHERE c.outbox[0].id = "z"']
+    finally:
+        backend.close()
+
+
+def test_write_many_raises_once_every_plan_was_attempted() -> None:
+    class Failing(ScriptedContainer):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.items: list[str] = []
+
+        def patch_item(self, **kwargs: Any) -> Any:
+            self.items.append(kwargs["item"])
+            if kwargs["item"] == "a1":
+                raise http_error(400)
+            return {}
+
+    container = Failing()
+    backend = CosmosBackend(container)
+    try:
+        with pytest.raises(PermanentStoreError):
+            backend.write_many([plan_trim(f"a{i}", ["x"], ["x"]) for i in range(3)])
+        assert sorted(container.items) == ["a0", "a1", "a2"]
+    finally:
+        backend.close()

@@ -218,3 +218,49 @@ def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
     engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
     [slot] = engine.start_runs()
     assert type(next(engine.run(slot))).__name__ == "Load"
+
+
+def test_the_stream_is_not_polled_while_the_aggregates_in_hand_reach_max_backlog() -> None:
+    """Events bring whole documents: polling on would hold the whole backlog in memory."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", max_backlog=3, batch_size=2),
+        SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    counter = iter(range(1000))
+    polls: list[int] = []
+
+    def turn() -> None:
+        flow = engine.turn()
+        reply: Any = None
+        try:
+            while True:
+                op = flow.send(reply)
+                reply = None
+                if isinstance(op, PollChanges):
+                    polls.append(op.max_events)
+                    reply = [
+                        ChangeEvent(
+                            {"n": n}, {"_id": f"a{n}", "outbox": [{"id": f"e{n}"}]}, current=True
+                        )
+                        for n in (next(counter) for _ in range(op.max_events))
+                    ]
+                elif type(op).__name__ == "StartMarker":
+                    reply = {"n": -1}
+                elif type(op).__name__ == "FindPending":
+                    reply = []  # the start-up sweep finds nothing
+        except StopIteration:
+            pass
+
+    for _ in range(5):
+        turn()
+    assert len(polls) == 2 and engine.queue.backlog() == 4  # 2 + 2: then it holds off
+    for slot in engine.start_runs():
+        engine.finish(slot, RunOutcome.DONE)
+    turn()
+    assert len(polls) == 3
