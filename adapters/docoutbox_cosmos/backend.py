@@ -12,16 +12,15 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
 from azure.core import MatchConditions
 
 from docoutbox.model import AggregateId
-from docoutbox.store.document import ID, Document
-from docoutbox.store.plans import InsertPlan, WritePlan
+from docoutbox.store.document import Document
+from docoutbox.store.plans import WritePlan
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.errors import DRIVER_ERRORS, refusal, retry_after, translate
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json
@@ -31,8 +30,6 @@ from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json
 ITEM_OVERHEAD = 1024
 #: How many items' outbox entry IDs a backend remembers for trims.
 REMEMBERED_ITEMS = 1024
-#: How many aggregates one :meth:`CosmosBackend.write_many` writes at once.
-WRITE_CONCURRENCY = 8
 #: Called after every response with (request kind, HTTP status, request charge in RU).
 ChargeHook = Callable[[str, int, float], None]
 
@@ -112,11 +109,16 @@ class _Base:
         if isinstance(request, flows.Create):
             return c.create_item, {"body": request.item, **self._hooks("create")}
         if isinstance(request, flows.Patch):
+            guard: dict[str, Any] = (
+                {"filter_predicate": request.predicate}
+                if request.etag is None
+                else {"etag": request.etag, "match_condition": MatchConditions.IfNotModified}
+            )
             return c.patch_item, {
                 "item": request.item_id,
                 "partition_key": request.partition_key,
                 "patch_operations": request.ops,
-                "filter_predicate": request.predicate,
+                **guard,
                 **self._hooks("patch"),
             }
         if isinstance(request, flows.Replace):
@@ -131,15 +133,6 @@ class _Base:
 
     def _query_args(self, request: flows.Query) -> dict[str, Any]:
         return {"query": request.sql, "parameters": request.parameters, **self._hooks("query")}
-
-
-def _by_aggregate(plans: Sequence[WritePlan]) -> list[list[int]]:
-    """Indexes of ``plans`` grouped by aggregate, each group in the given order."""
-    groups: dict[object, list[int]] = {}
-    for index, plan in enumerate(plans):
-        aggregate_id = plan.document[ID] if isinstance(plan, InsertPlan) else plan.aggregate_id
-        groups.setdefault((type(aggregate_id), aggregate_id), []).append(index)
-    return list(groups.values())
 
 
 def _remembering(backend: _Base, request: flows.Request, answer: Any) -> Any:
@@ -162,7 +155,6 @@ class CosmosBackend(_Base):
     def __init__(self, container: Any, **options: Any) -> None:
         super().__init__(container, **options)
         self.sleep: Callable[[float], None] = time.sleep
-        self._pool: ThreadPoolExecutor | None = None
 
     def _send(self, request: flows.Request) -> Any:
         attempt = 0
@@ -199,43 +191,6 @@ class CosmosBackend(_Base):
 
     def write(self, plan: WritePlan) -> bool:
         return bool(self._run(flows.write(self.codec, plan)))
-
-    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
-        """Each plan as :meth:`write` would, different aggregates concurrently (at most
-        :data:`WRITE_CONCURRENCY` at once), one aggregate's plans in the given order.
-
-        Cosmos DB has no multi-item write across partition keys, so the dispatcher's
-        grouped trims cost one request each; this overlaps them. Every plan is attempted;
-        the first error is raised once all are done.
-        """
-        groups = _by_aggregate(plans)
-        if len(groups) < 2:
-            return [self.write(plan) for plan in plans]
-        results: list[bool] = [False] * len(plans)
-
-        def write_group(indexes: list[int]) -> None:
-            for index in indexes:
-                results[index] = self.write(plans[index])
-
-        pool = self._executor()
-        futures = [pool.submit(write_group, indexes) for indexes in groups]
-        errors = [exc for exc in (f.exception() for f in futures) if exc is not None]
-        if errors:
-            raise errors[0]
-        return results
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._memory_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(WRITE_CONCURRENCY, "docoutbox-cosmos-write")
-            return self._pool
-
-    def close(self) -> None:
-        """Stop the threads :meth:`write_many` started (the container is the caller's)."""
-        with self._memory_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
 
     def find_pending(
         self,
@@ -290,27 +245,6 @@ class AsyncCosmosBackend(_Base):
 
     async def write(self, plan: WritePlan) -> bool:
         return bool(await self._run(flows.write(self.codec, plan)))
-
-    async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
-        """The async twin of :meth:`CosmosBackend.write_many`."""
-        groups = _by_aggregate(plans)
-        if len(groups) < 2:
-            return [await self.write(plan) for plan in plans]
-        results: list[bool] = [False] * len(plans)
-        gate = asyncio.Semaphore(WRITE_CONCURRENCY)
-
-        async def write_group(indexes: list[int]) -> None:
-            async with gate:
-                for index in indexes:
-                    results[index] = await self.write(plans[index])
-
-        outcomes = await asyncio.gather(
-            *(write_group(indexes) for indexes in groups), return_exceptions=True
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return results
 
     async def find_pending(
         self,

@@ -13,7 +13,8 @@ publishing is at least once), never skips its tail.
 Events are ``current``: in latest-version mode the feed delivers each item once, as it
 is at the time of the read (a later change of the item comes again, later in the feed),
 like MongoDB's ``updateLookup``. The dispatcher publishes from that copy and aims its
-trim at the positions it shows, without reading the item again.
+trim at the positions it shows, without reading the item again; the copy's ``_etag``
+comes along under :data:`~docoutbox.store.document.REVISION` for that trim's if-match.
 
 A poll holds at most one page per feed range and at most ``max_events`` items in all
 (``max_item_count``), never the whole backlog.
@@ -33,6 +34,7 @@ from typing import Any
 
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.store.document import REVISION, Document
 from docoutbox_cosmos.errors import translated, translated_feed
 from docoutbox_cosmos.items import ItemCodec
 
@@ -172,11 +174,18 @@ class CosmosChangeSource:
         if not items:
             return []
         after = self._position()
-        docs = [self.codec.to_document(item) for item in items]
+        docs = [self._document(item) for item in items]
         del items
         events = [ChangeEvent(before, doc, current=True) for doc in docs[:-1]]
         events.append(ChangeEvent(after, docs[-1], current=True))
         return events
+
+    def _document(self, item: dict[str, Any]) -> Document:
+        doc = self.codec.to_document(item)
+        etag = item.get("_etag")
+        if isinstance(etag, str) and etag:
+            doc[REVISION] = etag  # lets a trim aim at this copy's positions with if-match
+        return doc
 
     def close(self) -> None:
         self._tokens = None

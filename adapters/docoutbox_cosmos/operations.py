@@ -79,10 +79,13 @@ class Create:
 
 @dataclass(frozen=True)
 class Patch:
+    """A patch guarded by a filter ``predicate``, or by ``etag`` (if-match) when set."""
+
     item_id: str
     partition_key: str
     ops: PatchOps
-    predicate: str
+    predicate: str | None
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
         if patch is not None:
             answer = yield Patch(item_id, pk, *patch)
             return not isinstance(answer, Refusal)
+    if isinstance(plan, TrimPlan) and plan.revision is not None and plan.outbox is not None:
+        done = yield from _trim_unchanged(plan, item_id, pk, plan.revision, plan.outbox)
+        if done is not None:
+            return done
     recall = not isinstance(plan, CommitPlan)  # a trim first trusts the remembered outbox
     for _ in range(MAX_RACES):
         if recall and isinstance(plan, TrimPlan) and plan.outbox is not None:
@@ -141,6 +148,32 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
 def hinted(outbox: tuple[str | None, ...]) -> Item:
     """A recalled item built from a trim plan's outbox hint (entry IDs in stored order)."""
     return {"outbox": [{"id": entry_id} for entry_id in outbox], RECALLED: True}
+
+
+def _trim_unchanged(
+    plan: TrimPlan, item_id: str, pk: str, etag: str, outbox: tuple[str | None, ...]
+) -> Generator[Request, Any, bool | None]:
+    """Trim at the positions of a copy whose ETag is known, guarded by that ETag (if-match):
+    True/False when decided, None when the item changed since (then guard by the IDs).
+
+    An unchanged item is exactly the copy, so its positions are right; a concurrent commit
+    changes the ETag, and its 412 sends the trim to the ID-guarded patches. Each patch's
+    answer carries the ETag for the next ten entries.
+    """
+    if not set(outbox) >= set(plan.entry_ids):
+        return None
+    next_etag: Any = etag
+    for ops, predicate in trim_patches(hinted(outbox)["outbox"], plan.entry_ids):
+        # Without an ETag to chain on, the IDs guard the rest: the patches before removed
+        # only higher positions, and commits only append.
+        guard = next_etag if isinstance(next_etag, str) and next_etag else None
+        answer = yield Patch(item_id, pk, ops, None if guard else predicate, guard)
+        if answer is Refusal.MISSING:
+            return False
+        if isinstance(answer, Refusal):
+            return None
+        next_etag = answer.get("_etag") if isinstance(answer, dict) else None
+    return True
 
 
 def _conditional(

@@ -50,7 +50,7 @@ from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMisma
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
-from docoutbox.store.document import ID, Document, partition_of
+from docoutbox.store.document import ID, REVISION, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -512,7 +512,7 @@ class DispatchEngine:
         fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in self.trimmed)]
         if len(fresh) == len(outbox):
             return doc
-        return {**doc, "outbox": fresh}
+        return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
 
     def _publish_flow(
         self, doc: Document, partition: int

@@ -35,7 +35,7 @@ from docoutbox.errors import (
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.retry import backoff
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.document import ID, Document
+from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
 
 
@@ -102,6 +102,8 @@ def dispatch_document(
     """Publish the document's pending entries in order, quarantine poison, trim in batches."""
     result = DispatchResult(doc[ID])
     stored = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
+    revision = revision if isinstance(revision, str) else None
     removable: list[str] = []
     trims: list[bool] = []
     blocked = False
@@ -129,12 +131,13 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
-            trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable, stored)))))
+            plan = plan_trim(result.aggregate_id, removable, stored, revision)
+            trims.append(bool((yield Write(plan))))
             gone = set(removable)
-            stored = [i for i in stored if i not in gone]
-            removable = []
+            stored, revision, removable = [i for i in stored if i not in gone], None, []
     if removable:
-        trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable, stored)))))
+        plan = plan_trim(result.aggregate_id, removable, stored, revision)
+        trims.append(bool((yield Write(plan))))
     result.trimmed = bool(trims) and all(trims)
     return result
 

@@ -54,15 +54,17 @@ class CommitPlan:
 class TrimPlan:
     """Remove the entries ``entry_ids`` from the outbox. Never touches ``version``.
 
-    ``outbox`` is a hint, not part of the plan: the entry IDs of the whole outbox in
-    stored order as the trimmer last saw it (None for an entry without an ID). A store
-    that removes entries by position (Cosmos DB) may aim its first attempt at those
-    positions, guarded by the IDs found there, and read only when the guard fails.
+    ``outbox`` and ``revision`` are hints, not part of the plan: the entry IDs of the
+    whole outbox in stored order as the trimmer last saw it (None for an entry without an
+    ID), and the store's tag of that copy, if known. A store that removes entries by
+    position (Cosmos DB) may aim its first attempt at those positions, guarded by the
+    revision or by the IDs found there, and read only when the guard fails.
     """
 
     aggregate_id: AggregateId
     entry_ids: tuple[str, ...]
     outbox: tuple[str | None, ...] | None = field(default=None, compare=False)
+    revision: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -179,10 +181,11 @@ def plan_trim(
     aggregate_id: AggregateId,
     entry_ids: Sequence[str],
     outbox: Sequence[str | None] | None = None,
+    revision: str | None = None,
 ) -> TrimPlan:
-    """``outbox``: the outbox's entry IDs in stored order, as a hint (see :class:`TrimPlan`)."""
+    """``outbox``, ``revision``: hints of where the entries are (see :class:`TrimPlan`)."""
     hint = None if outbox is None else tuple(outbox)
-    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint)
+    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint, revision)
 
 
 def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:

@@ -347,8 +347,13 @@ class RecordingContainer(ScriptedContainer):
         self.patches: list[tuple[list[dict[str, Any]], str]] = []
 
     def patch_item(self, **kwargs: Any) -> Any:
-        self.patches.append((kwargs["patch_operations"], kwargs["filter_predicate"]))
+        self.patches.append((kwargs["patch_operations"], kwargs.get("filter_predicate")))
+        self.etags.append(kwargs.get("etag"))
         return self._next("patch")
+
+    @property
+    def etags(self) -> list[str | None]:
+        return self.__dict__.setdefault("_etags", [])
 
 
 def test_a_trim_with_an_outbox_hint_is_one_patch_aimed_at_those_positions() -> None:
@@ -409,54 +414,57 @@ def test_the_dispatch_flow_hints_the_outbox_left_after_each_partial_trim() -> No
     ]  # the entry without an ID is never named, so it stays (and keeps its position)
 
 
-class ConcurrencyProbe(ScriptedContainer):
-    """Patches that wait until ``width`` of them are in flight at once (or time out)."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__([])
-        self.barrier = threading.Barrier(width, timeout=5)
-        self.order: list[str] = []
-        self.lock = threading.Lock()
-
-    def patch_item(self, **kwargs: Any) -> Any:
-        with self.lock:
-            self.order.append(kwargs["filter_predicate"])
-        if kwargs["item"] != "solo":
-            self.barrier.wait()
-        return {}
+def test_a_trim_from_a_copy_with_an_etag_is_one_if_match_patch() -> None:
+    container = RecordingContainer([{"_etag": "t2"}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e1"], ["e0", "e1"], "t1"))
+    assert container.calls == ["patch"]
+    assert container.patches == [([{"op": "remove", "path": "/outbox/1"}], None)]
+    assert container.etags == ["t1"]
 
 
-def test_write_many_trims_different_aggregates_concurrently_one_aggregate_in_order() -> None:
-    probe = ConcurrencyProbe(width=4)
-    backend = CosmosBackend(probe)
-    try:
-        plans = [plan_trim(f"a{i}", ["x"], ["x"]) for i in range(4)]
-        plans += [plan_trim("solo", ["y"], ["y"]), plan_trim("solo", ["z"], ["z"])]
-        # Serial writes would wait at the barrier forever (BrokenBarrierError after 5 s).
-        assert backend.write_many(plans) == [True] * 6
-        solo = [p for p in probe.order if '"y"' in p or '"z"' in p]
-        assert solo == ['FROM c WHERE c.outbox[0].id = "y"', 'FROM c WHERE c.outbox[0].id = "z"']
-    finally:
-        backend.close()
+def test_an_item_changed_since_the_copy_is_trimmed_by_the_ids_at_its_positions() -> None:
+    """A commit appended meanwhile (412 on the ETag): the IDs still at those positions guard
+    the next patch, so the appended entry is neither lost nor removed."""
+    container = RecordingContainer([http_error(412), {}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e0"], ["e0", "e1"], "t1"))
+    assert container.calls == ["patch", "patch"]
+    assert container.etags == ["t1", None]
+    assert container.patches[1][1] == 'FROM c WHERE c.outbox[0].id = "e0"'
 
 
-def test_write_many_raises_once_every_plan_was_attempted() -> None:
-    class Failing(ScriptedContainer):
-        def __init__(self) -> None:
-            super().__init__([])
-            self.items: list[str] = []
+def test_over_ten_entries_chain_each_patch_on_the_etag_the_last_one_returned() -> None:
+    ids = [f"e{i}" for i in range(12)]
+    container = RecordingContainer([{"_etag": "t2"}, {"_etag": "t3"}])
+    assert CosmosBackend(container).write(plan_trim("a", ids, ids, "t1"))
+    assert container.etags == ["t1", "t2"]
+    assert [len(ops) for ops, _ in container.patches] == [10, 2]
+    # Without an ETag in the first answer, the rest is guarded by the IDs.
+    container = RecordingContainer([{}, {}])
+    assert CosmosBackend(container).write(plan_trim("a", ids, ids, "t1"))
+    assert container.etags == ["t1", None]
 
-        def patch_item(self, **kwargs: Any) -> Any:
-            self.items.append(kwargs["item"])
-            if kwargs["item"] == "a1":
-                raise http_error(400)
-            return {}
 
-    container = Failing()
-    backend = CosmosBackend(container)
-    try:
-        with pytest.raises(PermanentStoreError):
-            backend.write_many([plan_trim(f"a{i}", ["x"], ["x"]) for i in range(3)])
-        assert sorted(container.items) == ["a0", "a1", "a2"]
-    finally:
-        backend.close()
+def test_the_change_feed_copy_carries_its_etag_and_the_flow_hints_it_once() -> None:
+    from docoutbox.dispatch.flow import DispatchPolicy, dispatch_document
+    from docoutbox.store.document import REVISION
+
+    entry = {
+        "type": "T",
+        "payload": {},
+        "headers": {},
+        "created_at": NOW,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = _doc_with([{**entry, "id": f"e{i}", "seq": i} for i in range(1, 4)])
+    doc[REVISION] = "t1"
+    flow = dispatch_document(doc, DispatchPolicy(trim_every=2), random.Random(0))
+    revisions: list[Any] = []
+    answer: Any = None
+    with contextlib.suppress(StopIteration):
+        while True:
+            op = flow.send(answer)
+            answer = True if isinstance(op, Write) else None
+            if isinstance(op, Write):
+                revisions.append(op.plan.revision)
+    assert revisions == ["t1", None]  # the first trim changes the ETag

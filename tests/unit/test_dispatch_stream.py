@@ -12,6 +12,7 @@ from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChan
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.store.document import REVISION
 from docoutbox_mongo.changes import MongoChangeSource
 
 
@@ -151,6 +152,15 @@ def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating()
     assert run_once() == ["Publish", "Write"]  # no Load: the event's copy is used
     engine.request(dict(doc))  # a stale copy, from before the trim
     assert run_once() == []  # nothing published again, nothing read
+    # A copy with entries trimmed since loses its store tag: it is no longer that copy.
+    stale = {**doc, "outbox": [entry, {**entry, "id": "e2", "seq": 2}], REVISION: "t1"}
+    kept = engine._unpublished(stale)
+    assert kept is not None and REVISION not in kept and len(kept["outbox"]) == 1
+    assert engine._unpublished({**doc, "outbox": [{**entry, "id": "e3"}], REVISION: "t1"}) == {
+        **doc,
+        "outbox": [{**entry, "id": "e3"}],
+        REVISION: "t1",
+    }
 
 
 def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_trip() -> None:
