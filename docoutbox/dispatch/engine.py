@@ -292,6 +292,7 @@ class DispatchEngine:
         """One turn of the loop; returns whether anything happened."""
         now = self._mono()
         for scope in self.ownership.take_acquired():
+            self.queue.drop_copies(scope)
             self.sweeps.append(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval

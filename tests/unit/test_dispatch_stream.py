@@ -274,3 +274,59 @@ def test_the_stream_is_not_polled_while_the_aggregates_in_hand_reach_max_backlog
         engine.finish(slot, RunOutcome.DONE)
     turn()
     assert len(polls) == 3
+
+
+class Regained:
+    """Owns every partition; reports partition 0 acquired (again) once asked to."""
+
+    def __init__(self) -> None:
+        self.acquired: list[frozenset[int] | None] = []
+
+    def start(self) -> None: ...
+
+    def stop(self, *, release: bool = True) -> None: ...
+
+    def owned(self) -> frozenset[int] | None:
+        return None
+
+    def enter(self, partition: int) -> bool:
+        return True
+
+    def leave(self, partition: int) -> None: ...
+
+    def valid(self, partition: int) -> bool:
+        return True
+
+    def take_acquired(self) -> list[frozenset[int] | None]:
+        taken, self.acquired = self.acquired, []
+        return taken
+
+
+def test_copies_queued_before_a_partition_is_regained_are_not_published_from() -> None:
+    """Another owner may have published and trimmed the entries meanwhile: reload."""
+    ownership = Regained()
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", partitions=2, sweep_interval=3600),
+        ownership,
+        stream=False,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    engine.sweeps.clear()
+    engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]})
+    engine.request({"_id": "b", "partition": 1, "outbox": [{"id": "e2"}]})
+    ownership.acquired = [frozenset({0})]
+    flow = engine.turn()
+    reply: Any = None
+    try:
+        while True:
+            op = flow.send(reply)
+            reply = [] if type(op).__name__ == "FindPending" else None
+    except StopIteration:
+        pass
+    slots = {slot.aggregate_id: slot.document for slot in engine.start_runs()}
+    assert slots["a"] is None  # reloaded
+    assert slots["b"] == {"_id": "b", "partition": 1, "outbox": [{"id": "e2"}]}
