@@ -372,13 +372,13 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        if (
-            len(self.tracker) >= self.config.max_outstanding
-            or self.queue.backlog() >= self.config.max_backlog
-        ):
-            return False  # enough in hand: memory stays bounded however long the backlog
+        # Events bring documents: at most max_backlog aggregates in hand, so memory stays
+        # bounded however long the backlog.
+        room = self.config.max_backlog - self.queue.backlog()
+        if len(self.tracker) >= self.config.max_outstanding or room <= 0:
+            return False
         try:
-            events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
+            events: list[ChangeEvent] = yield PollChanges(min(self.config.batch_size, room))
         except ChangeStreamLost as exc:
             log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
             self._resume, self._open = None, False
