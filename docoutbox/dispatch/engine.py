@@ -372,9 +372,9 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        # Events bring documents: at most max_backlog aggregates in hand, so memory stays
-        # bounded however long the backlog.
-        room = self.config.max_backlog - self.queue.backlog()
+        # Events bring documents: at most one batch of aggregates in hand (and never over
+        # max_backlog), so memory stays flat however long the backlog.
+        room = min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
         if len(self.tracker) >= self.config.max_outstanding or room <= 0:
             return False
         try:
