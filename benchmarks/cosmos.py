@@ -91,6 +91,30 @@ class Meter:
             return self.responses, self.charge
 
 
+class FeedCounter:
+    """A container whose change-feed responses (pages, and 304s) are counted on a meter;
+    everything else goes to the container itself."""
+
+    def __init__(self, container: Any, meter: Meter) -> None:
+        self._container = container
+        self._meter = meter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._container, name)
+
+    def query_items_change_feed(self, **kwargs: Any) -> Any:
+        hook = kwargs.get("response_hook")
+
+        def counted(headers: Any, result: Any) -> None:
+            with self._meter.lock:
+                self._meter.responses += 1
+                self._meter.charge += float(headers.get("x-ms-request-charge") or 0.0)
+            if hook is not None:
+                hook(headers, result)
+
+        return self._container.query_items_change_feed(**{**kwargs, "response_hook": counted})
+
+
 def _container(database: Any, prefix: str) -> Any:
     return database.create_container(f"{prefix}_{uuid.uuid4().hex[:8]}", PartitionKey("/id"))
 
@@ -328,9 +352,9 @@ def fill(container: Any, docs: int, per_doc: int, threads: int = 8) -> None:
         t.join()
 
 
-def raw_feed_read(container: Any, marker: Any) -> int:
+def raw_feed_read(container: Any, marker: Any, meter: Meter | None = None) -> int:
     """Entries in every item of the change feed after ``marker``, read page by page."""
-    source = CosmosChangeSource(container)
+    source = CosmosChangeSource(container if meter is None else FeedCounter(container, meter))
     source.open(marker)
     entries = 0
     while events := source.poll(1000):
@@ -338,15 +362,18 @@ def raw_feed_read(container: Any, marker: Any) -> int:
     return entries
 
 
-def dispatcher_drain(container: Any, marker: Any, expected: int) -> None:
+def dispatcher_drain(
+    container: Any, marker: Any, expected: int, meter: Meter | None = None
+) -> None:
     publisher = CountingPublisher()
     checkpoints = MemoryCheckpoints()
     checkpoints.save("bench", marker)
+    feed = container if meter is None else FeedCounter(container, meter)
     dispatcher = Dispatcher(
-        CosmosBackend(container),
+        CosmosBackend(container, on_charge=None if meter is None else meter.on_charge),
         publisher,
         MemoryDeadLetters(),
-        source=CosmosChangeSource(container),
+        source=CosmosChangeSource(feed),
         checkpoints=checkpoints,
         config=DispatcherConfig(
             name="bench", concurrency=8, sweep_interval=3600, poll_interval=0.005
@@ -370,18 +397,23 @@ def drain(database: Any, scale: Scale) -> Table:
     per_doc = 10
     docs = max(2, scale.dispatch_entries // per_doc)
     raw_rates, dispatch_rates = [], []
-    for _ in range(scale.warmup + max(1, scale.rounds // 3)):
+    raw_trips, dispatch_trips = [], []
+    for _ in range(scale.warmup + max(1, scale.rounds // 2)):
         container = _container(database, "drain")
         marker = CosmosChangeSource(container).start_marker()
         fill(container, docs, per_doc)
+        raw_meter, dispatch_meter = Meter(), Meter()
+        # The raw read first: the dispatcher's trims leave the feed's items empty.
         start = time.perf_counter()
-        entries = raw_feed_read(container, marker)
+        entries = raw_feed_read(container, marker, raw_meter)
         raw_rate = entries / (time.perf_counter() - start)
         if entries != docs * per_doc:
             raise AssertionError(f"raw read saw {entries} of {docs * per_doc} entries")
         start = time.perf_counter()
-        dispatcher_drain(container, marker, entries)
+        dispatcher_drain(container, marker, entries, dispatch_meter)
         dispatch_rate = entries / (time.perf_counter() - start)
+        raw_trips.append(raw_meter.snapshot()[0])
+        dispatch_trips.append(dispatch_meter.snapshot()[0])
         left = list(
             container.query_items(
                 "SELECT VALUE c.id FROM c WHERE ARRAY_LENGTH(c.outbox) > 0",
@@ -393,29 +425,45 @@ def drain(database: Any, scale: Scale) -> Table:
         raw_rates.append(raw_rate)
         dispatch_rates.append(dispatch_rate)
         database.delete_container(container.id)
-    raw_rates, dispatch_rates = raw_rates[scale.warmup :], dispatch_rates[scale.warmup :]
+    keep = slice(scale.warmup, None)
+    raw_rates, dispatch_rates = raw_rates[keep], dispatch_rates[keep]
+    raw_req, dispatch_req = median(raw_trips[keep]), median(dispatch_trips[keep])
+    entries = docs * per_doc
     table = Table(
         "cosmos_drain",
         f"Cosmos DB: dispatcher drain vs a raw change-feed read ({docs} aggregates x {per_doc})",
-        ["reader", "entries/s", "vs raw change-feed read"],
+        ["reader", "entries/s", "vs raw change-feed read", "requests", "entries / request"],
     )
-    table.add("raw change-feed read (all feed ranges)", median(raw_rates), "1.00x")
+    table.add(
+        "raw change-feed read (all feed ranges)",
+        median(raw_rates),
+        "1.00x",
+        raw_req,
+        entries / raw_req,
+    )
     ratio = paired_ratio(dispatch_rates, raw_rates)
     low, high = ratio_range(dispatch_rates, raw_rates)
     table.add(
         "dispatcher: publish + trim (concurrency 8)",
         median(dispatch_rates),
         f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
+        dispatch_req,
+        entries / dispatch_req,
     )
     table.figures = {
         "raw_per_s": median(raw_rates),
         "dispatcher_per_s": median(dispatch_rates),
         "vs_raw": ratio,
+        "vs_raw_iqr": [low, high],
+        "raw_requests": raw_req,
+        "dispatcher_requests": dispatch_req,
+        "rounds": len(raw_rates),
     }
     table.notes.append(
-        "The raw read only pages through the feed; the dispatcher also reloads each "
-        "aggregate, publishes (counting publisher) and trims (a read and a guarded patch). "
-        "Target: >= 0.7x."
+        "The raw read only pages through the feed; the dispatcher reads the same feed, "
+        "publishes from the feed's copy of each item (counting publisher) and trims it with "
+        "one patch guarded by the copy's ETag. Requests are counted from every response, "
+        "304s of an empty feed included. Target: >= 0.7x."
     )
     return table
 
@@ -445,7 +493,8 @@ def child(endpoint: str, database: str, container: str, expected: int) -> None:
 def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
     """Benchmark 4: peak memory of a dispatcher draining backlogs of two sizes."""
     per_doc = 10
-    sizes = [max(2, scale.mem_docs // 50), max(4, scale.mem_docs // 16)]
+    sizes = [max(2, scale.mem_docs // 200), max(3, scale.mem_docs // 50)]
+    sizes.append(max(4, scale.mem_docs // 16))
     table = Table(
         "cosmos_memory",
         "Cosmos DB: dispatcher memory over a backlog (peak RSS growth while draining)",
@@ -472,7 +521,8 @@ def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
         database.delete_container(container.id)
     table.notes.append(
         "Each drain runs in its own process; flat means the growth does not scale with the "
-        "backlog (the feed is paged, the tracker holds positions, not documents)."
+        "backlog: a poll reads at most batch_size items, and the stream is not polled while "
+        "max_backlog aggregates are in hand (each with the feed's copy of its document)."
     )
     return table
 
@@ -504,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint, db, container, count = args.child
         child(endpoint, db, container, int(count))
         return 0
-    scale = Scale.quick() if args.quick else replace(Scale(), messages=150, rounds=9)
+    scale = Scale.quick() if args.quick else replace(Scale(), messages=150, rounds=21)
     began = time.perf_counter()
     with cosmos_account() as account:
         tables = run(account, scale, args.only)

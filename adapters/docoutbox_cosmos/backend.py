@@ -79,7 +79,7 @@ class _Base:
             ids = self._outboxes.get(request.item_id)
         if ids is None:
             return None
-        return {"outbox": [{"id": entry_id} for entry_id in ids], flows.RECALLED: True}
+        return flows.hinted(ids)
 
     def document_size(self, document: Document) -> int:
         """An upper bound of the item's size: compact UTF-8 JSON plus ``id``, ``aid``, the
@@ -109,11 +109,16 @@ class _Base:
         if isinstance(request, flows.Create):
             return c.create_item, {"body": request.item, **self._hooks("create")}
         if isinstance(request, flows.Patch):
+            guard: dict[str, Any] = (
+                {"filter_predicate": request.predicate}
+                if request.etag is None
+                else {"etag": request.etag, "match_condition": MatchConditions.IfNotModified}
+            )
             return c.patch_item, {
                 "item": request.item_id,
                 "partition_key": request.partition_key,
                 "patch_operations": request.ops,
-                "filter_predicate": request.predicate,
+                **guard,
                 **self._hooks("patch"),
             }
         if isinstance(request, flows.Replace):

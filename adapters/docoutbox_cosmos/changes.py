@@ -13,6 +13,15 @@ but the last carries the position from *before* the page, and the last carries t
 position after it: resuming from a partly done page reads that page again (harmless,
 publishing is at least once), never skips its tail.
 
+Events are ``current``: in latest-version mode the feed delivers each item once, as it
+is at the time of the read (a later change of the item comes again, later in the feed),
+like MongoDB's ``updateLookup``. The dispatcher publishes from that copy and aims its
+trim at the positions it shows, without reading the item again; the copy's ``_etag``
+comes along under :data:`~docoutbox.store.document.REVISION` for that trim's if-match.
+
+A poll holds at most one page per feed range and at most ``max_events`` items in all
+(``max_item_count``), never the whole backlog.
+
 A continuation the service or the SDK refuses, or a position whose ranges do not tile
 the container's raise :class:`~docoutbox.errors.ChangeStreamLost`: the dispatcher then
 sweeps and restarts from :meth:`start_marker`. A split is not a loss: the position keeps
@@ -28,6 +37,7 @@ from typing import Any
 
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.store.document import REVISION, Document
 from docoutbox_cosmos.errors import translated, translated_feed
 from docoutbox_cosmos.items import ItemCodec
 
@@ -159,9 +169,19 @@ class _FeedReader:
         if not items:
             return []
         after = self._position()
-        events = [ChangeEvent(before, self.codec.to_document(item)) for item in items[:-1]]
-        events.append(ChangeEvent(after, self.codec.to_document(items[-1])))
+        # Latest-version mode: each item is the document as it was when read, so the
+        # dispatcher publishes from it without a reload.
+        docs = [self._document(item) for item in items]
+        events = [ChangeEvent(before, doc, current=True) for doc in docs[:-1]]
+        events.append(ChangeEvent(after, docs[-1], current=True))
         return events
+
+    def _document(self, item: dict[str, Any]) -> Document:
+        doc = self.codec.to_document(item)
+        etag = item.get("_etag")
+        if isinstance(etag, str) and etag:
+            doc[REVISION] = etag  # lets a trim aim at this copy's positions with if-match
+        return doc
 
     def _page_request(self, key: str, limit: int, hook: _LastHeaders) -> Any:
         assert self._tokens is not None

@@ -14,8 +14,11 @@ Rules kept here:
   ETag, never ``version``) re-reads and replaces again, so a trim never fails a commit;
 - a trim removes entries by index, guarded by the IDs at those indexes; it never touches
   ``version``; when another writer moved them (412) it re-reads and tries again. Its
-  first attempt uses the outbox remembered from the item's last read or write (the
-  dispatcher has just loaded it), so a trim is usually one request;
+  first attempt aims at the positions the plan's outbox hint gives (the dispatcher
+  publishes from the change feed's copy of the item), else at the outbox remembered from
+  the item's last read or write, so a trim is usually one request; a concurrent commit
+  only appends, so it never moves the positions aimed at, and its entries are never
+  named by the guard;
 - a failure record sets two fields of one entry, guarded the same way.
 """
 
@@ -76,10 +79,13 @@ class Create:
 
 @dataclass(frozen=True)
 class Patch:
+    """A patch guarded by a filter ``predicate``, or by ``etag`` (if-match) when set."""
+
     item_id: str
     partition_key: str
     ops: PatchOps
-    predicate: str
+    predicate: str | None
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,9 +124,16 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
         if patch is not None:
             answer = yield Patch(item_id, pk, *patch)
             return not isinstance(answer, Refusal)
+    if isinstance(plan, TrimPlan) and plan.revision is not None and plan.outbox is not None:
+        done = yield from _trim_unchanged(plan, item_id, pk, plan.revision, plan.outbox)
+        if done is not None:
+            return done
     recall = not isinstance(plan, CommitPlan)  # a trim first trusts the remembered outbox
     for _ in range(MAX_RACES):
-        item = yield (Recall(item_id, pk) if recall else Read(item_id, pk))
+        if recall and isinstance(plan, TrimPlan) and plan.outbox is not None:
+            item = hinted(plan.outbox)  # the positions the dispatcher saw: no request
+        else:
+            item = yield (Recall(item_id, pk) if recall else Read(item_id, pk))
         recall = False
         if item is None:
             return False
@@ -130,6 +143,37 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
     raise TransientStoreError(
         f"aggregate {plan.aggregate_id!r}: lost {MAX_RACES} races in a row; try again"
     )
+
+
+def hinted(outbox: tuple[str | None, ...]) -> Item:
+    """A recalled item built from a trim plan's outbox hint (entry IDs in stored order)."""
+    return {"outbox": [{"id": entry_id} for entry_id in outbox], RECALLED: True}
+
+
+def _trim_unchanged(
+    plan: TrimPlan, item_id: str, pk: str, etag: str, outbox: tuple[str | None, ...]
+) -> Generator[Request, Any, bool | None]:
+    """Trim at the positions of a copy whose ETag is known, guarded by that ETag (if-match):
+    True/False when decided, None when the item changed since (then guard by the IDs).
+
+    An unchanged item is exactly the copy, so its positions are right; a concurrent commit
+    changes the ETag, and its 412 sends the trim to the ID-guarded patches. Each patch's
+    answer carries the ETag for the next ten entries.
+    """
+    if not set(outbox) >= set(plan.entry_ids):
+        return None
+    next_etag: Any = etag
+    for ops, predicate in trim_patches(hinted(outbox)["outbox"], plan.entry_ids):
+        # Without an ETag to chain on, the IDs guard the rest: the patches before removed
+        # only higher positions, and commits only append.
+        guard = next_etag if isinstance(next_etag, str) and next_etag else None
+        answer = yield Patch(item_id, pk, ops, None if guard else predicate, guard)
+        if answer is Refusal.MISSING:
+            return False
+        if isinstance(answer, Refusal):
+            return None
+        next_etag = answer.get("_etag") if isinstance(answer, dict) else None
+    return True
 
 
 def _conditional(

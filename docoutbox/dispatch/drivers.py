@@ -144,15 +144,26 @@ async def write_many_async(backend: Any, plans: Sequence[WritePlan]) -> list[boo
     return [await backend.write(plan) for plan in plans]
 
 
+def _groups(backend: Any) -> bool:
+    """Whether ``backend`` writes several plans in one round trip (``write_many``).
+
+    Without it, grouping would only queue each run's trim behind the others': each run
+    writes its own, concurrently (Cosmos DB has no multi-item write across partitions).
+    """
+    return callable(getattr(backend, "write_many", None))
+
+
 class GroupWriter:
     """Trims of concurrent runs, written together: a group commit.
 
     The first caller writes everything queued in one :func:`write_many`; callers arriving
-    meanwhile queue up and are written by the next round, in one round trip for all.
+    meanwhile queue up and are written by the next round, in one round trip for all. A
+    backend without ``write_many`` is written to directly, concurrently.
     """
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
+        self._direct = not _groups(backend)
         self._queue: list[tuple[WritePlan, Future[bool]]] = []
         self._writing = False
         self._lock = threading.Lock()
@@ -161,6 +172,8 @@ class GroupWriter:
         self.plans = 0
 
     def write(self, plan: WritePlan) -> bool:
+        if self._direct:
+            return bool(self._backend.write(plan))
         future: Future[bool] = Future()
         with self._lock:
             self._queue.append((plan, future))
@@ -194,12 +207,15 @@ class AsyncGroupWriter:
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
+        self._direct = not _groups(backend)
         self._queue: list[tuple[WritePlan, asyncio.Future[bool]]] = []
         self._writing = False
         self.batches = 0
         self.plans = 0
 
     async def write(self, plan: WritePlan) -> bool:
+        if self._direct:
+            return bool(await self._backend.write(plan))
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._queue.append((plan, future))
         if not self._writing:

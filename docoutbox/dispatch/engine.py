@@ -50,7 +50,7 @@ from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMisma
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
-from docoutbox.store.document import ID, Document, partition_of
+from docoutbox.store.document import ID, REVISION, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -297,6 +297,7 @@ class DispatchEngine:
         """One turn of the loop; returns whether anything happened."""
         now = self._mono()
         for scope in self.ownership.take_acquired():
+            self.queue.drop_copies(scope)
             self.sweeps.append(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
@@ -393,10 +394,13 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        if len(self.tracker) >= self.config.max_outstanding:
+        # Events bring documents: at most one batch of aggregates in hand (and never over
+        # max_backlog), so memory stays flat however long the backlog.
+        room = min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
+        if len(self.tracker) >= self.config.max_outstanding or room <= 0:
             return False
         try:
-            events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
+            events: list[ChangeEvent] = yield PollChanges(min(self.config.batch_size, room))
         except ChangeStreamLost as exc:
             if exc.partitions is not None:
                 # Only those partitions' positions: the source restarted them from now.
@@ -541,7 +545,7 @@ class DispatchEngine:
         fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in self.trimmed)]
         if len(fresh) == len(outbox):
             return doc
-        return {**doc, "outbox": fresh}
+        return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
 
     def _publish_flow(
         self, doc: Document, partition: int

@@ -35,7 +35,7 @@ from docoutbox.errors import (
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.retry import backoff
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.document import ID, Document
+from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
 
 
@@ -101,6 +101,9 @@ def dispatch_document(
 ) -> Generator[DispatchOp, Any, DispatchResult]:
     """Publish the document's pending entries in order, quarantine poison, trim in batches."""
     result = DispatchResult(doc[ID])
+    stored = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
+    revision = revision if isinstance(revision, str) else None
     removable: list[str] = []
     trims: list[bool] = []
     blocked = False
@@ -128,12 +131,23 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
-            trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
-            removable = []
+            plan = plan_trim(result.aggregate_id, removable, stored, revision)
+            trims.append(bool((yield Write(plan))))
+            gone = set(removable)
+            stored, revision, removable = [i for i in stored if i not in gone], None, []
     if removable:
-        trims.append(bool((yield Write(plan_trim(result.aggregate_id, removable)))))
+        plan = plan_trim(result.aggregate_id, removable, stored, revision)
+        trims.append(bool((yield Write(plan))))
     result.trimmed = bool(trims) and all(trims)
     return result
+
+
+def _stored_ids(doc: Document) -> list[str | None]:
+    """The entry IDs of the document's outbox in stored order: a trim's position hint."""
+    outbox = doc.get("outbox") or []
+    return [
+        e["id"] if isinstance(e, dict) and isinstance(e.get("id"), str) else None for e in outbox
+    ]
 
 
 def _publish_with_retries(

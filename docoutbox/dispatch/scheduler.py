@@ -108,6 +108,15 @@ class AggregateQueue:
                     self._enqueue(aggregate_id)
             return Ticket(aggregate_id, gen)
 
+    def drop_copies(self, partitions: frozenset[int] | None) -> None:
+        """Forget the documents that came with requests in ``partitions`` (None: all), so
+        their runs load the aggregate: a partition just (re)acquired may have been
+        published and trimmed by another owner since those copies were read."""
+        with self._lock:
+            for agg in self._aggs.values():
+                if partitions is None or agg.partition in partitions:
+                    agg.document = None
+
     def done(self, ticket: Ticket) -> bool:
         with self._lock:
             agg = self._aggs.get(ticket.aggregate_id)

@@ -32,6 +32,10 @@ T = TypeVar("T")
 Document = dict[str, Any]
 
 ID = "_id"
+#: Where a change source may put an opaque tag of the stored copy an event's document is
+#: (Cosmos DB: the item's ``_etag``). Only trims use it, as a hint
+#: (:attr:`~docoutbox.store.plans.TrimPlan.revision`); it is never stored.
+REVISION = "_revision"
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -52,8 +52,19 @@ class CommitPlan:
 
 @dataclass(frozen=True)
 class TrimPlan:
+    """Remove the entries ``entry_ids`` from the outbox. Never touches ``version``.
+
+    ``outbox`` and ``revision`` are hints, not part of the plan: the entry IDs of the
+    whole outbox in stored order as the trimmer last saw it (None for an entry without an
+    ID), and the store's tag of that copy, if known. A store that removes entries by
+    position (Cosmos DB) may aim its first attempt at those positions, guarded by the
+    revision or by the IDs found there, and read only when the guard fails.
+    """
+
     aggregate_id: AggregateId
     entry_ids: tuple[str, ...]
+    outbox: tuple[str | None, ...] | None = field(default=None, compare=False)
+    revision: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -166,8 +177,15 @@ def plan_commit(
     return plan, entries
 
 
-def plan_trim(aggregate_id: AggregateId, entry_ids: Sequence[str]) -> TrimPlan:
-    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)))
+def plan_trim(
+    aggregate_id: AggregateId,
+    entry_ids: Sequence[str],
+    outbox: Sequence[str | None] | None = None,
+    revision: str | None = None,
+) -> TrimPlan:
+    """``outbox``, ``revision``: hints of where the entries are (see :class:`TrimPlan`)."""
+    hint = None if outbox is None else tuple(outbox)
+    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint, revision)
 
 
 def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:

@@ -79,6 +79,28 @@ def test_trims_never_fail_a_single_writers_commit(container: Any) -> None:
     assert store.get("hot").version == 150
 
 
+def test_a_trim_aimed_by_an_older_copy_keeps_a_concurrent_append(container: Any) -> None:
+    """The dispatcher trims at the positions of its copy of the item (one patch, no read):
+    an entry appended since is neither lost nor removed, ``version`` does not move, and a
+    copy whose positions moved costs a read, never a wrong removal."""
+    requests: list[str] = []
+    store = AggregateStore(CosmosBackend(container), Counter)
+    store.handle("a", add_msg("m1", emits=3), counter_handlers, create=True)
+    copy = [e.id for e in store.get("a").outbox]  # the dispatcher's copy
+    assert store.handle("a", add_msg("m2"), counter_handlers).applied  # appended since
+    trimmer = CosmosBackend(container, on_charge=lambda kind, *_: requests.append(kind))
+    assert trimmer.write(plan_trim("a", copy[:2], copy))
+    assert requests == ["patch"]
+    after = store.get("a")
+    assert [e.seq for e in after.outbox] == [3, 4] and after.version == 2
+    assert store.handle("a", add_msg("m3"), counter_handlers).attempts == 1
+    requests.clear()
+    assert trimmer.write(plan_trim("a", [copy[2]], copy))  # copy[2] moved from 2 to 0
+    assert "read" in requests
+    after = store.get("a")
+    assert [e.seq for e in after.outbox] == [4, 5] and after.version == 3
+
+
 def test_commits_over_ten_patch_operations_keep_untrimmed_entries(container: Any) -> None:
     """Twelve emits need more than one patch: the ETag-guarded replace takes them, and
     partial trims in between keep exactly the entries they did not name."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import string
 import threading
@@ -19,8 +20,9 @@ from docoutbox.errors import (
     PermanentStoreError,
     TransientStoreError,
 )
+from docoutbox.store.core import Write
 from docoutbox.store.document import ID, new_document
-from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan
+from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan, plan_trim
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
 from docoutbox_cosmos.coordination import CosmosLeaseTable
@@ -335,3 +337,134 @@ def test_lease_renewals_are_sent_concurrently() -> None:
     table.renew(range(16), "me", NOW)
     assert len(container.patched) == 16
     assert container.most > 1
+
+
+class RecordingContainer(ScriptedContainer):
+    """A scripted container that also records each patch's operations and predicate."""
+
+    def __init__(self, script: list[Any]) -> None:
+        super().__init__(script)
+        self.patches: list[tuple[list[dict[str, Any]], str]] = []
+
+    def patch_item(self, **kwargs: Any) -> Any:
+        self.patches.append((kwargs["patch_operations"], kwargs.get("filter_predicate")))
+        self.etags.append(kwargs.get("etag"))
+        return self._next("patch")
+
+    @property
+    def etags(self) -> list[str | None]:
+        return self.__dict__.setdefault("_etags", [])
+
+
+def test_a_trim_with_an_outbox_hint_is_one_patch_aimed_at_those_positions() -> None:
+    container = RecordingContainer([{}])
+    backend = CosmosBackend(container)
+    assert backend.write(plan_trim("a", ["e1", "e2"], ["e0", "e1", "e2", None]))
+    assert container.calls == ["patch"]  # no read: the dispatcher's copy gave the positions
+    ops, predicate = container.patches[0]
+    assert ops == [{"op": "remove", "path": "/outbox/2"}, {"op": "remove", "path": "/outbox/1"}]
+    assert predicate == 'FROM c WHERE c.outbox[2].id = "e2" AND c.outbox[1].id = "e1"'
+
+
+def test_a_stale_outbox_hint_costs_a_read_never_a_wrong_removal() -> None:
+    codec = ItemCodec()
+    moved = codec.to_item(_doc_with([{"id": "e1"}, {"id": "e5"}]))  # e0 went meanwhile
+    container = RecordingContainer([http_error(412), moved, {}])
+    backend = CosmosBackend(container)
+    assert backend.write(plan_trim("a", ["e1"], ["e0", "e1"]))
+    assert container.calls == ["patch", "read", "patch"]
+    assert [p[1] for p in container.patches] == [
+        'FROM c WHERE c.outbox[1].id = "e1"',
+        'FROM c WHERE c.outbox[0].id = "e1"',
+    ]
+    # A hint without some of the IDs (they may be newer than the copy) reads first.
+    container = RecordingContainer([moved, {}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e1", "e5"], ["e1"]))
+    assert container.calls == ["read", "patch"]
+
+
+def test_the_dispatch_flow_hints_the_outbox_left_after_each_partial_trim() -> None:
+    from docoutbox.dispatch.flow import DispatchPolicy, Publish, dispatch_document
+
+    entry = {
+        "type": "T",
+        "payload": {},
+        "headers": {},
+        "created_at": NOW,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = _doc_with([{**entry, "id": f"e{i}", "seq": i} for i in range(1, 6)])
+    doc["outbox"].insert(2, {"seq": 0})  # malformed: quarantined, keeps its position
+    flow = dispatch_document(doc, DispatchPolicy(trim_every=2), random.Random(0))
+    trims: list[Any] = []
+    answer: Any = None
+    with contextlib.suppress(StopIteration):
+        while True:
+            op = flow.send(answer)
+            answer = True if isinstance(op, Write) else None
+            if isinstance(op, Write):
+                trims.append(op.plan)
+            assert isinstance(op, Publish | Write) or type(op).__name__ == "Quarantine"
+    assert [t.entry_ids for t in trims] == [("e1", "e2"), ("e3", "e4"), ("e5",)]
+    assert [t.outbox for t in trims] == [
+        ("e1", "e2", None, "e3", "e4", "e5"),
+        (None, "e3", "e4", "e5"),
+        (None, "e5"),
+    ]  # the entry without an ID is never named, so it stays (and keeps its position)
+
+
+def test_a_trim_from_a_copy_with_an_etag_is_one_if_match_patch() -> None:
+    container = RecordingContainer([{"_etag": "t2"}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e1"], ["e0", "e1"], "t1"))
+    assert container.calls == ["patch"]
+    assert container.patches == [([{"op": "remove", "path": "/outbox/1"}], None)]
+    assert container.etags == ["t1"]
+
+
+def test_an_item_changed_since_the_copy_is_trimmed_by_the_ids_at_its_positions() -> None:
+    """A commit appended meanwhile (412 on the ETag): the IDs still at those positions guard
+    the next patch, so the appended entry is neither lost nor removed."""
+    container = RecordingContainer([http_error(412), {}])
+    assert CosmosBackend(container).write(plan_trim("a", ["e0"], ["e0", "e1"], "t1"))
+    assert container.calls == ["patch", "patch"]
+    assert container.etags == ["t1", None]
+    assert container.patches[1][1] == 'FROM c WHERE c.outbox[0].id = "e0"'
+
+
+def test_over_ten_entries_chain_each_patch_on_the_etag_the_last_one_returned() -> None:
+    ids = [f"e{i}" for i in range(12)]
+    container = RecordingContainer([{"_etag": "t2"}, {"_etag": "t3"}])
+    assert CosmosBackend(container).write(plan_trim("a", ids, ids, "t1"))
+    assert container.etags == ["t1", "t2"]
+    assert [len(ops) for ops, _ in container.patches] == [10, 2]
+    # Without an ETag in the first answer, the rest is guarded by the IDs.
+    container = RecordingContainer([{}, {}])
+    assert CosmosBackend(container).write(plan_trim("a", ids, ids, "t1"))
+    assert container.etags == ["t1", None]
+
+
+def test_the_change_feed_copy_carries_its_etag_and_the_flow_hints_it_once() -> None:
+    from docoutbox.dispatch.flow import DispatchPolicy, dispatch_document
+    from docoutbox.store.document import REVISION
+
+    entry = {
+        "type": "T",
+        "payload": {},
+        "headers": {},
+        "created_at": NOW,
+        "aggregate_id": "a",
+        "aggregate_type": "Counter",
+    }
+    doc = _doc_with([{**entry, "id": f"e{i}", "seq": i} for i in range(1, 4)])
+    doc[REVISION] = "t1"
+    flow = dispatch_document(doc, DispatchPolicy(trim_every=2), random.Random(0))
+    revisions: list[Any] = []
+    answer: Any = None
+    with contextlib.suppress(StopIteration):
+        while True:
+            op = flow.send(answer)
+            answer = True if isinstance(op, Write) else None
+            if isinstance(op, Write):
+                revisions.append(op.plan.revision)
+    assert revisions == ["t1", None]  # the first trim changes the ETag

@@ -12,6 +12,7 @@ from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChan
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.store.document import REVISION
 from docoutbox_mongo.changes import MongoChangeSource
 
 
@@ -151,6 +152,15 @@ def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating()
     assert run_once() == ["Publish", "Write"]  # no Load: the event's copy is used
     engine.request(dict(doc))  # a stale copy, from before the trim
     assert run_once() == []  # nothing published again, nothing read
+    # A copy with entries trimmed since loses its store tag: it is no longer that copy.
+    stale = {**doc, "outbox": [entry, {**entry, "id": "e2", "seq": 2}], REVISION: "t1"}
+    kept = engine._unpublished(stale)
+    assert kept is not None and REVISION not in kept and len(kept["outbox"]) == 1
+    assert engine._unpublished({**doc, "outbox": [{**entry, "id": "e3"}], REVISION: "t1"}) == {
+        **doc,
+        "outbox": [{**entry, "id": "e3"}],
+        REVISION: "t1",
+    }
 
 
 def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_trip() -> None:
@@ -218,3 +228,106 @@ def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
     engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
     [slot] = engine.start_runs()
     assert type(next(engine.run(slot))).__name__ == "Load"
+
+
+def test_the_stream_is_not_polled_while_the_aggregates_in_hand_reach_max_backlog() -> None:
+    """Events bring whole documents: polling on would hold the whole backlog in memory.
+    At most one batch (here max_backlog, the smaller) is in hand."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", max_backlog=3, batch_size=4),
+        SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    counter = iter(range(1000))
+    polls: list[int] = []
+
+    def turn() -> None:
+        flow = engine.turn()
+        reply: Any = None
+        try:
+            while True:
+                op = flow.send(reply)
+                reply = None
+                if isinstance(op, PollChanges):
+                    polls.append(op.max_events)
+                    reply = [
+                        ChangeEvent(
+                            {"n": n}, {"_id": f"a{n}", "outbox": [{"id": f"e{n}"}]}, current=True
+                        )
+                        for n in (next(counter) for _ in range(op.max_events))
+                    ]
+                elif type(op).__name__ == "StartMarker":
+                    reply = {"n": -1}
+                elif type(op).__name__ == "FindPending":
+                    reply = []  # the start-up sweep finds nothing
+        except StopIteration:
+            pass
+
+    for _ in range(5):
+        turn()
+    assert polls == [3] and engine.queue.backlog() == 3  # then it holds off
+    [slot, *_] = engine.start_runs()
+    engine.finish(slot, RunOutcome.DONE)
+    turn()
+    assert polls == [3, 1]
+
+
+class Regained:
+    """Owns every partition; reports partition 0 acquired (again) once asked to."""
+
+    def __init__(self) -> None:
+        self.acquired: list[frozenset[int] | None] = []
+
+    def start(self) -> None: ...
+
+    def stop(self, *, release: bool = True) -> None: ...
+
+    def owned(self) -> frozenset[int] | None:
+        return None
+
+    def enter(self, partition: int) -> bool:
+        return True
+
+    def leave(self, partition: int) -> None: ...
+
+    def valid(self, partition: int) -> bool:
+        return True
+
+    def take_acquired(self) -> list[frozenset[int] | None]:
+        taken, self.acquired = self.acquired, []
+        return taken
+
+
+def test_copies_queued_before_a_partition_is_regained_are_not_published_from() -> None:
+    """Another owner may have published and trimmed the entries meanwhile: reload."""
+    ownership = Regained()
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", partitions=2, sweep_interval=3600),
+        ownership,
+        stream=False,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    engine.sweeps.clear()
+    engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]})
+    engine.request({"_id": "b", "partition": 1, "outbox": [{"id": "e2"}]})
+    ownership.acquired = [frozenset({0})]
+    flow = engine.turn()
+    reply: Any = None
+    try:
+        while True:
+            op = flow.send(reply)
+            reply = [] if type(op).__name__ == "FindPending" else None
+    except StopIteration:
+        pass
+    slots = {slot.aggregate_id: slot.document for slot in engine.start_runs()}
+    assert slots["a"] is None  # reloaded
+    assert slots["b"] == {"_id": "b", "partition": 1, "outbox": [{"id": "e2"}]}

@@ -73,6 +73,54 @@ def test_a_backend_without_write_many_is_written_plan_by_plan() -> None:
     assert [e["id"] for e in backend.docs["a0"]["outbox"]] == ids["a0"][1:]
 
 
+def test_without_write_many_each_run_writes_its_own_trim_concurrently() -> None:
+    """Queueing behind a leader would only serialize trims that cannot share a request
+    (Cosmos DB): four writers must be in the backend at once."""
+
+    class OnePerRequest:
+        def __init__(self) -> None:
+            self.barrier = threading.Barrier(4, timeout=5)
+
+        def write(self, plan: WritePlan) -> bool:
+            self.barrier.wait()  # BrokenBarrierError if the writes come one by one
+            return True
+
+    class AsyncOnePerRequest:
+        def __init__(self) -> None:
+            self.inside = 0
+            self.most = 0
+
+        async def write(self, plan: WritePlan) -> bool:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            await asyncio.sleep(0.01)
+            self.inside -= 1
+            return True
+
+    writer = GroupWriter(OnePerRequest())
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(writer.write(plan_trim(f"a{i}", ["e"]))))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 4
+
+    backend = AsyncOnePerRequest()
+    awriter = AsyncGroupWriter(backend)
+
+    async def main() -> list[bool]:
+        return list(
+            await asyncio.gather(*(awriter.write(plan_trim(f"a{i}", ["e"])) for i in range(4)))
+        )
+
+    assert asyncio.run(main()) == [True] * 4
+    assert backend.most == 4
+
+
 def test_async_trims_share_round_trips() -> None:
     class AsyncSlowBulk:
         def __init__(self) -> None:
