@@ -1,15 +1,26 @@
 """Azure Cosmos DB adapter for docoutbox: azure-cosmos sync and aio, change feed, leases."""
 
+from docoutbox_cosmos.aio import (
+    AsyncCosmosChangeSource,
+    AsyncCosmosCheckpoints,
+    AsyncCosmosDeadLetters,
+    AsyncCosmosDispatchTarget,
+    connect_dispatch_async,
+)
 from docoutbox_cosmos.backend import AsyncCosmosBackend, ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
 from docoutbox_cosmos.errors import Throttled
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, decode_id, encode_id
-from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch
+from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch, tls_options
 
 __all__ = [
     "MAX_ITEM_BYTES",
     "AsyncCosmosBackend",
+    "AsyncCosmosChangeSource",
+    "AsyncCosmosCheckpoints",
+    "AsyncCosmosDeadLetters",
+    "AsyncCosmosDispatchTarget",
     "ChargeHook",
     "CosmosBackend",
     "CosmosChangeSource",
@@ -20,6 +31,8 @@ __all__ = [
     "ItemCodec",
     "Throttled",
     "connect_dispatch",
+    "connect_dispatch_async",
     "decode_id",
     "encode_id",
+    "tls_options",
 ]

@@ -56,6 +56,33 @@ def _covers(tokens: Mapping[str, str], current: Mapping[str, Any]) -> bool:
     return all(a[1] == b[0] for a, b in pairwise(saved))
 
 
+def opened_tokens(position: Position, current: Mapping[str, Any]) -> dict[str, str]:
+    """The continuation per feed range of ``position``, checked against the ``current``
+    ranges; :class:`~docoutbox.errors.ChangeStreamLost` when it cannot be resumed."""
+    tokens = position.get("ranges") if isinstance(position, Mapping) else None
+    if (
+        not isinstance(position, Mapping)
+        or position.get("v") != 1
+        or not isinstance(tokens, Mapping)
+        or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
+    ):
+        raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
+    if not _covers(tokens, current):
+        raise ChangeStreamLost("the checkpoint's feed ranges do not cover the container's")
+    return dict(tokens)
+
+
+def page_events(
+    codec: ItemCodec, before: Position, after: Position, items: list[dict[str, Any]]
+) -> list[ChangeEvent]:
+    """The events of one page: all but the last at ``before``, the last at ``after``."""
+    if not items:
+        return []
+    events = [ChangeEvent(before, codec.to_document(item)) for item in items[:-1]]
+    events.append(ChangeEvent(after, codec.to_document(items[-1])))
+    return events
+
+
 class _LastHeaders:
     """A ``response_hook`` keeping the newest response headers of one pager.
 
@@ -115,17 +142,7 @@ class CosmosChangeSource:
         return {"v": 1, "ranges": tokens}
 
     def open(self, position: Position) -> None:
-        tokens = position.get("ranges") if isinstance(position, Mapping) else None
-        if (
-            not isinstance(position, Mapping)
-            or position.get("v") != 1
-            or not isinstance(tokens, Mapping)
-            or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
-        ):
-            raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
-        if not _covers(tokens, self.feed_ranges()):
-            raise ChangeStreamLost("the checkpoint's feed ranges do not cover the container's")
-        self._tokens = dict(tokens)
+        self._tokens = opened_tokens(position, self.feed_ranges())
         self._next = 0
 
     def _position(self) -> Position:
@@ -161,12 +178,7 @@ class CosmosChangeSource:
             except (ValueError, KeyError, TypeError) as exc:  # the SDK parses the token
                 raise ChangeStreamLost(f"unusable change feed continuation: {exc!r}") from exc
         self._tokens[key] = hook.continuation()
-        if not items:
-            return []
-        after = self._position()
-        events = [ChangeEvent(before, self.codec.to_document(item)) for item in items[:-1]]
-        events.append(ChangeEvent(after, self.codec.to_document(items[-1])))
-        return events
+        return page_events(self.codec, before, self._position(), items)
 
     def close(self) -> None:
         self._tokens = None

@@ -42,6 +42,34 @@ def _expiry(value: object) -> datetime | None:
     return parsed if isinstance(parsed, datetime) else None
 
 
+def checkpoint_item(name: str, position: Position) -> dict[str, Any]:
+    """The checkpoint item of dispatcher ``name`` (sync and aio write the same)."""
+    item_id = encode_id(name)
+    body = {"id": item_id, "name": name, "position": to_json(position)}
+    body["updated_at"] = format_time(utcnow())
+    return body
+
+
+def dead_letter_item(
+    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+) -> dict[str, Any]:
+    """The dead-letter item of ``entry``: its ID is derived from the entry's, so a second
+    ``put`` of the same entry is a 409 (sync and aio write the same)."""
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+    return {
+        "id": encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32]),
+        "entry_id": entry_id,
+        "aggregate_id": aggregate_id,
+        "entry": to_json(entry),
+        "error": error,
+        "attempts": attempts,
+        "quarantined_at": format_time(utcnow()),
+    }
+
+
 class CosmosCheckpoints:
     def __init__(self, container: Any) -> None:
         self.container = container
@@ -58,11 +86,8 @@ class CosmosCheckpoints:
         return item.get("position")
 
     def save(self, name: str, position: Position) -> None:
-        item_id = encode_id(name)
-        body = {"id": item_id, "name": name, "position": to_json(position)}
-        body["updated_at"] = format_time(utcnow())
         with translated():
-            self.container.upsert_item(body)
+            self.container.upsert_item(checkpoint_item(name, position))
 
 
 class CosmosLeaseTable:
@@ -202,20 +227,7 @@ class CosmosDeadLetters:
     def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None:
-        entry_id = entry.get("id")
-        if not isinstance(entry_id, str) or not entry_id:
-            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-        item_id = encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32])
-        body = {
-            "id": item_id,
-            "entry_id": entry_id,
-            "aggregate_id": aggregate_id,
-            "entry": to_json(entry),
-            "error": error,
-            "attempts": attempts,
-            "quarantined_at": format_time(utcnow()),
-        }
+        body = dead_letter_item(aggregate_id, entry, error, attempts)
         with translated(aggregate_id):
             try:
                 self.container.create_item(body)

@@ -41,6 +41,36 @@ def open_client(endpoint: str, key: str, **options: Any) -> Any:
         raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
 
 
+def base_options(timeout: float) -> dict[str, Any]:
+    """Client options of the dispatcher: fail fast on an unreachable account."""
+    return {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
+
+
+def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str, Any]:
+    """Client options for an ``https://`` endpoint whose certificate is not signed by a
+    public authority (the official emulator, a private CA): trust the PEM certificates of
+    ``ca_file``, or, with ``insecure``, do not check the certificate at all (anyone on the
+    path could then read the traffic). Both the sync and the aio client take them.
+
+    Raises :class:`~docoutbox.errors.PermanentStoreError` for both at once or an unreadable
+    file.
+    """
+    if ca_file and insecure:
+        raise PermanentStoreError("give either a CA file or insecure, not both")
+    if insecure:
+        return {"connection_verify": False}
+    if not ca_file:
+        return {}
+    try:
+        with open(ca_file, "rb") as pem:
+            head = pem.read(4096)
+    except OSError as exc:
+        raise PermanentStoreError(f"cannot read the CA file {ca_file!r}: {exc}") from exc
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise PermanentStoreError(f"the CA file {ca_file!r} holds no PEM certificate")
+    return {"connection_verify": ca_file}
+
+
 def coordination_container(database: Any, name: str) -> Any:
     """The container ``name`` (partitioned on ``/id``), created when missing.
 
@@ -76,8 +106,7 @@ def connect_dispatch(
     Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
     account, or a missing database or container.
     """
-    options: dict[str, Any] = {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
-    client = open_client(endpoint, key, **{**options, **(client_options or {})})
+    client = open_client(endpoint, key, **{**base_options(timeout), **(client_options or {})})
     try:
         with translated():
             db = client.get_database_client(database)
@@ -97,6 +126,20 @@ def connect_dispatch(
         raise
 
 
+def cli_tls_options(args: Any) -> dict[str, Any]:
+    """:func:`tls_options` from ``--cosmos-ca-file`` / ``--cosmos-insecure``, if given."""
+    insecure = bool(getattr(args, "cosmos_insecure", False))
+    options = tls_options(getattr(args, "cosmos_ca_file", None), insecure)
+    if insecure:
+        import warnings
+
+        from urllib3.exceptions import InsecureRequestWarning
+
+        # Said once, loudly, by the command; not once per request.
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+    return options
+
+
 def connect_cli(args: Any) -> CosmosDispatchTarget:
     """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
     return connect_dispatch(
@@ -105,4 +148,19 @@ def connect_cli(args: Any) -> CosmosDispatchTarget:
         args.db,
         args.collection,
         timeout=args.server_timeout,
+        client_options=cli_tls_options(args),
+    )
+
+
+async def connect_cli_async(args: Any) -> Any:
+    """:func:`~docoutbox_cosmos.aio.connect_dispatch_async` from the same arguments."""
+    from docoutbox_cosmos.aio import connect_dispatch_async
+
+    return await connect_dispatch_async(
+        args.cosmos_endpoint,
+        args.cosmos_key,
+        args.db,
+        args.collection,
+        timeout=args.server_timeout,
+        client_options=cli_tls_options(args),
     )
