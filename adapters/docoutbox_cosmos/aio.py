@@ -171,13 +171,36 @@ class AsyncCosmosDispatchTarget:
         self.lease_client.close()
 
 
+def _transport() -> Any:
+    """An aiohttp transport that accepts the SDK's empty client certificate.
+
+    With an ``ssl_config`` (how a CA file is given), ``azure.cosmos.aio`` sends every
+    request with ``connection_cert=(None, None)``, which azure-core's aiohttp transport
+    loads as a certificate chain and fails on; the sync transport ignores it. This drops
+    that empty pair, nothing else.
+    """
+    from azure.core.pipeline.transport import AioHttpTransport
+
+    class Transport(AioHttpTransport):  # type: ignore[misc]
+        async def send(self, request: Any, **config: Any) -> Any:
+            cert = config.get("connection_cert")
+            if isinstance(cert, tuple) and not any(cert):
+                del config["connection_cert"]
+            return await super().send(request, **config)
+
+    return Transport()
+
+
 def open_async_client(endpoint: str, key: str, **options: Any) -> Any:
     """An ``azure.cosmos.aio.CosmosClient``, with the same options as
-    :func:`~docoutbox_cosmos.wiring.open_client`."""
+    :func:`~docoutbox_cosmos.wiring.open_client` (the CA file of
+    :func:`~docoutbox_cosmos.wiring.tls_options` included)."""
     from azure.cosmos.aio import CosmosClient
 
     if endpoint.startswith("http://"):
         options.setdefault("enable_endpoint_discovery", False)
+    if options.get("ssl_config") is not None and "transport" not in options:
+        options["transport"] = _transport()
     try:
         with translated():
             return CosmosClient(endpoint, key, **options)

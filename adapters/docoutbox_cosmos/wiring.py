@@ -52,6 +52,10 @@ def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str,
     ``ca_file``, or, with ``insecure``, do not check the certificate at all (anyone on the
     path could then read the traffic). Both the sync and the aio client take them.
 
+    The CA file goes in an ``ssl_config`` as well as ``connection_verify``: azure-cosmos
+    ignores a ``connection_verify`` path otherwise, and, for ``localhost``/``127.0.0.1``
+    endpoints, checks no certificate at all unless an ``ssl_config`` is given.
+
     Raises :class:`~docoutbox.errors.PermanentStoreError` for both at once or an unreadable
     file.
     """
@@ -68,7 +72,11 @@ def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str,
         raise PermanentStoreError(f"cannot read the CA file {ca_file!r}: {exc}") from exc
     if b"-----BEGIN CERTIFICATE-----" not in head:
         raise PermanentStoreError(f"the CA file {ca_file!r} holds no PEM certificate")
-    return {"connection_verify": ca_file}
+    from azure.cosmos.documents import SSLConfiguration
+
+    config = SSLConfiguration()
+    config.SSLCaCerts = ca_file
+    return {"connection_verify": ca_file, "ssl_config": config}
 
 
 def coordination_container(database: Any, name: str) -> Any:
