@@ -502,6 +502,8 @@ def _dispatch_async(
         seen.close()
         target.close()
         return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
+    if seen.endpoint is not None:
+        log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
     try:
         asyncio.run(main())
     except PartitionMismatch as exc:
