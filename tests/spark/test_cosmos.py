@@ -140,10 +140,11 @@ def test_audit_and_export_read_cosmos_from_the_command_line(
     assert found["totals"]["documents"] == len(planted.producer(big=False)) + 1
 
     snapshot = tmp_path / "snapshot"
-    assert main(["export", *common, "--reader", "cosmos", "--out", str(snapshot)]) == 0
+    export = ["export", *common[:6], "--reader", "cosmos", "--progress-interval", "0"]
+    assert main([*export, "--out", str(snapshot)]) == 0
     manifest = json.loads((snapshot / "manifest.json").read_text())
-    assert manifest["counts"]["producer"] == manifest["collection_counts"]["producer"]
-    assert manifest["counts"]["dead_letters"] == len(planted.dead_letters())
+    assert manifest["counts"] == {"producer": len(planted.producer(big=False)) + 1}
+    assert manifest["collection_counts"]["producer"] == manifest["counts"]["producer"]
 
     missing = [*common[:4], "--container", "no_such_container", "--progress-interval", "0"]
     assert main(["audit", *missing]) == 1
