@@ -173,3 +173,25 @@ def test_insecure_skips_the_check_and_says_so(tls_server: CosmosServer, database
     assert len(warnings) == 1 and "WARNING" in warnings[0], err
     assert "InsecureRequestWarning" not in err  # said once by us, not once per request
     assert KEY not in err
+
+
+def test_the_spark_data_source_trusts_the_same_ca_file(
+    tls_server: CosmosServer, database: Any
+) -> None:
+    from azure.core.exceptions import ServiceRequestError
+
+    from docoutbox_spark.cosmos_source import CosmosReader
+    from docoutbox_spark.schema import RAW_DOCUMENT_SCHEMA
+
+    assert tls_server.tls is not None
+    create_container(database, "aggs")
+    options = {
+        "endpoint": tls_server.endpoint,
+        "key": KEY,
+        "database": database.id,
+        "container": "aggs",
+    }
+    trusted = CosmosReader({**options, "ca_file": tls_server.tls[0]}, RAW_DOCUMENT_SCHEMA)
+    assert len(trusted.partitions()) == 2  # one Spark partition per feed range
+    with pytest.raises(ServiceRequestError, match="CERTIFICATE_VERIFY_FAILED"):
+        CosmosReader(options, RAW_DOCUMENT_SCHEMA).partitions()
