@@ -1,5 +1,6 @@
 """Azure Cosmos DB adapter for docoutbox: azure-cosmos sync and aio, change feed, leases."""
 
+from docoutbox_cosmos.aio import AsyncCosmosDispatchTarget, connect_dispatch_async
 from docoutbox_cosmos.backend import AsyncCosmosBackend, ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 from docoutbox_cosmos.coordination import (
@@ -12,7 +13,7 @@ from docoutbox_cosmos.coordination import (
 from docoutbox_cosmos.errors import Throttled
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, decode_id, encode_id
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
-from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch
+from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch, tls_options
 
 __all__ = [
     "MAX_ITEM_BYTES",
@@ -20,6 +21,7 @@ __all__ = [
     "AsyncCosmosChangeSource",
     "AsyncCosmosCheckpoints",
     "AsyncCosmosDeadLetters",
+    "AsyncCosmosDispatchTarget",
     "ChargeHook",
     "CosmosBackend",
     "CosmosChangeSource",
@@ -32,6 +34,8 @@ __all__ = [
     "LeasedChangeSource",
     "Throttled",
     "connect_dispatch",
+    "connect_dispatch_async",
     "decode_id",
     "encode_id",
+    "tls_options",
 ]

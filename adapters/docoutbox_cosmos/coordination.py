@@ -46,6 +46,34 @@ def _expiry(value: object) -> datetime | None:
     return parsed if isinstance(parsed, datetime) else None
 
 
+def checkpoint_item(name: str, position: Position) -> dict[str, Any]:
+    """The checkpoint item of dispatcher ``name`` (sync and aio write the same)."""
+    item_id = encode_id(name)
+    body = {"id": item_id, "name": name, "position": to_json(position)}
+    body["updated_at"] = format_time(utcnow())
+    return body
+
+
+def dead_letter_item(
+    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+) -> dict[str, Any]:
+    """The dead-letter item of ``entry``: its ID is derived from the entry's, so a second
+    ``put`` of the same entry is a 409 (sync and aio write the same)."""
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+    return {
+        "id": encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32]),
+        "entry_id": entry_id,
+        "aggregate_id": aggregate_id,
+        "entry": to_json(entry),
+        "error": error,
+        "attempts": attempts,
+        "quarantined_at": format_time(utcnow()),
+    }
+
+
 class CosmosCheckpoints:
     def __init__(self, container: Any) -> None:
         self.container = container
@@ -63,16 +91,7 @@ class CosmosCheckpoints:
 
     def save(self, name: str, position: Position) -> None:
         with translated():
-            self.container.upsert_item(_checkpoint(name, position))
-
-
-def _checkpoint(name: str, position: Position) -> dict[str, Any]:
-    return {
-        "id": encode_id(name),
-        "name": name,
-        "position": to_json(position),
-        "updated_at": format_time(utcnow()),
-    }
+            self.container.upsert_item(checkpoint_item(name, position))
 
 
 class AsyncCosmosCheckpoints:
@@ -95,7 +114,7 @@ class AsyncCosmosCheckpoints:
 
     async def save(self, name: str, position: Position) -> None:
         with translated():
-            await self.container.upsert_item(_checkpoint(name, position))
+            await self.container.upsert_item(checkpoint_item(name, position))
 
 
 class CosmosLeaseTable:
@@ -235,31 +254,13 @@ class CosmosDeadLetters:
     def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None:
-        body = _dead_letter(aggregate_id, entry, error, attempts)
+        body = dead_letter_item(aggregate_id, entry, error, attempts)
         with translated(aggregate_id):
             try:
                 self.container.create_item(body)
             except cosmos_errors.CosmosHttpResponseError as exc:
                 if refusal(exc) is not Refusal.EXISTS:
                     raise  # a 409 means already quarantined
-
-
-def _dead_letter(
-    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
-) -> dict[str, Any]:
-    entry_id = entry.get("id")
-    if not isinstance(entry_id, str) or not entry_id:
-        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-    return {
-        "id": encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32]),
-        "entry_id": entry_id,
-        "aggregate_id": aggregate_id,
-        "entry": to_json(entry),
-        "error": error,
-        "attempts": attempts,
-        "quarantined_at": format_time(utcnow()),
-    }
 
 
 class AsyncCosmosDeadLetters:
@@ -271,7 +272,7 @@ class AsyncCosmosDeadLetters:
     async def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None:
-        body = _dead_letter(aggregate_id, entry, error, attempts)
+        body = dead_letter_item(aggregate_id, entry, error, attempts)
         with translated(aggregate_id):
             try:
                 await self.container.create_item(body)

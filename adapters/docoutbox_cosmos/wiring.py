@@ -28,11 +28,14 @@ class CosmosDispatchTarget:
     checkpoints: CosmosCheckpoints | CosmosFeedRangeLeases
     leases: CosmosFeedRangeLeases
     dead_letters: CosmosDeadLetters
+    #: Set by :meth:`leased`: ``source`` and ``checkpoints`` follow the held leases.
+    is_leased: bool = False
 
     def leased(self) -> None:
         """Read only the feed ranges whose leases are held, checkpointed in the leases."""
         self.source = LeasedChangeSource(self.source.container, self.leases)
         self.checkpoints = self.leases
+        self.is_leased = True
 
     def close(self) -> None:
         self.client.close()
@@ -49,6 +52,44 @@ def open_client(endpoint: str, key: str, **options: Any) -> Any:
             return CosmosClient(endpoint, key, **options)
     except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
         raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+
+
+def base_options(timeout: float) -> dict[str, Any]:
+    """Client options of the dispatcher: fail fast on an unreachable account."""
+    return {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
+
+
+def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str, Any]:
+    """Client options for an ``https://`` endpoint whose certificate is not signed by a
+    public authority (the official emulator, a private CA): trust the PEM certificates of
+    ``ca_file``, or, with ``insecure``, do not check the certificate at all (anyone on the
+    path could then read the traffic). Both the sync and the aio client take them.
+
+    The CA file goes in an ``ssl_config`` as well as ``connection_verify``: azure-cosmos
+    ignores a ``connection_verify`` path otherwise, and, for ``localhost``/``127.0.0.1``
+    endpoints, checks no certificate at all unless an ``ssl_config`` is given.
+
+    Raises :class:`~docoutbox.errors.PermanentStoreError` for both at once or an unreadable
+    file.
+    """
+    if ca_file and insecure:
+        raise PermanentStoreError("give either a CA file or insecure, not both")
+    if insecure:
+        return {"connection_verify": False}
+    if not ca_file:
+        return {}
+    try:
+        with open(ca_file, "rb") as pem:
+            head = pem.read(4096)
+    except OSError as exc:
+        raise PermanentStoreError(f"cannot read the CA file {ca_file!r}: {exc}") from exc
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise PermanentStoreError(f"the CA file {ca_file!r} holds no PEM certificate")
+    from azure.cosmos.documents import SSLConfiguration
+
+    config = SSLConfiguration()
+    config.SSLCaCerts = ca_file
+    return {"connection_verify": ca_file, "ssl_config": config}
 
 
 def coordination_container(database: Any, name: str) -> Any:
@@ -86,8 +127,7 @@ def connect_dispatch(
     Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
     account, or a missing database or container.
     """
-    options: dict[str, Any] = {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
-    client = open_client(endpoint, key, **{**options, **(client_options or {})})
+    client = open_client(endpoint, key, **{**base_options(timeout), **(client_options or {})})
     try:
         with translated():
             db = client.get_database_client(database)
@@ -110,6 +150,20 @@ def connect_dispatch(
         raise
 
 
+def cli_tls_options(args: Any) -> dict[str, Any]:
+    """:func:`tls_options` from ``--cosmos-ca-file`` / ``--cosmos-insecure``, if given."""
+    insecure = bool(getattr(args, "cosmos_insecure", False))
+    options = tls_options(getattr(args, "cosmos_ca_file", None), insecure)
+    if insecure:
+        import warnings
+
+        from urllib3.exceptions import InsecureRequestWarning
+
+        # Said once, loudly, by the command; not once per request.
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+    return options
+
+
 def connect_cli(args: Any) -> CosmosDispatchTarget:
     """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
     return connect_dispatch(
@@ -118,4 +172,19 @@ def connect_cli(args: Any) -> CosmosDispatchTarget:
         args.db,
         args.collection,
         timeout=args.server_timeout,
+        client_options=cli_tls_options(args),
+    )
+
+
+async def connect_cli_async(args: Any) -> Any:
+    """:func:`~docoutbox_cosmos.aio.connect_dispatch_async` from the same arguments."""
+    from docoutbox_cosmos.aio import connect_dispatch_async
+
+    return await connect_dispatch_async(
+        args.cosmos_endpoint,
+        args.cosmos_key,
+        args.db,
+        args.collection,
+        timeout=args.server_timeout,
+        client_options=cli_tls_options(args),
     )

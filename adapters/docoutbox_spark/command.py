@@ -2,8 +2,10 @@
 
 - ``audit`` reads a producer collection (plus, optionally, a consumer collection and the
   dead letters) from MongoDB, through the MongoDB Spark connector (``--reader
-  connector``) or the project's pymongo data source (``--reader datasource``), or a
-  Parquet snapshot (``--from-parquet DIR``); writes a JSON summary and an HTML report.
+  connector``) or the project's pymongo data source (``--reader datasource``), from
+  Cosmos DB containers through the project's azure-cosmos data source (``--reader
+  cosmos``, the default with ``--cosmos-endpoint``), or a Parquet snapshot
+  (``--from-parquet DIR``); writes a JSON summary and an HTML report.
 - ``export`` writes such a snapshot: ``DIR/producer``, ``DIR/consumer``,
   ``DIR/dead_letters`` (raw rows, so malformed documents survive) and ``DIR/manifest.json``
   (the collections' document counts, checked again when the snapshot is audited).
@@ -43,11 +45,45 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI)",
     )
-    p.add_argument("--db")
-    p.add_argument("--collection", help="the producer (aggregate) collection")
-    p.add_argument("--consumer-collection", help="a consumer collection to reconcile against")
+    p.add_argument(
+        "--cosmos-endpoint",
+        default=env("COSMOS_ENDPOINT"),
+        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
+    )
+    p.add_argument(
+        "--cosmos-key",
+        default=env("COSMOS_KEY"),
+        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
+    )
+    p.add_argument(
+        "--cosmos-ca-file",
+        metavar="PEM",
+        default=env("COSMOS_CA_FILE"),
+        help="trust the certificate(s) in this PEM file for an https Cosmos DB endpoint "
+        "(or COSMOS_CA_FILE)",
+    )
+    p.add_argument(
+        "--cosmos-insecure",
+        action="store_true",
+        help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only)",
+    )
+    p.add_argument("--db", "--database", dest="db")
+    p.add_argument(
+        "--collection", "--container", dest="collection", help="the producer (aggregate) collection"
+    )
+    p.add_argument(
+        "--consumer-collection",
+        "--consumer-container",
+        dest="consumer_collection",
+        help="a consumer collection to reconcile against",
+    )
     p.add_argument("--dead-letters", help="the dead-letter collection (docoutbox_dead_letters)")
-    p.add_argument("--reader", choices=["connector", "datasource"], default="connector")
+    p.add_argument(
+        "--reader",
+        choices=["connector", "datasource", "cosmos"],
+        help="connector (default with --mongo-uri), datasource (pymongo), or cosmos (default "
+        "with --cosmos-endpoint)",
+    )
     p.add_argument("--read-partitions", type=int, default=4, help="Spark partitions per read")
     p.add_argument(
         "--spark-jars",
@@ -146,10 +182,28 @@ def _check(args: argparse.Namespace) -> str | None:
         return (
             None if Path(args.from_parquet).is_dir() else f"{args.from_parquet} is not a directory"
         )
+    args.reader = args.reader or ("cosmos" if args.cosmos_endpoint else "connector")
+    if args.reader == "cosmos":
+        return _check_cosmos(args)
+    if args.cosmos_endpoint:
+        return f"--cosmos-endpoint needs --reader cosmos, not {args.reader}"
     if not (args.mongo_uri and args.db and args.collection):
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI), --db and --collection are required"
     if args.read_partitions < 1:
         return "--read-partitions must be at least 1"
+    return None
+
+
+def _check_cosmos(args: argparse.Namespace) -> str | None:
+    if not (args.cosmos_endpoint and args.cosmos_key and args.db and args.collection):
+        return (
+            "--reader cosmos needs --cosmos-endpoint and --cosmos-key (or COSMOS_ENDPOINT and "
+            "COSMOS_KEY), --database and --container"
+        )
+    if args.cosmos_ca_file and args.cosmos_insecure:
+        return "give either --cosmos-ca-file or --cosmos-insecure, not both"
+    if args.cosmos_ca_file and not os.path.isfile(args.cosmos_ca_file):
+        return f"--cosmos-ca-file: no such file: {args.cosmos_ca_file}"
     return None
 
 
@@ -200,6 +254,8 @@ def _frames(
         if manifest.is_file():
             expected = json.loads(manifest.read_text()).get("collection_counts", {}).get("producer")
         return frames, expected, {"parquet": str(args.from_parquet)}
+    if args.reader == "cosmos":
+        return _cosmos_frames(spark, args)
     frames = {}
     target = MongoTarget(args.mongo_uri, args.db, args.collection)
     expected = count_documents(target)
@@ -229,12 +285,45 @@ def _frames(
     return frames, expected, source
 
 
+def _cosmos_frames(
+    spark: Any, args: argparse.Namespace
+) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
+    from docoutbox_spark.readers import CosmosTarget, count_items, read_cosmos
+
+    def target(container: str) -> CosmosTarget:
+        return CosmosTarget(
+            args.cosmos_endpoint,
+            args.cosmos_key,
+            args.db,
+            container,
+            verify=not args.cosmos_insecure,
+            discovery=not args.cosmos_endpoint.startswith("http://"),
+            ca_file=args.cosmos_ca_file,
+        )
+
+    expected = count_items(target(args.collection))  # first: a missing container fails fast
+    frames = {"producer": read_cosmos(spark, target(args.collection))}
+    if args.consumer_collection:
+        frames["consumer"] = read_cosmos(spark, target(args.consumer_collection))
+    if args.dead_letters:
+        frames["dead_letters"] = read_cosmos(spark, target(args.dead_letters), "dead_letters")
+    source = {
+        "cosmos_endpoint": logs.mask(args.cosmos_endpoint, [args.cosmos_key]),
+        "database": args.db,
+        "container": args.collection,
+        "reader": args.reader,
+        "consumer_container": args.consumer_collection,
+        "dead_letters": args.dead_letters,
+    }
+    return frames, expected, source
+
+
 def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    secrets = logs.secrets_of(args.mongo_uri)
+    secrets = logs.secrets_of(args.mongo_uri) + ([args.cosmos_key] if args.cosmos_key else [])
     problem = _check(args)
     thresholds: dict[str, int | None] = {}
     if problem is None and args.command == "audit":
@@ -243,8 +332,14 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             problem = str(exc)
     if problem:
-        print(f"docoutbox: error: {problem}", file=sys.stderr)
+        print(f"docoutbox: error: {logs.mask(problem, secrets)}", file=sys.stderr)
         return 2
+    if args.cosmos_insecure:
+        print(
+            "docoutbox: WARNING: --cosmos-insecure: the Cosmos DB certificate is NOT checked; "
+            "anyone on the path can read the key and the data",
+            file=sys.stderr,
+        )
     try:
         from docoutbox_spark.readers import session
     except ImportError as exc:

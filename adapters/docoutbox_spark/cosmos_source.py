@@ -1,10 +1,11 @@
 """A PySpark Python data source over azure-cosmos: ``spark.read.format("docoutbox_cosmos")``.
 
 Options: ``endpoint``, ``key``, ``database``, ``container``, ``kind`` (``documents`` or
-``dead_letters``), ``batch`` (rows per Arrow batch, default 1000), ``verify`` (``false``
-to accept a self-signed certificate), ``discovery`` (``false`` to keep to the given
-endpoint, for local servers), ``partition_key_field`` (a partition-key property that is not
-part of the document, if the container is not partitioned on ``/id``).
+``dead_letters``), ``batch`` (rows per Arrow batch, default 1000), ``ca_file`` (a PEM file
+of the CA that signed an https endpoint's certificate, such as an emulator's self-signed
+one), ``verify`` (``false`` to check no certificate at all), ``discovery`` (``false`` to
+keep to the given endpoint, for local servers), ``partition_key_field`` (a partition-key
+property that is not part of the document, if the container is not partitioned on ``/id``).
 
 One Spark partition per feed range (``read_feed_ranges()``). Each reads its range's
 latest-version change feed from the beginning, which returns every live item of the range
@@ -51,6 +52,17 @@ def item_size(item: dict[str, Any]) -> int:
     return len(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+def client_options(verify: bool, discovery: bool, ca_file: str | None) -> dict[str, Any]:
+    """``CosmosClient`` options: certificate checks as in ``docoutbox dispatch``
+    (:func:`docoutbox_cosmos.wiring.tls_options`), endpoint discovery off for local servers."""
+    from docoutbox_cosmos.wiring import tls_options
+
+    kwargs = tls_options(ca_file, insecure=not verify)
+    if not discovery:
+        kwargs["enable_endpoint_discovery"] = False
+    return kwargs
+
+
 class CosmosSource(DataSource):  # type: ignore[misc]
     @classmethod
     def name(cls) -> str:
@@ -71,11 +83,11 @@ class CosmosReader(DataSourceReader):  # type: ignore[misc]
     def _container(self) -> Any:
         from azure.cosmos import CosmosClient
 
-        kwargs: dict[str, Any] = {}
-        if self.options.get("verify", "true") == "false":
-            kwargs["connection_verify"] = False
-        if self.options.get("discovery", "true") == "false":
-            kwargs["enable_endpoint_discovery"] = False
+        kwargs = client_options(
+            self.options.get("verify", "true") != "false",
+            self.options.get("discovery", "true") != "false",
+            self.options.get("ca_file"),
+        )
         client = CosmosClient(self.options["endpoint"], self.options["key"], **kwargs)
         database = client.get_database_client(self.options["database"])
         return database.get_container_client(self.options["container"])

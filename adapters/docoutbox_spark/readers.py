@@ -137,6 +137,8 @@ class CosmosTarget:
     container: str
     verify: bool = True
     discovery: bool = True
+    #: PEM file of the CA that signed an https endpoint's certificate (an emulator's).
+    ca_file: str | None = None
 
 
 def read_cosmos(
@@ -144,9 +146,11 @@ def read_cosmos(
 ) -> DataFrame:
     """Read a Cosmos DB container through the project's azure-cosmos data source (one
     partition per feed range)."""
+    reader = spark.read.format(COSMOS)
+    if target.ca_file:
+        reader = reader.option("ca_file", target.ca_file)
     return (
-        spark.read.format(COSMOS)
-        .option("endpoint", target.endpoint)
+        reader.option("endpoint", target.endpoint)
         .option("key", target.key)
         .option("database", target.database)
         .option("container", target.container)
@@ -156,6 +160,24 @@ def read_cosmos(
         .option("discovery", str(target.discovery).lower())
         .load()
     )
+
+
+def count_items(target: CosmosTarget) -> int:
+    """The container's item count, read apart from Spark, to prove none went unread."""
+    from azure.cosmos import CosmosClient
+
+    from docoutbox_cosmos.errors import translated
+    from docoutbox_spark.cosmos_source import client_options
+
+    options = client_options(target.verify, target.discovery, target.ca_file)
+    with translated(), CosmosClient(target.endpoint, target.key, **options) as client:
+        container = client.get_database_client(target.database).get_container_client(
+            target.container
+        )
+        counts = container.query_items(
+            "SELECT VALUE COUNT(1) FROM c", enable_cross_partition_query=True
+        )
+        return int(sum(counts))
 
 
 def count_documents(target: MongoTarget) -> int:

@@ -149,6 +149,19 @@ def _parser() -> argparse.ArgumentParser:
         default=env("COSMOS_KEY"),
         help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
     )
+    d.add_argument(
+        "--cosmos-ca-file",
+        metavar="PEM",
+        default=env("COSMOS_CA_FILE"),
+        help="trust the certificate(s) in this PEM file for an https Cosmos DB endpoint with a "
+        "self-signed or private-CA certificate, such as the emulator's (or COSMOS_CA_FILE)",
+    )
+    d.add_argument(
+        "--cosmos-insecure",
+        action="store_true",
+        help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
+        "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
+    )
     d.add_argument("--db", "--database", dest="db", type=_name("database"))
     d.add_argument("--collection", "--container", dest="collection", type=_name("collection"))
     d.add_argument(
@@ -197,7 +210,8 @@ def _parser() -> argparse.ArgumentParser:
         "--async",
         dest="use_async",
         action="store_true",
-        help="run the asyncio dispatcher (pymongo's AsyncMongoClient; publisher in threads)",
+        help="run the asyncio dispatcher (pymongo's AsyncMongoClient or azure.cosmos.aio; "
+        "publisher in threads)",
     )
     d.add_argument("--sweep-interval", type=POSITIVE, default=60.0, help="seconds")
     d.add_argument(
@@ -255,8 +269,12 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
-    if args.cosmos_endpoint and args.use_async:
-        return "--async is available with --mongo-uri only"
+    if (args.cosmos_ca_file or args.cosmos_insecure) and not args.cosmos_endpoint:
+        return "--cosmos-ca-file and --cosmos-insecure apply to --cosmos-endpoint only"
+    if args.cosmos_ca_file and args.cosmos_insecure:
+        return "give either --cosmos-ca-file or --cosmos-insecure, not both"
+    if args.cosmos_ca_file and not os.path.isfile(args.cosmos_ca_file):
+        return f"--cosmos-ca-file: no such file: {args.cosmos_ca_file}"
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)
@@ -337,6 +355,13 @@ def _dispatch(
             secrets,
         )
     where = logs.mask(args.cosmos_endpoint or args.mongo_uri, secrets)
+    if kind == "cosmos" and args.cosmos_insecure:
+        log.warning(
+            "cosmos_tls_unverified endpoint=%s: --cosmos-insecure: the server's certificate "
+            "is NOT checked, so anyone on the path can read the key and the data; use it "
+            "with a local emulator only, and --cosmos-ca-file anywhere else",
+            where,
+        )
     log.debug("connecting %s=%s timeout=%ss", kind, where, args.server_timeout)
     try:
         target = wiring.connect_cli(args)
@@ -408,7 +433,7 @@ def _dispatch(
     )
     if args.use_async:
         return _dispatch_async(
-            args, secrets, target, publisher, ownership, config, seen, running, stopping
+            args, secrets, wiring, target, publisher, ownership, config, seen, running, stopping
         )
     try:
         seen.start(dispatcher)
@@ -434,6 +459,7 @@ def _dispatch(
 def _dispatch_async(
     args: argparse.Namespace,
     secrets: Sequence[str],
+    wiring: Any,
     target: Any,
     publisher: Any,
     ownership: Ownership,
@@ -442,26 +468,34 @@ def _dispatch_async(
     running: list[Any],
     stopping: threading.Event,
 ) -> int:
-    """The same dispatch on asyncio: async MongoDB ports, the sync publisher in threads."""
-    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
-        connect_dispatch_async,
-    )
+    """The same dispatch on asyncio: async store ports (pymongo's AsyncMongoClient or
+    azure.cosmos.aio), the sync publisher in threads."""
+    label = "Cosmos DB" if args.cosmos_endpoint else "MongoDB"
 
     async def main() -> None:
-        ports = await connect_dispatch_async(
-            args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
-        )
+        if args.cosmos_endpoint:
+            ports = await wiring.connect_cli_async(args)
+        else:
+            ports = await wiring.connect_dispatch_async(
+                args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
+            )
+        source, checkpoints = ports.source, ports.checkpoints
+        if getattr(target, "is_leased", False):
+            # Cosmos DB feed-range leases: the leased feed and the continuations kept in
+            # the leases are sync (the lease keeper heartbeats on its own thread anyway).
+            source, checkpoints = in_thread(target.source), in_thread(target.checkpoints)
         dispatcher = AsyncDispatcher(
             ports.backend,
             in_thread(publisher),
             ports.dead_letters,
-            source=None if args.poll_interval is not None else ports.source,
-            checkpoints=ports.checkpoints,
+            source=None if args.poll_interval is not None else source,
+            checkpoints=checkpoints,
             ownership=ownership,
             config=config,
             metrics=seen.metrics,
         )
         running[:] = [dispatcher]  # from now on, a signal stops this one
+        seen.attach(dispatcher)
         if stopping.is_set():
             dispatcher.stop()
         try:
@@ -475,12 +509,14 @@ def _dispatch_async(
         seen.close()
         target.close()
         return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
+    if seen.endpoint is not None:
+        log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
     try:
         asyncio.run(main())
     except PartitionMismatch as exc:
         return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
     except DocOutboxError as exc:
-        return _fail(f"cannot use MongoDB: {_short(exc)}", secrets)
+        return _fail(f"cannot use {label}: {_short(exc)}", secrets)
     finally:
         close = getattr(publisher, "close", None)
         if callable(close):

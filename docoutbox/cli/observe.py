@@ -11,9 +11,8 @@ import argparse
 from typing import Any
 
 from docoutbox.dispatch.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
-from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.metrics import Metrics
-from docoutbox.observability.health import Endpoint, Health
+from docoutbox.observability.health import Endpoint, Health, Observed
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
@@ -74,14 +73,20 @@ class Observability:
 
         return TracingPublisher(publisher, system=system)
 
-    def start(self, dispatcher: Dispatcher | None) -> None:
+    def attach(self, dispatcher: Observed) -> None:
+        """Report on ``dispatcher`` (threaded or asyncio) from now on."""
+        self.health.dispatcher = dispatcher
+        if self.prometheus is not None:
+            self.prometheus.watch_queue(dispatcher.queued)
+
+    def start(self, dispatcher: Observed | None) -> None:
         """Measure once, then serve (raises OSError if the port cannot be bound).
 
-        Without a (threaded) dispatcher, health reports "down"; metrics are served.
+        Until a dispatcher is given here or to :meth:`attach` (the asyncio one is built
+        inside its event loop), health reports "down"; metrics are served.
         """
-        self.health.dispatcher = dispatcher
-        if self.prometheus is not None and dispatcher is not None:
-            self.prometheus.watch_queue(dispatcher.queued)
+        if dispatcher is not None:
+            self.attach(dispatcher)
         self.monitor.start()
         if self.args.metrics_port is not None:
             exposition = self.prometheus.exposition if self.prometheus is not None else None

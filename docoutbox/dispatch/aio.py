@@ -105,6 +105,19 @@ class AsyncDispatcher:
         #: Set once the first leases are taken and the loop is about to start.
         self.started = threading.Event()
 
+    def queued(self) -> int:
+        """Aggregates this instance has in hand (its work queue, not the outbox backlog)."""
+        return self.engine.queue.backlog()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def stream_open(self) -> bool | None:
+        """Whether the change stream is open (None without a change source)."""
+        return self.engine.stream_open
+
     def stop(self) -> None:
         """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns.
 

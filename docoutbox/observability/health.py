@@ -20,10 +20,10 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from docoutbox.dispatch.backlog import BacklogMonitor
-from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.ownership import Ownership
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import AggregateId, OutboxMessage
 
@@ -32,9 +32,26 @@ log = logging.getLogger("docoutbox.health")
 Exposition = Callable[[], tuple[bytes, str]]
 
 
+class Observed(Protocol):
+    """What health reads of a dispatcher: the threaded
+    :class:`~docoutbox.dispatch.dispatcher.Dispatcher` and the asyncio
+    :class:`~docoutbox.dispatch.aio.AsyncDispatcher` both have it."""
+
+    started: threading.Event
+    ownership: Ownership
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def stream_open(self) -> bool | None: ...
+
+    def queued(self) -> int: ...
+
+
 class Health:
     def __init__(
-        self, dispatcher: Dispatcher | None = None, monitor: BacklogMonitor | None = None
+        self, dispatcher: Observed | None = None, monitor: BacklogMonitor | None = None
     ) -> None:
         #: May be set after construction (the dispatcher takes this as its metrics).
         self.dispatcher = dispatcher

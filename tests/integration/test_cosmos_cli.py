@@ -50,7 +50,13 @@ def test_bad_cosmos_arguments_exit_2(
     assert main([*base, *both]) == 2
     no_names = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--publisher", "stdout"]
     assert main(["dispatch", *no_names]) == 2
-    assert main([*base, "--cosmos-endpoint", "https://x/", "--cosmos-key", KEY, "--async"]) == 2
+    account = ["--cosmos-endpoint", "https://x/", "--cosmos-key", KEY]
+    assert main([*base, *account, "--cosmos-ca-file", "/nonexistent/ca.pem"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main([*base, *account, "--cosmos-ca-file", __file__, "--cosmos-insecure"]) == 2
+    assert "not both" in capsys.readouterr().err
+    mongo = ["--mongo-uri", "mongodb://h/", "--cosmos-insecure"]
+    assert main([*base, *mongo]) == 2
     assert KEY not in capsys.readouterr().err
 
 
@@ -73,8 +79,9 @@ def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
 
 
 @pytest.mark.cosmos
+@pytest.mark.parametrize("flags", [(), ("--async",)], ids=["threaded", "async"])
 def test_sigterm_finishes_checkpoints_releases_and_exits_0(
-    cosmos_server: CosmosAccount, database: Any
+    cosmos_server: CosmosAccount, database: Any, flags: tuple[str, ...]
 ) -> None:
     container = create_container(database, "aggs")
     store = AggregateStore(CosmosBackend(container), Counter)
@@ -87,6 +94,7 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         # 2 s TTL can lapse between heartbeats and make work re-publish (tests/README.md).
         *("--container", "aggs", "--publisher", "stdout", "--lease-ttl", "5"),
         *("--name", "cli-test", "--checkpoint-interval", "3600", "--log-level", "DEBUG"),
+        *flags,
         key=cosmos_server.key,
     )
     assert proc.stdout is not None

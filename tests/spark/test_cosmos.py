@@ -8,6 +8,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,3 +107,65 @@ def test_cosmos_datasource_finds_exactly_the_planted_anomalies(
     assert planted.reported(summary) == planted.EXPECTED
     big = summary["rows"]["near_size_limit"][0]
     assert big["size_exact"] and BIG < big["size_bytes"] < BIG + 2000
+
+
+#: Any base64 key: the local server checks no signature. It must never be printed.
+CLI_KEY = "YXVkaXQta2V5LXRoYXQtbXVzdC1uZXZlci1iZS1wcmludGVk"
+
+
+def test_audit_and_export_read_cosmos_from_the_command_line(
+    spark: Any,
+    containers: tuple[CosmosTarget, ...],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from docoutbox.cli import main
+    from tests.spark.test_cli import PLANTED_ARGS
+
+    producer = containers[0]
+    monkeypatch.setenv("COSMOS_KEY", CLI_KEY)  # as a user keeps it out of the process list
+    monkeypatch.delenv("COSMOS_CA_FILE", raising=False)
+    common = [
+        *("--cosmos-endpoint", producer.endpoint, "--database", producer.database),
+        *("--container", "producer", "--consumer-container", "consumer"),
+        *("--dead-letters", "dead"),
+    ]
+    summary = tmp_path / "audit.json"
+    code = main(["audit", *common, "--size-limit", "cosmos", "--json", str(summary), *PLANTED_ARGS])
+    assert code == 3  # the planted findings are above their thresholds
+    found = json.loads(summary.read_text())
+    assert planted.reported(found) == planted.EXPECTED
+    assert found["source"]["reader"] == "cosmos"  # the default with --cosmos-endpoint
+    assert found["totals"]["documents"] == len(planted.producer(big=False)) + 1
+
+    snapshot = tmp_path / "snapshot"
+    export = ["export", *common[:6], "--reader", "cosmos", "--progress-interval", "0"]
+    assert main([*export, "--out", str(snapshot)]) == 0
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    assert manifest["counts"] == {"producer": len(planted.producer(big=False)) + 1}
+    assert manifest["collection_counts"]["producer"] == manifest["counts"]["producer"]
+
+    missing = [*common[:4], "--container", "no_such_container", "--progress-interval", "0"]
+    assert main(["audit", *missing]) == 1
+    out, err = capfd.readouterr()
+    assert "docoutbox: error:" in err
+    assert CLI_KEY not in out + err + summary.read_text()
+
+
+def test_cosmos_reader_arguments_are_checked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from docoutbox.cli import main
+
+    monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
+    monkeypatch.delenv("COSMOS_KEY", raising=False)
+    assert main(["audit", "--reader", "cosmos", "--database", "d", "--container", "c"]) == 2
+    assert "--cosmos-endpoint" in capsys.readouterr().err
+    endpoint = ["--cosmos-endpoint", "https://x/", "--cosmos-key", CLI_KEY]
+    names = ["--database", "d", "--container", "c"]
+    assert main(["audit", *endpoint, *names, "--reader", "datasource"]) == 2
+    ca_file = ["--cosmos-ca-file", "/no/such.pem"]
+    assert main(["export", *endpoint, *names, *ca_file, "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and CLI_KEY not in err

@@ -81,6 +81,9 @@ def rabbitmq_available(url: str, timeout: float = 3.0) -> str | None:
 COSMOS_DIR: Path = REPO_ROOT / "tests" / "servers" / "cosmos"
 COSMOS_CLI: Path = COSMOS_DIR / "node_modules" / "@vercel" / "cosmosdb-server" / "lib" / "cli.js"
 COSMOS_WATCHDOG: Path = COSMOS_DIR / "exit-on-stdin-eof.js"
+#: Preloaded with ``tls=``: the server presents the certificate named by these variables.
+COSMOS_TLS_PRELOAD: Path = COSMOS_DIR / "tls-from-env.js"
+COSMOS_TLS_ENV = ("COSMOSDB_SERVER_TLS_CERT", "COSMOSDB_SERVER_TLS_KEY")
 COSMOS_ENDPOINT_ENV = "COSMOS_ENDPOINT"
 COSMOS_KEY_ENV = "COSMOS_KEY"
 #: Read by the patched server: how many feed ranges (partition key ranges) a container has.
@@ -219,15 +222,22 @@ class CosmosServer(ServerProcess):
         feed_ranges: int = DEFAULT_COSMOS_FEED_RANGES,
         startup_timeout: float = 30.0,
         stop_timeout: float = 10.0,
+        tls: tuple[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        """``tls``: (certificate, private key) PEM files: serve HTTPS with them instead of
+        plain HTTP. ``host``: the loopback address to listen on (azure-cosmos checks no
+        certificate of a ``127.0.0.1`` or ``localhost`` endpoint unless told to)."""
         if feed_ranges < 1:
             raise ValueError(f"feed_ranges must be at least 1, got {feed_ranges}")
         super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.feed_ranges = feed_ranges
+        self.tls = tls
+        self.host = host
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}/"
 
     @property
     def key(self) -> str:
@@ -235,6 +245,12 @@ class CosmosServer(ServerProcess):
 
     @property
     def client_kwargs(self) -> dict[str, Any]:
+        if self.tls:
+            from azure.cosmos.documents import SSLConfiguration
+
+            config = SSLConfiguration()
+            config.SSLCaCerts = self.tls[0]
+            return {"connection_verify": self.tls[0], "ssl_config": config}
         return {"enable_endpoint_discovery": False}
 
     def account(self) -> CosmosAccount:
@@ -251,21 +267,26 @@ class CosmosServer(ServerProcess):
     def command(self) -> list[str]:
         node = shutil.which("node")
         assert node is not None
+        preload = ["--require", str(COSMOS_TLS_PRELOAD)] if self.tls else []
         return [
             node,
             "--require",
             str(COSMOS_WATCHDOG),
+            *preload,
             str(COSMOS_CLI),
             "--port",
             "0",
             "--host",
-            "127.0.0.1",
-            "--no-ssl",
+            self.host,
+            *([] if self.tls else ["--no-ssl"]),
             "--keep-alive",
         ]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
+        env = {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
+        if self.tls:
+            env.update(zip(COSMOS_TLS_ENV, self.tls, strict=True))
+        return env
 
     def workdir(self) -> Path:
         return COSMOS_DIR
