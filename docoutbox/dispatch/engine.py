@@ -263,6 +263,8 @@ class DispatchEngine:
         self._retry_at = 0.0
         self._next_save = 0.0
         self._next_sweep = 0.0
+        #: No poll before this (set after a poll that brought no change).
+        self._next_poll = 0.0
 
     # -- the control loop -------------------------------------------------------------
 
@@ -371,7 +373,7 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        if len(self.tracker) >= self.config.max_outstanding:
+        if not self._poll_due(now):
             return False
         try:
             events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
@@ -394,7 +396,20 @@ class DispatchEngine:
             else:
                 self.tracker.add(event.position, done)
         self._resume = self.tracker.latest
+        if not any(event.document is not None for event in events):
+            # The stream is drained: read again after poll_interval, not on every wake.
+            self._next_poll = now + self.config.poll_interval
         return bool(events)
+
+    def _poll_due(self, now: float) -> bool:
+        """Whether to read the stream now. Not while this instance holds as much as it may
+        (``max_outstanding`` positions, ``max_backlog`` aggregates waiting: the runs catch
+        up first), nor within ``poll_interval`` of a poll that brought no change."""
+        if len(self.tracker) >= self.config.max_outstanding:
+            return False
+        if self.queue.backlog() >= self.config.max_backlog:
+            return False
+        return now >= self._next_poll
 
     def _start_stream(self, now: float) -> Generator[EngineOp, Any, None]:
         try:
@@ -469,8 +484,14 @@ class DispatchEngine:
         self.queue.finish(slot, outcome, self._mono())
 
     def next_due(self) -> float | None:
-        """Seconds until a delayed run may start, if one is waiting."""
-        return self.queue.next_due(self._mono())
+        """Seconds until a delayed run may start or the stream may be read again, if either
+        waits."""
+        now = self._mono()
+        due = self.queue.next_due(now)
+        if self.stream and self._open and self._next_poll > now:
+            poll = self._next_poll - now
+            due = poll if due is None else min(due, poll)
+        return due
 
     def run(self, slot: RunSlot) -> Generator[RunOp, Any, RunOutcome]:
         """Publish and trim what the aggregate has pending now."""
