@@ -61,7 +61,7 @@ class DispatcherConfig:
     name: str = "docoutbox"
     #: Must equal the stores' ``StoreConfig.partitions``.
     partitions: int = 16
-    concurrency: int = 8
+    concurrency: int = 32
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
     grace: float = 30.0
@@ -402,12 +402,19 @@ class DispatchEngine:
         return bool(events)
 
     def _poll_due(self, now: float) -> bool:
-        """Whether to read the stream now. Not while this instance holds as much as it may
-        (``max_outstanding`` positions, ``max_backlog`` aggregates waiting: the runs catch
-        up first), nor within ``poll_interval`` of a poll that brought no change."""
+        """Whether to read the stream now.
+
+        Not while this instance holds as much as it may (``max_outstanding`` positions,
+        ``max_backlog`` aggregates), nor while a full round of runs (``concurrency``) waits
+        for a free worker: reading ahead then adds nothing but load on the database, whose
+        capacity the runs' trims need. Nor within ``poll_interval`` of a read that brought
+        no change.
+        """
         if len(self.tracker) >= self.config.max_outstanding:
             return False
         if self.queue.backlog() >= self.config.max_backlog:
+            return False
+        if self.queue.ready() >= self.config.concurrency:
             return False
         return now >= self._next_poll
 

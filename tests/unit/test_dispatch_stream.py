@@ -290,3 +290,15 @@ def test_the_stream_is_not_read_while_the_backlog_is_full() -> None:
     for slot in engine.start_runs():
         engine.finish(slot, RunOutcome.DONE)
     assert "PollChanges" in turn_ops(engine)
+
+
+def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> None:
+    clock = Clock()
+    engine = stream_engine(clock, concurrency=2)
+    turn_ops(engine)
+    assert "PollChanges" in turn_ops(engine, [pending(1), pending(2), pending(3)])
+    clock.now = 1.0
+    assert "PollChanges" not in turn_ops(engine)  # three runs wait for two workers
+    started = engine.start_runs()
+    assert len(started) == 2
+    assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
