@@ -302,3 +302,10 @@ def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> Non
     started = engine.start_runs()
     assert len(started) == 2
     assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
+
+
+def test_by_default_32_runs_are_in_flight_so_trim_rounds_carry_many_pulls() -> None:
+    engine = stream_engine(Clock())
+    for n in range(100):
+        engine.request(pending(n).document)
+    assert len(engine.start_runs()) == 32
