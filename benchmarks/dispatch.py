@@ -143,7 +143,13 @@ class DispatchReader:
     :class:`Dispatcher`, or (``kind="async"``) the :class:`AsyncDispatcher` on pymongo's
     ``AsyncMongoClient`` in an event loop of its own."""
 
-    def __init__(self, bench: Workbench, kind: str = "dispatcher", client: Any = None) -> None:
+    def __init__(
+        self,
+        bench: Workbench,
+        kind: str = "dispatcher",
+        client: Any = None,
+        listeners: tuple[Any, ...] = (),
+    ) -> None:
         self.bench = bench
         self.publisher = TimedPublisher()
         checkpoints = MemoryCheckpoints()
@@ -151,7 +157,7 @@ class DispatchReader:
         checkpoints.save(config.name, {"start_at": bench.start})
         self.dispatcher: Dispatcher | AsyncDispatcher
         if kind == "async":
-            self._run_async(config, checkpoints)
+            self._run_async(config, checkpoints, listeners)
             return
         coll = bench.coll if client is None else client[bench.coll.database.name][bench.coll.name]
         self.dispatcher = Dispatcher(
@@ -164,12 +170,16 @@ class DispatchReader:
         )
         self.thread = threading.Thread(target=self.dispatcher.run, daemon=True)
 
-    def _run_async(self, config: DispatcherConfig, checkpoints: MemoryCheckpoints) -> None:
+    def _run_async(
+        self, config: DispatcherConfig, checkpoints: MemoryCheckpoints, listeners: tuple[Any, ...]
+    ) -> None:
         made = threading.Event()
         uri = "mongodb://{}:{}".format(*self.bench.coll.database.client.address)
 
         async def main() -> None:
-            client: Any = AsyncMongoClient(uri, uuidRepresentation="standard")
+            client: Any = AsyncMongoClient(
+                uri, uuidRepresentation="standard", event_listeners=list(listeners)
+            )
             coll = client[self.bench.coll.database.name][self.bench.coll.name]
             self.dispatcher = AsyncDispatcher(
                 AsyncMongoBackend(coll),
@@ -289,22 +299,27 @@ def run(uri: str, scale: Scale) -> Table:
                     drain_dispatcher, client, entries, density, kind
                 )
         drain = interleaved(plan, rounds, scale.warmup)
-        trips = {density: round_trips(client, uri, entries, density) for density in DENSITIES}
+        trips = {
+            kind: {
+                density: round_trips(client, uri, entries, density, kind) for density in DENSITIES
+            }
+            for kind in KINDS[1:]
+        }
     finally:
         client.drop_database("docoutbox_bench")
         client.close()
     return _table(drain, latencies, entries, live_entries, pace, trips)
 
 
-def round_trips(client: Any, uri: str, entries: int, per_aggregate: int) -> float:
-    """Commands the threaded dispatcher sends per published entry, draining a backlog
-    (untimed, on a client that counts its commands)."""
+def round_trips(client: Any, uri: str, entries: int, per_aggregate: int, kind: str) -> float:
+    """Commands a dispatcher sends per published entry, draining a backlog (untimed, on a
+    client that counts its commands)."""
     counter = CommandCounter()
     counting = connect(uri, counter)
     try:
         bench = Workbench(client, entries, per_aggregate)
         bench.produce(entries)
-        reader = DispatchReader(bench, client=counting)
+        reader = DispatchReader(bench, kind, client=counting, listeners=(counter,))
         with counter.counting() as tally:
             reader.start()
             _wait(lambda: len(reader.seen) >= entries)
@@ -320,7 +335,7 @@ def _table(
     entries: int,
     live_entries: int,
     pace: float,
-    trips: dict[int, float],
+    trips: dict[str, dict[int, float]],
 ) -> Table:
     columns = ["reader"]
     for density in DENSITIES:
@@ -354,7 +369,9 @@ def _table(
         row += [p50, p99, f"{p50 / stats['raw'][0]:.2f}x", f"{p99 / stats['raw'][1]:.2f}x"]
         table.add(*row)
         table.figures[kind] = figures | {"p50_ms": p50, "p99_ms": p99}
-    table.figures["round_trips_per_entry"] = {f"drain_{d}": t for d, t in trips.items()}
+    table.figures["round_trips_per_entry"] = {
+        kind: {f"drain_{d}": t for d, t in by_density.items()} for kind, by_density in trips.items()
+    }
     table.notes += [
         f"drain: {entries:,} commits (1 entry each) on {entries // DENSITIES[0]:,} or "
         f"{entries // DENSITIES[1]:,} aggregates, made before the reader starts. The raw "
@@ -362,11 +379,14 @@ def _table(
         "(checked: each exactly once, nothing left pending). One dispatch run publishes all "
         "of an aggregate's pending entries, and the change events of aggregates already "
         "trimmed are filtered out by the server, hence the effect of density.",
-        "round trips per published entry (threaded dispatcher, every command it sends "
-        "while draining, change-stream getMores included): "
-        + ", ".join(f"{t:.2f} at {d}/agg" for d, t in trips.items())
-        + ". Each run publishes from the change event's copy of the document (no reload) "
-        "and trims with one $pull.",
+        "round trips per published entry (every command a dispatcher sends while draining, "
+        "change-stream getMores included): "
+        + "; ".join(
+            f"{kind} " + ", ".join(f"{t:.3f} at {d}/agg" for d, t in by_density.items())
+            for kind, by_density in trips.items()
+        )
+        + ". Each run publishes from the change event's copy of the document (no reload); "
+        "the trims of concurrent runs go out together, one bulk_write of $pulls per round.",
         f"live: {live_entries:,} commits ({aggregates(live_entries, LIVE_DENSITY):,} "
         f"aggregates) at {pace:.0f}/s while the reader runs (measured first, on a small "
         f"oplog); both poll with try_next() and sleep {POLL * 1000:.0f} ms when idle (the "

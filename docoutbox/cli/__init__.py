@@ -205,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
     d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
-    d.add_argument("--concurrency", type=AT_LEAST_ONE, default=8, help="aggregates in parallel")
+    d.add_argument("--concurrency", type=AT_LEAST_ONE, default=32, help="aggregates in parallel")
     d.add_argument(
         "--async",
         dest="use_async",

@@ -13,7 +13,6 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ from docoutbox.dispatch.ports import (
     DeadLetters,
     Publisher,
 )
+from docoutbox.errors import StoreError
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
@@ -153,92 +153,135 @@ def _groups(backend: Any) -> bool:
     return callable(getattr(backend, "write_many", None))
 
 
-class GroupWriter:
-    """Trims of concurrent runs, written together: a group commit.
+class _Queued:
+    """A plan waiting in a group writer, and how its writer learns the outcome."""
 
-    The first caller writes everything queued in one :func:`write_many`; callers arriving
-    meanwhile queue up and are written by the next round, in one round trip for all. A
-    backend without ``write_many`` is written to directly, concurrently.
-    """
+    __slots__ = ("done", "error", "lead", "plan", "result")
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+        self.result = False
+        self.error: Exception | None = None
+        self.done = False
+        #: Handed the next round: this writer writes what queued up meanwhile.
+        self.lead = False
+
+    def outcome(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _record(batch: list[_Queued], results: list[bool]) -> None:
+    for item, ok in zip(batch, results, strict=True):
+        item.result, item.done = ok, True
+
+
+def _fail(batch: list[_Queued], exc: BaseException) -> None:
+    """Every writer of a failed round sees its error (a :class:`StoreError` if the round
+    was interrupted: it may or may not have been written)."""
+    if not isinstance(exc, Exception):
+        exc = StoreError(f"the write round was interrupted: {exc!r}")
+    for item in batch:
+        if not item.done:
+            item.error, item.done = exc, True
+
+
+class _Rounds:
+    """What both group writers share: the queue, who leads the next round, the counts."""
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
+        #: Without ``write_many``, each writer writes its own plan, concurrently.
         self._direct = not _groups(backend)
-        self._queue: list[tuple[WritePlan, Future[bool]]] = []
+        self._queue: list[_Queued] = []
         self._writing = False
-        self._lock = threading.Lock()
         #: Round trips made, and plans written: ``plans / batches`` is the batching gain.
         self.batches = 0
         self.plans = 0
 
+    def _begin_round(self) -> list[_Queued]:
+        self._writing = True
+        batch, self._queue = self._queue, []
+        self.batches += 1
+        self.plans += len(batch)
+        return batch
+
+    def _hand_over(self) -> None:
+        """After a round: the first writer queued meanwhile leads the next one."""
+        if self._queue:
+            self._queue[0].lead = True
+        else:
+            self._writing = False
+
+
+class GroupWriter(_Rounds):
+    """Trims of concurrent runs, written together: a group commit.
+
+    A writer that finds no round in flight leads one: it writes everything queued in one
+    :func:`write_many`. Writers arriving meanwhile queue up; when the round ends, the
+    first of them leads the next round and the leader returns at once: no writer waits
+    for rounds after its own.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self._cond = threading.Condition()
+
     def write(self, plan: WritePlan) -> bool:
         if self._direct:
             return bool(self._backend.write(plan))
-        future: Future[bool] = Future()
-        with self._lock:
-            self._queue.append((plan, future))
-            lead = not self._writing
-            self._writing = True
-        if lead:
-            self._flush()
-        return future.result()
-
-    def _flush(self) -> None:
-        while True:
-            with self._lock:
-                batch, self._queue = self._queue, []
-                if not batch:
-                    self._writing = False
-                    return
-            self.batches += 1
-            self.plans += len(batch)
-            try:
-                results = write_many(self._backend, [plan for plan, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - every writer of the batch sees it
-                for _, future in batch:
-                    future.set_exception(exc)
-            else:
-                for (_, future), ok in zip(batch, results, strict=True):
-                    future.set_result(ok)
+        item = _Queued(plan)
+        with self._cond:
+            self._queue.append(item)
+            if self._writing:
+                self._cond.wait_for(lambda: item.done or item.lead)
+                if item.done:
+                    return item.outcome()
+            batch = self._begin_round()
+        try:
+            _record(batch, write_many(self._backend, [i.plan for i in batch]))
+        except BaseException as exc:
+            _fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self._cond:
+                self._hand_over()
+                self._cond.notify_all()
+        return item.outcome()
 
 
-class AsyncGroupWriter:
+class AsyncGroupWriter(_Rounds):
     """The asyncio twin of :class:`GroupWriter`."""
 
     def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self._direct = not _groups(backend)
-        self._queue: list[tuple[WritePlan, asyncio.Future[bool]]] = []
-        self._writing = False
-        self.batches = 0
-        self.plans = 0
+        super().__init__(backend)
+        self._changed = asyncio.Event()
 
     async def write(self, plan: WritePlan) -> bool:
         if self._direct:
             return bool(await self._backend.write(plan))
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((plan, future))
-        if not self._writing:
-            self._writing = True
-            try:
-                await self._flush()
-            finally:
-                self._writing = False
-        return await future
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            self.batches += 1
-            self.plans += len(batch)
-            try:
-                results = await write_many_async(self._backend, [plan for plan, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - every writer of the batch sees it
-                for _, future in batch:
-                    future.set_exception(exc)
-            else:
-                for (_, future), ok in zip(batch, results, strict=True):
-                    future.set_result(ok)
+        item = _Queued(plan)
+        self._queue.append(item)
+        if self._writing:
+            while not (item.done or item.lead):
+                await self._changed.wait()
+            if item.done:
+                return item.outcome()
+        batch = self._begin_round()
+        try:
+            _record(batch, await write_many_async(self._backend, [i.plan for i in batch]))
+        except BaseException as exc:
+            _fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._hand_over()
+            # Wake the waiters, and arm a fresh event for the next round.
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+        return item.outcome()
 
 
 def wall_clock_engine(

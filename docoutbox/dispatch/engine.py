@@ -7,8 +7,9 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
 - :meth:`DispatchEngine.turn`, one turn of the control loop: queue sweeps (periodic, on
   every partition acquired, in full when the stream position is lost), fetch one sweep
   page, poll the change stream (opening it from the checkpoint, or fresh behind a
-  :class:`~docoutbox.dispatch.checkpoint.Gate`), and save the checkpoint behind the
-  completed prefix of events (I5);
+  :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round of runs waits
+  for workers, and once drained only every ``poll_interval``), and save the checkpoint
+  behind the completed prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
   this instance trimmed since are left out) or load it, then publish its pending
@@ -61,7 +62,7 @@ class DispatcherConfig:
     name: str = "docoutbox"
     #: Must equal the stores' ``StoreConfig.partitions``.
     partitions: int = 16
-    concurrency: int = 8
+    concurrency: int = 32
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
     grace: float = 30.0
@@ -266,6 +267,8 @@ class DispatchEngine:
         self._retry_at = 0.0
         self._next_save = 0.0
         self._next_sweep = 0.0
+        #: No poll before this (set after a poll that brought no change).
+        self._next_poll = 0.0
 
     # -- the control loop -------------------------------------------------------------
 
@@ -397,7 +400,7 @@ class DispatchEngine:
         # Events bring documents: at most one batch of aggregates in hand (and never over
         # max_backlog), so memory stays flat however long the backlog.
         room = min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
-        if len(self.tracker) >= self.config.max_outstanding or room <= 0:
+        if room <= 0 or not self._poll_due(now):
             return False
         try:
             events: list[ChangeEvent] = yield PollChanges(min(self.config.batch_size, room))
@@ -430,7 +433,27 @@ class DispatchEngine:
             else:
                 self.tracker.add(event.position, done)
         self._resume = self.tracker.latest
+        if not any(event.document is not None for event in events):
+            # The stream is drained: read again after poll_interval, not on every wake.
+            self._next_poll = now + self.config.poll_interval
         return bool(events)
+
+    def _poll_due(self, now: float) -> bool:
+        """Whether to read the stream now.
+
+        Not while this instance holds as much as it may (``max_outstanding`` positions,
+        ``max_backlog`` aggregates), nor while a full round of runs (``concurrency``) waits
+        for a free worker: reading ahead then adds nothing but load on the database, whose
+        capacity the runs' trims need. Nor within ``poll_interval`` of a read that brought
+        no change.
+        """
+        if len(self.tracker) >= self.config.max_outstanding:
+            return False
+        if self.queue.backlog() >= self.config.max_backlog:
+            return False
+        if self.queue.ready() >= self.config.concurrency:
+            return False
+        return now >= self._next_poll
 
     def _start_stream(self, now: float) -> Generator[EngineOp, Any, None]:
         try:
@@ -505,8 +528,14 @@ class DispatchEngine:
         self.queue.finish(slot, outcome, self._mono())
 
     def next_due(self) -> float | None:
-        """Seconds until a delayed run may start, if one is waiting."""
-        return self.queue.next_due(self._mono())
+        """Seconds until a delayed run may start or the stream may be read again, if either
+        waits."""
+        now = self._mono()
+        due = self.queue.next_due(now)
+        if self.stream and self._open and self._next_poll > now:
+            poll = self._next_poll - now
+            due = poll if due is None else min(due, poll)
+        return due
 
     def run(self, slot: RunSlot) -> Generator[RunOp, Any, RunOutcome]:
         """Publish and trim what the aggregate has pending now."""

@@ -127,6 +127,11 @@ class AggregateQueue:
         with self._lock:
             return len(self._aggs)
 
+    def ready(self) -> int:
+        """Aggregates whose run may start as soon as a worker is free."""
+        with self._lock:
+            return len(self._ready)
+
     @property
     def running(self) -> int:
         with self._lock:

@@ -71,6 +71,7 @@ def test_dispatch_benchmark_runs(mongo_uri: str) -> None:
     table = dispatch.run(mongo_uri, QUICK)
     _sane(table)
     assert {"raw", "dispatcher"} <= set(table.figures)
+    assert set(table.figures["round_trips_per_entry"]) == {"dispatcher", "async"}
 
 
 def test_tracing_benchmark_runs(mongo_uri: str) -> None:

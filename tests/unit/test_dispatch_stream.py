@@ -331,3 +331,94 @@ def test_copies_queued_before_a_partition_is_regained_are_not_published_from() -
     slots = {slot.aggregate_id: slot.document for slot in engine.start_runs()}
     assert slots["a"] is None  # reloaded
     assert slots["b"] == {"_id": "b", "partition": 1, "outbox": [{"id": "e2"}]}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stream_engine(clock: Clock, **options: Any) -> DispatchEngine:
+    engine = DispatchEngine(
+        DispatcherConfig(name="q", poll_interval=0.05, checkpoint_interval=0, **options),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=clock,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    return engine
+
+
+def turn_ops(engine: DispatchEngine, polled: list[ChangeEvent] | None = None) -> list[str]:
+    """One turn; a poll brings ``polled`` (nothing if None). The operations' names."""
+    replies: dict[str, Any] = {"LoadCheckpoint": {"resume_after": {"_data": "0001"}}}
+    names: list[str] = []
+    flow = engine.turn()
+    try:
+        op = next(flow)
+        while True:
+            names.append(type(op).__name__)
+            reply = (polled or []) if isinstance(op, PollChanges) else replies.get(names[-1])
+            op = flow.send(reply)
+    except StopIteration:
+        pass
+    return names
+
+
+def pending(n: int) -> ChangeEvent:
+    doc = {"_id": f"a{n}", "partition": 0, "outbox": [{"id": f"e{n}"}]}
+    return ChangeEvent({"resume_after": {"_data": f"{n:04d}"}}, doc, True)
+
+
+def test_a_drained_stream_is_read_again_after_the_poll_interval_not_on_every_turn() -> None:
+    """Runs finishing wake the control loop many times a second; an empty read is not
+    repeated on each wake (on the wire server every read scans the oplog)."""
+    clock = Clock()
+    engine = stream_engine(clock)
+    assert "OpenStream" in turn_ops(engine)
+    assert "PollChanges" in turn_ops(engine)  # empty
+    assert "PollChanges" not in turn_ops(engine)  # a wake right after: no read
+    due = engine.next_due()
+    assert due is not None and abs(due - 0.05) < 1e-9  # drivers sleep until then
+    clock.now = 0.049
+    assert "PollChanges" not in turn_ops(engine)
+    clock.now = 0.05
+    assert "PollChanges" in turn_ops(engine, [pending(1)])
+    assert "PollChanges" in turn_ops(engine)  # a read that brought changes: read on
+
+
+def test_the_stream_is_not_read_while_the_backlog_is_full() -> None:
+    clock = Clock()
+    engine = stream_engine(clock, max_backlog=2)
+    turn_ops(engine)
+    assert "PollChanges" in turn_ops(engine, [pending(1), pending(2)])
+    clock.now = 1.0
+    assert "PollChanges" not in turn_ops(engine)  # two aggregates in hand: runs first
+    for slot in engine.start_runs():
+        engine.finish(slot, RunOutcome.DONE)
+    assert "PollChanges" in turn_ops(engine)
+
+
+def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> None:
+    clock = Clock()
+    engine = stream_engine(clock, concurrency=2)
+    turn_ops(engine)
+    assert "PollChanges" in turn_ops(engine, [pending(1), pending(2), pending(3)])
+    clock.now = 1.0
+    assert "PollChanges" not in turn_ops(engine)  # three runs wait for two workers
+    started = engine.start_runs()
+    assert len(started) == 2
+    assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
+
+
+def test_by_default_32_runs_are_in_flight_so_trim_rounds_carry_many_pulls() -> None:
+    engine = stream_engine(Clock())
+    for n in range(100):
+        engine.request(pending(n).document)
+    assert len(engine.start_runs()) == 32

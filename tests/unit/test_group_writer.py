@@ -194,3 +194,102 @@ def test_many_trims_are_one_bulk_write_on_the_wire_server(mongo_uri: str) -> Non
     finally:
         client.drop_database(name)
         client.close()
+
+
+class GatedBulk:
+    """A backend whose rounds each wait for their gate to open."""
+
+    def __init__(self) -> None:
+        self.gates = [threading.Event(), threading.Event()]
+        self.batches: list[list[str]] = []
+
+    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+        self.batches.append([p.aggregate_id for p in plans])  # type: ignore[misc]
+        assert self.gates[len(self.batches) - 1].wait(10)
+        return [True] * len(plans)
+
+
+def wait_for(condition: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.001)
+
+
+def test_a_writer_returns_after_its_own_round_not_after_the_next() -> None:
+    """The next round is led by a writer that queued for it: the first leader's run does
+    not wait behind later trims (else a busy dispatcher holds that run for ever)."""
+    backend = GatedBulk()
+    writer = GroupWriter(backend)
+    done: dict[str, bool] = {}
+    first = threading.Thread(
+        target=lambda: done.setdefault("a", writer.write(plan_trim("a", ["e"])))
+    )
+    first.start()
+    wait_for(lambda: backend.batches == [["a"]])
+    second = threading.Thread(
+        target=lambda: done.setdefault("b", writer.write(plan_trim("b", ["e"])))
+    )
+    second.start()
+    wait_for(lambda: len(writer._queue) == 1)
+    backend.gates[0].set()
+    first.join(5)
+    assert done == {"a": True}  # while the second round waits for its gate
+    wait_for(lambda: backend.batches == [["a"], ["b"]])
+    backend.gates[1].set()
+    second.join(5)
+    assert done == {"a": True, "b": True}
+    assert (writer.batches, writer.plans) == (2, 2)
+
+
+def test_an_async_writer_returns_after_its_own_round_not_after_the_next() -> None:
+    class AsyncGatedBulk:
+        def __init__(self) -> None:
+            self.gates = [asyncio.Event(), asyncio.Event()]
+            self.batches: list[list[str]] = []
+
+        async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+            self.batches.append([p.aggregate_id for p in plans])  # type: ignore[misc]
+            await self.gates[len(self.batches) - 1].wait()
+            return [True] * len(plans)
+
+    async def main() -> None:
+        backend = AsyncGatedBulk()
+        writer = AsyncGroupWriter(backend)
+        first = asyncio.create_task(writer.write(plan_trim("a", ["e"])))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(writer.write(plan_trim("b", ["e"])))
+        await asyncio.sleep(0)
+        assert backend.batches == [["a"]]
+        backend.gates[0].set()
+        assert await asyncio.wait_for(first, 5) is True
+        assert not second.done() and backend.batches == [["a"], ["b"]]
+        backend.gates[1].set()
+        assert await asyncio.wait_for(second, 5) is True
+
+    asyncio.run(main())
+
+
+def test_an_interrupted_round_fails_its_writers_and_hands_over() -> None:
+    class Interrupted:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.sleep(10)
+            return [True] * len(plans)
+
+    async def main() -> None:
+        writer = AsyncGroupWriter(Interrupted())
+        first = asyncio.create_task(writer.write(plan_trim("a", ["e"])))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(writer.write(plan_trim("b", ["e"])))
+        await asyncio.sleep(0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await asyncio.wait_for(second, 5) is True  # led the next round
+
+    asyncio.run(main())
