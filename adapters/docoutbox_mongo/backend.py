@@ -39,7 +39,7 @@ def bson_size(document: Document) -> int:
             if counted is not None:
                 return len(bson.encode({**document, "inbox": []})) + counted
         return len(bson.encode(document))
-    except (bson.errors.InvalidDocument, OverflowError) as exc:
+    except (bson.errors.InvalidDocument, OverflowError, UnicodeEncodeError) as exc:
         raise InvalidPayload(f"document {document.get('_id')!r} is not BSON: {exc}") from exc
 
 
