@@ -149,7 +149,7 @@ def plan_commit(
         marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
     elif policy.window:
         inbox_push = (message.id,)
-        inbox_after = (*snapshot.inbox, message.id)[-policy.window :]
+        inbox_after = appended(snapshot.inbox, message.id, policy.window)
     plan = fast_frozen(
         CommitPlan,
         aggregate_id=snapshot.aggregate_id,
@@ -164,6 +164,13 @@ def plan_commit(
         updated_at=now,
     )
     return plan, entries
+
+
+def appended(inbox: tuple[str, ...], message_id: str, window: int) -> tuple[str, ...]:
+    """``(*inbox, message_id)[-window:]`` for ``window`` > 0, in one slice and one
+    concatenation instead of a list, a tuple and a slice."""
+    start = len(inbox) + 1 - window
+    return (inbox[start:] if start > 0 else inbox) + (message_id,)
 
 
 def plan_trim(aggregate_id: AggregateId, entry_ids: Sequence[str]) -> TrimPlan:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from docoutbox import Decision, InvalidHandlerResult, InvalidPayload, emit
 from docoutbox.handlers import check_result
 from docoutbox.store.document import from_millis, utcnow
+from docoutbox.store.plans import appended
 from docoutbox_mongo import bson_size
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -103,3 +104,11 @@ def test_bson_size_still_refuses_what_bson_cannot_encode(count: int) -> None:
         bson_size({"_id": "a", "inbox": ["m"] * count + [{1, 2}]})
     with pytest.raises(InvalidPayload):
         bson_size({"_id": "a", "inbox": ["m"] * count + ["\ud800"]})
+
+
+def test_appended_is_append_then_keep_the_window() -> None:
+    rng = random.Random(2)
+    for _ in range(20_000):
+        inbox = tuple(f"m{i}" for i in range(rng.randint(0, 12)))
+        window = rng.randint(1, 14)
+        assert appended(inbox, "new", window) == (*inbox, "new")[-window:]
