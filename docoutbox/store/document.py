@@ -133,7 +133,12 @@ def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snap
             aggregate_id=doc[ID],
             aggregate_type=doc["type"],
             version=int(doc["version"]),
-            state=model.model_validate(doc["state"]) if state is None else state,
+            state=(
+                # model.model_validate without its Python-level wrapper
+                model.__pydantic_validator__.validate_python(doc["state"])
+                if state is None
+                else state
+            ),
             inbox=tuple(doc.get("inbox") or ()),
             marks=marks,
             outbox_seq=int(doc.get("outbox_seq", 0)),
