@@ -204,11 +204,21 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         "updated_at": plan.updated_at,
     }
     if plan.inbox_push:
-        inbox = [*doc.get("inbox", ()), *plan.inbox_push]
-        after["inbox"] = inbox[-plan.inbox_window :]
+        after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
     return after
+
+
+def kept_window(items: Sequence[Any], push: Sequence[Any], window: int) -> list[Any]:
+    """``[*items, *push][-window:]``, copying each kept item once instead of three times
+    (the inbox is most of what a commit touches)."""
+    keep = window - len(push)
+    if window <= 0 or keep <= 0:
+        return [*items, *push][-window:]
+    kept = items[-keep:] if type(items) is list else list(items[-keep:])
+    kept.extend(push)
+    return kept
 
 
 def marks_to_doc(marks: Sequence[Mark]) -> tuple[dict[str, Any], ...]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from docoutbox import Decision, InvalidHandlerResult, InvalidPayload, emit
 from docoutbox.handlers import check_result
 from docoutbox.store.document import from_millis, utcnow
-from docoutbox.store.plans import appended
+from docoutbox.store.plans import appended, kept_window
 from docoutbox_mongo import bson_size
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -112,3 +112,16 @@ def test_appended_is_append_then_keep_the_window() -> None:
         inbox = tuple(f"m{i}" for i in range(rng.randint(0, 12)))
         window = rng.randint(1, 14)
         assert appended(inbox, "new", window) == (*inbox, "new")[-window:]
+
+
+def test_kept_window_is_append_then_slice() -> None:
+    rng = random.Random(4)
+    for _ in range(20_000):
+        items: Any = [f"m{i}" for i in range(rng.randint(0, 12))]
+        if rng.random() < 0.3:
+            items = tuple(items)
+        push = tuple(f"p{i}" for i in range(rng.randint(1, 4)))
+        window = rng.randint(-3, 14)
+        before = list(items)
+        assert kept_window(items, push, window) == [*items, *push][-window:]
+        assert list(items) == before  # never changed in place
