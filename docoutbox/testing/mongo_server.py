@@ -17,18 +17,16 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import os
-import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+
+from docoutbox.testing.process import ServerProcess
 
 HERE = Path(__file__).resolve().parent / "mongo_wire"
 LAUNCHER: Path = HERE / "MongoWireServer.java"
@@ -98,7 +96,7 @@ def install_mongo_wire_server(lib: Path | None = None) -> Path:
     return lib
 
 
-class MongoWireServer:
+class MongoWireServer(ServerProcess):
     """An in-memory MongoDB-compatible server (mongo-java-server) in a Java subprocess.
 
     Fetch the jars once (``python -m docoutbox.testing.mongo_server install``), then::
@@ -113,6 +111,8 @@ class MongoWireServer:
     it.
     """
 
+    title = "MongoDB wire server"
+
     def __init__(
         self,
         *,
@@ -120,136 +120,24 @@ class MongoWireServer:
         startup_timeout: float = 60.0,
         stop_timeout: float = 10.0,
     ) -> None:
+        super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.lib = lib or default_lib()
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._port: int | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("MongoWireServer is not running; call start() first")
-        return self._port
 
     @property
     def uri(self) -> str:
         """Connection string; ``directConnection`` skips replica-set discovery."""
         return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def unavailable(self) -> str | None:
+        return mongo_wire_server_available(self.lib)
 
-    def start(self) -> Self:
-        with self._lock:
-            if self._proc is not None:
-                return self
-            reason = mongo_wire_server_available(self.lib)
-            if reason is not None:
-                raise RuntimeError(f"cannot start the MongoDB wire server: {reason}")
-            java = shutil.which("java")
-            assert java is not None
-            # stderr goes to a file: an unread pipe could fill up and block the server.
-            self._stderr = tempfile.TemporaryFile(  # noqa: SIM115 - closed in stop()
-                prefix="mongo-wire-server-", suffix=".err"
-            )
-            cmd = [java, "-cp", f"{self.lib}/*", str(LAUNCHER), "0"]
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-            )
-            self._proc = proc
-            atexit.register(self.stop)
-            try:
-                self._port = self._wait_ready(proc)
-            except BaseException:
-                self._stop_locked()
-                raise
-            return self
+    def command(self) -> list[str]:
+        java = shutil.which("java")
+        assert java is not None
+        return [java, "-cp", f"{self.lib}/*", str(LAUNCHER), "0"]
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
-        assert proc.stdout is not None
-        lines: queue.Queue[bytes | None] = queue.Queue()
-        stdout = proc.stdout
-
-        def pump() -> None:
-            # Hand over every stdout line and keep draining until EOF.
-            for line in iter(stdout.readline, b""):
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, name="mongo-wire-server-stdout", daemon=True).start()
-        try:
-            while True:
-                line = lines.get(timeout=self.startup_timeout)
-                if line is None:
-                    code = proc.wait(timeout=self.stop_timeout)
-                    raise RuntimeError(
-                        f"MongoDB wire server exited with code {code} before it was ready."
-                        f"\nstderr:\n{self._read_stderr()}"
-                    )
-                text = line.decode("utf-8", "replace").strip()
-                if text.startswith("READY "):
-                    return int(text.split()[1])
-        except queue.Empty:
-            raise RuntimeError(
-                f"MongoDB wire server was not ready within {self.startup_timeout:.0f}s."
-                f"\nstderr:\n{self._read_stderr()}"
-            ) from None
-
-    def _read_stderr(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace").strip()
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stop_locked()
-
-    def _stop_locked(self) -> None:
-        proc, self._proc = self._proc, None
-        self._port = None
-        if proc is not None:
-            atexit.unregister(self.stop)
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()  # EOF on stdin makes the launcher shut down
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=self.stop_timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = f"port={self._port}" if self._port is not None else "stopped"
-        return f"<MongoWireServer {state}>"
+    def ready_port(self, line: str) -> int | None:
+        return int(line.split()[1]) if line.startswith("READY ") else None
 
 
 def main(argv: list[str] | None = None) -> int:

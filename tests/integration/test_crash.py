@@ -187,6 +187,14 @@ class LeaseWatch:
                 return (at - expiry).total_seconds()
         return None
 
+    def wait_taken_over(self, kills: list[tuple[int, set[int], datetime]], timeout: float) -> None:
+        """Wait until every kill's partitions were seen taken over (or ``timeout`` passed)."""
+        deadline = time.monotonic() + timeout
+        while any(self.taken_over(*kill) is None for kill in kills):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -266,6 +274,10 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
             if leased:
                 fleet.append(launch())  # a replacement joins while the others take over
             time.sleep(rng.uniform(0, 0.3))
+        if watch is not None:
+            # The producers keep committing until the last kill's partitions were taken
+            # over: without this wait, a quick final drain could stop the fleet first.
+            watch.wait_taken_over(kills, timeout=4 * TTL)
     finally:
         producers.stop()
     fleet.append(launch(log_level="INFO"))
@@ -315,9 +327,7 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
                 "kills_while_publishing": moments.count("publishing"),
                 "kills_while_starting": moments.count("starting"),
                 "kills_holding_leases": len(takeovers),
-                "max_takeover_after_expiry_s": max(
-                    (round(t, 2) for t in takeovers if t is not None), default=None
-                ),
+                "takeovers_after_expiry_s": [None if t is None else round(t, 2) for t in takeovers],
                 "seconds": round(elapsed, 1),
             }
         ),
@@ -334,6 +344,5 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
     if leased:
         assert len(takeovers) >= 3, "too few kills hit an instance holding leases"
         # The others take a dead instance's partitions over once its leases expire, at
-        # their next heartbeat (TTL/4), producers running all along. The bound leaves room
-        # for a loaded 2-core machine (heartbeats were measured up to 6 s late there).
-        assert all(t is not None and t <= 3 * TTL for t in takeovers), takeovers
+        # their next heartbeat (TTL/4), producers running all along: within one TTL.
+        assert all(t is not None and t <= TTL for t in takeovers), takeovers

@@ -13,22 +13,17 @@ Fidelity gaps of the wire server versus real MongoDB are listed in ``tests/READM
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import queue
 import re
 import shutil
-import subprocess
-import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
 
 from docoutbox.testing.mongo_server import MongoWireServer as _MongoWireServer
 from docoutbox.testing.mongo_server import mongo_wire_server_available as _available
+from docoutbox.testing.process import ServerProcess
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[2]
 MONGO_LIB: Path = REPO_ROOT / "tests" / "servers" / "mongo" / "lib"
@@ -195,7 +190,7 @@ def cosmos_account_from_env() -> CosmosAccount | None:
     return CosmosAccount(endpoint=endpoint, key=key, client_kwargs=kwargs, emulated=local)
 
 
-class CosmosServer:
+class CosmosServer(ServerProcess):
     """The local Cosmos DB server (``@vercel/cosmosdb-server``, patched) in a node subprocess.
 
     Usage::
@@ -216,6 +211,8 @@ class CosmosServer:
     so it also dies with the Python process that started it.
     """
 
+    title = "Cosmos DB server"
+
     def __init__(
         self,
         *,
@@ -225,19 +222,8 @@ class CosmosServer:
     ) -> None:
         if feed_ranges < 1:
             raise ValueError(f"feed_ranges must be at least 1, got {feed_ranges}")
+        super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.feed_ranges = feed_ranges
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._port: int | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("CosmosServer is not running; call start() first")
-        return self._port
 
     @property
     def endpoint(self) -> str:
@@ -259,125 +245,34 @@ class CosmosServer:
             emulated=True,
         )
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def unavailable(self) -> str | None:
+        return cosmos_server_available()
 
-    def start(self) -> Self:
-        with self._lock:
-            if self._proc is not None:
-                return self
-            reason = cosmos_server_available()
-            if reason is not None:
-                raise RuntimeError(f"cannot start the Cosmos DB server: {reason}")
-            node = shutil.which("node")
-            assert node is not None
-            self._stderr = tempfile.TemporaryFile(  # noqa: SIM115 - closed in stop()
-                prefix="cosmos-server-", suffix=".err"
-            )
-            cmd = [
-                node,
-                "--require",
-                str(COSMOS_WATCHDOG),
-                str(COSMOS_CLI),
-                "--port",
-                "0",
-                "--host",
-                "127.0.0.1",
-                "--no-ssl",
-                "--keep-alive",
-            ]
-            env = {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-                cwd=COSMOS_DIR,
-                env=env,
-            )
-            self._proc = proc
-            atexit.register(self.stop)
-            try:
-                self._port = self._wait_ready(proc)
-            except BaseException:
-                self._stop_locked()
-                raise
-            return self
+    def command(self) -> list[str]:
+        node = shutil.which("node")
+        assert node is not None
+        return [
+            node,
+            "--require",
+            str(COSMOS_WATCHDOG),
+            str(COSMOS_CLI),
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--no-ssl",
+            "--keep-alive",
+        ]
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
-        assert proc.stdout is not None
-        lines: queue.Queue[bytes | None] = queue.Queue()
-        stdout = proc.stdout
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, COSMOS_FEED_RANGES_ENV: str(self.feed_ranges)}
 
-        def pump() -> None:
-            for line in iter(stdout.readline, b""):
-                lines.put(line)
-            lines.put(None)
+    def workdir(self) -> Path:
+        return COSMOS_DIR
 
-        threading.Thread(target=pump, name="cosmos-server-stdout", daemon=True).start()
-        try:
-            while True:
-                line = lines.get(timeout=self.startup_timeout)
-                if line is None:
-                    code = proc.wait(timeout=self.stop_timeout)
-                    raise RuntimeError(
-                        f"Cosmos DB server exited with code {code} before it was ready."
-                        f"\nstderr:\n{self._read_stderr()}"
-                    )
-                match = _COSMOS_READY.search(line.decode("utf-8", "replace"))
-                if match:
-                    return int(match.group(2))
-        except queue.Empty:
-            raise RuntimeError(
-                f"Cosmos DB server was not ready within {self.startup_timeout:.0f}s."
-                f"\nstderr:\n{self._read_stderr()}"
-            ) from None
-
-    def _read_stderr(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace").strip()
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stop_locked()
-
-    def _stop_locked(self) -> None:
-        proc, self._proc = self._proc, None
-        self._port = None
-        if proc is not None:
-            atexit.unregister(self.stop)
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()  # EOF on stdin makes the server exit
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=self.stop_timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def ready_port(self, line: str) -> int | None:
+        match = _COSMOS_READY.search(line)
+        return int(match.group(2)) if match else None
 
     def __repr__(self) -> str:
         state = f"port={self._port}" if self._port is not None else "stopped"

@@ -1,0 +1,62 @@
+"""The shared launcher of the test servers: ready on its port line, errors that quote
+stderr, stopped by closing stdin."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from docoutbox.testing.process import ServerProcess
+
+SERVES = "import sys; print('noise'); print('READY 4242', flush=True); sys.stdin.read()"
+DIES = "import sys; print('boom: no port', file=sys.stderr); sys.exit(3)"
+HANGS = "import sys; sys.stdin.read()"
+
+
+class Script(ServerProcess):
+    title = "script server"
+
+    def __init__(self, code: str, *, reason: str | None = None, timeout: float = 10) -> None:
+        super().__init__(startup_timeout=timeout, stop_timeout=5)
+        self.code = code
+        self.reason = reason
+
+    def unavailable(self) -> str | None:
+        return self.reason
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.code]
+
+    def ready_port(self, line: str) -> int | None:
+        return int(line.split()[1]) if line.startswith("READY ") else None
+
+
+def test_ready_on_the_port_line_and_stopped_by_closing_stdin() -> None:
+    server = Script(SERVES)
+    with server:
+        assert server.port == 4242
+        assert server.running
+        proc = server._proc
+        assert server.start() is server  # starting twice keeps the one process
+    assert not server.running
+    assert proc is not None and proc.returncode == 0  # it exited on EOF, not on a signal
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = server.port
+
+
+def test_an_early_exit_quotes_the_exit_code_and_stderr() -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3.*boom: no port"):
+        Script(DIES).start()
+
+
+def test_no_port_line_in_time_is_an_error_and_the_process_is_stopped() -> None:
+    server = Script(HANGS, timeout=0.5)
+    with pytest.raises(RuntimeError, match="not ready within"):
+        server.start()
+    assert not server.running and server._proc is None
+
+
+def test_an_unavailable_server_is_not_launched() -> None:
+    with pytest.raises(RuntimeError, match="cannot start the script server: no java"):
+        Script(SERVES, reason="no java").start()
