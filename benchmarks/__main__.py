@@ -23,7 +23,18 @@ from typing import Any
 
 import pymongo
 
-from benchmarks import audit, batch, dispatch, immediate, kafka, memory, store, structure, tracing
+from benchmarks import (
+    audit,
+    batch,
+    dispatch,
+    immediate,
+    kafka,
+    kafka_consume,
+    memory,
+    store,
+    structure,
+    tracing,
+)
 from benchmarks.common import Scale, Table, mongo_server
 
 Bench = Callable[[str, Scale], Table]
@@ -43,6 +54,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "tracing": (tracing.run, None),
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
+    "kafka-consume": (kafka_consume.run, None),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 

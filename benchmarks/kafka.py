@@ -187,11 +187,17 @@ def dispatcher(
     return rate
 
 
-def run(uri: str, scale: Scale) -> Table:
+def broker() -> str:
+    """The benchmarks' Kafka bootstrap address; exits saying how to start it if it is down."""
     bootstrap = kafka_bootstrap()
     reason = kafka_available(bootstrap)
     if reason is not None:
         raise SystemExit(f"{reason}; run scripts/servers.sh install-kafka start-kafka")
+    return bootstrap
+
+
+def run(uri: str, scale: Scale) -> Table:
+    bootstrap = broker()
     client = connect(uri)
     topics = Topics(bootstrap)
     entries = scale.dispatch_entries

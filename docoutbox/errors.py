@@ -29,6 +29,8 @@ codes, never message text.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 
 class DocOutboxError(Exception):
     """Root of every error raised by docoutbox."""
@@ -116,7 +118,17 @@ class ChangeStreamLost(StoreError):
 
     The dispatcher recovers by sweeping documents with pending entries and restarting the
     stream from a fresh position; nothing is lost.
+
+    ``partitions``, when given, says only the positions of those (ownership) partitions
+    were lost and the source already restarted them from now (a Cosmos DB feed range
+    that is gone): the dispatcher sweeps those partitions and keeps the stream open.
     """
+
+    def __init__(self, *args: object, partitions: Collection[int] | None = None) -> None:
+        super().__init__(*args)
+        self.partitions: frozenset[int] | None = (
+            None if partitions is None else frozenset(partitions)
+        )
 
 
 class PublishError(DocOutboxError):

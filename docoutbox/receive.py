@@ -1,23 +1,37 @@
-"""How a received entry is settled: ack after commit, requeue, or reject. No broker I/O.
+"""How received entries are settled: ack after commit, requeue, or reject. No broker I/O.
 
-Broker-neutral: any consumer helper can run :func:`receive` and map its :class:`Action`
-to its broker's ack, nack-with-requeue and reject-to-dead-letters.
+Rule: a delivery is acknowledged only once its message is committed to the store (or
+recognized as a duplicate), or kept in the dead letters after its retries; per aggregate,
+no message is applied after an earlier one of the same poll that is not yet settled.
+
+Broker-neutral and sans-IO: :func:`receive_flow` decodes a poll's deliveries, handles them
+per aggregate (one ``handle_batch`` write for several, ``handle`` for one), retries failed
+handlers (:class:`HandlerRetry`), asks for rejected deliveries to be kept, and returns one
+:class:`Verdict` per delivery. :class:`Receiver` and :class:`AsyncReceiver` drive it over a
+sync or async store; consumer helpers map each verdict to their broker's ack,
+nack-with-requeue or reject, or to offsets.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
+import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from docoutbox.codec import decode_message
+from docoutbox.drive import drive, drive_async
 from docoutbox.errors import (
     ConcurrencyConflict,
+    DocOutboxError,
     DocumentTooLarge,
     InboxSaturated,
     InvalidInput,
@@ -25,11 +39,12 @@ from docoutbox.errors import (
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.handlers import Handler
+from docoutbox.handlers import Decision, Handler
 from docoutbox.model import AggregateId, Message
 from docoutbox.retry import backoff
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
-from docoutbox.store.core import Outcome, Status
+from docoutbox.store.batch import BatchOutcome, Failed
+from docoutbox.store.core import Outcome, Sleep, Status
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -52,6 +67,11 @@ class Verdict:
     fatal: bool = False
     #: How many times the delivery was handled before this verdict (handler retries).
     attempts: int = 1
+    #: A rejected delivery was kept in the dead letters (True), or keeping it failed and
+    #: it is requeued instead (False); None when there was nothing to keep.
+    kept: bool | None = None
+    #: Why keeping a rejected delivery failed.
+    keep_error: BaseException | None = None
 
 
 #: Errors that make a delivery unacceptable as it is: requeueing would loop forever.
@@ -62,57 +82,8 @@ REQUEUE_ERRORS: tuple[type[Exception], ...] = (
     ConcurrencyConflict,
     InboxSaturated,
 )
-
-
-def receive(
-    body: bytes,
-    store: AggregateStore[S],
-    handler: Handler[S],
-    aggregate_id_of: Callable[[Message], AggregateId],
-    *,
-    create: bool,
-    headers: Mapping[str, Any] | None = None,
-    content_type: str | None = None,
-) -> Verdict:
-    """Decode ``body``, handle its message exactly once on the store, and say how to settle.
-
-    ``body`` is a docoutbox entry, a CloudEvent in structured or binary mode (pass the
-    delivery's ``headers`` and ``content_type``), or a plain ``{id, type, payload}``
-    message (:func:`~docoutbox.codec.decode_message`).
-
-    - ``ACK`` once the outcome is ``applied`` or ``duplicate`` (the commit is durable);
-    - ``REQUEUE`` on ``gave_up``, a transient store error, a conflict or a saturated
-      inbox; also on a permanent store error, marked ``fatal`` so the consumer stops;
-    - ``REJECT`` when the body is malformed, the input invalid, the document would grow
-      too large, the aggregate is missing (``create=False``) or the handler raised.
-    """
-    message: Message | None = None
-    try:
-        message = decode_message(body, headers, content_type)
-        outcome = store.handle(aggregate_id_of(message), message, handler, create=create)
-    except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
-        return judge_error(message, exc)
-    return judge(message, outcome)
-
-
-async def receive_async(
-    body: bytes,
-    store: AsyncAggregateStore[S],
-    handler: Handler[S],
-    aggregate_id_of: Callable[[Message], AggregateId],
-    *,
-    create: bool,
-    headers: Mapping[str, Any] | None = None,
-    content_type: str | None = None,
-) -> Verdict:
-    """The async twin of :func:`receive`, over an :class:`AsyncAggregateStore`."""
-    message: Message | None = None
-    try:
-        message = decode_message(body, headers, content_type)
-        outcome = await store.handle(aggregate_id_of(message), message, handler, create=create)
-    except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
-        return judge_error(message, exc)
-    return judge(message, outcome)
+#: Rejections that no retry can fix: the delivery itself is wrong.
+FINAL_ERRORS: tuple[type[Exception], ...] = (InvalidInput, DocumentTooLarge)
 
 
 def judge(message: Message, outcome: Outcome[Any]) -> Verdict:
@@ -137,14 +108,13 @@ def judge_error(message: Message | None, exc: Exception) -> Verdict:
 def describe(verdict: Verdict) -> str:
     """Which message, and why it was not acked (for logs)."""
     name = f"message {verdict.message.id}" if verdict.message is not None else "a delivery"
+    if verdict.keep_error is not None:
+        error = verdict.keep_error
+        return f"{name}: its dead letter could not be kept: {type(error).__name__}: {error}"
     if verdict.error is not None:
         return f"{name}: {type(verdict.error).__name__}: {verdict.error}"
     assert verdict.outcome is not None
     return f"{name}: gave up after {verdict.outcome.attempts} attempts"
-
-
-#: Rejections that no retry can fix: the delivery itself is wrong.
-FINAL_ERRORS: tuple[type[Exception], ...] = (InvalidInput, DocumentTooLarge)
 
 
 @dataclass(frozen=True)
@@ -166,8 +136,347 @@ class HandlerRetry:
         return [0.0] * self.immediate + later
 
 
+#: No handler retries: a failing delivery is rejected at once.
+NO_RETRY = HandlerRetry(immediate=0, delayed=0)
+
+
 def retryable(verdict: Verdict) -> bool:
     return verdict.action is Action.REJECT and not isinstance(verdict.error, FINAL_ERRORS)
+
+
+# --- the flow's operations -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One received body, with the headers and content type a CloudEvent may need."""
+
+    body: bytes
+    headers: Mapping[str, Any] | None = None
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Handle:
+    """``store.handle(aggregate_id, message, handler, create=create)``; sends the Outcome."""
+
+    aggregate_id: AggregateId
+    message: Message
+    handler: Handler[Any]
+    create: bool
+
+
+@dataclass(frozen=True)
+class HandleBatch:
+    """``store.handle_batch(aggregate_id, messages, handler, create=create)``."""
+
+    aggregate_id: AggregateId
+    messages: tuple[Message, ...]
+    handler: Handler[Any]
+    create: bool
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Keep the rejected delivery ``index`` in the dead letters; raise if that failed."""
+
+    index: int
+    verdict: Verdict
+
+
+class Deferred(DocOutboxError):
+    """A message of a batch left out because an earlier one of its aggregate failed."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What :func:`receive_flow` does besides handling: batches, retries, dead letters."""
+
+    create: bool = False
+    retry: HandlerRetry = field(default_factory=HandlerRetry)
+    #: Handle several messages of one aggregate in one ``handle_batch`` write.
+    batch: bool = True
+    #: Ask for rejected deliveries to be kept (:class:`Keep`).
+    keep: bool = False
+
+
+ReceiveOp = Handle | HandleBatch | Sleep | Keep
+ReceiveFlow = Generator[ReceiveOp, Any, list[Verdict]]
+
+
+def _guarded(handler: Handler[S], order: Mapping[str, int]) -> Handler[S]:
+    """``handler``, raising :class:`Deferred` for messages after one that failed."""
+    failed_at: list[int] = []
+
+    def run(state: S, message: Message) -> Decision[S] | S:
+        position = order.get(message.id, 0)
+        if failed_at and position > min(failed_at):
+            raise Deferred(f"message {message.id} waits for an earlier one that failed")
+        try:
+            return handler(state, message)
+        except Exception:
+            failed_at.append(position)
+            raise
+
+    return run
+
+
+def receive_flow(
+    deliveries: Sequence[Delivery],
+    handler: Handler[S],
+    aggregate_id_of: Callable[[Message], AggregateId],
+    options: Options,
+    rng: random.Random,
+) -> ReceiveFlow:
+    """One verdict per delivery, in the order given (sans-IO; see the module's rule).
+
+    Per aggregate, its messages are handled in order: several in one ``HandleBatch``
+    (with ``options.batch``), one with ``Handle``. A failing handler is retried alone
+    (``options.retry``) before the messages after it are handled; a message whose verdict
+    is a requeue holds back the later messages of its aggregate (requeued too, unhandled).
+    A rejected delivery is then kept (``Keep``, with ``options.keep``); if keeping fails,
+    it is requeued instead.
+    """
+    verdicts: list[Verdict | None] = [None] * len(deliveries)
+    groups: dict[AggregateId, list[tuple[int, Message]]] = {}
+    for index, delivery in enumerate(deliveries):
+        message: Message | None = None
+        try:
+            message = decode_message(delivery.body, delivery.headers, delivery.content_type)
+            groups.setdefault(aggregate_id_of(message), []).append((index, message))
+        except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+            verdicts[index] = judge_error(message, exc)
+    for aggregate_id, items in groups.items():
+        pending = items
+        while pending:
+            results = yield from _handle(aggregate_id, pending, handler, options)
+            done = 0
+            # Messages without a verdict (deferred behind a failure, or not in this
+            # handling) are handled again in the next round.
+            for (index, message), verdict in zip(pending, results, strict=False):
+                if verdict is None:
+                    break
+                if retryable(verdict):
+                    verdict = yield from _retry(
+                        aggregate_id, message, handler, options, rng, verdict
+                    )
+                verdicts[index] = verdict
+                done += 1
+                if verdict.action is Action.REQUEUE:
+                    for later, other in pending[done:]:
+                        verdicts[later] = replace(verdict, message=other, attempts=0)
+                    done = len(pending)
+                    break
+            pending = pending[done:]
+    final: list[Verdict] = []
+    for index, verdict in enumerate(verdicts):
+        assert verdict is not None
+        if options.keep and verdict.action is Action.REJECT:
+            try:
+                yield Keep(index, verdict)
+            except Exception as exc:  # noqa: BLE001 - requeued rather than lost
+                verdict = replace(verdict, action=Action.REQUEUE, kept=False, keep_error=exc)
+            else:
+                verdict = replace(verdict, kept=True)
+        final.append(verdict)
+    return final
+
+
+def _handle(
+    aggregate_id: AggregateId,
+    pending: Sequence[tuple[int, Message]],
+    handler: Handler[S],
+    options: Options,
+) -> Generator[ReceiveOp, Any, list[Verdict | None]]:
+    """Verdicts of the first of ``pending`` (all of them with ``options.batch``); None for a
+    message deferred behind a failure."""
+    messages = tuple(message for _, message in pending)
+    if len(messages) == 1 or not options.batch:
+        message = messages[0]
+        try:
+            outcome = yield Handle(aggregate_id, message, handler, options.create)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+            return [judge_error(message, exc)]
+        return [judge(message, outcome)]
+    order: dict[str, int] = {}
+    for position, message in enumerate(messages):
+        order.setdefault(message.id, position)
+    guarded = _guarded(handler, order)
+    try:
+        batch: BatchOutcome[Any] = yield HandleBatch(
+            aggregate_id, messages, guarded, options.create
+        )
+    except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+        return [judge_error(message, exc) for message in messages]
+    results: list[Verdict | None] = []
+    for message, result in zip(messages, batch.results, strict=True):
+        if isinstance(result, Failed):
+            error = result.error
+            results.append(None if isinstance(error, Deferred) else judge_error(message, error))
+        else:
+            results.append(judge(message, result))
+    return results
+
+
+def _retry(
+    aggregate_id: AggregateId,
+    message: Message,
+    handler: Handler[S],
+    options: Options,
+    rng: random.Random,
+    first: Verdict,
+) -> Generator[ReceiveOp, Any, Verdict]:
+    """Handle ``message`` again as ``options.retry`` says while it is a retryable reject."""
+    verdict, attempts = first, 1
+    for delay in options.retry.delays(rng):
+        if not retryable(verdict):
+            break
+        if delay > 0:
+            yield Sleep(delay)
+        attempts += 1
+        try:
+            outcome = yield Handle(aggregate_id, message, handler, options.create)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
+            verdict = judge_error(message, exc)
+        else:
+            verdict = judge(message, outcome)
+    return replace(verdict, attempts=attempts)
+
+
+# --- the drivers -----------------------------------------------------------------------
+
+
+class _Base(Generic[S]):
+    def __init__(
+        self,
+        handler: Handler[S],
+        aggregate_id_of: Callable[[Message], AggregateId],
+        options: Options,
+        rng: random.Random | None,
+    ) -> None:
+        self.handler = handler
+        self.aggregate_id_of = aggregate_id_of
+        self.options = options
+        self.rng = rng or random.Random()
+
+    def flow(self, deliveries: Sequence[Delivery]) -> ReceiveFlow:
+        return receive_flow(deliveries, self.handler, self.aggregate_id_of, self.options, self.rng)
+
+
+class Receiver(_Base[S]):
+    """Runs :func:`receive_flow` over a sync store. ``keep(index, verdict)`` keeps a
+    rejected delivery (raising if it could not); ``sleep`` waits between retries."""
+
+    def __init__(
+        self,
+        store: AggregateStore[S],
+        handler: Handler[S],
+        aggregate_id_of: Callable[[Message], AggregateId],
+        options: Options,
+        *,
+        keep: Callable[[int, Verdict], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(handler, aggregate_id_of, options, rng)
+        self.store = store
+        self.keep = keep
+        self.sleep = sleep
+
+    def receive(self, deliveries: Sequence[Delivery]) -> list[Verdict]:
+        return drive(self.flow(deliveries), self._perform)
+
+    def _perform(self, op: ReceiveOp) -> Any:
+        if isinstance(op, Handle):
+            return self.store.handle(op.aggregate_id, op.message, op.handler, create=op.create)
+        if isinstance(op, HandleBatch):
+            return self.store.handle_batch(
+                op.aggregate_id, op.messages, op.handler, create=op.create
+            )
+        if isinstance(op, Sleep):
+            return self.sleep(op.seconds)
+        assert self.keep is not None, "Options.keep without a keep function"
+        return self.keep(op.index, op.verdict)
+
+
+class AsyncReceiver(_Base[S]):
+    """The async twin of :class:`Receiver`, over an :class:`AsyncAggregateStore`."""
+
+    def __init__(
+        self,
+        store: AsyncAggregateStore[S],
+        handler: Handler[S],
+        aggregate_id_of: Callable[[Message], AggregateId],
+        options: Options,
+        *,
+        keep: Callable[[int, Verdict], Awaitable[None]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(handler, aggregate_id_of, options, rng)
+        self.store = store
+        self.keep = keep
+        self.sleep = sleep
+
+    async def receive(self, deliveries: Sequence[Delivery]) -> list[Verdict]:
+        return await drive_async(self.flow(deliveries), self._perform)
+
+    async def _perform(self, op: ReceiveOp) -> Any:
+        if isinstance(op, Handle):
+            return await self.store.handle(
+                op.aggregate_id, op.message, op.handler, create=op.create
+            )
+        if isinstance(op, HandleBatch):
+            return await self.store.handle_batch(
+                op.aggregate_id, op.messages, op.handler, create=op.create
+            )
+        if isinstance(op, Sleep):
+            return await self.sleep(op.seconds)
+        assert self.keep is not None, "Options.keep without a keep function"
+        return await self.keep(op.index, op.verdict)
+
+
+def receive(
+    body: bytes,
+    store: AggregateStore[S],
+    handler: Handler[S],
+    aggregate_id_of: Callable[[Message], AggregateId],
+    *,
+    create: bool,
+    headers: Mapping[str, Any] | None = None,
+    content_type: str | None = None,
+) -> Verdict:
+    """Decode ``body``, handle its message exactly once on the store, and say how to settle.
+
+    ``body`` is a docoutbox entry, a CloudEvent in structured or binary mode (pass the
+    delivery's ``headers`` and ``content_type``), or a plain ``{id, type, payload}``
+    message (:func:`~docoutbox.codec.decode_message`).
+
+    - ``ACK`` once the outcome is ``applied`` or ``duplicate`` (the commit is durable);
+    - ``REQUEUE`` on ``gave_up``, a transient store error, a conflict or a saturated
+      inbox; also on a permanent store error, marked ``fatal`` so the consumer stops;
+    - ``REJECT`` when the body is malformed, the input invalid, the document would grow
+      too large, the aggregate is missing (``create=False``) or the handler raised.
+    """
+    options = Options(create=create, retry=NO_RETRY)
+    receiver = Receiver(store, handler, aggregate_id_of, options)
+    return receiver.receive([Delivery(body, headers, content_type)])[0]
+
+
+async def receive_async(
+    body: bytes,
+    store: AsyncAggregateStore[S],
+    handler: Handler[S],
+    aggregate_id_of: Callable[[Message], AggregateId],
+    *,
+    create: bool,
+    headers: Mapping[str, Any] | None = None,
+    content_type: str | None = None,
+) -> Verdict:
+    """The async twin of :func:`receive`, over an :class:`AsyncAggregateStore`."""
+    options = Options(create=create, retry=NO_RETRY)
+    receiver = AsyncReceiver(store, handler, aggregate_id_of, options)
+    return (await receiver.receive([Delivery(body, headers, content_type)]))[0]
 
 
 def receive_retrying(
@@ -188,29 +497,12 @@ def receive_retrying(
     Each attempt is a fresh exactly-once handling: a retry after a commit that did happen
     is a duplicate, acked. The verdict's ``attempts`` says how many handlings it took.
     """
-    rng = rng or random.Random()
+    options = Options(create=create, retry=retry)
+    receiver = Receiver(store, handler, aggregate_id_of, options, sleep=sleep, rng=rng)
+    return receiver.receive([Delivery(body, headers, content_type)])[0]
 
-    def once() -> Verdict:
-        return receive(
-            body,
-            store,
-            handler,
-            aggregate_id_of,
-            create=create,
-            headers=headers,
-            content_type=content_type,
-        )
 
-    verdict = once()
-    attempts = 1
-    for delay in retry.delays(rng):
-        if not retryable(verdict):
-            break
-        if delay > 0:
-            sleep(delay)
-        verdict = once()
-        attempts += 1
-    return replace(verdict, attempts=attempts)
+# --- dead letters, counts and logs, shared by every consumer helper -------------------
 
 
 class Rejects(Protocol):
@@ -227,3 +519,116 @@ class Rejects(Protocol):
         queue: str | None = ...,
         body: str | bytes | None = ...,
     ) -> None: ...
+
+
+class AsyncRejects(Protocol):
+    """The async twin of :class:`Rejects` (e.g. ``AsyncMongoDeadLetters``)."""
+
+    async def put(
+        self,
+        aggregate_id: AggregateId | None,
+        entry: dict[str, Any],
+        error: str,
+        attempts: int,
+        *,
+        origin: str = ...,
+        queue: str | None = ...,
+        body: str | bytes | None = ...,
+    ) -> None: ...
+
+
+#: Where an async consumer keeps what it rejects: a sync or an async dead-letter store.
+AnyRejects = Rejects | AsyncRejects
+
+
+class Stop(Protocol):
+    """A consumer's stop flag: a ``threading.Event``, or an ``asyncio.Event``."""
+
+    def is_set(self) -> bool: ...
+
+
+def rejected(verdict: Verdict, body: bytes, queue: str) -> dict[str, Any]:
+    """The arguments of ``Rejects.put`` for a rejected delivery: its entry (the body's
+    JSON object, or its text), the aggregate it names, the error, attempts and raw body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    entry: dict[str, Any] = data if isinstance(data, dict) else {"value": repr(body[:1000])}
+    if verdict.message is not None:
+        entry.setdefault("id", verdict.message.id)
+    aggregate_id = entry.get("aggregate_id")
+    try:
+        text: str | bytes = body.decode()
+    except UnicodeDecodeError:
+        text = body
+    return {
+        "aggregate_id": aggregate_id if isinstance(aggregate_id, str | int) else None,
+        "entry": entry,
+        "error": describe(verdict),
+        "attempts": verdict.attempts,
+        "origin": "consume",
+        "queue": queue,
+        "body": text,
+    }
+
+
+def keep_sync(rejects: Rejects, verdict: Verdict, body: bytes, queue: str) -> None:
+    """Keep a rejected delivery in ``rejects``."""
+    rejects.put(**rejected(verdict, body, queue))
+
+
+async def keep_async(
+    rejects: Rejects | AsyncRejects, verdict: Verdict, body: bytes, queue: str
+) -> None:
+    """Keep a rejected delivery in ``rejects``, sync or async."""
+    result: Any = rejects.put(**rejected(verdict, body, queue))
+    if inspect.isawaitable(result):
+        await result
+
+
+@dataclass
+class ConsumerStats:
+    delivered: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    #: Deliveries given back to be read again (nack with requeue, or a rewound offset).
+    requeued: int = 0
+    rejected: int = 0
+    #: Handlings repeated because the handler failed (HandlerRetry).
+    retried: int = 0
+    #: Rejected deliveries kept in the dead letters.
+    dead_lettered: int = 0
+    #: Deliveries read again after a requeue or a lost consumer, as far as the broker says.
+    redelivered: int = 0
+
+    def count(self, verdict: Verdict, redelivered: bool) -> None:
+        """Count a delivery settled as ``verdict`` says."""
+        self.delivered += 1
+        self.redelivered += redelivered
+        self.retried += max(0, verdict.attempts - 1)
+        if verdict.action is Action.ACK:
+            if verdict.outcome is not None and verdict.outcome.duplicate:
+                self.duplicates += 1
+            else:
+                self.applied += 1
+        elif verdict.action is Action.REQUEUE:
+            self.requeued += 1
+        else:
+            self.rejected += 1
+            self.dead_lettered += bool(verdict.kept)
+
+
+def log_verdict(log: logging.Logger, verdict: Verdict, body: bytes, kept: str) -> None:
+    """Log a delivery that is not acked; ``kept`` says where a rejected one stays."""
+    if verdict.action is Action.REQUEUE:
+        log.warning("requeueing %s", describe(verdict))
+    elif verdict.action is Action.REJECT:
+        log.error(
+            "rejecting %s after %d attempt(s) (kept %s); body %r",
+            describe(verdict),
+            verdict.attempts,
+            kept,
+            body[:200],
+            exc_info=verdict.error,
+        )

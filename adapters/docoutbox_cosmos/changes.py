@@ -1,4 +1,7 @@
-"""The Cosmos DB change feed (latest-version mode, pull model) as a ChangeSource.
+"""The Cosmos DB change feed (latest-version mode, pull model) as a ChangeSource, sync
+(:class:`CosmosChangeSource`) and ``azure.cosmos.aio`` (:class:`AsyncCosmosChangeSource`),
+sharing everything but the requests. The feed of the ranges whose leases an instance holds
+is :class:`docoutbox_cosmos.leases.LeasedChangeSource`.
 
 The feed is read per feed range with ``query_items_change_feed``; each range has its own
 continuation. A position is ``{"v": 1, "ranges": {<feed range as JSON>: <continuation>}}``
@@ -77,8 +80,38 @@ class _LastHeaders:
         return token
 
 
-class CosmosChangeSource:
-    """Changes of one ``azure.cosmos`` container, over ``feed_ranges`` (default: all)."""
+def now_token(container: Any, feed_range: Mapping[str, Any]) -> str:
+    """A continuation of ``feed_range`` from now: changes committed after the call follow it."""
+    hook = _LastHeaders()
+    with translated_feed():
+        pager = container.query_items_change_feed(
+            feed_range=feed_range, start_time="Now", response_hook=hook
+        )
+        for _ in pager.by_page():
+            break  # "Now" has nothing yet; a page here only moves the start later
+    return hook.continuation()
+
+
+async def now_token_async(container: Any, feed_range: Mapping[str, Any]) -> str:
+    """The async twin of :func:`now_token`."""
+    hook = _LastHeaders()
+    with translated_feed():
+        pager = container.query_items_change_feed(
+            feed_range=feed_range, start_time="Now", response_hook=hook
+        )
+        async for _ in pager.by_page():
+            break
+    return hook.continuation()
+
+
+def _unusable(exc: Exception) -> ChangeStreamLost:
+    return ChangeStreamLost(f"unusable change feed continuation: {exc!r}")
+
+
+class _FeedReader:
+    """What the sync and async sources share: the tokens per feed range, the checks of
+    a position, the order ranges are read in, and the events of a page (see the module
+    docstring for their positions). The subclasses only send the requests."""
 
     def __init__(
         self,
@@ -93,6 +126,53 @@ class CosmosChangeSource:
         self._tokens: dict[str, str] | None = None
         self._next = 0
 
+    def _accept(self, position: Position, current: Mapping[str, Any]) -> None:
+        tokens = position.get("ranges") if isinstance(position, Mapping) else None
+        if (
+            not isinstance(position, Mapping)
+            or position.get("v") != 1
+            or not isinstance(tokens, Mapping)
+            or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
+        ):
+            raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
+        if not _covers(tokens, current):
+            raise ChangeStreamLost("the checkpoint's feed ranges do not cover the container's")
+        self._tokens = dict(tokens)
+        self._next = 0
+
+    def _position(self) -> Position:
+        assert self._tokens is not None
+        return {"v": 1, "ranges": dict(self._tokens)}
+
+    def _order(self) -> list[str]:
+        """The ranges to read in this poll, round robin from a different one each time."""
+        if self._tokens is None:
+            raise ChangeStreamLost("the change feed is not open")
+        keys = sorted(self._tokens)
+        start = self._next % max(1, len(keys))
+        self._next = start + 1
+        return keys[start:] + keys[:start]
+
+    def _page(self, key: str, token: str, before: Position, items: list[Any]) -> list[ChangeEvent]:
+        assert self._tokens is not None
+        self._tokens[key] = token
+        if not items:
+            return []
+        after = self._position()
+        events = [ChangeEvent(before, self.codec.to_document(item)) for item in items[:-1]]
+        events.append(ChangeEvent(after, self.codec.to_document(items[-1])))
+        return events
+
+    def _page_request(self, key: str, limit: int, hook: _LastHeaders) -> Any:
+        assert self._tokens is not None
+        return self.container.query_items_change_feed(
+            continuation=self._tokens[key], max_item_count=limit, response_hook=hook
+        )
+
+
+class CosmosChangeSource(_FeedReader):
+    """Changes of one ``azure.cosmos`` container, over ``feed_ranges`` (default: all)."""
+
     def feed_ranges(self) -> dict[str, dict[str, Any]]:
         if self._ranges is None:
             with translated():
@@ -102,71 +182,77 @@ class CosmosChangeSource:
         return {range_key(r): r for r in ranges}
 
     def start_marker(self) -> Position:
-        tokens: dict[str, str] = {}
-        for key, feed_range in self.feed_ranges().items():
-            hook = _LastHeaders()
-            with translated_feed():
-                pager = self.container.query_items_change_feed(
-                    feed_range=feed_range, start_time="Now", response_hook=hook
-                )
-                for _ in pager.by_page():
-                    break  # "Now" has nothing yet; a page here only moves the start later
-            tokens[key] = hook.continuation()
+        tokens = {key: now_token(self.container, r) for key, r in self.feed_ranges().items()}
         return {"v": 1, "ranges": tokens}
 
     def open(self, position: Position) -> None:
-        tokens = position.get("ranges") if isinstance(position, Mapping) else None
-        if (
-            not isinstance(position, Mapping)
-            or position.get("v") != 1
-            or not isinstance(tokens, Mapping)
-            or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
-        ):
-            raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
-        if not _covers(tokens, self.feed_ranges()):
-            raise ChangeStreamLost("the checkpoint's feed ranges do not cover the container's")
-        self._tokens = dict(tokens)
-        self._next = 0
-
-    def _position(self) -> Position:
-        assert self._tokens is not None
-        return {"v": 1, "ranges": dict(self._tokens)}
+        self._accept(position, self.feed_ranges())
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
-        if self._tokens is None:
-            raise ChangeStreamLost("the change feed is not open")
         events: list[ChangeEvent] = []
-        keys = sorted(self._tokens)
-        for step in range(len(keys)):
+        for key in self._order():
             if len(events) >= max_events:
                 break
-            key = keys[(self._next + step) % len(keys)]
             events.extend(self._read_page(key, max_events - len(events)))
-        self._next = (self._next + 1) % len(keys)
         return events
 
     def _read_page(self, key: str, limit: int) -> list[ChangeEvent]:
-        assert self._tokens is not None
-        hook = _LastHeaders()
-        before = self._position()
+        hook, before = _LastHeaders(), self._position()
+        items: list[Any] = []
         with translated_feed():
             try:
-                pager = self.container.query_items_change_feed(
-                    continuation=self._tokens[key], max_item_count=limit, response_hook=hook
-                )
-                items: list[dict[str, Any]] = []
-                for page in pager.by_page():
+                for page in self._page_request(key, limit, hook).by_page():
                     items = list(page)
                     break
             except (ValueError, KeyError, TypeError) as exc:  # the SDK parses the token
-                raise ChangeStreamLost(f"unusable change feed continuation: {exc!r}") from exc
-        self._tokens[key] = hook.continuation()
-        if not items:
-            return []
-        after = self._position()
-        events = [ChangeEvent(before, self.codec.to_document(item)) for item in items[:-1]]
-        events.append(ChangeEvent(after, self.codec.to_document(items[-1])))
-        return events
+                raise _unusable(exc) from exc
+        return self._page(key, hook.continuation(), before, items)
 
     def close(self) -> None:
+        self._tokens = None
+
+
+class AsyncCosmosChangeSource(_FeedReader):
+    """The async twin of :class:`CosmosChangeSource`, over an ``azure.cosmos.aio``
+    container."""
+
+    async def feed_ranges(self) -> dict[str, dict[str, Any]]:
+        if self._ranges is None:
+            with translated():
+                ranges = [r async for r in self.container.read_feed_ranges()]
+        else:
+            ranges = self._ranges
+        return {range_key(r): r for r in ranges}
+
+    async def start_marker(self) -> Position:
+        ranges = await self.feed_ranges()
+        return {
+            "v": 1,
+            "ranges": {key: await now_token_async(self.container, r) for key, r in ranges.items()},
+        }
+
+    async def open(self, position: Position) -> None:
+        self._accept(position, await self.feed_ranges())
+
+    async def poll(self, max_events: int) -> list[ChangeEvent]:
+        events: list[ChangeEvent] = []
+        for key in self._order():
+            if len(events) >= max_events:
+                break
+            events.extend(await self._read_page(key, max_events - len(events)))
+        return events
+
+    async def _read_page(self, key: str, limit: int) -> list[ChangeEvent]:
+        hook, before = _LastHeaders(), self._position()
+        items: list[Any] = []
+        with translated_feed():
+            try:
+                async for page in self._page_request(key, limit, hook).by_page():
+                    items = [item async for item in page]
+                    break
+            except (ValueError, KeyError, TypeError) as exc:  # the SDK parses the token
+                raise _unusable(exc) from exc
+        return self._page(key, hook.continuation(), before, items)
+
+    async def close(self) -> None:
         self._tokens = None

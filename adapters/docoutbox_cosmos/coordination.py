@@ -13,6 +13,10 @@ Each container is partitioned on ``/id``; item IDs are encoded with
   owner. Every lost race is False, never an error.
 - :class:`CosmosDeadLetters`: ``{id: <entry id>, aggregate_id, entry, error, attempts,
   quarantined_at}``; a second ``put`` of the same entry is a no-op (409).
+
+Checkpoints and dead letters have ``azure.cosmos.aio`` twins. The dispatcher's leases by
+feed range are in :mod:`docoutbox_cosmos.leases`; :class:`CosmosLeaseTable` leases the
+partition numbers stored on the documents instead, as the MongoDB adapter does.
 """
 
 from __future__ import annotations
@@ -58,11 +62,40 @@ class CosmosCheckpoints:
         return item.get("position")
 
     def save(self, name: str, position: Position) -> None:
-        item_id = encode_id(name)
-        body = {"id": item_id, "name": name, "position": to_json(position)}
-        body["updated_at"] = format_time(utcnow())
         with translated():
-            self.container.upsert_item(body)
+            self.container.upsert_item(_checkpoint(name, position))
+
+
+def _checkpoint(name: str, position: Position) -> dict[str, Any]:
+    return {
+        "id": encode_id(name),
+        "name": name,
+        "position": to_json(position),
+        "updated_at": format_time(utcnow()),
+    }
+
+
+class AsyncCosmosCheckpoints:
+    """The async twin of :class:`CosmosCheckpoints`, over an ``azure.cosmos.aio``
+    container."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    async def load(self, name: str) -> Position | None:
+        item_id = encode_id(name)
+        with translated():
+            try:
+                item = await self.container.read_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                return None
+        return item.get("position")
+
+    async def save(self, name: str, position: Position) -> None:
+        with translated():
+            await self.container.upsert_item(_checkpoint(name, position))
 
 
 class CosmosLeaseTable:
@@ -202,23 +235,46 @@ class CosmosDeadLetters:
     def put(
         self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
     ) -> None:
-        entry_id = entry.get("id")
-        if not isinstance(entry_id, str) or not entry_id:
-            digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
-            entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-        item_id = encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32])
-        body = {
-            "id": item_id,
-            "entry_id": entry_id,
-            "aggregate_id": aggregate_id,
-            "entry": to_json(entry),
-            "error": error,
-            "attempts": attempts,
-            "quarantined_at": format_time(utcnow()),
-        }
+        body = _dead_letter(aggregate_id, entry, error, attempts)
         with translated(aggregate_id):
             try:
                 self.container.create_item(body)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.EXISTS:
+                    raise  # a 409 means already quarantined
+
+
+def _dead_letter(
+    aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+) -> dict[str, Any]:
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
+        entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
+    return {
+        "id": encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32]),
+        "entry_id": entry_id,
+        "aggregate_id": aggregate_id,
+        "entry": to_json(entry),
+        "error": error,
+        "attempts": attempts,
+        "quarantined_at": format_time(utcnow()),
+    }
+
+
+class AsyncCosmosDeadLetters:
+    """The async twin of :class:`CosmosDeadLetters`."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    async def put(
+        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+    ) -> None:
+        body = _dead_letter(aggregate_id, entry, error, attempts)
+        with translated(aggregate_id):
+            try:
+                await self.container.create_item(body)
             except cosmos_errors.CosmosHttpResponseError as exc:
                 if refusal(exc) is not Refusal.EXISTS:
                     raise  # a 409 means already quarantined

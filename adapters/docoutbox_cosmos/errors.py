@@ -123,7 +123,7 @@ def translated_feed() -> Iterator[None]:
     try:
         yield
     except cosmos_errors.CosmosHttpResponseError as exc:
-        if exc.status_code == 400:
+        if exc.status_code in (400, 410):  # a refused token; a range gone (SDK gave up)
             raise ChangeStreamLost(f"change feed cannot resume: {exc.status_code}") from exc
         raise translate(exc) from exc
     except DRIVER_ERRORS as exc:

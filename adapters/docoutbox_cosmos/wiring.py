@@ -11,18 +11,28 @@ from azure.cosmos import exceptions as cosmos_errors
 from docoutbox.errors import PermanentStoreError
 from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
-from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters, CosmosLeaseTable
+from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
 from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
 
 
 @dataclass
 class CosmosDispatchTarget:
+    """What a dispatcher uses. ``source`` and ``checkpoints`` serve a single instance
+    (every feed range, one checkpoint item); :meth:`leased` switches them to the feed-range
+    leases of ``leases`` for instances that share the container."""
+
     client: Any
     backend: CosmosBackend
     source: CosmosChangeSource
-    checkpoints: CosmosCheckpoints
-    leases: CosmosLeaseTable
+    checkpoints: CosmosCheckpoints | CosmosFeedRangeLeases
+    leases: CosmosFeedRangeLeases
     dead_letters: CosmosDeadLetters
+
+    def leased(self) -> None:
+        """Read only the feed ranges whose leases are held, checkpointed in the leases."""
+        self.source = LeasedChangeSource(self.source.container, self.leases)
+        self.checkpoints = self.leases
 
     def close(self) -> None:
         self.client.close()
@@ -84,12 +94,15 @@ def connect_dispatch(
             coll = db.get_container_client(container)
             coll.read()
         backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
+        lease_table = CosmosFeedRangeLeases(
+            coordination_container(db, leases), coll, group or container, codec=backend.codec
+        )
         return CosmosDispatchTarget(
             client=client,
             backend=backend,
             source=CosmosChangeSource(coll, codec=backend.codec),
             checkpoints=CosmosCheckpoints(coordination_container(db, checkpoints)),
-            leases=CosmosLeaseTable(coordination_container(db, leases), group or container),
+            leases=lease_table,
             dead_letters=CosmosDeadLetters(coordination_container(db, dead_letters)),
         )
     except BaseException:

@@ -139,6 +139,28 @@ def dead_letter(
     }
 
 
+def consumer_dead_letter(
+    aggregate_id: AggregateId | None,
+    entry: dict[str, Any],
+    error: str,
+    attempts: int,
+    origin: str,
+    queue: str | None,
+    body: str | bytes | None,
+) -> dict[str, Any]:
+    """:func:`dead_letter` with where it comes from: ``origin``, a consumer's ``queue`` and
+    the raw ``body``."""
+    doc = dead_letter(aggregate_id, entry, error, attempts)
+    doc["origin"] = origin
+    if aggregate_id is None and queue is not None and "/malformed/" in str(doc["_id"]):
+        doc["_id"] = f"{queue}/malformed/{str(doc['_id']).rsplit('/', 1)[-1]}"
+    if queue is not None:
+        doc["queue"] = queue
+    if body is not None:
+        doc["body"] = body
+    return doc
+
+
 class MongoDeadLetters:
     """Dead letters of the dispatcher (``origin: "dispatch"``) and of consumers
     (``origin: "consume"``, with ``queue`` and the raw ``body``), in one collection."""
@@ -157,14 +179,7 @@ class MongoDeadLetters:
         queue: str | None = None,
         body: str | bytes | None = None,
     ) -> None:
-        doc = dead_letter(aggregate_id, entry, error, attempts)
-        doc["origin"] = origin
-        if aggregate_id is None and queue is not None and "/malformed/" in str(doc["_id"]):
-            doc["_id"] = f"{queue}/malformed/{str(doc['_id']).rsplit('/', 1)[-1]}"
-        if queue is not None:
-            doc["queue"] = queue
-        if body is not None:
-            doc["body"] = body
+        doc = consumer_dead_letter(aggregate_id, entry, error, attempts, origin, queue, body)
         with translated(aggregate_id):
             try:
                 self.collection.insert_one(doc)
@@ -191,9 +206,17 @@ class AsyncMongoDeadLetters(MongoDeadLetters):
     """The async twin of :class:`MongoDeadLetters` (pymongo async or Motor)."""
 
     async def put(  # type: ignore[override]
-        self, aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
+        self,
+        aggregate_id: AggregateId | None,
+        entry: dict[str, Any],
+        error: str,
+        attempts: int,
+        *,
+        origin: str = "dispatch",
+        queue: str | None = None,
+        body: str | bytes | None = None,
     ) -> None:
-        doc = dead_letter(aggregate_id, entry, error, attempts)
+        doc = consumer_dead_letter(aggregate_id, entry, error, attempts, origin, queue, body)
         with translated(aggregate_id):
             try:
                 await self.collection.insert_one(doc)

@@ -3,33 +3,41 @@
 They share the sync adapter's decisions: message properties and topology
 (:mod:`~docoutbox_rabbitmq.amqp`), error mapping by reply code
 (:mod:`~docoutbox_rabbitmq.errors`) and how a delivery is settled
-(:mod:`docoutbox.receive`). Only the I/O differs.
+(:mod:`docoutbox.receive`, with the consumer's settings, counts and logs in
+:class:`~docoutbox_rabbitmq.consumer.Settlement`). Only the I/O differs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import aio_pika
 import aiormq.exceptions as ax
 from pamqp.commands import Basic
 from pydantic import BaseModel
 
-from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError, PublishError
 from docoutbox.handlers import Handler
-from docoutbox.model import AggregateId, Message, OutboxMessage
-from docoutbox.receive import Action, Verdict, receive_async
+from docoutbox.model import OutboxMessage
+from docoutbox.receive import (
+    Action,
+    AnyRejects,
+    AsyncReceiver,
+    ConsumerStats,
+    Delivery,
+    Stop,
+    Verdict,
+    keep_async,
+)
 from docoutbox.store.api import AsyncAggregateStore
-from docoutbox_rabbitmq.amqp import masked, message_for, topology
-from docoutbox_rabbitmq.consumer import ConsumerStats, account
+from docoutbox_rabbitmq.amqp import Routing, masked, topology
+from docoutbox_rabbitmq.consumer import Settlement
 from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
-from docoutbox_rabbitmq.publisher import DEFAULT_MAX_MESSAGE_SIZE
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -81,7 +89,7 @@ async def translated(what: str) -> AsyncIterator[None]:
         raise translate(exc, what) from exc
 
 
-class AsyncRabbitPublisher:
+class AsyncRabbitPublisher(Routing):
     """A :class:`docoutbox.AsyncPublisher` for RabbitMQ: returns only once confirmed.
 
     The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
@@ -89,7 +97,8 @@ class AsyncRabbitPublisher:
     ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
     Concurrent ``publish`` calls share one channel, each awaiting its own confirm, so a
     dispatcher keeps several messages in flight. A lost connection raises
-    ``BrokerUnavailable`` and the next call reconnects.
+    ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
+    (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
 
     def __init__(
@@ -97,22 +106,11 @@ class AsyncRabbitPublisher:
         url: str,
         exchange: str = "",
         *,
-        routing_key: str | None = None,
-        route: Callable[[OutboxMessage], str] | None = None,
-        mandatory: bool = True,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         connection_name: str = "docoutbox-publisher",
         timeout: float = 30.0,
-        probe_idle: float = 1.0,
-        wire: WireFormat = WireFormat.PLAIN,
+        **options: Any,
     ) -> None:
-        self.wire = WireFormat(wire)
-        self.exchange = exchange
-        self.probe_idle = probe_idle
-        self.routing_key = routing_key
-        self.route = route
-        self.mandatory = mandatory
-        self.max_message_size = max_message_size
+        super().__init__(url, exchange, **options)
         self.connection_name = connection_name
         self.timeout = timeout
         self._url = url
@@ -121,27 +119,12 @@ class AsyncRabbitPublisher:
         self._lock = asyncio.Lock()
         self._used_at = 0.0
 
-    def __repr__(self) -> str:
-        return f"<AsyncRabbitPublisher {masked(self._url)} exchange={self.exchange!r}>"
-
-    def routing_key_for(self, entry: OutboxMessage) -> str:
-        if self.route is not None:
-            return self.route(entry)
-        return entry.destination or self.routing_key or entry.type
-
     async def publish(self, entry: OutboxMessage) -> None:
-        body, fields = message_for(entry, self.wire)
-        if len(body) > self.max_message_size:
-            raise PermanentPublishError(
-                f"entry {entry.id}: {len(body)} bytes, over the broker's "
-                f"max_message_size of {self.max_message_size} bytes"
-            )
+        body, fields, key, what = self.outgoing(entry)
         channel = await self._open()
         message = aio_pika.Message(body, **fields)
-        key = self.routing_key_for(entry)
-        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
         try:
-            async with translated(f"publish entry {entry.id} to {where}"):
+            async with translated(what):
                 exchange = (
                     channel.default_exchange
                     if not self.exchange
@@ -291,18 +274,13 @@ async def declare_async(
                 await queue.bind(step.exchange, routing_key=step.key or None)
 
 
-class Stop(Protocol):
-    """A stop flag: an ``asyncio.Event``, or a ``threading.Event`` set from another thread."""
-
-    def is_set(self) -> bool: ...
-
-
-class AsyncRabbitConsumer(Generic[S]):
+class AsyncRabbitConsumer(Settlement[AsyncAggregateStore[S], AnyRejects], Generic[S]):
     """The asyncio twin of :class:`~docoutbox_rabbitmq.RabbitConsumer`, over an
-    :class:`~docoutbox.AsyncAggregateStore`: each delivery is handled with
-    ``await store.handle`` and settled as :func:`docoutbox.receive.receive_async`
-    decides (ack after the commit, nack with requeue, or reject to the dead-letter
-    exchange). Deliveries are handled one at a time, in order.
+    :class:`~docoutbox.AsyncAggregateStore`, with the same options and behaviour: each
+    delivery is handled with ``await store.handle``, a failing handler is retried
+    (``retry``), a rejected delivery is kept in ``dead_letters`` (sync or async, e.g.
+    ``AsyncMongoDeadLetters``) or requeued if that fails, and settled as
+    :mod:`docoutbox.receive` decides. Deliveries are handled one at a time, in order.
     """
 
     def __init__(
@@ -312,26 +290,12 @@ class AsyncRabbitConsumer(Generic[S]):
         store: AsyncAggregateStore[S],
         handler: Handler[S],
         *,
-        aggregate_id_of: Callable[[Message], AggregateId],
-        create: bool = False,
-        prefetch: int = 16,
-        requeue_delay: float = 0.05,
-        on_verdict: Callable[[Verdict, bool], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        **options: Any,
     ) -> None:
-        self.queue = queue
-        self.store = store
-        self.handler = handler
-        self.aggregate_id_of = aggregate_id_of
-        self.create = create
-        self.prefetch = prefetch
-        self.requeue_delay = requeue_delay
-        self.on_verdict = on_verdict
-        self.stats = ConsumerStats()
-        self._url = url
+        super().__init__(url, queue, store, handler, **options)
+        self._sleep = sleep
         self._connection: aio_pika.abc.AbstractConnection | None = None
-
-    def __repr__(self) -> str:
-        return f"<AsyncRabbitConsumer {masked(self._url)} queue={self.queue!r}>"
 
     async def decide(
         self,
@@ -339,16 +303,23 @@ class AsyncRabbitConsumer(Generic[S]):
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
     ) -> Verdict:
-        """Handle one delivery against the store and decide how to settle it. No broker I/O."""
-        return await receive_async(
-            body,
+        """Handle one delivery against the store and decide how to settle it, keeping it
+        in the dead letters if rejected. No broker I/O."""
+
+        async def keep(_: int, verdict: Verdict) -> None:
+            assert self.dead_letters is not None
+            await keep_async(self.dead_letters, verdict, body, self.queue)
+
+        receiver = AsyncReceiver(
             self.store,
             self.handler,
             self.aggregate_id_of,
-            create=self.create,
-            headers=headers,
-            content_type=content_type,
+            self._options(),
+            keep=keep,
+            sleep=self._sleep,
+            rng=self._rng,
         )
+        return (await receiver.receive([Delivery(body, headers, content_type)]))[0]
 
     async def run(
         self,
@@ -362,14 +333,13 @@ class AsyncRabbitConsumer(Generic[S]):
         or ``stop`` is set. Raises ``BrokerUnavailable`` if the connection fails (unacked
         deliveries come again), and a permanent store error after requeueing its delivery.
         """
-        where = f"consume {self.queue!r} from {masked(self._url)}"
+        where = self._where()
         loop = asyncio.get_running_loop()
         count = 0
         async with translated(where):
             if self._connection is None or self._connection.is_closed:
                 self._connection = await aio_pika.connect(
-                    self._url,
-                    client_properties={"connection_name": f"docoutbox-consumer {self.queue}"},
+                    self._url, client_properties={"connection_name": self._connection_name}
                 )
             channel = await self._connection.channel()
             try:
@@ -385,22 +355,18 @@ class AsyncRabbitConsumer(Generic[S]):
                         if channel.is_closed:
                             self._connection = None
                             raise BrokerUnavailable(f"{where}: the channel closed") from None
-                        if (stop is not None and stop.is_set()) or (
-                            idle_timeout is not None and loop.time() - idle_since >= idle_timeout
-                        ):
+                        if self._idle(loop.time() - idle_since, idle_timeout, stop):
                             break
                         continue
-                    verdict = await self.decide(
-                        delivery.body, delivery.headers, delivery.content_type
-                    )
+                    body = delivery.body
+                    verdict = await self.decide(body, delivery.headers, delivery.content_type)
+                    self._account(verdict, bool(delivery.redelivered), body)
                     await self._settle(delivery, verdict)
                     if verdict.fatal and verdict.error is not None:
                         raise verdict.error
                     count += 1
                     idle_since = loop.time()
-                    if (max_messages is not None and count >= max_messages) or (
-                        stop is not None and stop.is_set()
-                    ):
+                    if self._done(count, max_messages, stop):
                         break
             finally:
                 if not channel.is_closed:
@@ -416,8 +382,6 @@ class AsyncRabbitConsumer(Generic[S]):
     async def _settle(
         self, delivery: aio_pika.abc.AbstractIncomingMessage, verdict: Verdict
     ) -> None:
-        redelivered = bool(delivery.redelivered)
-        account(self.stats, verdict, redelivered, delivery.body)
         if verdict.action is Action.ACK:
             await delivery.ack()
         elif verdict.action is Action.REQUEUE:
@@ -425,5 +389,3 @@ class AsyncRabbitConsumer(Generic[S]):
             await delivery.nack(requeue=True)
         else:
             await delivery.reject(requeue=False)
-        if self.on_verdict is not None:
-            self.on_verdict(verdict, redelivered)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pika  # type: ignore[import-untyped, unused-ignore]
 
 from docoutbox.codec import AMQP_PREFIX, WireFormat, encode
+from docoutbox.errors import PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.errors import translated
 
@@ -69,6 +70,60 @@ def message_for(
 def properties_for(entry: OutboxMessage) -> Any:
     """:func:`property_fields` as pika ``BasicProperties``."""
     return pika.BasicProperties(**property_fields(entry))
+
+
+#: RabbitMQ's default ``max_message_size`` (128 MiB).
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+
+
+class Routing:
+    """What the pika and aio-pika publishers share: where an entry goes and its message.
+
+    Options: ``routing_key`` and ``route`` (see :meth:`routing_key_for`), ``mandatory``,
+    ``max_message_size``, ``probe_idle`` (seconds unused before a connection is probed)
+    and ``wire`` (:class:`~docoutbox.codec.WireFormat`)."""
+
+    def __init__(
+        self,
+        url: str,
+        exchange: str = "",
+        *,
+        routing_key: str | None = None,
+        route: Callable[[OutboxMessage], str] | None = None,
+        mandatory: bool = True,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        probe_idle: float = 1.0,
+        wire: WireFormat = WireFormat.PLAIN,
+    ) -> None:
+        self.wire = WireFormat(wire)
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.route = route
+        self.mandatory = mandatory
+        self.max_message_size = max_message_size
+        self.probe_idle = probe_idle
+        self._url = url
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {masked(self._url)} exchange={self.exchange!r}>"
+
+    def routing_key_for(self, entry: OutboxMessage) -> str:
+        if self.route is not None:
+            return self.route(entry)
+        return entry.destination or self.routing_key or entry.type
+
+    def outgoing(self, entry: OutboxMessage) -> tuple[bytes, dict[str, Any], str, str]:
+        """The body, property fields, routing key and a description of the publish of
+        ``entry``; ``PermanentPublishError`` if it is over ``max_message_size``."""
+        body, fields = message_for(entry, self.wire)
+        if len(body) > self.max_message_size:
+            raise PermanentPublishError(
+                f"entry {entry.id}: {len(body)} bytes, over the broker's "
+                f"max_message_size of {self.max_message_size} bytes"
+            )
+        key = self.routing_key_for(entry)
+        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
+        return body, fields, key, f"publish entry {entry.id} to {where}"
 
 
 @dataclass(frozen=True)

@@ -1,54 +1,124 @@
-"""Consume outbox entries from RabbitMQ into an aggregate store, acknowledging after commit."""
+"""Consume outbox entries from RabbitMQ into an aggregate store, acknowledging after commit.
+
+The pika shell (:class:`RabbitConsumer`) and the aio-pika one
+(:class:`~docoutbox_rabbitmq.aio.AsyncRabbitConsumer`) share :class:`Settlement`: their
+settings, counts and logs. What to do with a delivery is decided by
+:mod:`docoutbox.receive`; only the ack, nack or reject is the shell's.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import pika  # type: ignore[import-untyped, unused-ignore]
 from pydantic import BaseModel
 
-from docoutbox.errors import StoreError
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
-from docoutbox.receive import Action, HandlerRetry, Rejects, Verdict, describe, receive_retrying
+from docoutbox.receive import (
+    Action,
+    ConsumerStats,
+    Delivery,
+    HandlerRetry,
+    Options,
+    Receiver,
+    Rejects,
+    Verdict,
+    keep_sync,
+    log_verdict,
+)
 from docoutbox.store.api import AggregateStore
 from docoutbox_rabbitmq.amqp import masked
 from docoutbox_rabbitmq.errors import translated
 
 S = TypeVar("S", bound=BaseModel)
+St = TypeVar("St")
+R = TypeVar("R")
 log = logging.getLogger("docoutbox.rabbitmq")
 
-
-@dataclass
-class ConsumerStats:
-    delivered: int = 0
-    applied: int = 0
-    duplicates: int = 0
-    requeued: int = 0
-    rejected: int = 0
-    #: Handlings repeated because the handler failed (HandlerRetry).
-    retried: int = 0
-    #: Rejected deliveries kept in the dead letters.
-    dead_lettered: int = 0
-    #: Deliveries the broker flagged as redelivered (after a requeue or a lost consumer).
-    redelivered: int = 0
+__all__ = ["ConsumerStats", "RabbitConsumer", "Settlement"]
 
 
-class RabbitConsumer(Generic[S]):
+class Settlement(Generic[St, R]):
+    """What the pika and aio-pika consumers share: settings, counts, logs (no I/O)."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        store: St,
+        handler: Handler[Any],
+        *,
+        aggregate_id_of: Callable[[Message], AggregateId],
+        create: bool = False,
+        prefetch: int = 16,
+        requeue_delay: float = 0.05,
+        on_verdict: Callable[[Verdict, bool], None] | None = None,
+        retry: HandlerRetry | None = None,
+        dead_letters: R | None = None,
+    ) -> None:
+        self.queue = queue
+        self.store = store
+        self.handler = handler
+        self.aggregate_id_of = aggregate_id_of
+        self.create = create
+        self.prefetch = prefetch
+        self.requeue_delay = requeue_delay
+        self.on_verdict = on_verdict
+        self.retry = retry if retry is not None else HandlerRetry()
+        self.dead_letters = dead_letters
+        self.stats = ConsumerStats()
+        self._rng = random.Random()
+        self._url = url
+        self._connection_name = f"docoutbox-consumer {queue}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {masked(self._url)} queue={self.queue!r}>"
+
+    def _where(self) -> str:
+        return f"consume {self.queue!r} from {masked(self._url)}"
+
+    def _options(self) -> Options:
+        return Options(self.create, self.retry, keep=self.dead_letters is not None)
+
+    def _account(self, verdict: Verdict, redelivered: bool, body: bytes) -> None:
+        """Count and log a delivery about to be settled as ``verdict`` says."""
+        self.stats.count(verdict, redelivered)
+        kept = (
+            "in the dead letters"
+            if self.dead_letters is not None
+            else "only if the queue has a dead-letter exchange"
+        )
+        log_verdict(log, verdict, body, kept)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict, redelivered)
+
+    @staticmethod
+    def _done(count: int, max_messages: int | None, stop: Any) -> bool:
+        return (max_messages is not None and count >= max_messages) or (
+            stop is not None and stop.is_set()
+        )
+
+    @staticmethod
+    def _idle(idle_for: float, idle_timeout: float | None, stop: Any) -> bool:
+        return (stop is not None and stop.is_set()) or (
+            idle_timeout is not None and idle_for >= idle_timeout
+        )
+
+
+class RabbitConsumer(Settlement[AggregateStore[S], Rejects], Generic[S]):
     """Feed a queue's deliveries to ``store.handle`` and acknowledge only after the commit.
 
     Each body is a docoutbox entry (its message carries ``source`` and ``seq``, so exact
     de-duplication works) or a plain ``{id, type, payload}`` message from any producer
     (:func:`docoutbox.codec.decode_message`). It is handled on the aggregate
-    ``aggregate_id_of(message)`` and settled as :func:`~docoutbox.receive.receive`
-    decides: acked after the commit (or as a duplicate), nacked with requeue after
+    ``aggregate_id_of(message)`` and settled as :mod:`docoutbox.receive` decides:
+    acked after the commit (or as a duplicate), nacked with requeue after
     ``requeue_delay``, or rejected without requeue.
 
     A handler that fails is retried first (``retry``: immediately, then after growing
@@ -71,35 +141,14 @@ class RabbitConsumer(Generic[S]):
         store: AggregateStore[S],
         handler: Handler[S],
         *,
-        aggregate_id_of: Callable[[Message], AggregateId],
-        create: bool = False,
-        prefetch: int = 16,
-        requeue_delay: float = 0.05,
-        on_verdict: Callable[[Verdict, bool], None] | None = None,
-        retry: HandlerRetry | None = None,
-        dead_letters: Rejects | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        **options: Any,
     ) -> None:
-        self.queue = queue
-        self.store = store
-        self.handler = handler
-        self.aggregate_id_of = aggregate_id_of
-        self.create = create
-        self.prefetch = prefetch
-        self.requeue_delay = requeue_delay
-        self.on_verdict = on_verdict
-        self.retry = retry if retry is not None else HandlerRetry()
-        self.dead_letters = dead_letters
+        super().__init__(url, queue, store, handler, **options)
         self._sleep = sleep
-        self._rng = random.Random()
-        self.stats = ConsumerStats()
-        self._url = url
         self._params = pika.URLParameters(url)
-        self._params.client_properties = {"connection_name": f"docoutbox-consumer {queue}"}
+        self._params.client_properties = {"connection_name": self._connection_name}
         self._connection: Any = None
-
-    def __repr__(self) -> str:
-        return f"<RabbitConsumer {masked(self._url)} queue={self.queue!r}>"
 
     def decide(
         self,
@@ -107,23 +156,24 @@ class RabbitConsumer(Generic[S]):
         headers: Mapping[str, Any] | None = None,
         content_type: str | None = None,
     ) -> Verdict:
-        """Handle one delivery against the store and decide how to settle it. No broker I/O.
+        """Handle one delivery against the store and decide how to settle it, keeping it
+        in the dead letters if rejected. No broker I/O.
 
         The body may also be a CloudEvent, structured or binary (attributes in ``headers``)."""
-        verdict = receive_retrying(
-            body,
+        receiver = Receiver(
             self.store,
             self.handler,
             self.aggregate_id_of,
-            create=self.create,
-            retry=self.retry,
+            self._options(),
+            keep=lambda _, verdict: self._keep(verdict, body),
             sleep=self._sleep,
             rng=self._rng,
-            headers=headers,
-            content_type=content_type,
         )
-        self.stats.retried += verdict.attempts - 1
-        return verdict
+        return receiver.receive([Delivery(body, headers, content_type)])[0]
+
+    def _keep(self, verdict: Verdict, body: bytes) -> None:
+        assert self.dead_letters is not None
+        keep_sync(self.dead_letters, verdict, body, self.queue)
 
     def run(
         self,
@@ -137,9 +187,8 @@ class RabbitConsumer(Generic[S]):
         or ``stop`` is set. Raises ``BrokerUnavailable`` if the connection fails (unacked
         deliveries come again), and a permanent store error after requeueing its delivery.
         """
-        where = f"consume {self.queue!r} from {masked(self._url)}"
         count = 0
-        with translated(where):
+        with translated(self._where()):
             if self._connection is None or self._connection.is_closed:
                 self._connection = pika.BlockingConnection(self._params)
             channel = self._connection.channel()
@@ -148,22 +197,17 @@ class RabbitConsumer(Generic[S]):
             try:
                 for method, props, body in channel.consume(self.queue, inactivity_timeout=poll):
                     if method is None:
-                        if stop is not None and stop.is_set():
-                            break
-                        if idle_timeout is not None and (
-                            time.monotonic() - idle_since >= idle_timeout
-                        ):
+                        if self._idle(time.monotonic() - idle_since, idle_timeout, stop):
                             break
                         continue
                     verdict = self.decide(body, props.headers, props.content_type)
-                    self._settle(channel, method, verdict, body)
+                    self._account(verdict, bool(method.redelivered), body)
+                    self._settle(channel, method.delivery_tag, verdict)
                     if verdict.fatal and verdict.error is not None:
                         raise verdict.error
                     count += 1
                     idle_since = time.monotonic()
-                    if (max_messages is not None and count >= max_messages) or (
-                        stop is not None and stop.is_set()
-                    ):
+                    if self._done(count, max_messages, stop):
                         break
             finally:
                 if channel.is_open:
@@ -177,96 +221,11 @@ class RabbitConsumer(Generic[S]):
                 self._connection.close()
         self._connection = None
 
-    def _settle(self, channel: Any, method: Any, verdict: Verdict, body: bytes) -> None:
-        stats, tag, redelivered = self.stats, method.delivery_tag, bool(method.redelivered)
-        stats.delivered += 1
-        stats.redelivered += redelivered
+    def _settle(self, channel: Any, tag: int, verdict: Verdict) -> None:
         if verdict.action is Action.ACK:
             channel.basic_ack(tag)
-            if verdict.outcome is not None and verdict.outcome.duplicate:
-                stats.duplicates += 1
-            else:
-                stats.applied += 1
         elif verdict.action is Action.REQUEUE:
-            log.warning("requeueing %s", describe(verdict))
             time.sleep(self.requeue_delay)
             channel.basic_nack(tag, requeue=True)
-            stats.requeued += 1
-        elif not self._keep(verdict, body):
-            log.warning("requeueing %s: its dead letter could not be stored", describe(verdict))
-            time.sleep(self.requeue_delay)
-            channel.basic_nack(tag, requeue=True)
-            stats.requeued += 1
         else:
-            kept = (
-                "in the dead letters"
-                if self.dead_letters is not None
-                else ("only if the queue has a dead-letter exchange")
-            )
-            log.error(
-                "rejecting %s after %d attempt(s) (kept %s); body %r",
-                describe(verdict),
-                verdict.attempts,
-                kept,
-                body[:200],
-                exc_info=verdict.error,
-            )
             channel.basic_reject(tag, requeue=False)
-            stats.rejected += 1
-        if self.on_verdict is not None:
-            self.on_verdict(verdict, redelivered)
-
-    def _keep(self, verdict: Verdict, body: bytes) -> bool:
-        """Store a rejected delivery in the dead letters; False if that failed."""
-        if self.dead_letters is None:
-            return True
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            data = None
-        entry: dict[str, Any] = data if isinstance(data, dict) else {"value": repr(body[:1000])}
-        if verdict.message is not None:
-            entry.setdefault("id", verdict.message.id)
-        aggregate_id = entry.get("aggregate_id")
-        try:
-            text: str | bytes = body.decode()
-        except UnicodeDecodeError:
-            text = body
-        try:
-            self.dead_letters.put(
-                aggregate_id if isinstance(aggregate_id, str | int) else None,
-                entry,
-                describe(verdict),
-                verdict.attempts,
-                origin="consume",
-                queue=self.queue,
-                body=text,
-            )
-        except StoreError as exc:
-            log.error("dead_letter_failed queue=%s error=%r", self.queue, exc)
-            return False
-        self.stats.dead_lettered += 1
-        return True
-
-
-def account(stats: ConsumerStats, verdict: Verdict, redelivered: bool, body: bytes) -> None:
-    """Count a delivery about to be settled as ``verdict`` says, and log what is not acked
-    (the aio-pika consumer's bookkeeping; it only performs the ack, nack or reject)."""
-    stats.delivered += 1
-    stats.redelivered += redelivered
-    if verdict.action is Action.ACK:
-        if verdict.outcome is not None and verdict.outcome.duplicate:
-            stats.duplicates += 1
-        else:
-            stats.applied += 1
-    elif verdict.action is Action.REQUEUE:
-        log.warning("requeueing %s", describe(verdict))
-        stats.requeued += 1
-    else:
-        log.error(
-            "rejecting %s (kept only if the queue has a dead-letter exchange); body %r",
-            describe(verdict),
-            body[:200],
-            exc_info=verdict.error,
-        )
-        stats.rejected += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -13,10 +13,9 @@ from typing import Any, Self
 import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 
-from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.model import OutboxMessage
-from docoutbox_rabbitmq.amqp import declare, masked, message_for
+from docoutbox_rabbitmq.amqp import Routing, declare, masked
 from docoutbox_rabbitmq.errors import MISSING_CODES, translate, translated
 
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -28,9 +27,6 @@ REFUSED_LOGIN = (
     px.ProbableAccessDeniedError,
 )
 
-#: RabbitMQ's default ``max_message_size`` (128 MiB).
-DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
-
 
 @dataclass(eq=False)
 class _Link:
@@ -41,7 +37,7 @@ class _Link:
     used_at: float = 0.0
 
 
-class RabbitPublisher:
+class RabbitPublisher(Routing):
     """A :class:`docoutbox.dispatch.ports.Publisher` for RabbitMQ: returns only once confirmed.
 
     Each entry is published persistent, ``mandatory``, to ``exchange`` with routing key
@@ -56,6 +52,9 @@ class RabbitPublisher:
     next call reconnects. An idle connection is probed before use, so one the broker
     closed meanwhile is replaced without failing the publish.
 
+    Options (``routing_key``, ``route``, ``mandatory``, ``max_message_size``,
+    ``probe_idle``, ``wire``) are :class:`~docoutbox_rabbitmq.amqp.Routing`'s.
+
     Threads: pika connections must stay on the thread that opened them. The publisher
     opens one connection per thread, lazily, so one instance can serve a pool of worker
     threads. Call :meth:`close` once the workers have stopped.
@@ -66,23 +65,11 @@ class RabbitPublisher:
         url: str,
         exchange: str = "",
         *,
-        routing_key: str | None = None,
-        route: Callable[[OutboxMessage], str] | None = None,
-        mandatory: bool = True,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         connection_name: str = "docoutbox-publisher",
         blocked_timeout: float = 30.0,
-        probe_idle: float = 1.0,
-        wire: WireFormat = WireFormat.PLAIN,
+        **options: Any,
     ) -> None:
-        self.wire = WireFormat(wire)
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.route = route
-        self.mandatory = mandatory
-        self.max_message_size = max_message_size
-        self.probe_idle = probe_idle
-        self._url = url
+        super().__init__(url, exchange, **options)
         self._params = pika.URLParameters(url)
         self._params.client_properties = {"connection_name": connection_name}
         self._params.blocked_connection_timeout = blocked_timeout
@@ -90,26 +77,11 @@ class RabbitPublisher:
         self._links: list[_Link] = []
         self._lock = threading.Lock()
 
-    def __repr__(self) -> str:
-        return f"<RabbitPublisher {masked(self._url)} exchange={self.exchange!r}>"
-
-    def routing_key_for(self, entry: OutboxMessage) -> str:
-        if self.route is not None:
-            return self.route(entry)
-        return entry.destination or self.routing_key or entry.type
-
     def publish(self, entry: OutboxMessage) -> None:
-        body, fields = message_for(entry, self.wire)
-        if len(body) > self.max_message_size:
-            raise PermanentPublishError(
-                f"entry {entry.id}: {len(body)} bytes, over the broker's "
-                f"max_message_size of {self.max_message_size} bytes"
-            )
+        body, fields, key, what = self.outgoing(entry)
         link = self._link()
-        key = self.routing_key_for(entry)
-        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
         try:
-            with translated(f"publish entry {entry.id} to {where}"):
+            with translated(what):
                 link.channel.basic_publish(
                     self.exchange,
                     key,

@@ -367,9 +367,11 @@ def _dispatch(
     if not args.no_leases:
         timing = LeaseTiming(ttl=args.lease_ttl)
         owner = f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        ownership = LeaseKeeper(
-            target.leases, partitions=args.partitions, owner=owner, timing=timing
-        )
+        leased = getattr(target, "leased", None)
+        if leased is not None:
+            leased()  # Cosmos DB: one lease per feed range, carrying its continuation
+        partitions = getattr(target.leases, "partitions", args.partitions)
+        ownership = LeaseKeeper(target.leases, partitions=partitions, owner=owner, timing=timing)
     polling = args.poll_interval is not None
     config = DispatcherConfig(
         name=name,

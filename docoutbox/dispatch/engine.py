@@ -243,6 +243,9 @@ class DispatchEngine:
         self.ownership = ownership
         self.stream = stream
         self.checkpoints = checkpoints
+        #: Which ownership partition a document belongs to, when the ownership says so
+        #: itself (Cosmos DB feed ranges) rather than by the documents' stored partition.
+        self._locate: Callable[[Document], int] | None = getattr(ownership, "locate", None)
         self.metrics = metrics or NullMetrics()
         self.broker = BrokerState()
         self._mono = monotonic
@@ -270,8 +273,10 @@ class DispatchEngine:
         """Refuse to start (:class:`PartitionMismatch`) if the stores partition differently.
 
         Samples documents with pending entries (if there are none, there is nothing to
-        strand yet).
+        strand yet). Nothing to check when the ownership locates documents itself.
         """
+        if self._locate is not None:
+            return
         try:
             docs: list[Document] = yield FindPending(None, PARTITION_SAMPLE, None, None)
         except StoreError as exc:
@@ -322,7 +327,10 @@ class DispatchEngine:
         if not self.sweeps or self.queue.backlog() >= self.config.max_backlog:
             return False
         sweep = self.sweeps[0]
-        partitions = None if sweep.scope is None else sorted(sweep.scope)
+        # A located ownership's partitions are not stored on the documents: page through
+        # every pending document and keep those of the scope.
+        scoped = sweep.scope is not None and self._locate is None
+        partitions = sorted(sweep.scope) if scoped and sweep.scope is not None else None
         try:
             docs: list[Document] = yield FindPending(
                 sweep.after, self.config.sweep_page, sweep.older_than, partitions
@@ -330,8 +338,10 @@ class DispatchEngine:
         except StoreError as exc:
             log.warning("sweep_failed error=%r", exc)
             return False
+        # Documents outside the scope came only because the query could not exclude them.
+        scope = sweep.scope if self._locate is not None else None
         for doc in docs:
-            done = self.request(doc)
+            done = self.request(doc, scope=scope)
             if done is not None:
                 sweep.requested += 1
                 if sweep.gate is not None:
@@ -351,16 +361,28 @@ class DispatchEngine:
             )
         return True
 
-    def request(self, doc: Document | None, *, reuse: bool = True) -> Done | None:
-        """Ask for a run of the document's aggregate if it has pending entries and is ours.
+    def request(
+        self, doc: Document | None, *, reuse: bool = True, scope: frozenset[int] | None = None
+    ) -> Done | None:
+        """Ask for a run of the document's aggregate if it has pending entries and is ours
+        (and in ``scope``, when given).
 
         With ``reuse`` the run publishes from ``doc`` (read recently: a sweep page, an
         event's lookup) instead of reloading it.
         """
         target = event_target(doc, self.config.partitions)
-        if target is None or not self.ownership.valid(target[1]):
+        if target is None:
             return None
-        return partial(self.queue.done, self.queue.request(*target, doc if reuse else None))
+        aggregate_id, partition = target
+        if self._locate is not None:
+            assert doc is not None
+            partition = self._locate(doc)
+        if scope is not None and partition not in scope:
+            return None
+        if not self.ownership.valid(partition):
+            return None
+        slot = self.queue.request(aggregate_id, partition, doc if reuse else None)
+        return partial(self.queue.done, slot)
 
     # -- the change stream ------------------------------------------------------------
 
@@ -376,6 +398,16 @@ class DispatchEngine:
         try:
             events: list[ChangeEvent] = yield PollChanges(self.config.batch_size)
         except ChangeStreamLost as exc:
+            if exc.partitions is not None:
+                # Only those partitions' positions: the source restarted them from now.
+                # Their sweep needs no gate: whoever acquires them next sweeps them too.
+                log.warning(
+                    "stream_partly_lost partitions=%s error=%r; sweeping them",
+                    sorted(exc.partitions),
+                    exc,
+                )
+                self.sweeps.append(Sweep(exc.partitions, None))
+                return True
             log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
             self._resume, self._open = None, False
             return True

@@ -25,7 +25,7 @@ from typing import Protocol
 from docoutbox.dispatch.leases import LeaseTiming, dead_members, plan_leases
 from docoutbox.dispatch.ports import LeaseTable, LeaseView
 from docoutbox.errors import DocOutboxError
-from docoutbox.store.document import utcnow
+from docoutbox.store.document import Document, utcnow
 
 log = logging.getLogger("docoutbox.leases")
 
@@ -102,6 +102,8 @@ class LeaseKeeper:
     ) -> None:
         self.table = table
         self.partitions = partitions
+        #: The table's own document-to-partition mapping, if it has one (see LeaseTable).
+        self.locate: Callable[[Document], int] | None = getattr(table, "locate", None)
         self.owner = owner
         self.timing = timing or LeaseTiming()
         self._clock = clock

@@ -113,6 +113,11 @@ class LeaseTable(Protocol):
     """Partition leases of one group (the aggregates of one collection).
 
     Every write is conditional; a lost race is reported as False, never as an error.
+
+    Partitions are, by default, the numbers stored on the documents
+    (``StoreConfig.partitions``). A table whose partitions are something else (Cosmos DB
+    feed ranges) also defines ``locate(document) -> int``, the partition a document
+    belongs to; the dispatcher then uses it for every event and sweep.
     """
 
     def read(self) -> LeaseView: ...

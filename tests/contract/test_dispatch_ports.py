@@ -1,11 +1,13 @@
 """The dispatch ports' contracts, over every adapter: in memory, mongomock where it can
-(it has no change streams), and the MongoDB wire server (sync, AsyncMongoClient, Motor)."""
+(it has no change streams), the MongoDB wire server (sync, AsyncMongoClient, Motor), and
+Cosmos DB (azure-cosmos sync and aio)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from docoutbox.testing import (
 from docoutbox.testing.blocking import BlockingStore
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
 from docoutbox.testing.dispatch_contract import (
+    NOW,
     ChangeSourceContract,
     CheckpointsContract,
     DeadLettersContract,
@@ -178,3 +181,127 @@ class TestMemoryPublisher(PublisherContract):
             else BlockingStore(AsyncMemoryPublisher(sync), event_loop_)
         )
         return port, sync.ids
+
+
+# -- Cosmos DB (the session's account: the local server has four feed ranges) ------------
+
+
+class CosmosPorts:
+    """A fresh database; ports over its containers, from azure-cosmos sync or aio (used
+    through a blocking wrapper)."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        from tests.support.cosmos import scratch_database
+
+        self.kind = kind
+        self.account = request.getfixturevalue("cosmos_server")
+        self._scratch = scratch_database(self.account)
+        self.db = self._scratch.__enter__()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._closers: list[Callable[[], None]] = []
+        if kind == "aio":
+            self.loop = asyncio.new_event_loop()
+
+    def container(self, name: str) -> Any:
+        from tests.support.cosmos import create_container
+
+        return create_container(self.db, name)
+
+    def port(self, sync_type: Any, async_type: Any, name: str) -> Any:
+        """``sync_type(container)``, or ``async_type`` over an aio proxy of it."""
+        container = self.container(name)
+        if self.loop is None:
+            return sync_type(container)
+        from tests.support.cosmos import async_container
+
+        proxy, close = async_container(self.account, self.db.id, name, self.loop)
+        self._closers.append(close)
+        return BlockingStore(async_type(proxy), self.loop)
+
+    def close(self) -> None:
+        for close in self._closers:
+            close()
+        if self.loop is not None:
+            self.loop.close()
+        self._scratch.__exit__(None, None, None)
+
+
+@pytest.fixture(params=["sync", "aio"])
+def cosmos_ports(request: pytest.FixtureRequest) -> Iterator[CosmosPorts]:
+    ports = CosmosPorts(request.param, request)
+    yield ports
+    ports.close()
+
+
+@pytest.fixture
+def cosmos_sync(request: pytest.FixtureRequest) -> Iterator[CosmosPorts]:
+    """For the ports that are sync only: lease tables, heartbeated on a thread."""
+    ports = CosmosPorts("sync", request)
+    yield ports
+    ports.close()
+
+
+@pytest.mark.cosmos
+class TestCosmosChangeSource(ChangeSourceContract):
+    ordered_across_aggregates = False  # ordered per feed range
+
+    @pytest.fixture
+    def change_source(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosBackend, CosmosChangeSource
+
+        source = cosmos_ports.port(CosmosChangeSource, AsyncCosmosChangeSource, "aggs")
+        return source, CosmosBackend(cosmos_ports.db.get_container_client("aggs"))
+
+
+@pytest.mark.cosmos
+class TestCosmosLeasedChangeSource(ChangeSourceContract):
+    """The change feed of the feed ranges held, every one of them here."""
+
+    ordered_across_aggregates = False
+
+    @pytest.fixture
+    def change_source(self, cosmos_sync: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases, LeasedChangeSource
+
+        aggs = cosmos_sync.container("aggs")
+        table = CosmosFeedRangeLeases(cosmos_sync.container("leases"), aggs, "g")
+        for p in range(table.partitions):
+            assert table.acquire(p, "me", NOW, NOW + timedelta(hours=1))
+        return LeasedChangeSource(aggs, table), CosmosBackend(aggs)
+
+
+@pytest.mark.cosmos
+class TestCosmosCheckpoints(CheckpointsContract):
+    @pytest.fixture
+    def checkpoints(self, cosmos_ports: CosmosPorts) -> Any:
+        from docoutbox_cosmos import AsyncCosmosCheckpoints, CosmosCheckpoints
+
+        return cosmos_ports.port(CosmosCheckpoints, AsyncCosmosCheckpoints, "checkpoints")
+
+
+@pytest.mark.cosmos
+class TestCosmosLeaseTable(LeaseTableContract):
+    @pytest.fixture(params=["feed-ranges", "partition-numbers"])
+    def lease_table(self, request: pytest.FixtureRequest, cosmos_sync: CosmosPorts) -> Any:
+        from docoutbox_cosmos import CosmosFeedRangeLeases, CosmosLeaseTable
+
+        leases = cosmos_sync.container("leases")
+        if request.param == "partition-numbers":
+            return CosmosLeaseTable(leases, "group")
+        return CosmosFeedRangeLeases(leases, cosmos_sync.container("aggs"), "group")
+
+
+@pytest.mark.cosmos
+class TestCosmosDeadLetters(DeadLettersContract):
+    @pytest.fixture
+    def dead_letters(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
+        from docoutbox_cosmos import AsyncCosmosDeadLetters, CosmosDeadLetters
+
+        port = cosmos_ports.port(CosmosDeadLetters, AsyncCosmosDeadLetters, "dead")
+        container = cosmos_ports.db.get_container_client("dead")
+
+        def count() -> int:
+            sql = "SELECT VALUE COUNT(1) FROM c"
+            return int(next(iter(container.query_items(sql, enable_cross_partition_query=True))))
+
+        return port, count

@@ -17,7 +17,7 @@ import pytest
 from docoutbox import AggregateStore
 from docoutbox.cli import main
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
-from docoutbox_cosmos import CosmosBackend, CosmosCheckpoints, CosmosLeaseTable
+from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
 from tests.integration.test_cli_dispatch import lines_of
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.servers import REPO_ROOT, CosmosAccount
@@ -93,9 +93,12 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
     lines = lines_of(proc.stdout)
     try:
         published = [json.loads(lines.get(timeout=60)) for _ in range(20)]
-        checkpoints = CosmosCheckpoints(database.get_container_client("docoutbox_checkpoints"))
+        # Leased instances checkpoint each feed range's continuation in its lease.
+        leases = CosmosFeedRangeLeases(
+            database.get_container_client("docoutbox_leases"), container, "aggs"
+        )
         deadline = time.monotonic() + 30
-        while (before := checkpoints.load("cli-test")) is None:
+        while len(before := continuations(database)) < leases.partitions:
             assert time.monotonic() < deadline, "no first checkpoint"
             time.sleep(0.05)
         for i in range(10):
@@ -115,11 +118,19 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
     )
     assert seqs == {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
-    after = checkpoints.load("cli-test")
-    assert after is not None and after != before  # written on stop
-    view = CosmosLeaseTable(database.get_container_client("docoutbox_leases"), "aggs").read()
+    after = continuations(database)
+    assert after.keys() == before.keys() and after != before  # written on stop
+    view = leases.read()
     assert view.leases == {} and view.members == {}  # released, left the group
     assert "signal_received signal=SIGTERM" in err
     assert "dispatcher_stopped name=cli-test" in err
     assert "published=30" in err
     assert cosmos_server.key not in err
+
+
+def continuations(database: Any) -> dict[int, str]:
+    """Each feed range's continuation, as stored in its lease."""
+    sql = "SELECT c.partition, c.continuation FROM c WHERE c.kind = 'lease'"
+    leases = database.get_container_client("docoutbox_leases")
+    rows = leases.query_items(sql, enable_cross_partition_query=True)
+    return {r["partition"]: r["continuation"] for r in rows if r.get("continuation")}

@@ -1,9 +1,10 @@
 """kill -9 one of two leased dispatcher processes on Cosmos DB, again and again.
 
 Two ``python -m docoutbox dispatch --cosmos-endpoint ...`` instances share the producers'
-container through partition leases in a Cosmos lease container. While producers keep
-committing, one instance at a time is killed with SIGKILL (no checkpoint, leases left to
-expire) and restarted; the survivor takes its partitions over after the lease TTL. Then
+container through feed-range leases in a Cosmos lease container (one lease per feed range,
+carrying its continuation). While producers keep committing, one instance at a time is
+killed with SIGKILL (no checkpoint, leases left to expire) and restarted; the survivor
+takes its feed ranges over after the lease TTL, from their stored continuations. Then
 both drain and stop on SIGTERM. Checked as in ``test_crash.py``: nothing lost, every
 message applied exactly once and in seq order by the consumer's ledgers, and every
 re-publish explained by a kill that left the entry untrimmed.
@@ -23,9 +24,10 @@ from typing import IO, Any
 import pytest
 
 from docoutbox import AggregateStore
+from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter
-from docoutbox_cosmos import CosmosBackend, CosmosLeaseTable
+from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.e2e import Ledger, Sandbox
@@ -120,7 +122,16 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
 
     instances = [launch(), launch()]
     pending_at_kill: list[set[str]] = []
+    leases = CosmosFeedRangeLeases(
+        database.get_container_client("docoutbox_leases"),
+        database.get_container_client("producers"),
+        "producers",
+    )
     try:
+        deadline = time.monotonic() + 6 * LEASE_TTL
+        while len({o for o, _ in _leases(leases).values()}) < 2:  # the ranges are split
+            assert time.monotonic() < deadline, [i.output() for i in instances]
+            time.sleep(0.1)
         for kill in range(KILLS):
             before = len(receiver.deliveries)
             deadline = time.monotonic() + 20
@@ -150,8 +161,9 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
     assert producers.pending() == {}
     dead = database.get_container_client("docoutbox_dead_letters")
     assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
-    leases = CosmosLeaseTable(database.get_container_client("docoutbox_leases"), "producers")
-    assert leases.read().leases == {}  # both stopped cleanly: every lease released
+    assert _leases(leases) == {}  # both stopped cleanly: every lease released
+    tokens = _continuations(database)  # where each feed range resumes
+    assert len(tokens) == leases.partitions and all(isinstance(t, str) for t in tokens)
 
     again = republished(receiver.deliveries)
     kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
@@ -172,3 +184,16 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
     )
     assert len(pending_at_kill) == KILLS
     assert unexplained == {}, "re-published more often than kills left them pending"
+
+
+def _leases(table: CosmosFeedRangeLeases) -> dict[int, tuple[str, Any]]:
+    try:
+        return dict(table.read().leases)
+    except StoreError:  # the lease container may not exist yet
+        return {}
+
+
+def _continuations(database: Any) -> list[Any]:
+    container = database.get_container_client("docoutbox_leases")
+    sql = "SELECT VALUE c.continuation FROM c WHERE c.kind = 'lease'"
+    return list(container.query_items(sql, enable_cross_partition_query=True))

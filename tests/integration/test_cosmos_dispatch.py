@@ -3,6 +3,7 @@ letters and leases, on the session's account (the local server has several feed 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -367,3 +368,63 @@ def test_a_split_feed_range_keeps_the_position_usable(
     while events := resumed.poll(100):
         seen |= {e.document["_id"] for e in events if e.document}
     assert seen == {f"before{i}" for i in range(20)} | {f"after{i}" for i in range(20)}
+
+
+def test_the_asyncio_dispatcher_runs_on_the_aio_ports(
+    env: CosmosEnv, cosmos_server: CosmosAccount
+) -> None:
+    """AsyncCosmosChangeSource, AsyncCosmosCheckpoints, AsyncCosmosDeadLetters and
+    AsyncCosmosBackend under the asyncio driver: in order, trimmed, checkpointed, resumed."""
+    from docoutbox.dispatch.aio import AsyncDispatcher
+    from docoutbox.testing import AsyncMemoryPublisher
+    from docoutbox_cosmos import (
+        AsyncCosmosBackend,
+        AsyncCosmosChangeSource,
+        AsyncCosmosCheckpoints,
+        AsyncCosmosDeadLetters,
+    )
+
+    def run(publisher: MemoryPublisher, until: Any) -> None:
+        made: list[AsyncDispatcher] = []
+
+        async def main() -> None:
+            client = cosmos_server.async_client()
+            db = client.get_database_client(env.db.id)
+            aggs = db.get_container_client(env.coll.id)
+            dispatcher = AsyncDispatcher(
+                AsyncCosmosBackend(aggs),
+                AsyncMemoryPublisher(publisher),
+                AsyncCosmosDeadLetters(db.get_container_client(env.dead.id)),
+                source=AsyncCosmosChangeSource(aggs),
+                checkpoints=AsyncCosmosCheckpoints(db.get_container_client(env.checkpoints.id)),
+                config=CONFIG,
+            )
+            made.append(dispatcher)
+            try:
+                await dispatcher.run()
+            finally:
+                await client.close()
+
+        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: bool(made) and made[0].started.is_set())
+            wait_until(until)
+        finally:
+            if made:
+                made[0].stop()
+            thread.join(15)
+        assert not thread.is_alive()
+
+    first = MemoryPublisher()
+    for i in range(20):
+        env.write(f"a{i % 4}", f"m{i}", emits=2)
+    run(first, lambda: env.pending() == 0 and len(first.published) == 40)
+    assert seqs_by_aggregate(first.published) == env.emitted()
+    saved = env.checkpoint()
+    assert saved["v"] == 1 and len(saved["ranges"]) == len(list(env.coll.read_feed_ranges()))
+    for i in range(8):
+        env.write(f"b{i % 2}", f"n{i}")
+    second = MemoryPublisher()
+    run(second, lambda: env.pending() == 0)
+    assert sorted(e.aggregate_id for e in second.published) == sorted(f"b{i % 2}" for i in range(8))

@@ -16,6 +16,7 @@ from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import WireFormat, decode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
 from docoutbox.model import OutboxMessage
+from docoutbox.receive import HandlerRetry
 from docoutbox.retry import RetryPolicy
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
 from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
@@ -24,6 +25,7 @@ from tests.support.kafka import Topics
 pytestmark = pytest.mark.kafka
 
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
+FAST_RETRY = HandlerRetry(immediate=1, delayed=2, base_delay=0.01, max_delay=0.02)
 
 
 class Crash(BaseException):
@@ -78,7 +80,7 @@ def consumer(
         dead_letter_topic=dead,
         create=True,
         requeue_delay=0.01,
-        **options,  # type: ignore[arg-type]
+        **{"retry": FAST_RETRY, **options},  # type: ignore[arg-type]
     )
     _opened.append(created)
     return created
@@ -118,10 +120,11 @@ def test_republished_duplicates_are_committed_without_reapplying(
 def test_crash_between_store_commit_and_offset_commit_reads_a_duplicate(
     kafka: str, topics: Topics, topic: str, dead: str
 ) -> None:
+    """One record a poll (``max_batch=1``); batches: test_kafka_consumer_batch.py."""
     publish(kafka, topic, [make_entry("a", 1), make_entry("a", 2)])
     backend = FaultyBackend()
     group = f"dx-group-{uuid.uuid4().hex[:8]}"
-    first = consumer(kafka, topic, dead, backend, group=group)
+    first = consumer(kafka, topic, dead, backend, group=group, max_batch=1)
     applied: list[int] = []
 
     def crash() -> None:  # the process dies right after the store's commit of seq 2
@@ -136,7 +139,7 @@ def test_crash_between_store_commit_and_offset_commit_reads_a_duplicate(
     first._consumer.close()  # type: ignore[union-attr]
     first._consumer = None
     backend.after_write = None
-    second = consumer(kafka, topic, dead, backend, group=group)
+    second = consumer(kafka, topic, dead, backend, group=group, max_batch=1)
     stats = second.run(max_messages=1, idle_timeout=10)
     assert (stats.applied, stats.duplicates) == (0, 1)
     assert ledger(backend, "a").seqs["Producer/a"] == [1, 2]
@@ -168,7 +171,7 @@ def test_invalid_records_go_to_the_dead_letter_topic_and_consuming_goes_on(
     with caplog.at_level(logging.ERROR, logger="docoutbox.kafka"):
         stats = worker.run(max_messages=5, idle_timeout=10)
     worker.close()
-    assert (stats.applied, stats.dead_lettered, stats.retried) == (1, 4, 0)
+    assert (stats.applied, stats.dead_lettered, stats.rejected, stats.retried) == (1, 4, 4, 3)
     assert topics.committed_total(topic, worker.group) == 5
     records = topics.read(dead, 4)
     values = [r.value() for r in records]
@@ -187,8 +190,9 @@ def test_invalid_records_go_to_the_dead_letter_topic_and_consuming_goes_on(
 
 
 def test_no_commit_past_a_record_the_dead_letter_topic_did_not_take(
-    kafka: str, topics: Topics, topic: str
+    kafka: str, topics: Topics
 ) -> None:
+    topic = topics.create()  # one partition: the good record comes after the bad one
     raw = Producer({"bootstrap.servers": kafka})
     raw.produce(topic, b"not json", b"a")
     raw.flush(10)
@@ -206,7 +210,9 @@ def test_no_commit_past_a_record_the_dead_letter_topic_did_not_take(
     again = consumer(kafka, topic, dead, backend, group=group)
     stats = again.run(max_messages=2, idle_timeout=10)
     again.close()
-    assert (stats.dead_lettered, stats.applied) == (1, 1)
+    # The good record was written in the first poll already: now it is a duplicate.
+    assert (stats.dead_lettered, stats.applied + stats.duplicates) == (1, 1)
+    assert ledger(backend, "a").seqs["Producer/a"] == [1]
     assert topics.size(dead) == 1
     assert topics.committed_total(topic, group) == 2
 
@@ -216,8 +222,9 @@ def test_gave_up_is_read_again_then_applied_in_order(kafka: str, topic: str, dea
     backend = FaultyBackend()
     backend.refuse_writes = 1  # one conflict; with a single attempt the store gives up
     config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(1))
-    stats = consumer(kafka, topic, dead, backend, config).run(max_messages=3, idle_timeout=10)
-    assert (stats.retried, stats.applied, stats.redelivered) == (1, 2, 1)
+    stats = consumer(kafka, topic, dead, backend, config).run(max_messages=4, idle_timeout=10)
+    # Both records were polled together: one write, refused, so both are read again.
+    assert (stats.requeued, stats.applied, stats.redelivered) == (2, 2, 2)
     assert ledger(backend, "a").seqs["Producer/a"] == [1, 2]
 
 
@@ -227,7 +234,7 @@ def test_transient_store_error_is_read_again(kafka: str, topic: str, dead: str) 
     backend.load_errors = [TransientStoreError("flaky")] * 4  # twice what the store retries
     config = StoreConfig(inbox=InboxPolicy(window=0, exact=True), retry=RetryPolicy(2))
     stats = consumer(kafka, topic, dead, backend, config).run(max_messages=3, idle_timeout=10)
-    assert (stats.retried, stats.applied) == (2, 1)
+    assert (stats.requeued, stats.applied) == (2, 1)
     assert ledger(backend, "a").seqs["Producer/a"] == [1]
 
 
@@ -285,12 +292,13 @@ def test_a_rebalance_between_two_members_loses_and_doubles_nothing(
     publish(kafka, topic, [make_entry(s, seq) for seq in range(1, 21) for s in sources])
     backend = FaultyBackend()
     group = f"dx-group-{uuid.uuid4().hex[:8]}"
-    first = consumer(kafka, topic, dead, backend, group=group, commit_every=1000)
-    second = consumer(kafka, topic, dead, backend, group=group, commit_every=1000)
+    small = {"commit_every": 1000, "max_batch": 10}  # polls small enough to share the stream
+    first = consumer(kafka, topic, dead, backend, group=group, **small)
+    second = consumer(kafka, topic, dead, backend, group=group, **small)
 
     def slow_until_the_second_member_works() -> None:  # so the rebalance is mid-stream
         if second.stats.delivered == 0:
-            time.sleep(0.05)
+            time.sleep(0.2)
 
     backend.after_write = slow_until_the_second_member_works
     stop_first, stop_second = threading.Event(), threading.Event()

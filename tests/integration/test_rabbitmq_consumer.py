@@ -14,8 +14,9 @@ from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message,
 from docoutbox.codec import WireFormat, decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
 from docoutbox.model import OutboxMessage
+from docoutbox.receive import HandlerRetry
 from docoutbox.retry import RetryPolicy
-from docoutbox.testing import AsyncMemoryBackend
+from docoutbox.testing import AsyncMemoryBackend, MemoryDeadLetters
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
 from tests.integration.conftest import RABBITMQ_CLIENTS
@@ -255,4 +256,77 @@ def test_every_wire_format_is_applied_once(
     stats = consumer(url, queue, backend).run(max_messages=6, idle_timeout=5)
     assert (stats.applied, stats.duplicates, stats.rejected) == (3, 3, 0)
     assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]
+    assert box.depth(queue) == 0
+
+
+class Letters:
+    """A dead-letter store over MemoryDeadLetters whose next ``broken`` puts fail; its
+    ``put`` is async for the aio-pika consumer (``AsyncMongoDeadLetters``' shape)."""
+
+    def __init__(self, asynchronous: bool) -> None:
+        self.memory = MemoryDeadLetters()
+        self.broken = 0
+        self.put: Any = self._put_async if asynchronous else self._put
+
+    def _put(self, *args: Any, **kwargs: Any) -> None:
+        if self.broken:
+            self.broken -= 1
+            raise TransientStoreError("dead letters unavailable")
+        self.memory.put(*args, **kwargs)
+
+    async def _put_async(self, *args: Any, **kwargs: Any) -> None:
+        self._put(*args, **kwargs)
+
+
+FAST_RETRY = HandlerRetry(immediate=1, delayed=2, base_delay=0.01, max_delay=0.02)
+
+
+def poisoned(calls: list[str]) -> Callable[[Ledger, Message], Ledger]:
+    def handler(state: Ledger, message: Message) -> Ledger:
+        if message.source == "Producer/b":
+            calls.append(message.id)
+            raise RuntimeError("poison")
+        return ledger_handlers(state, message)  # type: ignore[return-value]
+
+    return handler
+
+
+def test_a_poison_message_is_retried_then_kept_in_the_dead_letter_store(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
+    entries = [make_entry("a", seq) for seq in (1, 2, 3)]
+    poison = make_entry("b", 1)
+    publish(url, queue, [*entries, poison, *entries])  # the second copies are redeliveries
+    backend = FaultyBackend()
+    calls: list[str] = []
+    worker = consumer(url, queue, backend, retry=FAST_RETRY)
+    letters = Letters(isinstance(worker, Blocking))
+    worker.dead_letters = letters
+    worker.handler = poisoned(calls)
+    stats = worker.run(max_messages=7, idle_timeout=5)
+    assert (stats.applied, stats.duplicates) == (3, 3)
+    assert (stats.rejected, stats.dead_lettered, stats.retried) == (1, 1, 3)
+    assert calls == [poison.id] * 4
+    kept = letters.memory.entries[poison.id]
+    assert (kept["origin"], kept["queue"], kept["attempts"]) == ("consume", queue, 4)
+    assert "poison" in kept["error"] and decode_entry(kept["body"].encode()).id == poison.id
+    assert ledger(backend, "a").seqs["Producer/a"] == [1, 2, 3]
+    assert box.depth(queue) == 0
+
+
+def test_a_reject_the_dead_letter_store_did_not_take_is_requeued(
+    url: str, box: Sandbox, queue: str, consumer: Any
+) -> None:
+    poison = make_entry("b", 1)
+    publish(url, queue, [poison])
+    calls: list[str] = []
+    worker = consumer(url, queue, FaultyBackend(), retry=FAST_RETRY)
+    letters = Letters(isinstance(worker, Blocking))
+    letters.broken = 1
+    worker.dead_letters = letters
+    worker.handler = poisoned(calls)
+    stats = worker.run(max_messages=2, idle_timeout=5)
+    assert (stats.requeued, stats.rejected, stats.dead_lettered, stats.redelivered) == (1, 1, 1, 1)
+    assert calls == [poison.id] * 8  # retried in full on each delivery
+    assert letters.memory.entries[poison.id]["attempts"] == 4
     assert box.depth(queue) == 0

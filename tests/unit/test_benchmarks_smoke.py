@@ -97,6 +97,21 @@ def test_kafka_benchmark_runs(mongo_uri: str) -> None:
     assert set(table.figures) == set(kafka.LABELS)
 
 
+@pytest.mark.kafka
+def test_kafka_consume_benchmark_runs(mongo_uri: str) -> None:
+    from benchmarks import kafka_consume
+    from tests.support.kafka import require_kafka
+
+    require_kafka()
+    table = kafka_consume.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == {
+        f"{name}/{variant}"
+        for name in kafka_consume.DENSITIES
+        for variant in ("per-record", "batch")
+    }
+
+
 def test_runner_writes_results(
     mongo_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

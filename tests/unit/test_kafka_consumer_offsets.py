@@ -46,8 +46,8 @@ class ScriptedConsumer:
         self.seeks: list[int] = []
         self.commits: list[int] = []
 
-    def poll(self, timeout: float) -> Record | None:
-        return self.records.pop(0) if self.records else None
+    def consume(self, num_messages: int, timeout: float) -> list[Record]:
+        return [self.records.pop(0)] if self.records else []
 
     def seek(self, tp: TopicPartition) -> None:
         self.seeks.append(tp.offset)
@@ -80,7 +80,7 @@ def test_records_fetched_before_a_rewind_are_skipped_until_it_comes_again() -> N
     consumer._consumer = scripted  # type: ignore[assignment]
     stats = consumer.run(idle_timeout=0.05, poll=0.01)
     assert scripted.seeks == [0]
-    assert (stats.retried, stats.applied) == (1, 2)
+    assert (stats.requeued, stats.applied) == (1, 2)
     assert scripted.commits == [1, 2]  # never 2 before seq 1 was handled
     snapshot = AggregateStore(backend, Ledger).get("Producer/a")
     assert snapshot.state.seqs["Producer/a"] == [1, 2]

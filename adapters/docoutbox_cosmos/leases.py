@@ -1,0 +1,458 @@
+"""Feed-range leases: which dispatcher instance reads which part of a container's change
+feed, and from which continuation, as Cosmos DB's change feed processor does it.
+
+Rule kept: only the holder of a lease writes it, and it proves it holds it with the ETag
+it last read or wrote (``if-match``). A lease taken over by another instance changes
+its ETag, so the old holder's next renewal or checkpoint gets 412 and it stops reading
+and checkpointing that range (it also finds the lease gone at its next heartbeat).
+
+Items of one lease ``group`` in the lease container (partitioned on ``/id``):
+
+- ``{id: "<group>/ranges", kind: "ranges", ranges: [feed range, ...]}``: the feed ranges
+  leased, fixed when the group is first used, in EPK order. Partition ``i`` of the
+  :class:`~docoutbox.dispatch.ports.LeaseTable` port is ``ranges[i]``. A later split of
+  the container changes nothing here: a feed range is a span of effective partition
+  keys, which the SDK reads across the children of a split range.
+- ``{id: "<group>/range/<i>", kind: "lease", partition: i, range, owner, expires_at,
+  timestamp, continuation}``: one lease per feed range. ``continuation`` is where the
+  range's change feed resumes (the checkpoint, advanced only past completed events, I5);
+  a lease gets one at its first acquisition ("now": the acquiring dispatcher sweeps the
+  range, as on every acquisition).
+- ``{id: "<group>/member/<owner>", kind: "member", owner, expires_at}``: live instances,
+  for the fair share (:func:`docoutbox.dispatch.leases.plan_leases`).
+
+:class:`CosmosFeedRangeLeases` is the lease table (planned and heartbeated by the core's
+:class:`~docoutbox.dispatch.ownership.LeaseKeeper`), the dispatcher's
+:class:`~docoutbox.dispatch.ports.Checkpoints` (continuations go into the leases held),
+and the ``locate`` that maps a document to its range. :class:`LeasedChangeSource` reads
+the change feed of the ranges held, each from its lease's continuation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.cosmos import exceptions as cosmos_errors
+
+from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
+from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
+from docoutbox.store.document import ID, Document, utcnow
+from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
+from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, _expiry
+from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
+
+log = logging.getLogger("docoutbox.leases")
+
+#: How many partition keys' feed ranges :meth:`CosmosFeedRangeLeases.locate` remembers.
+LOCATED_MEMORY = 65_536
+
+
+def _start(feed_range: Mapping[str, Any]) -> str:
+    bounds = feed_range.get("Range")
+    return str(bounds.get("min", "")) if isinstance(bounds, Mapping) else ""
+
+
+class CosmosFeedRangeLeases:
+    """The feed-range leases of one ``group`` over the ``monitored`` container.
+
+    ``leases`` is the lease container (partitioned on ``/id``); ``codec`` maps aggregate
+    IDs to partition-key values as the store does (default: the encoded ID).
+    """
+
+    def __init__(
+        self,
+        leases: Any,
+        monitored: Any,
+        group: str,
+        *,
+        codec: ItemCodec | None = None,
+    ) -> None:
+        self.container = leases
+        self.monitored = monitored
+        self.group = group
+        self.codec = codec or ItemCodec()
+        self._ranges: list[dict[str, Any]] | None = None
+        self._keys: list[str] = []
+        #: Leases this table holds: partition -> (owner, ETag of its last read or write).
+        self._held: dict[int, tuple[str, str]] = {}
+        #: Continuations read with the leases held (where their feeds resume).
+        self._continuations: dict[int, str] = {}
+        #: The continuation last written per partition (unchanged ones are not rewritten).
+        self._written: dict[int, str] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._located: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- the ranges -------------------------------------------------------------------
+
+    def ranges(self) -> list[dict[str, Any]]:
+        """The group's feed ranges, fixed at its first use (created then, if missing)."""
+        if self._ranges is None:
+            item_id = encode_id(f"{self.group}/ranges")
+            with translated():
+                try:
+                    item = self.container.read_item(item_id, partition_key=item_id)
+                except cosmos_errors.CosmosHttpResponseError as exc:
+                    if refusal(exc) is not Refusal.MISSING:
+                        raise
+                    current = sorted(self.monitored.read_feed_ranges(), key=_start)
+                    body = {"id": item_id, "group": self.group, "kind": "ranges", "ranges": current}
+                    try:
+                        item = self.container.create_item(body)
+                    except cosmos_errors.CosmosHttpResponseError as race:
+                        if refusal(race) is not Refusal.EXISTS:
+                            raise
+                        item = self.container.read_item(item_id, partition_key=item_id)
+            ranges = item.get("ranges")
+            if not isinstance(ranges, list) or not ranges:
+                raise PermanentStoreError(f"lease group {self.group!r}: malformed ranges item")
+            self._keys = [range_key(r) for r in ranges]
+            self._ranges = ranges
+        return self._ranges
+
+    def _lock_of(self, partition: int) -> threading.Lock:
+        """The lock serializing this table's writes to one lease (so each carries the
+        ETag of the previous one)."""
+        with self._lock:
+            return self._locks.setdefault(partition, threading.Lock())
+
+    @property
+    def partitions(self) -> int:
+        """How many leases the group has (one per feed range)."""
+        return len(self.ranges())
+
+    def range_keys(self) -> list[str]:
+        """The feed ranges as position keys (:func:`~docoutbox_cosmos.changes.range_key`)."""
+        self.ranges()
+        return self._keys
+
+    def locate(self, document: Document) -> int:
+        """The partition (index of the feed range) ``document`` belongs to.
+
+        Hashing a partition key costs the SDK about 150 µs, so the answers are kept, and
+        :class:`LeasedChangeSource` records the range of every item its feeds deliver.
+        """
+        _, pk = self.codec.key(document[ID])
+        with self._lock:
+            known = self._located.get(pk)
+        if known is not None:
+            return known
+        with translated():
+            point = self.monitored.feed_range_from_partition_key(pk)
+            for i, feed_range in enumerate(self.ranges()):
+                if self.monitored.is_feed_range_subset(feed_range, point):
+                    self.remember(pk, i)
+                    return i
+        raise StoreError(f"no leased feed range holds partition key {pk!r}")
+
+    def remember(self, pk: str, partition: int) -> None:
+        """Record that partition key ``pk`` is in the feed range ``partition``."""
+        with self._lock:
+            self._located[pk] = partition
+            self._located.move_to_end(pk)
+            while len(self._located) > LOCATED_MEMORY:
+                self._located.popitem(last=False)
+
+    # -- the LeaseTable port ----------------------------------------------------------
+
+    def _lease_id(self, partition: int) -> str:
+        return encode_id(f"{self.group}/range/{partition}")
+
+    def _member_id(self, owner: str) -> str:
+        return encode_id(f"{self.group}/member/{owner}")
+
+    def read(self) -> LeaseView:
+        leases: dict[int, tuple[str, datetime]] = {}
+        members: dict[str, datetime] = {}
+        with translated():
+            items = list(
+                self.container.query_items(
+                    "SELECT * FROM c WHERE c.group = @group",
+                    parameters=[{"name": "@group", "value": self.group}],
+                    enable_cross_partition_query=True,
+                )
+            )
+        for item in items:
+            owner, expires = item.get("owner"), _expiry(item.get("expires_at"))
+            if not isinstance(owner, str) or expires is None:
+                continue
+            if item.get("kind") == "member":
+                members[owner] = expires
+            elif item.get("kind") == "lease" and isinstance(item.get("partition"), int):
+                leases[item["partition"]] = (owner, expires)
+        now = utcnow()
+        with self._lock:
+            for p, (owner, _) in list(self._held.items()):
+                holder, expires = leases.get(p, ("", _FREE))
+                if holder != owner or expires <= now:
+                    self._forget(p)  # taken over, gone or lapsed: not read, not written
+        return LeaseView(leases, members)
+
+    def join(self, owner: str, expires_at: datetime) -> None:
+        body = {
+            "id": self._member_id(owner),
+            "group": self.group,
+            "kind": "member",
+            "owner": owner,
+            "expires_at": format_time(expires_at),
+        }
+        with translated():
+            self.container.upsert_item(body)
+
+    def leave(self, owner: str) -> None:
+        item_id = self._member_id(owner)
+        with translated():
+            try:
+                self.container.delete_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+
+    def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
+        """Take the lease if free, expired at ``now`` or ``owner``'s: created (a race loser
+        gets 409) or replaced under the ETag read (a race loser gets 412)."""
+        ranges = self.ranges()
+        if not 0 <= partition < len(ranges):
+            return False
+        item_id = self._lease_id(partition)
+        with self._lock_of(partition), translated():
+            try:
+                current = self.container.read_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                current = None
+            if current is not None:
+                expires = _expiry(current.get("expires_at")) or _FREE
+                if current.get("owner") not in (owner, None) and expires >= now:
+                    return False  # held by someone else
+            continuation = None if current is None else current.get("continuation")
+            if not isinstance(continuation, str) or not continuation:
+                continuation = now_token(self.monitored, ranges[partition])
+            body = {
+                "id": item_id,
+                "group": self.group,
+                "kind": "lease",
+                "partition": partition,
+                "range": ranges[partition],
+                "owner": owner,
+                "expires_at": format_time(expires_at),
+                "timestamp": format_time(utcnow()),
+                "continuation": continuation,
+            }
+            try:
+                if current is None:
+                    written = self.container.create_item(body)
+                else:
+                    written = self.container.replace_item(
+                        item_id,
+                        body,
+                        etag=current["_etag"],
+                        match_condition=MatchConditions.IfNotModified,
+                    )
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is None:
+                    raise
+                return False  # created, renewed or taken meanwhile
+        with self._lock:
+            self._held[partition] = (owner, written["_etag"])
+            self._continuations[partition] = continuation
+            self._written[partition] = continuation
+        return True
+
+    def _write_if_held(self, partition: int, owner: str, fields: dict[str, Any]) -> bool:
+        """Patch the lease under the ETag this table holds it with; False (and forgotten)
+        once another instance took it. A 412 on a lease still ``owner``'s (a write of
+        ours whose reply was lost) adopts the new ETag and tries once more."""
+        item_id = self._lease_id(partition)
+        ops = [{"op": "set", "path": f"/{k}", "value": v} for k, v in fields.items()]
+        with self._lock_of(partition), translated():
+            for _ in range(2):
+                with self._lock:
+                    held = self._held.get(partition)
+                if held is None or held[0] != owner:
+                    return False
+                try:
+                    written = self.container.patch_item(
+                        item_id,
+                        partition_key=item_id,
+                        patch_operations=ops,
+                        etag=held[1],
+                        match_condition=MatchConditions.IfNotModified,
+                    )
+                except cosmos_errors.CosmosHttpResponseError as exc:
+                    kind = refusal(exc)
+                    if kind is None:
+                        raise
+                    current = None
+                    if kind is Refusal.STALE:
+                        try:
+                            current = self.container.read_item(item_id, partition_key=item_id)
+                        except cosmos_errors.CosmosHttpResponseError as gone:
+                            if refusal(gone) is not Refusal.MISSING:
+                                raise
+                    with self._lock:
+                        if current is not None and current.get("owner") == owner:
+                            self._held[partition] = (owner, current["_etag"])
+                            continue
+                        self._forget(partition)
+                    log.warning("lease_taken_over group=%s partition=%d", self.group, partition)
+                    return False
+                with self._lock:
+                    self._held[partition] = (owner, written["_etag"])
+                return True
+        return False
+
+    def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        """One conditional patch per lease, sent concurrently (up to
+        :data:`RENEW_CONCURRENCY`): a heartbeat must fit well inside the TTL."""
+        stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
+        held = sorted(partitions)
+        if len(held) <= 1:
+            for partition in held:
+                self._write_if_held(partition, owner, stamp)
+            return
+        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
+            futures = [pool.submit(self._write_if_held, p, owner, stamp) for p in held]
+        for future in futures:
+            future.result()  # re-raise the first failure, translated
+
+    def release(self, partition: int, owner: str) -> None:
+        fields = {"owner": None, "expires_at": format_time(_FREE)}
+        fields["timestamp"] = format_time(utcnow())
+        if self._write_if_held(partition, owner, fields):
+            with self._lock:
+                self._forget(partition)
+
+    def _forget(self, partition: int) -> None:
+        self._held.pop(partition, None)
+        self._continuations.pop(partition, None)
+        self._written.pop(partition, None)
+
+    def held(self) -> dict[int, str]:
+        """The partitions this table holds, with the continuation each resumes from."""
+        with self._lock:
+            return {p: self._continuations[p] for p in self._held if p in self._continuations}
+
+    # -- the Checkpoints port: continuations live in the leases -------------------------
+
+    def load(self, name: str) -> Position | None:
+        """Each range resumes from its own lease: the stream opens with no tokens of its
+        own (:class:`LeasedChangeSource` takes them from the leases held)."""
+        return {"v": 1, "ranges": {}}
+
+    def save(self, name: str, position: Position) -> None:
+        """Write each held range's continuation into its lease (under its ETag)."""
+        tokens = position.get("ranges") if isinstance(position, Mapping) else None
+        if not isinstance(tokens, Mapping):
+            return
+        index = {key: i for i, key in enumerate(self.range_keys())}
+        for key, token in tokens.items():
+            partition = index.get(key)
+            if partition is None or not isinstance(token, str):
+                continue
+            with self._lock:
+                held = self._held.get(partition)
+                if held is None or self._written.get(partition) == token:
+                    continue
+            fields = {"continuation": token, "timestamp": format_time(utcnow())}
+            if self._write_if_held(partition, held[0], fields):
+                with self._lock:
+                    self._written[partition] = token
+
+
+class LeasedChangeSource(CosmosChangeSource):
+    """The change feed of the feed ranges ``leases`` holds, each from its lease's
+    continuation; ranges join as they are acquired and leave as they are lost.
+
+    A range whose continuation is refused (a bad token, a range gone: 400/410) restarts
+    from now and is reported as :class:`~docoutbox.errors.ChangeStreamLost` for that
+    partition only, after the events read before it in the same poll are handed over.
+    """
+
+    def __init__(
+        self, container: Any, leases: CosmosFeedRangeLeases, *, codec: ItemCodec | None = None
+    ) -> None:
+        super().__init__(container, codec=codec or leases.codec)
+        self.leases = leases
+        self._lost: set[int] = set()
+
+    def feed_ranges(self) -> dict[str, dict[str, Any]]:
+        return {range_key(r): r for r in self.leases.ranges()}
+
+    def start_marker(self) -> Position:
+        ranges = self.leases.ranges()
+        held = sorted(self.leases.held())
+        return {
+            "v": 1,
+            "ranges": {range_key(ranges[p]): now_token(self.container, ranges[p]) for p in held},
+        }
+
+    def open(self, position: Position) -> None:
+        tokens = position.get("ranges") if isinstance(position, Mapping) else None
+        if (
+            not isinstance(position, Mapping)
+            or position.get("v") != 1
+            or not isinstance(tokens, Mapping)
+            or not all(isinstance(k, str) and isinstance(t, str) for k, t in tokens.items())
+        ):
+            raise ChangeStreamLost(f"not a Cosmos change feed position: {position!r}")
+        if not set(tokens) <= set(self.leases.range_keys()):
+            raise ChangeStreamLost("the position names feed ranges this lease group has not")
+        self._tokens = dict(tokens)
+        self._next = 0
+
+    def _follow_leases(self) -> None:
+        """Drop the ranges no longer held, add those acquired (from their continuation)."""
+        assert self._tokens is not None
+        keys = self.leases.range_keys()
+        held = self.leases.held()
+        wanted = {keys[p]: p for p in held}
+        for key in list(self._tokens):
+            if key not in wanted:
+                del self._tokens[key]
+        for key, p in wanted.items():
+            self._tokens.setdefault(key, held[p])
+
+    def poll(self, max_events: int) -> list[ChangeEvent]:
+        if self._tokens is None:
+            raise ChangeStreamLost("the change feed is not open")
+        if self._lost:
+            lost, self._lost = self._lost, set()
+            raise ChangeStreamLost("feed ranges restarted from now", partitions=lost)
+        self._follow_leases()
+        events: list[ChangeEvent] = []
+        for key in self._order():
+            if len(events) >= max_events:
+                break
+            try:
+                events.extend(self._read_page(key, max_events - len(events)))
+            except ChangeStreamLost as exc:
+                self._restart(key, exc)
+                break
+        if self._lost and not events:
+            return self.poll(max_events)  # raises for the lost ranges
+        return events
+
+    def _page(self, key: str, token: str, before: Position, items: list[Any]) -> list[ChangeEvent]:
+        events = super()._page(key, token, before, items)
+        partition = self.leases.range_keys().index(key)
+        for event in events:
+            if event.document is not None:
+                self.leases.remember(self.codec.key(event.document[ID])[1], partition)
+        return events
+
+    def _restart(self, key: str, exc: ChangeStreamLost) -> None:
+        assert self._tokens is not None
+        partition = self.leases.range_keys().index(key)
+        log.warning("feed_range_lost partition=%d error=%r; restarting it from now", partition, exc)
+        self._tokens[key] = now_token(self.container, self.feed_ranges()[key])
+        self._lost.add(partition)

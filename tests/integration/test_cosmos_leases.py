@@ -1,0 +1,377 @@
+"""Feed-range leases on Cosmos DB: one lease item per feed range carrying its owner,
+continuation and timestamp, written under ETag conditions; several dispatcher instances
+split the ranges, and one takes a crashed instance's ranges over within a TTL, resuming
+from their stored continuations (the local server has four feed ranges)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.leases import LeaseTiming
+from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.errors import ChangeStreamLost, TransientStoreError
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos import (
+    AsyncCosmosBackend,
+    AsyncCosmosDeadLetters,
+    CosmosBackend,
+    CosmosDeadLetters,
+    CosmosFeedRangeLeases,
+    LeasedChangeSource,
+    encode_id,
+)
+from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
+from tests.integration.test_dispatcher_mongo import CONFIG, wait_until
+from tests.integration.test_leases_mongo import OverlapDetector
+from tests.support.cosmos import create_container, scratch_database
+from tests.support.servers import CosmosAccount
+
+pytestmark = pytest.mark.cosmos
+
+#: As in test_cosmos_dispatch.py: each held lease is renewed with its own request.
+TTL = 4.0
+NOW = datetime.now(UTC).replace(microsecond=0)
+SOON, LATER = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
+
+
+class LeaseEnv:
+    """A fresh database: the aggregates' container, a lease container, dead letters."""
+
+    def __init__(self, database: Any, account: CosmosAccount, driver: str = "threaded") -> None:
+        self.db = database
+        self.account = account
+        self.driver = driver
+        self.coll = create_container(database, "aggs")
+        self.lease_coll = create_container(database, "leases")
+        self.dead = create_container(database, "dead")
+        self.store = AggregateStore(CosmosBackend(self.coll), Counter)
+        self.running: list[tuple[Dispatcher | AsyncDispatcher, threading.Thread]] = []
+        self._by_range: dict[int, list[str]] = defaultdict(list)
+        self._next = 0
+
+    def table(self) -> CosmosFeedRangeLeases:
+        return CosmosFeedRangeLeases(self.lease_coll, self.coll, "aggs")
+
+    def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
+        outcome = self.store.handle(
+            aggregate, add_msg(message_id, emits=emits), counter_handlers, create=True
+        )
+        assert outcome.applied
+
+    def aggregates_in(self, partition: int, count: int) -> list[str]:
+        """``count`` aggregate IDs whose items fall in the feed range ``partition``."""
+        table = self.table()
+        while len(self._by_range[partition]) < count:
+            aid = f"r{self._next}"
+            self._by_range[table.locate({"_id": aid})].append(aid)
+            self._next += 1
+        return self._by_range[partition][:count]
+
+    def lease(self, partition: int) -> dict[str, Any]:
+        item_id = encode_id(f"aggs/range/{partition}")
+        item: dict[str, Any] = self.lease_coll.read_item(item_id, partition_key=item_id)
+        return item
+
+    def start(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+        table = self.table()
+        keeper = LeaseKeeper(
+            table, partitions=table.partitions, owner=owner, timing=LeaseTiming(ttl=TTL)
+        )
+        if self.driver == "asyncio":
+            return self._start_async(publisher, table, keeper)
+        dispatcher = Dispatcher(
+            CosmosBackend(self.coll),
+            publisher,
+            CosmosDeadLetters(self.dead),
+            source=LeasedChangeSource(self.coll, table),
+            checkpoints=table,
+            ownership=keeper,
+            config=CONFIG,
+        )
+        thread = threading.Thread(target=dispatcher.run, daemon=True)
+        thread.start()
+        assert dispatcher.started.wait(10)
+        self.running.append((dispatcher, thread))
+        return dispatcher
+
+    def _start_async(
+        self, publisher: Any, table: CosmosFeedRangeLeases, keeper: LeaseKeeper
+    ) -> AsyncDispatcher:
+        """The asyncio driver over azure.cosmos.aio; the lease table (and the leased
+        source and checkpoints, which share its state) stay sync, called in threads."""
+        made: list[AsyncDispatcher] = []
+
+        async def main() -> None:
+            client = self.account.async_client()
+            proxy = client.get_database_client(self.db.id).get_container_client("aggs")
+            dead = client.get_database_client(self.db.id).get_container_client("dead")
+            dispatcher = AsyncDispatcher(
+                AsyncCosmosBackend(proxy),
+                in_thread(publisher),
+                AsyncCosmosDeadLetters(dead),
+                source=in_thread(LeasedChangeSource(self.coll, table)),
+                checkpoints=in_thread(table),
+                ownership=keeper,
+                config=CONFIG,
+            )
+            made.append(dispatcher)
+            try:
+                await dispatcher.run()
+            finally:
+                await client.close()
+
+        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        thread.start()
+        wait_until(lambda: (bool(made) and made[0].started.is_set()) or not thread.is_alive())
+        assert made and made[0].started.is_set()
+        self.running.append((made[0], thread))
+        return made[0]
+
+    def stop(self, dispatcher: Dispatcher | AsyncDispatcher, *, crash: bool = False) -> None:
+        for d, thread in self.running:
+            if d is dispatcher:
+                d.halt() if crash else d.stop()
+                thread.join(15)
+                assert not thread.is_alive()
+
+    def pending(self) -> int:
+        sql = "SELECT VALUE ARRAY_LENGTH(c.outbox) FROM c"
+        return sum(self.coll.query_items(sql, enable_cross_partition_query=True))
+
+    def emitted(self) -> set[tuple[str, int]]:
+        rows = self.coll.query_items(
+            "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
+        )
+        return {(r["aid"], s) for r in rows for s in range(1, r["outbox_seq"] + 1)}
+
+    def close(self) -> None:
+        for d, thread in self.running:
+            d.stop()
+            thread.join(15)
+
+
+@pytest.fixture
+def env(cosmos_server: CosmosAccount) -> Iterator[LeaseEnv]:
+    with scratch_database(cosmos_server) as database:
+        e = LeaseEnv(database, cosmos_server)
+        yield e
+        e.close()
+
+
+@pytest.fixture(params=["threaded", "asyncio"])
+def drivers_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with scratch_database(cosmos_server) as database:
+        e = LeaseEnv(database, cosmos_server, request.param)
+        yield e
+        e.close()
+
+
+def owned(dispatcher: Dispatcher | AsyncDispatcher) -> frozenset[int]:
+    scope = dispatcher.ownership.owned()
+    assert scope is not None
+    return scope
+
+
+def test_one_lease_item_per_feed_range_with_owner_continuation_and_timestamp(
+    env: LeaseEnv,
+) -> None:
+    table = env.table()
+    ranges = list(env.coll.read_feed_ranges())
+    assert table.partitions == len(ranges) > 1
+    assert sorted(table.range_keys()) == sorted(range_key(r) for r in ranges)
+    assert env.table().ranges() == table.ranges()  # fixed, shared by every instance
+    assert table.acquire(1, "a", NOW, SOON)
+    lease = env.lease(1)
+    assert lease["owner"] == "a" and lease["range"] == table.ranges()[1]
+    assert isinstance(lease["continuation"], str) and lease["timestamp"]
+    assert table.held() == {1: lease["continuation"]}
+    assert not table.acquire(len(ranges), "a", NOW, SOON)  # no such feed range
+
+
+def test_locate_names_the_feed_range_whose_change_feed_carries_the_item(
+    env: LeaseEnv,
+) -> None:
+    table = env.table()
+    starts = {p: now_token(env.coll, r) for p, r in enumerate(table.ranges())}
+    for i in range(24):
+        env.write(f"loc{i}", f"m{i}")
+    keys, seen = table.range_keys(), 0
+    for p, feed_range in enumerate(table.ranges()):
+        single = CosmosChangeSource(env.coll, feed_ranges=[feed_range])
+        single.open({"v": 1, "ranges": {keys[p]: starts[p]}})
+        while events := single.poll(100):
+            for event in events:
+                assert event.document is not None
+                assert table.locate(event.document) == p
+                seen += 1
+    assert seen == 24
+
+
+def test_items_the_leased_feed_delivers_are_located_without_hashing(env: LeaseEnv) -> None:
+    table = env.table()
+    for p in range(table.partitions):
+        assert table.acquire(p, "a", NOW, LATER)
+    source = LeasedChangeSource(env.coll, table)
+    source.open(table.load("disp"))
+    for i in range(12):
+        env.write(f"h{i}", f"m{i}")
+    events: list[Any] = []
+    while batch := source.poll(100):
+        events += [e for e in batch if e.document]
+    assert len(events) == 12
+    expected = {e.document["_id"]: env.table().locate(e.document) for e in events}
+
+    class NoHashing:
+        def feed_range_from_partition_key(self, pk: Any) -> Any:
+            raise AssertionError(f"hashed {pk!r}")
+
+    table.monitored = NoHashing()
+    assert {e.document["_id"]: table.locate(e.document) for e in events} == expected
+
+
+def test_a_taken_over_range_resumes_from_its_lease_continuation(env: LeaseEnv) -> None:
+    first, rest = env.aggregates_in(0, 2), env.aggregates_in(0, 5)[2:]
+    a = env.table()
+    assert a.acquire(0, "a", NOW, SOON)
+    source = LeasedChangeSource(env.coll, a)
+    source.open(a.load("disp"))
+    for i, aid in enumerate(first):
+        env.write(aid, f"early{i}")
+    events = source.poll(100)
+    assert {e.document["_id"] for e in events if e.document} == set(first)
+    a.save("disp", events[-1].position)  # a's checkpoint: past `first`
+    for i, aid in enumerate(rest):
+        env.write(aid, f"late{i}")
+    # a stops renewing (crashed); b takes the expired lease over and resumes where a was.
+    b = env.table()
+    assert b.acquire(0, "b", SOON + timedelta(seconds=1), LATER)
+    assert env.lease(0)["owner"] == "b"
+    taken = LeasedChangeSource(env.coll, b)
+    taken.open(b.load("disp"))
+    resumed: list[Any] = []
+    while batch := taken.poll(100):
+        resumed += [e.document["_id"] for e in batch if e.document]
+    assert sorted(resumed) == sorted(rest)  # nothing of `first` again, nothing lost
+
+
+def test_a_stolen_lease_etag_stops_its_old_owner(env: LeaseEnv) -> None:
+    a, b = env.table(), env.table()
+    assert a.acquire(2, "a", NOW, SOON)
+    a.renew([2], "a", SOON)  # renewals go under the ETag of a's last write
+    source = LeasedChangeSource(env.coll, a)
+    source.open(a.load("disp"))
+    source.poll(10)
+    assert set(source._tokens or {}) == {a.range_keys()[2]}
+    stale = {"v": 1, "ranges": {a.range_keys()[2]: a.held()[2]}}
+    assert b.acquire(2, "b", SOON + timedelta(seconds=1), LATER)  # a's lease expired
+    b.save("disp", {"v": 1, "ranges": {b.range_keys()[2]: "b-continuation"}})
+    # a, back from a pause, renews and checkpoints with the ETag it holds: 412, so it
+    # lets the range go instead of overwriting b's lease.
+    a.renew([2], "a", LATER + timedelta(seconds=10))
+    a.save("disp", stale)
+    lease = env.lease(2)
+    assert (lease["owner"], lease["continuation"]) == ("b", "b-continuation")
+    assert b.read().leases[2] == ("b", LATER)  # a's renewal did not extend it
+    assert a.held() == {}
+    source.poll(10)
+    assert source._tokens == {}  # a no longer reads b's range
+    a.release(2, "a")
+    assert env.lease(2)["owner"] == "b"
+
+
+def test_a_lease_written_by_a_lost_reply_is_still_its_owners(
+    env: LeaseEnv, cosmos_server: CosmosAccount
+) -> None:
+    if not cosmos_server.emulated:
+        pytest.skip("losing a reply on demand needs the local Cosmos DB server")
+    a = env.table()
+    assert a.acquire(1, "a", NOW, SOON)
+    cosmos_server.inject_fault(method="PATCH", pathContains="range", dropReply=True)
+    try:
+        with pytest.raises(TransientStoreError):
+            a.renew([1], "a", LATER)  # applied, but its reply (and new ETag) lost
+    finally:
+        cosmos_server.clear_faults()
+    assert a.held().keys() == {1}
+    # The next renewal's ETag is stale (412), yet the lease is still a's: a keeps it.
+    a.renew([1], "a", LATER + timedelta(seconds=1))
+    assert a.held().keys() == {1}
+    assert a.read().leases[1] == ("a", LATER + timedelta(seconds=1))
+
+
+def test_a_refused_range_restarts_from_now_and_is_reported_alone(
+    env: LeaseEnv, cosmos_server: CosmosAccount
+) -> None:
+    if not cosmos_server.emulated:
+        pytest.skip("injected faults need the local Cosmos DB server")
+    table = env.table()
+    for p in range(table.partitions):
+        assert table.acquire(p, "a", NOW, LATER)
+    source = LeasedChangeSource(env.coll, table)
+    source.open(table.load("disp"))
+    assert source.poll(10) == []
+    written = [f"x{i}" for i in range(16)]
+    for aid in written:
+        env.write(aid, f"m-{aid}")
+    cosmos_server.inject_fault(method="GET", headers={"a-im": "Incremental feed"}, status=410)
+    with pytest.raises(ChangeStreamLost) as lost:
+        source.poll(100)  # the first range read is refused: nothing was read before it
+    assert lost.value.partitions is not None and len(lost.value.partitions) == 1
+    [p] = lost.value.partitions
+    seen: list[Any] = []
+    while events := source.poll(100):
+        seen += [e.document["_id"] for e in events if e.document]
+    # That range restarted from now (its items are left to the sweep); the others go on.
+    assert sorted(seen) == sorted(a for a in written if table.locate({"_id": a}) != p)
+    assert any(table.locate({"_id": a}) == p for a in written)
+
+
+def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
+    drivers_env: LeaseEnv,
+) -> None:
+    env = drivers_env
+    detector = OverlapDetector()
+    ranges = env.table().partitions
+    a = env.start(detector.publisher("a"), "a")
+    wait_until(lambda: len(owned(a)) == ranges)
+    b = env.start(detector.publisher("b"), "b")
+    wait_until(lambda: len(owned(a)) == len(owned(b)) == ranges // 2, timeout=4 * TTL)
+    assert not owned(a) & owned(b)
+    for i in range(40):
+        env.write(f"agg{i % 16}", f"w{i}")
+    wait_until(lambda: env.pending() == 0)
+    orphaned = owned(a)
+    saved = {p: env.lease(p)["continuation"] for p in orphaned}
+    env.stop(a, crash=True)  # no checkpoint, no release
+    crashed_at = time.monotonic()
+    for i in range(40, 80):
+        env.write(f"agg{i % 16}", f"w{i}")
+    wait_until(lambda: len(owned(b)) == ranges, timeout=4 * TTL)
+    # Expiry (one TTL), then the next heartbeat (TTL / 4), plus requests on a busy server.
+    assert time.monotonic() - crashed_at <= TTL + TTL / 4 + 2.0
+    wait_until(lambda: env.pending() == 0, timeout=30)
+    env.stop(b)
+
+    assert detector.overlaps == []
+    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
+    assert published == env.emitted()  # every entry published (I1)
+    by_instance: dict[tuple[str, Any], list[int]] = defaultdict(list)
+    for instance, entry, _ in detector.log:
+        by_instance[(instance, entry.aggregate_id)].append(entry.seq)
+    for seqs in by_instance.values():
+        assert seqs == sorted(set(seqs))  # in order, never twice by one instance (I4)
+    for p in orphaned:
+        lease = env.lease(p)
+        assert lease["owner"] is None  # b stopped cleanly: released
+        assert lease["continuation"] != saved[p]  # b went on from a's continuation
