@@ -57,6 +57,12 @@ def check_result(result: object, model: type[S]) -> Decision[S]:
     types) that ``model`` cannot read back.
     """
     decision: Decision[S]
+    if type(result) is model:
+        # The common case, a bare state: the Decision Decision(result) would make, built
+        # without its argument checks (none of which can fail here).
+        decision = object.__new__(Decision)
+        decision.__dict__.update(state=result, emits=())
+        return decision
     if isinstance(result, Decision):
         decision = result
     elif isinstance(result, BaseModel):

@@ -165,7 +165,7 @@ class _Strict(BaseModel):
         if isinstance(data, cls):
             return data
         try:
-            return cls.model_validate(data)
+            return cls.__pydantic_validator__.validate_python(data)  # model_validate(data)
         except ValidationError as exc:
             raise cls._typed(exc) from exc
 

@@ -31,10 +31,41 @@ MAX_BSON_BYTES = 16 * 1024 * 1024
 
 
 def bson_size(document: Document) -> int:
+    """The exact BSON size of ``document``; InvalidPayload when it cannot be encoded."""
     try:
+        inbox = document.get("inbox")
+        if type(inbox) is list and len(inbox) >= _COUNTED_INBOX:
+            counted = _ascii_strings_size(inbox)
+            if counted is not None:
+                return len(bson.encode({**document, "inbox": []})) + counted
         return len(bson.encode(document))
-    except (bson.errors.InvalidDocument, OverflowError) as exc:
+    except (bson.errors.InvalidDocument, OverflowError, UnicodeEncodeError) as exc:
         raise InvalidPayload(f"document {document.get('_id')!r} is not BSON: {exc}") from exc
+
+
+#: From this many inbox IDs on, :func:`bson_size` counts them instead of encoding them.
+_COUNTED_INBOX = 8
+_KEY_DIGITS: list[int] = [0]
+
+
+def _ascii_strings_size(items: list[Any]) -> int | None:
+    """What the elements of a BSON array of ``items`` add to an empty array, counted
+    without encoding; None unless every item is an ASCII ``str``.
+
+    Each element is a type byte, its index as a NUL-terminated key, a 4-byte length, the
+    string's UTF-8 bytes (one per character for ASCII) and a NUL. The inbox is most of a
+    document's bytes, and counting it is several times faster than encoding it.
+    """
+    try:
+        joined = "".join(items)
+    except TypeError:
+        return None
+    if not joined.isascii():
+        return None
+    count = len(items)
+    while len(_KEY_DIGITS) <= count:  # _KEY_DIGITS[n]: the digits of the keys 0..n-1
+        _KEY_DIGITS.append(_KEY_DIGITS[-1] + len(str(len(_KEY_DIGITS) - 1)))
+    return 7 * count + _KEY_DIGITS[count] + len(joined)
 
 
 def _update_args(

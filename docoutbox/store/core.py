@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -339,12 +339,14 @@ class Core(Generic[S]):
         document measured. The bound drifts upward, never below the true size.
         """
         if known is not None:
-            added = {
-                "s": plan.state,
-                "o": list(plan.outbox_push),
-                "i": list(plan.inbox_push),
-                "m": list(plan.inbox_marks or ()),
-            }
+            # Only the parts the plan adds (encoding an empty list costs as much as a value).
+            added: Document = {"s": plan.state}
+            if plan.outbox_push:
+                added["o"] = plan.outbox_push
+            if plan.inbox_push:
+                added["i"] = plan.inbox_push
+            if plan.inbox_marks:
+                added["m"] = plan.inbox_marks
             slack = 64 + 8 * (len(plan.outbox_push) + len(plan.inbox_push))
             bound = known + self._size_of(added) + slack
             if bound <= self._limit:
@@ -390,7 +392,10 @@ class Core(Generic[S]):
         model = self.model
         if type(state) is not model:
             raise invalid(f"state must be exactly a {model.__name__}, got {type(state).__name__}")
-        problem = storable_problem(state)
+        extra = cast(BaseModel, state).__pydantic_extra__
+        problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
+        if problem is None and extra:
+            problem = storable_problem(extra)
         if problem is not None:
             raise InvalidPayload(f"{model.__name__} state: {problem}")
         try:

@@ -43,7 +43,24 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def utcnow() -> datetime:
     """Now, in UTC, truncated to milliseconds (the precision every store keeps)."""
-    return _EPOCH + timedelta(milliseconds=time.time_ns() // 1_000_000)
+    return from_millis(time.time_ns() // 1_000_000)
+
+
+#: Up to here (2**32 seconds, the year 2106) ``millis / 1000`` is within half a
+#: microsecond of the exact time.
+_FLOAT_EXACT_MILLIS = 2**32 * 1000
+
+
+def from_millis(millis: int) -> datetime:
+    """The UTC time ``millis`` milliseconds after the epoch, exactly.
+
+    Before the year 2106, ``fromtimestamp(millis / 1000)`` is exact (the float is within
+    half a microsecond, and ``fromtimestamp`` rounds to the nearest one) and takes a third
+    of the time of adding a ``timedelta`` to the epoch; after, the ``timedelta`` is used.
+    """
+    if 0 <= millis < _FLOAT_EXACT_MILLIS:
+        return datetime.fromtimestamp(millis / 1000, UTC)
+    return _EPOCH + timedelta(milliseconds=millis)
 
 
 def fast_frozen(cls: type[T], **fields: Any) -> T:
@@ -120,7 +137,12 @@ def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snap
             aggregate_id=doc[ID],
             aggregate_type=doc["type"],
             version=int(doc["version"]),
-            state=model.model_validate(doc["state"]) if state is None else state,
+            state=(
+                # model.model_validate without its Python-level wrapper
+                model.__pydantic_validator__.validate_python(doc["state"])
+                if state is None
+                else state
+            ),
             inbox=tuple(doc.get("inbox") or ()),
             marks=marks,
             outbox_seq=int(doc.get("outbox_seq", 0)),

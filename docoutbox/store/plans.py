@@ -160,7 +160,7 @@ def plan_commit(
         marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
     elif policy.window:
         inbox_push = (message.id,)
-        inbox_after = (*snapshot.inbox, message.id)[-policy.window :]
+        inbox_after = appended(snapshot.inbox, message.id, policy.window)
     plan = fast_frozen(
         CommitPlan,
         aggregate_id=snapshot.aggregate_id,
@@ -175,6 +175,13 @@ def plan_commit(
         updated_at=now,
     )
     return plan, entries
+
+
+def appended(inbox: tuple[str, ...], message_id: str, window: int) -> tuple[str, ...]:
+    """``(*inbox, message_id)[-window:]`` for ``window`` > 0, in one slice and one
+    concatenation instead of a list, a tuple and a slice."""
+    start = len(inbox) + 1 - window
+    return (inbox[start:] if start > 0 else inbox) + (message_id,)
 
 
 def plan_trim(
@@ -215,11 +222,21 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         "updated_at": plan.updated_at,
     }
     if plan.inbox_push:
-        inbox = [*doc.get("inbox", ()), *plan.inbox_push]
-        after["inbox"] = inbox[-plan.inbox_window :]
+        after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
     return after
+
+
+def kept_window(items: Sequence[Any], push: Sequence[Any], window: int) -> list[Any]:
+    """``[*items, *push][-window:]``, copying each kept item once instead of three times
+    (the inbox is most of what a commit touches)."""
+    keep = window - len(push)
+    if window <= 0 or keep <= 0:
+        return [*items, *push][-window:]
+    kept = items[-keep:] if type(items) is list else list(items[-keep:])
+    kept.extend(push)
+    return kept
 
 
 def marks_to_doc(marks: Sequence[Mark]) -> tuple[dict[str, Any], ...]:

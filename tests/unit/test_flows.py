@@ -196,3 +196,42 @@ def test_the_cached_size_bound_never_underestimates() -> None:
         if rng.random() < 0.3:
             store.trim("c", [e.id for e in store.get("c").outbox])
     assert checked > 50
+
+
+def test_the_cached_size_bound_covers_watermarks_and_an_empty_commit() -> None:
+    """Exact de-duplication rewrites the marks on every commit; some commits add no entry.
+
+    The bound counts only the parts a commit adds, so it must still cover marks that grow
+    (sources arriving out of order keep numbers above the watermark) and bare state
+    changes.
+    """
+    from docoutbox_mongo import bson_size
+
+    rng = random.Random(9)
+    backend = Scripted()
+    backend.document_size = bson_size  # type: ignore[method-assign]
+    store = make(backend, inbox=InboxPolicy(window=0, exact=True, max_above=500))
+    store.create("c", Counter())
+    seqs = {f"source-{s}" + "s" * 200: list(range(1, 60)) for s in range(4)}
+    for numbers in seqs.values():
+        rng.shuffle(numbers)
+    checked = 0
+    for i in range(200):
+        source = rng.choice([s for s, left in seqs.items() if left])
+        seq = seqs[source].pop()
+        payload = {"n": 1, "emits": rng.choice([0, 0, 1]), "blob": "x" * rng.choice([0, 400])}
+        message = Message(id=f"m{i}", type="Add", payload=payload, source=source, seq=seq)
+        assert store.handle("c", message, counter_handlers).applied
+        cached = store._core.cache.take("c")
+        if cached is not None:
+            doc, bound, state = cached
+            assert bound is not None
+            assert bound >= bson_size(doc)
+            assert bound >= bson_size(backend.load("c"))
+            store._core.cache.put("c", doc, bound, state)
+            checked += 1
+        if rng.random() < 0.3:
+            store.trim("c", [e.id for e in store.get("c").outbox])
+        if not any(seqs.values()):
+            break
+    assert checked > 100
