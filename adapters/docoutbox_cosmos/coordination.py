@@ -117,20 +117,19 @@ class AsyncCosmosCheckpoints:
             await self.container.upsert_item(checkpoint_item(name, position))
 
 
-class CosmosLeaseTable:
-    """The leases of one ``group`` (usually the dispatched container's name)."""
+class GroupItems:
+    """What both Cosmos lease tables share: the items of one ``group`` in a lease
+    container (partitioned on ``/id``), and the member records of its instances."""
 
     def __init__(self, container: Any, group: str) -> None:
         self.container = container
         self.group = group
 
-    def _lease_id(self, partition: int) -> str:
-        return encode_id(f"{self.group}/lease/{partition}")
-
     def _member_id(self, owner: str) -> str:
         return encode_id(f"{self.group}/member/{owner}")
 
-    def read(self) -> LeaseView:
+    def _read_group(self) -> tuple[dict[int, tuple[str, datetime]], dict[str, datetime]]:
+        """The unexpired-or-not leases (partition -> owner, expiry) and members."""
         leases: dict[int, tuple[str, datetime]] = {}
         members: dict[str, datetime] = {}
         with translated():
@@ -149,7 +148,7 @@ class CosmosLeaseTable:
                 members[owner] = expires
             elif item.get("kind") == "lease" and isinstance(item.get("partition"), int):
                 leases[item["partition"]] = (owner, expires)
-        return LeaseView(leases, members)
+        return leases, members
 
     def join(self, owner: str, expires_at: datetime) -> None:
         body = {
@@ -170,6 +169,16 @@ class CosmosLeaseTable:
             except cosmos_errors.CosmosHttpResponseError as exc:
                 if refusal(exc) is not Refusal.MISSING:
                     raise
+
+
+class CosmosLeaseTable(GroupItems):
+    """The leases of one ``group`` (usually the dispatched container's name)."""
+
+    def _lease_id(self, partition: int) -> str:
+        return encode_id(f"{self.group}/lease/{partition}")
+
+    def read(self) -> LeaseView:
+        return LeaseView(*self._read_group())
 
     def _lease(self, partition: int, owner: str, expires_at: datetime) -> dict[str, Any]:
         return {

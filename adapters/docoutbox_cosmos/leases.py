@@ -45,7 +45,7 @@ from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, _expiry
+from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, GroupItems, _expiry
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 
@@ -60,7 +60,7 @@ def _start(feed_range: Mapping[str, Any]) -> str:
     return str(bounds.get("min", "")) if isinstance(bounds, Mapping) else ""
 
 
-class CosmosFeedRangeLeases:
+class CosmosFeedRangeLeases(GroupItems):
     """The feed-range leases of one ``group`` over the ``monitored`` container.
 
     ``leases`` is the lease container (partitioned on ``/id``); ``codec`` maps aggregate
@@ -75,9 +75,8 @@ class CosmosFeedRangeLeases:
         *,
         codec: ItemCodec | None = None,
     ) -> None:
-        self.container = leases
+        super().__init__(leases, group)
         self.monitored = monitored
-        self.group = group
         self.codec = codec or ItemCodec()
         self._ranges: list[dict[str, Any]] | None = None
         self._keys: list[str] = []
@@ -166,28 +165,8 @@ class CosmosFeedRangeLeases:
     def _lease_id(self, partition: int) -> str:
         return encode_id(f"{self.group}/range/{partition}")
 
-    def _member_id(self, owner: str) -> str:
-        return encode_id(f"{self.group}/member/{owner}")
-
     def read(self) -> LeaseView:
-        leases: dict[int, tuple[str, datetime]] = {}
-        members: dict[str, datetime] = {}
-        with translated():
-            items = list(
-                self.container.query_items(
-                    "SELECT * FROM c WHERE c.group = @group",
-                    parameters=[{"name": "@group", "value": self.group}],
-                    enable_cross_partition_query=True,
-                )
-            )
-        for item in items:
-            owner, expires = item.get("owner"), _expiry(item.get("expires_at"))
-            if not isinstance(owner, str) or expires is None:
-                continue
-            if item.get("kind") == "member":
-                members[owner] = expires
-            elif item.get("kind") == "lease" and isinstance(item.get("partition"), int):
-                leases[item["partition"]] = (owner, expires)
+        leases, members = self._read_group()
         now = utcnow()
         with self._lock:
             for p, (owner, _) in list(self._held.items()):
@@ -195,26 +174,6 @@ class CosmosFeedRangeLeases:
                 if holder != owner or expires <= now:
                     self._forget(p)  # taken over, gone or lapsed: not read, not written
         return LeaseView(leases, members)
-
-    def join(self, owner: str, expires_at: datetime) -> None:
-        body = {
-            "id": self._member_id(owner),
-            "group": self.group,
-            "kind": "member",
-            "owner": owner,
-            "expires_at": format_time(expires_at),
-        }
-        with translated():
-            self.container.upsert_item(body)
-
-    def leave(self, owner: str) -> None:
-        item_id = self._member_id(owner)
-        with translated():
-            try:
-                self.container.delete_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
 
     def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
         """Take the lease if free, expired at ``now`` or ``owner``'s: created (a race loser
