@@ -84,6 +84,22 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def merged(out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` over what ``out`` already holds from runs of the same kind (quick or
+    not): a run of some benchmarks replaces theirs and keeps the others'."""
+    try:
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return results
+    if not isinstance(previous, dict) or previous.get("quick") != results["quick"]:
+        return results
+    combined = {**previous, **results}
+    for key in ("seconds", "benchmarks"):
+        kept = previous.get(key)
+        combined[key] = {**(kept if isinstance(kept, dict) else {}), **results[key]}
+    return combined
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
@@ -111,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table.to_markdown() + "\n", flush=True)
     results["seconds"]["total"] = round(time.perf_counter() - began, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(merged(args.out, results), indent=2, default=str) + "\n")
     print(f"[bench] done in {results['seconds']['total']:.0f} s; wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from benchmarks import dispatch, memory, store, structure, tracing
-from benchmarks.__main__ import main
+from benchmarks.__main__ import main, merged
 from benchmarks.common import Scale, Table, paired_ratio, percentile
 
 pytestmark = pytest.mark.wire
@@ -123,6 +123,29 @@ def test_runner_writes_results(
     assert results["quick"] is True
     assert set(results["benchmarks"]) == {"structure"}
     assert results["machine"]["cpus"] >= 1
+
+
+def test_a_run_of_some_benchmarks_keeps_the_others_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    out.write_text(
+        json.dumps(
+            {
+                "quick": False,
+                "seconds": {"raw": 13.0, "dispatch": 170.0, "total": 183.0},
+                "benchmarks": {"raw": {"rows": ["old"]}, "dispatch": {"rows": ["old"]}},
+                "runs": {"kept": True},
+            }
+        )
+    )
+    run = {"quick": False, "seconds": {"raw": 11.0, "total": 11.0}, "benchmarks": {"raw": {}}}
+    combined = merged(out, run)
+    assert combined["benchmarks"] == {"raw": {}, "dispatch": {"rows": ["old"]}}
+    assert combined["seconds"] == {"raw": 11.0, "dispatch": 170.0, "total": 11.0}
+    assert combined["runs"] == {"kept": True}
+    # A quick run never mixes with full figures, and an unreadable file is replaced.
+    assert merged(out, {**run, "quick": True}) == {**run, "quick": True}
+    out.write_text("{not json")
+    assert merged(out, run) == run
 
 
 def test_helpers() -> None:
