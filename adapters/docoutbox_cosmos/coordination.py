@@ -22,7 +22,7 @@ partition numbers stored on the documents instead, as the MongoDB adapter does.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -170,6 +170,27 @@ class GroupItems:
                 if refusal(exc) is not Refusal.MISSING:
                     raise
 
+    @staticmethod
+    def _renew_each(
+        partitions: Collection[int],
+        owner: str,
+        expires_at: datetime,
+        write: Callable[[int, str, dict[str, Any]], object],
+    ) -> None:
+        """Renew each lease with ``write`` (its conditional write), concurrently (up to
+        :data:`RENEW_CONCURRENCY`): a heartbeat must fit well inside the TTL however many
+        partitions it holds."""
+        stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
+        held = sorted(partitions)
+        if len(held) <= 1:
+            for partition in held:
+                write(partition, owner, stamp)
+            return
+        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
+            futures = [pool.submit(write, p, owner, stamp) for p in held]
+        for future in futures:
+            future.result()  # re-raise the first failure, translated
+
 
 class CosmosLeaseTable(GroupItems):
     """The leases of one ``group`` (usually the dispatched container's name)."""
@@ -239,18 +260,8 @@ class CosmosLeaseTable(GroupItems):
                     raise  # 404/412: not (or no longer) ours
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
-        """One guarded patch per lease, sent concurrently (up to :data:`RENEW_CONCURRENCY`):
-        a heartbeat must fit well inside the TTL however many partitions it holds."""
-        stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
-        held = sorted(partitions)
-        if len(held) <= 1:
-            for partition in held:
-                self._patch_if_owner(partition, owner, stamp)
-            return
-        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
-            futures = [pool.submit(self._patch_if_owner, p, owner, stamp) for p in held]
-        for future in futures:
-            future.result()  # re-raise the first failure, translated
+        """One guarded patch per lease (see :meth:`GroupItems._renew_each`)."""
+        self._renew_each(partitions, owner, expires_at, self._patch_if_owner)
 
     def release(self, partition: int, owner: str) -> None:
         self._patch_if_owner(partition, owner, {"owner": None, "expires_at": format_time(_FREE)})

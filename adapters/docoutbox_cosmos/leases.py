@@ -34,7 +34,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -45,7 +44,7 @@ from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from docoutbox_cosmos.coordination import _FREE, RENEW_CONCURRENCY, GroupItems, _expiry
+from docoutbox_cosmos.coordination import _FREE, GroupItems, _expiry
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 
@@ -271,18 +270,8 @@ class CosmosFeedRangeLeases(GroupItems):
         return False
 
     def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
-        """One conditional patch per lease, sent concurrently (up to
-        :data:`RENEW_CONCURRENCY`): a heartbeat must fit well inside the TTL."""
-        stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
-        held = sorted(partitions)
-        if len(held) <= 1:
-            for partition in held:
-                self._write_if_held(partition, owner, stamp)
-            return
-        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
-            futures = [pool.submit(self._write_if_held, p, owner, stamp) for p in held]
-        for future in futures:
-            future.result()  # re-raise the first failure, translated
+        """One ETag-conditioned write per lease (see :meth:`GroupItems._renew_each`)."""
+        self._renew_each(partitions, owner, expires_at, self._write_if_held)
 
     def release(self, partition: int, owner: str) -> None:
         fields = {"owner": None, "expires_at": format_time(_FREE)}

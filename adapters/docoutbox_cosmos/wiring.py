@@ -28,14 +28,16 @@ class CosmosDispatchTarget:
     checkpoints: CosmosCheckpoints | CosmosFeedRangeLeases
     leases: CosmosFeedRangeLeases
     dead_letters: CosmosDeadLetters
-    #: Set by :meth:`leased`: ``source`` and ``checkpoints`` follow the held leases.
-    is_leased: bool = False
 
     def leased(self) -> None:
         """Read only the feed ranges whose leases are held, checkpointed in the leases."""
         self.source = LeasedChangeSource(self.source.container, self.leases)
         self.checkpoints = self.leases
-        self.is_leased = True
+
+    @property
+    def is_leased(self) -> bool:
+        """Whether ``source`` and ``checkpoints`` follow the held leases (:meth:`leased`)."""
+        return isinstance(self.source, LeasedChangeSource)
 
     def close(self) -> None:
         self.client.close()
