@@ -397,13 +397,11 @@ class DispatchEngine:
                 return False
             yield from self._start_stream(now)
             return self._open
-        # Events bring documents: at most one batch of aggregates in hand (and never over
-        # max_backlog), so memory stays flat however long the backlog.
-        room = min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
-        if room <= 0 or not self._poll_due(now):
+        room = self._poll_room(now)
+        if room <= 0:
             return False
         try:
-            events: list[ChangeEvent] = yield PollChanges(min(self.config.batch_size, room))
+            events: list[ChangeEvent] = yield PollChanges(room)
         except ChangeStreamLost as exc:
             if exc.partitions is not None:
                 # Only those partitions' positions: the source restarted them from now.
@@ -438,22 +436,21 @@ class DispatchEngine:
             self._next_poll = now + self.config.poll_interval
         return bool(events)
 
-    def _poll_due(self, now: float) -> bool:
-        """Whether to read the stream now.
+    def _poll_room(self, now: float) -> int:
+        """How many events to read from the stream now (0: not now).
 
-        Not while this instance holds as much as it may (``max_outstanding`` positions,
-        ``max_backlog`` aggregates), nor while a full round of runs (``concurrency``) waits
-        for a free worker: reading ahead then adds nothing but load on the database, whose
-        capacity the runs' trims need. Nor within ``poll_interval`` of a read that brought
-        no change.
+        Events bring documents: at most one batch of aggregates is in hand, never over
+        ``max_backlog``, so memory stays flat however long the backlog. Nothing while this
+        instance holds ``max_outstanding`` positions, nor while a full round of runs
+        (``concurrency``) waits for a free worker: reading ahead then adds nothing but load
+        on the database, whose capacity the runs' trims need. Nor within ``poll_interval``
+        of a read that brought no change.
         """
         if len(self.tracker) >= self.config.max_outstanding:
-            return False
-        if self.queue.backlog() >= self.config.max_backlog:
-            return False
-        if self.queue.ready() >= self.config.concurrency:
-            return False
-        return now >= self._next_poll
+            return 0
+        if self.queue.ready() >= self.config.concurrency or now < self._next_poll:
+            return 0
+        return min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
 
     def _start_stream(self, now: float) -> Generator[EngineOp, Any, None]:
         try:
