@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -31,7 +28,8 @@ from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.e2e import Ledger, Sandbox
-from tests.support.servers import REPO_ROOT, CosmosAccount
+from tests.support.processes import CliProcess
+from tests.support.servers import CosmosAccount
 from tests.support.traffic import (
     RECEIVER_CONFIG,
     Producers,
@@ -50,45 +48,20 @@ PRODUCERS = 16
 LEASE_TTL = 5.0
 
 
-class Instance:
-    """``python -m docoutbox dispatch`` on Cosmos DB, its output in a temporary file."""
+class Instance(CliProcess):
+    """``python -m docoutbox dispatch`` on Cosmos DB, the key in the environment."""
 
     def __init__(self, account: CosmosAccount, database: str, url: str, exchange: str) -> None:
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        command = [
-            sys.executable,
-            *("-m", "docoutbox", "dispatch"),
-            *("--cosmos-endpoint", account.endpoint),
-            *("--database", database, "--container", "producers"),
-            *("--publisher", "rabbitmq", "--rabbitmq-url", url, "--exchange", exchange),
-            *("--lease-ttl", str(LEASE_TTL), "--concurrency", "4", "--log-level", "INFO"),
-        ]
-        env = {**os.environ, "COSMOS_KEY": account.key}
-        self.proc = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            env=env,
+        super().__init__(
+            [
+                "dispatch",
+                *("--cosmos-endpoint", account.endpoint),
+                *("--database", database, "--container", "producers"),
+                *("--publisher", "rabbitmq", "--rabbitmq-url", url, "--exchange", exchange),
+                *("--lease-ttl", str(LEASE_TTL), "--concurrency", "4", "--log-level", "INFO"),
+            ],
+            env={**os.environ, "COSMOS_KEY": account.key},
         )
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(timeout=60)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        self.log.close()
 
 
 @pytest.fixture

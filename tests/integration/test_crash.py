@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -39,7 +36,7 @@ from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import Ledger, Sandbox
-from tests.support.servers import REPO_ROOT
+from tests.support.processes import CliProcess
 from tests.support.traffic import (
     RECEIVER_CONFIG,
     Producers,
@@ -65,8 +62,8 @@ INSTANCES = 3
 TRIM_EVERY = DispatchPolicy().trim_every
 
 
-class DispatcherProcess:
-    """``python -m docoutbox dispatch`` with its output in a temporary file."""
+class DispatcherProcess(CliProcess):
+    """``python -m docoutbox dispatch`` on the wire server."""
 
     def __init__(
         self,
@@ -82,29 +79,16 @@ class DispatcherProcess:
     ) -> None:
         if publisher is None:
             publisher = ["rabbitmq", "--rabbitmq-url", rabbitmq_url, "--exchange", exchange]
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        command = [
-            sys.executable,
-            "-m",
-            "docoutbox",
-            "dispatch",
-            "--mongo-uri",
-            mongo_uri,
-            "--db",
-            db,
-            "--collection",
-            "producers",
-            "--publisher",
-            *publisher,
-            *(["--lease-ttl", str(TTL)] if leased else ["--no-leases"]),
-            *(["--async"] if use_async else []),
-            "--concurrency",
-            str(CONCURRENCY),
-            "--log-level",
-            log_level,
-        ]
-        self.proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log
+        super().__init__(
+            [
+                "dispatch",
+                *("--mongo-uri", mongo_uri, "--db", db, "--collection", "producers"),
+                "--publisher",
+                *publisher,
+                *(["--lease-ttl", str(TTL)] if leased else ["--no-leases"]),
+                *(["--async"] if use_async else []),
+                *("--concurrency", str(CONCURRENCY), "--log-level", log_level),
+            ]
         )
 
     @classmethod
@@ -119,31 +103,6 @@ class DispatcherProcess:
     ) -> DispatcherProcess:
         publisher = ["kafka", "--kafka-bootstrap", bootstrap, "--topic", topic, "--wire", wire]
         return cls(mongo_uri, db, "", "", log_level, publisher=publisher)
-
-    def wait_started(self, timeout: float = 60) -> None:
-        """Wait for the engine's start event: from then on SIGTERM means a clean stop."""
-        deadline = time.monotonic() + timeout
-        while "dispatcher_started" not in self.output():
-            assert self.proc.poll() is None, self.output()
-            assert time.monotonic() < deadline, self.output()
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(timeout=60)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        self.log.close()
 
 
 class LeaseWatch:
