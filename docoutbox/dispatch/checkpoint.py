@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from datetime import datetime
 
 from docoutbox.dispatch.flow import checkpoint_after
@@ -48,7 +49,8 @@ class PositionTracker:
         """Drop the completed prefix; True if :attr:`safe` moved."""
         moved = False
         while self._events:
-            count = checkpoint_after([done() for _, done in _head(self._events, 64)])
+            # Lazily: an unfinished head costs one check, however many events wait.
+            count = checkpoint_after(done() for _, done in islice(self._events, 64))
             if count == 0:
                 break
             for _ in range(count):
@@ -61,10 +63,6 @@ class PositionTracker:
         self._events.clear()
         self.latest = position
         self._events.append((position, gate.done))
-
-
-def _head(events: deque[tuple[Position, Done]], n: int) -> list[tuple[Position, Done]]:
-    return [events[i] for i in range(min(n, len(events)))]
 
 
 @dataclass

@@ -22,7 +22,7 @@ ahead of it (per-aggregate order, I4).
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,8 +182,10 @@ def _as_dict(raw: object) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {"value": repr(raw)}
 
 
-def checkpoint_after(done: Sequence[bool]) -> int:
-    """How many leading events of a batch are complete: the checkpoint may pass those only."""
+def checkpoint_after(done: Iterable[bool]) -> int:
+    """How many leading events of a batch are complete: the checkpoint may pass those only.
+
+    Stops reading ``done`` at the first incomplete event."""
     count = 0
     for ok in done:
         if not ok:

@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
@@ -96,8 +96,8 @@ def outbox_overwrite() -> Iterator[None]:
 
 @contextmanager
 def checkpoint_early() -> Iterator[None]:
-    def everything(done: Sequence[bool]) -> int:
-        return len(done)
+    def everything(done: Iterable[bool]) -> int:
+        return len(list(done))
 
     with mock.patch.object(tracking, "checkpoint_after", everything):
         yield

@@ -94,6 +94,15 @@ def test_tracker_moves_only_over_the_completed_prefix() -> None:
     assert tracker.advance() and tracker.safe == 3 and len(tracker) == 0
 
 
+def test_an_unfinished_head_costs_one_check_however_many_events_wait() -> None:
+    checks: list[int] = []
+    tracker = PositionTracker(0)
+    for pos in range(1, 201):
+        tracker.add(pos, lambda pos=pos: checks.append(pos) is None and pos != 1)
+    assert not tracker.advance()
+    assert checks == [1]  # the control loop calls advance on every turn
+
+
 def test_a_gate_waits_for_its_sweep_and_every_run() -> None:
     done = {"x": False}
     gate = Gate()
