@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -47,11 +47,12 @@ from docoutbox.dispatch.metrics import Metrics, NullMetrics
 from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
+from docoutbox.dispatch.trimmed import TrimmedIds
 from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMismatch, StoreError
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
-from docoutbox.store.document import ID, REVISION, Document, partition_of
+from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -151,29 +152,6 @@ class BrokerState:
             log.warning("broker_available_again")
 
 
-#: How many recently trimmed entry IDs the engine remembers.
-TRIMMED_MEMORY = 100_000
-
-
-class RecentIds:
-    """A bounded set of IDs (the oldest go first), safe across threads."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._ids: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._ids
-
-    def add_all(self, ids: Iterable[str]) -> None:
-        with self._lock:
-            for i in ids:
-                self._ids[i] = None
-            while len(self._ids) > self._size:
-                del self._ids[next(iter(self._ids))]
-
-
 #: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
 PARTITION_SAMPLE = 50
 
@@ -254,8 +232,8 @@ class DispatchEngine:
         self._rng = rng
         self.queue = AggregateQueue(workers=config.concurrency, backoff=config.backoff, rng=rng)
         #: Entries this instance trimmed lately: skipped in documents that came with
-        #: requests (an event's copy may predate a trim).
-        self.trimmed = RecentIds(TRIMMED_MEMORY)
+        #: requests (an event's copy may predate a trim). Bounded by what is in flight.
+        self.trimmed = TrimmedIds.for_config(config)
         self.sweeps: deque[Sweep] = deque()
         self.tracker = PositionTracker()
         #: The checkpoint last saved (or loaded).
@@ -565,13 +543,7 @@ class DispatchEngine:
     def _unpublished(self, doc: Document | None) -> Document | None:
         """``doc`` (a copy that came with an event or a sweep page) without the entries
         this instance already trimmed: entries never change, so nothing needs reloading."""
-        if doc is None:
-            return None
-        outbox = doc.get("outbox") or []
-        fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in self.trimmed)]
-        if len(fresh) == len(outbox):
-            return doc
-        return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
+        return self.trimmed.unpublished(doc)
 
     def _publish_flow(
         self, doc: Document, partition: int
@@ -612,7 +584,7 @@ class DispatchEngine:
                     error = exc
                 else:
                     if send and isinstance(op, Write) and isinstance(op.plan, TrimPlan):
-                        self.trimmed.add_all(op.plan.entry_ids)
+                        self.trimmed.add(doc, op.plan.entry_ids)
 
     def _publish(self, op: Publish) -> Generator[RunOp, Any, Exception | None]:
         entry = op.entry

@@ -1,0 +1,180 @@
+"""The dispatcher's memory of what it trimmed: a stale copy does not publish a trimmed
+entry again, and the memory follows what is in flight, not the backlog."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
+from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.dispatch.trimmed import PER_AGGREGATE, TrimmedIds, aggregates_in_flight
+from docoutbox.store.document import REVISION
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+#: A small in-flight bound, so the tests can go past it.
+SMALL = {"max_backlog": 4, "batch_size": 2, "sweep_page": 2, "concurrency": 1}
+
+
+def engine_for(**options: Any) -> DispatchEngine:
+    return DispatchEngine(
+        DispatcherConfig(name="t", **options),
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: 0.0,
+        clock=lambda: NOW,
+        rng=random.Random(0),
+    )
+
+
+def entry(aggregate: str, seq: int) -> dict[str, Any]:
+    return {
+        "id": f"{aggregate}-e{seq}",
+        "type": "Added",
+        "payload": {},
+        "created_at": NOW,
+        "seq": seq,
+        "aggregate_id": aggregate,
+        "aggregate_type": "Counter",
+    }
+
+
+def copy(aggregate: str, seqs: range, last: int | None = None) -> dict[str, Any]:
+    """The document as read when its outbox held ``seqs`` and ``last`` was its last seq."""
+    return {
+        "_id": aggregate,
+        "partition": 0,
+        "version": 1,
+        "outbox": [entry(aggregate, s) for s in seqs],
+        "outbox_seq": seqs[-1] if last is None and seqs else last or 0,
+        REVISION: "tag",
+    }
+
+
+def run_requested(engine: DispatchEngine, doc: dict[str, Any]) -> list[str]:
+    """Request a run with ``doc`` as the request's copy, run it (every write succeeds) and
+    return the IDs it published."""
+    assert engine.request(doc) is not None
+    [slot] = engine.start_runs()
+    flow, published, reply = engine.run(slot), list[str](), None
+    try:
+        while True:
+            op = flow.send(reply)
+            reply = None
+            name = type(op).__name__
+            if name == "Publish":
+                published.append(op.entry.id)
+            elif name == "Write":
+                reply = True
+            elif name == "Load":
+                raise AssertionError("the run reloaded instead of using the copy")
+    except StopIteration:
+        pass
+    engine.finish(slot, RunOutcome.DONE)
+    return published
+
+
+def test_a_stale_copy_arriving_right_after_its_trim_is_not_published_again() -> None:
+    engine = engine_for()
+    assert run_requested(engine, copy("a", range(1, 4))) == ["a-e1", "a-e2", "a-e3"]
+    # An event read before that trim, handed over right after it.
+    assert run_requested(engine, copy("a", range(1, 4))) == []
+    # A copy read after a commit added e4 but before the trim: only e4 is new.
+    assert run_requested(engine, copy("a", range(1, 5))) == ["a-e4"]
+
+
+def test_a_stale_copy_is_skipped_after_as_many_other_trims_as_can_be_in_flight() -> None:
+    engine = engine_for(**SMALL)
+    bound = aggregates_in_flight(**SMALL)
+    assert run_requested(engine, copy("a", range(1, 3))) == ["a-e1", "a-e2"]
+    # Before the stale copy of "a" runs, every other aggregate that can be in hand or in
+    # a read is published and trimmed.
+    for n in range(bound - 1):
+        assert run_requested(engine, copy(f"b{n}", range(1, 2))) == [f"b{n}-e1"]
+    assert run_requested(engine, copy("a", range(1, 3))) == []
+
+
+def test_the_memory_holds_at_most_the_aggregates_that_can_be_in_flight() -> None:
+    """However long the backlog: a count bound, not a size or a time."""
+    engine = engine_for(**SMALL)
+    bound = aggregates_in_flight(**SMALL)
+    for n in range(20 * bound):
+        assert len(run_requested(engine, copy(f"agg{n}", range(1, 4)))) == 3
+        assert engine.trimmed.remembered() <= bound
+        assert len(engine.trimmed) <= 3 * bound
+    assert engine.trimmed.remembered() == bound
+    assert ("agg0", "agg0-e1") not in engine.trimmed
+    last = 20 * bound - 1
+    assert (f"agg{last}", f"agg{last}-e1") in engine.trimmed
+
+
+def test_a_hot_aggregate_remembers_only_what_its_copies_may_still_show() -> None:
+    """Each run's copy was read after the previous trim: the entries it no longer shows
+    are forgotten, so the memory stays at about one run's entries, run after run."""
+    engine = engine_for()
+    for run in range(300):
+        seqs = range(3 * run + 1, 3 * run + 4)
+        assert len(run_requested(engine, copy("hot", seqs))) == 3
+        assert len(engine.trimmed) <= 6
+    assert len(engine.trimmed) == 3
+
+
+def test_a_copy_older_than_a_trimmed_entry_does_not_forget_it() -> None:
+    """An entry committed after the copy was read (seq above its outbox_seq) may be in the
+    next copy: it stays remembered."""
+    trimmed = TrimmedIds(aggregates=4, per_aggregate=100)
+    trimmed.add(copy("a", range(1, 6)), ["a-e5"])
+    older = copy("a", range(1, 5))  # read before e5 was committed
+    assert trimmed.unpublished(older) is older
+    assert ("a", "a-e5") in trimmed
+    newer = copy("a", range(1, 6))  # read after the commit, before the trim
+    kept = trimmed.unpublished(newer)
+    assert kept is not None and [e["id"] for e in kept["outbox"]] == [
+        "a-e1",
+        "a-e2",
+        "a-e3",
+        "a-e4",
+    ]
+    assert REVISION not in kept  # no longer that copy: its tag goes
+    later = copy("a", range(6, 7))  # read after the trim: e5 is gone for good
+    assert trimmed.unpublished(later) is later
+    assert ("a", "a-e5") not in trimmed and trimmed.remembered() == 0
+
+
+def test_each_aggregate_keeps_at_most_per_aggregate_ids_the_oldest_go_first() -> None:
+    trimmed = TrimmedIds(aggregates=2, per_aggregate=3)
+    doc = copy("a", range(1, 6))
+    trimmed.add(doc, ["a-e1", "a-e2"])
+    trimmed.add(doc, ["a-e3", "a-e4", "a-e5"])
+    assert len(trimmed) == 3
+    assert ("a", "a-e2") not in trimmed and ("a", "a-e3") in trimmed
+    trimmed.add(copy("b", range(1, 2)), ["b-e1"])
+    trimmed.add(copy("c", range(1, 2)), ["c-e1"])
+    assert trimmed.remembered() == 2 and ("a", "a-e3") not in trimmed
+
+
+def test_ids_are_per_aggregate() -> None:
+    trimmed = TrimmedIds(aggregates=4, per_aggregate=4)
+    trimmed.add(copy("a", range(1, 2)), ["x"])
+    assert ("a", "x") in trimmed and ("b", "x") not in trimmed
+    other = {**copy("b", range(1, 2)), "outbox": [{**entry("b", 1), "id": "x"}]}
+    assert trimmed.unpublished(other) is other
+
+
+def test_the_default_bound_follows_the_configuration() -> None:
+    engine = engine_for()
+    config = engine.config
+    assert engine.trimmed.aggregates == aggregates_in_flight(
+        max_backlog=config.max_backlog,
+        batch_size=config.batch_size,
+        sweep_page=config.sweep_page,
+        concurrency=config.concurrency,
+    )
+    assert engine.trimmed.per_aggregate == PER_AGGREGATE
+    with pytest.raises(ValueError):
+        TrimmedIds(aggregates=0, per_aggregate=1)
