@@ -57,6 +57,11 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "kafka-consume": (kafka_consume.run, None),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+#: Cosmos DB benchmarks (benchmarks.cosmos), only when named: they need the local Cosmos DB
+#: server (or COSMOS_ENDPOINT/COSMOS_KEY), not a wire server.
+COSMOS = {
+    f"cosmos-{name}": name for name in ("handle", "drain", "memory", "handle-aio", "drain-aio")
+}
 
 
 def machine() -> dict[str, Any]:
@@ -100,10 +105,27 @@ def merged(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     return combined
 
 
+def run_cosmos(only: list[str], quick: bool, out: Path) -> dict[str, Any]:
+    """Run Cosmos DB benchmarks; record them in ``out`` (results_cosmos.json) too."""
+    from benchmarks import cosmos
+
+    print(f"[bench] cosmos {' '.join(only)} ...", file=sys.stderr, flush=True)
+    scale = Scale.quick() if quick else cosmos.SCALE
+    began, load = time.perf_counter(), os.getloadavg()[0]
+    with cosmos.cosmos_account() as account:
+        tables = cosmos.run(account, scale, only)
+    for table in tables:
+        print(table.to_markdown() + "\n", flush=True)
+    cosmos.record(tables, out, quick=quick, scale=scale, began=began, load=load)
+    return {table.key: table.to_json() for table in tables}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
-    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument(
+        "--only", nargs="+", choices=[*BENCHMARKS, *COSMOS], default=list(BENCHMARKS)
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
     args = parser.parse_args(argv)
     scale = Scale.quick() if args.quick else Scale()
@@ -116,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks": {},
     }
     began = time.perf_counter()
-    for name in args.only:
+    cosmos_only = [COSMOS[name] for name in args.only if name in COSMOS]
+    if cosmos_only:
+        out = args.out.with_name("results_cosmos.json")
+        results["benchmarks"].update(run_cosmos(cosmos_only, args.quick, out))
+    for name in (name for name in args.only if name in BENCHMARKS):
         bench, heap = BENCHMARKS[name]
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()

@@ -11,8 +11,13 @@ account (see ``benchmarks/common.py``):
    ETag-guarded replace of the whole item (why docoutbox commits with a patch);
 3. **dispatch drain**: the dispatcher (change feed per feed range, counting publisher,
    trims) vs a raw read of the same change feed, in entries per second;
-4. **memory** of a dispatcher draining a backlog, at two backlog sizes (it must stay
-   flat), each in its own process.
+4. **memory** of a dispatcher draining a backlog, at three backlog sizes (it must stay
+   flat), each in its own process;
+5. ``handle-aio`` and ``drain-aio``: 1 and 3 on ``azure.cosmos.aio``
+   (:mod:`benchmarks.cosmos_aio`).
+
+A run of some benchmarks (``--only``) replaces their entries in the results file and
+keeps the others'.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ from tests.support.servers import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results_cosmos.json"
+#: What ``--only`` selects; ``-aio`` are the ``azure.cosmos.aio`` twins (benchmarks.cosmos_aio).
+NAMES = ["handle", "drain", "memory", "handle-aio", "drain-aio"]
+#: The scale of a full run.
+SCALE = replace(Scale(), messages=150, rounds=21)
 
 
 @contextlib.contextmanager
@@ -145,25 +154,13 @@ class RawLoop:
                 item = self.container.read_item(account, partition_key=account, **hook)
             if message["id"] in item["inbox"]:
                 return
-            state = item["state"]
-            new = {"balance": state["balance"] + message["payload"]["n"]}
-            new["deposits"] = state["deposits"] + 1
-            inbox = [*item["inbox"], message["id"]][-self.window :]
-            now = format_time(datetime.now(UTC))
+            new, inbox, now = deposit(item, message, self.window)
             try:
                 if self.strategy == "patch":
-                    ops = [
-                        {"op": "set", "path": "/state", "value": new},
-                        {"op": "incr", "path": "/version", "value": 1},
-                        {"op": "set", "path": "/outbox_seq", "value": item["outbox_seq"]},
-                        {"op": "set", "path": "/updated_at", "value": now},
-                        {"op": "set", "path": "/inbox", "value": inbox},
-                    ]
                     written = self.container.patch_item(
                         account,
                         partition_key=account,
-                        patch_operations=ops,
-                        filter_predicate=f"FROM c WHERE c.version = {int(item['version'])}",
+                        **guarded_patch(item, new, inbox, now),
                         **hook,
                     )
                 else:
@@ -183,6 +180,28 @@ class RawLoop:
             if self.cached:
                 self._items[account] = written
             return
+
+
+def deposit(item: Doc, message: Doc, window: int) -> tuple[Doc, list[str], str]:
+    """The raw loops' state change: the new state, the inbox window and the time."""
+    state = item["state"]
+    new = {"balance": state["balance"] + message["payload"]["n"]}
+    new["deposits"] = state["deposits"] + 1
+    inbox = [*item["inbox"], message["id"]][-window:]
+    return new, inbox, format_time(datetime.now(UTC))
+
+
+def guarded_patch(item: Doc, new: Doc, inbox: list[str], now: str) -> dict[str, Any]:
+    """``patch_item`` arguments of docoutbox's commit, guarded by the item's version."""
+    ops = [
+        {"op": "set", "path": "/state", "value": new},
+        {"op": "incr", "path": "/version", "value": 1},
+        {"op": "set", "path": "/outbox_seq", "value": item["outbox_seq"]},
+        {"op": "set", "path": "/updated_at", "value": now},
+        {"op": "set", "path": "/inbox", "value": inbox},
+    ]
+    predicate = f"FROM c WHERE c.version = {int(item['version'])}"
+    return {"patch_operations": ops, "filter_predicate": predicate}
 
 
 def _if_not_modified() -> Any:
@@ -528,6 +547,8 @@ def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
 
 
 def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> list[Table]:
+    from benchmarks import cosmos_aio  # it builds on this module
+
     tables = []
     with account.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
@@ -538,6 +559,10 @@ def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> 
                 tables.append(drain(database, scale))
             if only is None or "memory" in only:
                 tables.append(memory(database, account, scale))
+            if only is None or "handle-aio" in only:
+                tables.append(cosmos_aio.handle_throughput(database, account, scale))
+            if only is None or "drain-aio" in only:
+                tables.append(cosmos_aio.drain(database, account, scale))
         finally:
             client.delete_database(database.id)
     return tables
@@ -546,7 +571,7 @@ def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cosmos", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
-    parser.add_argument("--only", nargs="+", choices=["handle", "drain", "memory"])
+    parser.add_argument("--only", nargs="+", choices=NAMES)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--child", nargs=4, metavar=("ENDPOINT", "DB", "CONTAINER", "COUNT"))
     args = parser.parse_args(argv)
@@ -554,21 +579,42 @@ def main(argv: list[str] | None = None) -> int:
         endpoint, db, container, count = args.child
         child(endpoint, db, container, int(count))
         return 0
-    scale = Scale.quick() if args.quick else replace(Scale(), messages=150, rounds=21)
-    began = time.perf_counter()
+    scale = Scale.quick() if args.quick else SCALE
+    began, load = time.perf_counter(), os.getloadavg()[0]
     with cosmos_account() as account:
         tables = run(account, scale, args.only)
-    results = {
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "quick": args.quick,
-        "scale": scale.__dict__,
-        "seconds": round(time.perf_counter() - began, 1),
-        "benchmarks": {t.key: t.to_json() for t in tables},
-    }
     for table in tables:
         print(table.to_markdown() + "\n", flush=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    record(tables, args.out, quick=args.quick, scale=scale, began=began, load=load)
     return 0
+
+
+def record(
+    tables: list[Table], out: Path, *, quick: bool, scale: Scale, began: float, load: float
+) -> None:
+    """Write ``tables`` into ``out``, keeping the other benchmarks it holds from runs of the
+    same kind (quick or not), each with when it ran and the machine's load then."""
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    loads = f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end (1-minute)"
+    try:
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    if not isinstance(previous, dict) or previous.get("quick") != quick:
+        previous = {}
+    results = {
+        **previous,
+        "generated_at": now,
+        "quick": quick,
+        "scale": scale.__dict__,
+        "seconds": round(time.perf_counter() - began, 1),
+        "benchmarks": {**previous.get("benchmarks", {}), **{t.key: t.to_json() for t in tables}},
+        "runs": {
+            **previous.get("runs", {}),
+            **{t.key: {"generated_at": now, "load_average": loads} for t in tables},
+        },
+    }
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ speed; the round-trip counts asserted are structural."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from benchmarks import cosmos
@@ -20,3 +25,33 @@ def test_cosmos_benchmarks_run_and_count_round_trips(cosmos_server: CosmosAccoun
     assert trips["raw cached patch"] < 2
     assert all(f["per_s"] > 0 for f in handle.figures.values())
     assert drain.figures["dispatcher_per_s"] > 0 and drain.figures["raw_per_s"] > 0
+
+
+def test_the_aio_benchmarks_run_and_count_round_trips(cosmos_server: CosmosAccount) -> None:
+    handle, drain = cosmos.run(cosmos_server, Scale.quick(), ["handle-aio", "drain-aio"])
+    trips = {name: f["round_trips_per_message"] for name, f in handle.figures.items()}
+    assert trips["docoutbox aio cold (cache off)"] == trips["raw aio read + patch"] == 2
+    assert trips["docoutbox aio warm (cached)"] == trips["raw aio cached patch"]
+    assert trips["raw aio cached patch"] < 2
+    assert all(f["per_s"] > 0 for f in handle.figures.values())
+    assert drain.figures["dispatcher_per_s"] > 0 and drain.figures["raw_per_s"] > 0
+    assert drain.figures["dispatcher_requests"] >= drain.figures["raw_requests"]
+
+
+def test_the_runner_runs_a_cosmos_benchmark_alone(
+    cosmos_server: CosmosAccount, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scripts/bench --only cosmos-drain-aio`` runs that benchmark and nothing else."""
+    from benchmarks.__main__ import main
+
+    @contextlib.contextmanager
+    def account() -> Iterator[CosmosAccount]:
+        yield cosmos_server
+
+    monkeypatch.setattr(cosmos, "cosmos_account", account)
+    out = tmp_path / "results.json"
+    assert main(["--quick", "--only", "cosmos-drain-aio", "--out", str(out)]) == 0
+    assert list(json.loads(out.read_text())["benchmarks"]) == ["cosmos_drain_aio"]
+    recorded = json.loads((tmp_path / "results_cosmos.json").read_text())
+    assert list(recorded["benchmarks"]) == ["cosmos_drain_aio"]
+    assert "load_average" in recorded["runs"]["cosmos_drain_aio"]
