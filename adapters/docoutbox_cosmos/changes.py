@@ -170,8 +170,15 @@ class _FeedReader:
             return []
         after = self._position()
         # Latest-version mode: each item is the document as it was when read, so the
-        # dispatcher publishes from it without a reload.
-        docs = [self._document(item) for item in items]
+        # dispatcher publishes from it without a reload. The SDK's pager keeps the page's
+        # items until the cyclic garbage collector frees it (it refers to itself), which
+        # may be many pages later: each item is emptied once its document is made, so
+        # what the engine lets go is freed at once and memory stays flat.
+        docs: list[Document] = []
+        for item in items:
+            docs.append(self._document(item))
+            if isinstance(item, dict):
+                item.clear()
         events = [ChangeEvent(before, doc, current=True) for doc in docs[:-1]]
         events.append(ChangeEvent(after, docs[-1], current=True))
         return events
@@ -223,6 +230,7 @@ class CosmosChangeSource(_FeedReader):
             try:
                 for page in self._page_request(key, limit, hook).by_page():
                     items = list(page)
+                    del page  # its iterator holds the page's items too
                     break
             except (ValueError, KeyError, TypeError) as exc:  # the SDK parses the token
                 raise _unusable(exc) from exc
@@ -269,6 +277,7 @@ class AsyncCosmosChangeSource(_FeedReader):
             try:
                 async for page in self._page_request(key, limit, hook).by_page():
                     items = [item async for item in page]
+                    del page  # its iterator holds the page's items too
                     break
             except (ValueError, KeyError, TypeError) as exc:  # the SDK parses the token
                 raise _unusable(exc) from exc

@@ -51,7 +51,10 @@ from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 log = logging.getLogger("docoutbox.leases")
 
 #: How many partition keys' feed ranges :meth:`CosmosFeedRangeLeases.locate` remembers.
-LOCATED_MEMORY = 65_536
+#: The dispatcher locates a document right after the poll or sweep page that brought it
+#: (at most ``batch_size`` or ``sweep_page`` documents), so a few polls' worth is enough; a
+#: key forgotten is hashed again. Not one per aggregate of the backlog: memory stays flat.
+LOCATED_MEMORY = 8_192
 
 
 def _start(feed_range: Mapping[str, Any]) -> str:
