@@ -7,15 +7,15 @@ again would be a duplicate (allowed by at-least-once delivery, but avoidable).
 :class:`TrimmedIds` remembers the IDs each trim removed, per aggregate, and leaves them out
 of later copies (:meth:`TrimmedIds.unpublished`).
 
-Only a few aggregates can have such a copy: one in the engine's hands (at most
-``max_backlog`` aggregates, plus a sweep page) or in a read in flight (a poll of at most
-``batch_size`` events, or a sweep page). A copy of an aggregate waits behind at most that
-many other aggregates' runs, so keeping the aggregates trimmed most recently, that many
-(:func:`aggregates_in_flight`), covers every copy that can still come. Per aggregate, a
-copy's own ``outbox_seq`` tells which trims it already reflects: an entry with
-``seq <= outbox_seq`` missing from the copy was gone when the copy was read, so no later
-copy (copies of one aggregate are run in the order they were read) can show it, and it is
-forgotten. A hard count bound holds whatever comes: at most ``aggregates`` aggregates, at
+Only a few aggregates can have such a copy: one in the engine's hands or in its read in
+flight, together at most ``max_backlog + sweep_page`` aggregates. A copy waits behind at
+most that many other aggregates' runs, so keeping the aggregates trimmed most recently,
+that many (:func:`aggregates_in_flight`), covers every copy that can still come.
+
+Per aggregate, a copy's own ``outbox_seq`` tells which trims it already reflects: an entry
+with ``seq <= outbox_seq`` missing from the copy was gone when the copy was read, so no
+later copy (copies of one aggregate are run in the order they were read) can show it, and
+it is forgotten. A hard count bound holds whatever comes: at most ``aggregates`` aggregates, at
 most ``per_aggregate`` IDs each (the oldest go first).
 """
 
@@ -37,17 +37,18 @@ if TYPE_CHECKING:
 PER_AGGREGATE = 1_000
 
 
-def aggregates_in_flight(
-    *, max_backlog: int, batch_size: int, sweep_page: int, concurrency: int
-) -> int:
-    """How many aggregates can hold a copy read before a trim that has not run yet.
+def aggregates_in_flight(*, max_backlog: int, sweep_page: int, concurrency: int) -> int:
+    """How many other aggregates' runs can trim between a trim and the run of a copy read
+    before it.
 
-    In hand: the stream is read only below ``min(batch_size, max_backlog)`` aggregates
-    and a sweep page only below ``max_backlog``, so at most ``max_backlog + sweep_page``
-    (running ones included); in a read: at most ``max(batch_size, sweep_page)``. The
-    ``concurrency`` is a margin for runs finishing while a read is in flight.
+    Copies come only from the engine's own reads, one at a time: a poll asks for at most
+    ``min(batch_size, max_backlog)`` less the aggregates in hand, a sweep page (at most
+    ``sweep_page``) is read only below ``max_backlog``. So the aggregates in hand when the
+    trim happens plus those a read in flight brings stay under ``max_backlog +
+    sweep_page``, and every aggregate requested later queues behind the copy's run. The
+    ``concurrency`` is a margin for runs that finish meanwhile.
     """
-    return max_backlog + sweep_page + max(batch_size, sweep_page) + concurrency
+    return max_backlog + sweep_page + concurrency
 
 
 class TrimmedIds:
@@ -71,7 +72,6 @@ class TrimmedIds:
         """Sized for what a dispatcher with ``config`` can have in flight."""
         aggregates = aggregates_in_flight(
             max_backlog=config.max_backlog,
-            batch_size=config.batch_size,
             sweep_page=config.sweep_page,
             concurrency=config.concurrency,
         )

@@ -17,7 +17,7 @@ from docoutbox.store.document import REVISION
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 #: A small in-flight bound, so the tests can go past it.
-SMALL = {"max_backlog": 4, "batch_size": 2, "sweep_page": 2, "concurrency": 1}
+SMALL = {"max_backlog": 4, "sweep_page": 2, "concurrency": 1}
 
 
 def engine_for(**options: Any) -> DispatchEngine:
@@ -171,10 +171,9 @@ def test_the_default_bound_follows_the_configuration() -> None:
     config = engine.config
     assert engine.trimmed.aggregates == aggregates_in_flight(
         max_backlog=config.max_backlog,
-        batch_size=config.batch_size,
         sweep_page=config.sweep_page,
         concurrency=config.concurrency,
     )
     assert engine.trimmed.per_aggregate == PER_AGGREGATE
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least 1"):
         TrimmedIds(aggregates=0, per_aggregate=1)
