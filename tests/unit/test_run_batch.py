@@ -16,7 +16,7 @@ from docoutbox.dispatch.flow import DispatchPolicy, Publish
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
-from docoutbox.errors import StoreError, TransientStoreError
+from docoutbox.errors import InvalidConfig, StoreError, TransientStoreError
 from docoutbox.store.core import Write
 from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
 
@@ -230,3 +230,10 @@ def test_write_all_without_write_many_writes_each_and_keeps_each_error() -> None
     assert outcomes[0] is True and outcomes[2] is True
     assert isinstance(outcomes[1], StoreError)
     assert sorted(backend.written) == ["a", "b"]
+
+
+@pytest.mark.parametrize("name", ["partitions", "concurrency", "run_batch", "batch_size"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
+def test_counts_in_the_config_are_ints_of_at_least_one(name: str, value: object) -> None:
+    with pytest.raises(InvalidConfig, match=f"DispatcherConfig.{name}"):
+        DispatcherConfig(**{name: value})  # type: ignore[arg-type]
