@@ -2,7 +2,9 @@
 
 Each benchmark gets a fresh wire server (so one benchmark's oplog and heap do not weigh
 on the next), or ``$MONGODB_URI`` when it is set. Results go to ``benchmarks/results.json``
-and are printed as Markdown tables.
+and are printed as Markdown tables. The Cosmos DB benchmarks (``cosmos-*``) run only when
+named in ``--only``, on the local Cosmos DB server (or ``COSMOS_ENDPOINT``/``COSMOS_KEY``),
+and are also recorded in ``benchmarks/results_cosmos.json``.
 """
 
 from __future__ import annotations
