@@ -7,16 +7,16 @@ again would be a duplicate (allowed by at-least-once delivery, but avoidable).
 :class:`TrimmedIds` remembers the IDs each trim removed, per aggregate, and leaves them out
 of later copies (:meth:`TrimmedIds.unpublished`).
 
-Only a few aggregates can have such a copy: one in the engine's hands or in its read in
-flight, together at most ``max_backlog + sweep_page`` aggregates. A copy waits behind at
-most that many other aggregates' runs, so keeping the aggregates trimmed most recently,
+Only a few aggregates can have such a copy: one in the engine's hands, in its read in
+flight or in a batch the change source fetched and hands over in parts. A copy waits
+behind at most that many other aggregates' runs, so keeping the aggregates trimmed most recently,
 that many (:func:`aggregates_in_flight`), covers every copy that can still come.
 
-Per aggregate, a copy's own ``outbox_seq`` tells which trims it already reflects: an entry
-with ``seq <= outbox_seq`` missing from the copy was gone when the copy was read, so no
-later copy (copies of one aggregate are run in the order they were read) can show it, and
-it is forgotten. A hard count bound holds whatever comes: at most ``aggregates`` aggregates, at
-most ``per_aggregate`` IDs each (the oldest go first).
+Per aggregate, the IDs stay until the aggregate is among the least recently trimmed or
+its own bound is reached: a copy that no longer shows an entry does not prove that no older
+copy is still on its way (a change stream hands over batches fetched before a sweep page
+that came meanwhile). A hard count bound holds whatever comes: at most ``aggregates``
+aggregates, at most ``per_aggregate`` IDs each (the oldest go first).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from docoutbox.model import AggregateId
 from docoutbox.store.document import ID, REVISION, Document
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 PER_AGGREGATE = 1_000
 
 
-def aggregates_in_flight(*, max_backlog: int, sweep_page: int, concurrency: int) -> int:
+def aggregates_in_flight(
+    *, max_backlog: int, batch_size: int, sweep_page: int, concurrency: int
+) -> int:
     """How many other aggregates' runs can trim between a trim and the run of a copy read
     before it.
 
@@ -45,10 +47,12 @@ def aggregates_in_flight(*, max_backlog: int, sweep_page: int, concurrency: int)
     ``min(batch_size, max_backlog)`` less the aggregates in hand, a sweep page (at most
     ``sweep_page``) is read only below ``max_backlog``. So the aggregates in hand when the
     trim happens plus those a read in flight brings stay under ``max_backlog +
-    sweep_page``, and every aggregate requested later queues behind the copy's run. The
-    ``concurrency`` is a margin for runs that finish meanwhile.
+    sweep_page``, and every aggregate requested later queues behind the copy's run. A
+    change source may also hand over, in several polls, a batch it fetched earlier (about
+    ``batch_size`` changes): those come on top. The ``concurrency`` is a margin for runs
+    that finish meanwhile.
     """
-    return max_backlog + sweep_page + concurrency
+    return max_backlog + sweep_page + max(batch_size, sweep_page) + concurrency
 
 
 class TrimmedIds:
@@ -63,8 +67,8 @@ class TrimmedIds:
             raise ValueError("aggregates and per_aggregate must be at least 1")
         self.aggregates = aggregates
         self.per_aggregate = per_aggregate
-        #: aggregate -> {entry ID: its seq (None if the entry had none)}, oldest first.
-        self._trimmed: OrderedDict[AggregateId, dict[str, int | None]] = OrderedDict()
+        #: aggregate -> its trimmed entry IDs, oldest first; aggregates oldest first.
+        self._trimmed: OrderedDict[AggregateId, dict[str, None]] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
@@ -72,6 +76,7 @@ class TrimmedIds:
         """Sized for what a dispatcher with ``config`` can have in flight."""
         aggregates = aggregates_in_flight(
             max_backlog=config.max_backlog,
+            batch_size=config.batch_size,
             sweep_page=config.sweep_page,
             concurrency=config.concurrency,
         )
@@ -101,12 +106,11 @@ class TrimmedIds:
         aggregate_id = doc.get(ID)
         if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
             return
-        seqs = _seqs(doc)
         with self._lock:
             ids = self._trimmed.pop(aggregate_id, None) or {}
             for entry_id in entry_ids:
                 ids.pop(entry_id, None)
-                ids[entry_id] = seqs.get(entry_id)
+                ids[entry_id] = None
             while len(ids) > self.per_aggregate:
                 del ids[next(iter(ids))]
             self._trimmed[aggregate_id] = ids  # now the most recent
@@ -115,42 +119,19 @@ class TrimmedIds:
 
     def unpublished(self, doc: Document | None) -> Document | None:
         """``doc`` (a copy that came with an event or a sweep page) without the entries this
-        instance trimmed since the copy was read; forgets what the copy shows was gone."""
+        instance trimmed (an older copy than its trims may show them)."""
         if doc is None:
             return None
         aggregate_id = doc.get(ID)
         if isinstance(aggregate_id, bool) or not isinstance(aggregate_id, str | int):
             return doc
         outbox = doc.get("outbox") or []
-        shown = {e.get("id") for e in outbox if isinstance(e, dict)}
-        last = doc.get("outbox_seq")
-        last = last if isinstance(last, int) and not isinstance(last, bool) else None
         with self._lock:
             ids = self._trimmed.get(aggregate_id)
             if ids is None:
                 return doc
-            if last is not None:
-                gone = [
-                    i
-                    for i, seq in ids.items()
-                    if i not in shown and seq is not None and seq <= last
-                ]
-                for i in gone:
-                    del ids[i]
-                if not ids:
-                    del self._trimmed[aggregate_id]
-            skip = {i for i in shown if i in ids}
+            skip = {e.get("id") for e in outbox if isinstance(e, dict) and e.get("id") in ids}
         if not skip:
             return doc
         fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in skip)]
         return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
-
-
-def _seqs(doc: Document) -> dict[Any, int | None]:
-    seqs: dict[Any, int | None] = {}
-    for entry in doc.get("outbox") or []:
-        if isinstance(entry, dict):
-            seq = entry.get("seq")
-            valid = isinstance(seq, int) and not isinstance(seq, bool)
-            seqs[entry.get("id")] = seq if valid else None
-    return seqs
