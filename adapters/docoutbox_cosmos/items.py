@@ -22,6 +22,7 @@ integers and JSON-escaped ASCII string literals (``json.dumps``), never raw inpu
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
@@ -148,6 +149,31 @@ def to_json(value: object) -> object:
     return json.loads(_encoded(value))
 
 
+def _plain(value: object) -> bool:
+    """Whether ``value`` is already JSON data that :func:`to_json` would return unchanged:
+    str-keyed dicts, lists, strings, ints, bools, None and finite floats only."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())  # type: ignore[attr-defined]
+    if kind is list:
+        return all(_plain(v) for v in value)  # type: ignore[attr-defined]
+    return kind is float and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def json_value(value: object) -> object:
+    """``to_json(value)``, or ``value`` itself (not a copy) when it is JSON data already,
+    as a store's state in stored form is: checked in one walk instead of an encoding and
+    a decoding. For values that are only read (serialized) afterwards."""
+    try:
+        if _plain(value):
+            return value
+    except RecursionError:
+        pass
+    return to_json(value)
+
+
 def json_size(value: object) -> int:
     """``item_size(to_json(value))`` in one encoding, or more: keys that collide once
     turned into strings (``1`` and ``"1"``) count twice, so it is an upper bound.
@@ -235,7 +261,7 @@ def commit_patch(plan: CommitPlan) -> tuple[PatchOps, str] | None:
     if plan.inbox_push and plan.inbox_after is None:
         return None
     ops: PatchOps = [
-        {"op": "set", "path": "/state", "value": to_json(plan.state)},
+        {"op": "set", "path": "/state", "value": json_value(plan.state)},
         {"op": "incr", "path": "/version", "value": 1},
         {"op": "set", "path": "/outbox_seq", "value": plan.outbox_seq},
         {"op": "set", "path": "/updated_at", "value": format_time(plan.updated_at)},

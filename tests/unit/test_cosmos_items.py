@@ -39,6 +39,7 @@ from docoutbox_cosmos.items import (
     format_time,
     item_size,
     json_size,
+    json_value,
     parse_time,
     pending_queries,
     to_json,
@@ -380,6 +381,23 @@ def test_json_size_is_the_size_of_the_stored_json_in_one_encoding() -> None:
     with pytest.raises(InvalidPayload):
         to_json({"x": float("inf")})
     assert to_json({"t": "\ud800é"}) == {"t": "\ud800é"}
+
+
+def test_json_value_is_to_json_and_skips_the_copy_only_for_json_data() -> None:
+    plain = {"n": 1, "f": -0.0, "t": "é\ud800", "l": [True, None, {"k": [1.5, "x"]}], "e": {}}
+    assert json_value(plain) is plain
+    assert json_value(plain) == to_json(plain)
+    for converted in ({"t": (1, 2)}, {1: "a"}, {"at": NOW}, [{"x": {"y": (3,)}}]):
+        assert json_value(converted) == to_json(converted)
+        assert json_value(converted) is not converted
+    for bad in ({"x": float("nan")}, {"x": [float("-inf")]}, {"x": {1, 2}}, {"x": b"b"}):
+        with pytest.raises(InvalidPayload):
+            json_value(bad)
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(RecursionError):  # as to_json, which gets it from json
+        json_value(deep)
 
 
 class SlowLeaseContainer:
