@@ -206,6 +206,8 @@ class Contestant:
     #: Per round: messages per second of wall time, and client CPU seconds per message.
     rates: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    #: Per round: the wall time of each chunk, in turn order.
+    chunks: list[list[float]] = field(default_factory=list)
 
 
 def _paired_rounds(contestants: dict[str, Contestant], rounds: int, warmup: int) -> None:
@@ -218,7 +220,7 @@ def _paired_rounds(contestants: dict[str, Contestant], rounds: int, warmup: int)
     turn = 0
     for index in range(warmup + rounds):
         batches = {name: c.feed.take(c.messages) for name, c in contestants.items()}
-        wall = dict.fromkeys(names, 0.0)
+        walls: dict[str, list[float]] = {name: [] for name in names}
         cpu = dict.fromkeys(names, 0.0)
         before = {name: c.meter.snapshot() for name, c in contestants.items()}
         gc.collect()
@@ -232,7 +234,7 @@ def _paired_rounds(contestants: dict[str, Contestant], rounds: int, warmup: int)
                 for account, message in chunk:
                     handle(account, message)
                 cpu[name] += time.process_time() - began_cpu
-                wall[name] += time.perf_counter() - began
+                walls[name].append(time.perf_counter() - began)
         if index < warmup:
             continue
         for name, c in contestants.items():
@@ -241,8 +243,18 @@ def _paired_rounds(contestants: dict[str, Contestant], rounds: int, warmup: int)
             after, charged = c.meter.snapshot()
             c.trips.append((after - responses) / count)
             c.charges.append((charged - charge) / count)
-            c.rates.append(count / wall[name])
+            c.rates.append(count / sum(walls[name]))
             c.cpu.append(cpu[name] / count)
+            c.chunks.append(walls[name])
+
+
+def _chunk_ratios(candidate: Contestant, baseline: Contestant) -> list[float]:
+    """Per round, the median over its chunks of baseline time / candidate time for the
+    same chunk: a stall of the shared machine spoils one chunk's pair, not the round."""
+    return [
+        median([b / c for b, c in zip(base, cand, strict=True)])
+        for base, cand in zip(baseline.chunks, candidate.chunks, strict=True)
+    ]
 
 
 def _accounts(database: Any, prefix: str, scale: Scale) -> tuple[Any, list[str]]:
@@ -257,6 +269,13 @@ def _accounts(database: Any, prefix: str, scale: Scale) -> tuple[Any, list[str]]
 def _cell(samples: dict[str, list[float]], name: str, base: str) -> str:
     low, high = ratio_range(samples[name], samples[base])
     return f"{paired_ratio(samples[name], samples[base]):.2f}x ({low:.2f}-{high:.2f})"
+
+
+def _ratio_cell(ratios: list[float]) -> tuple[str, float, list[float]]:
+    """``median (IQR)`` of per-round ratios, the median, and the IQR."""
+    low, high = ratio_range(ratios, [1.0] * len(ratios))
+    mid = median(ratios)
+    return f"{mid:.2f}x ({low:.2f}-{high:.2f})", mid, [low, high]
 
 
 #: Messages a contestant handles before the next one takes its turn (half the aggregates).
@@ -321,13 +340,15 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
         trips, charge = median(c.trips), median(c.charges)
         base = HANDLE_BASELINES[name]
         cpu_low, cpu_high = ratio_range(speed[name], speed[base])
+        cold_cell, cold, cold_iqr = _ratio_cell(_chunk_ratios(c, contestants["raw read + patch"]))
+        warm_cell, warm, warm_iqr = _ratio_cell(_chunk_ratios(c, contestants["raw cached patch"]))
         table.add(
             name,
             trips,
             charge,
             median(samples[name]),
-            _cell(samples, name, "raw read + patch"),
-            _cell(samples, name, "raw cached patch"),
+            cold_cell,
+            warm_cell,
             1000 * median(c.cpu),
             _cell(speed, name, base),
         )
@@ -335,10 +356,14 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
             "per_s": median(samples[name]),
             "round_trips_per_message": trips,
             "request_units_per_message": charge,
-            "vs_raw": paired_ratio(samples[name], samples["raw read + patch"]),
-            "vs_raw_iqr": list(ratio_range(samples[name], samples["raw read + patch"])),
-            "vs_raw_cached": paired_ratio(samples[name], samples["raw cached patch"]),
-            "vs_raw_cached_iqr": list(ratio_range(samples[name], samples["raw cached patch"])),
+            "vs_raw": cold,
+            "vs_raw_iqr": cold_iqr,
+            "vs_raw_cached": warm,
+            "vs_raw_cached_iqr": warm_iqr,
+            "vs_raw_by_round_totals": paired_ratio(samples[name], samples["raw read + patch"]),
+            "vs_raw_cached_by_round_totals": paired_ratio(
+                samples[name], samples["raw cached patch"]
+            ),
             "client_cpu_ms_per_message": 1000 * median(c.cpu),
             "cpu_baseline": base,
             "cpu_vs_baseline": paired_ratio(speed[name], speed[base]),
@@ -357,7 +382,9 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
     )
     table.notes.append(
         f"Contestants take turns every {HANDLE_CHUNK} messages within each of the "
-        f"{scale.rounds} rounds; ratios are medians of per-round ratios (IQR in brackets)."
+        f"{scale.rounds} rounds. Speed ratios: per round, the median over its chunks of "
+        "baseline time / variant time for the same chunk; then the median over rounds "
+        "(IQR of the rounds in brackets). msgs/s: median of per-round rates."
     )
     table.notes.append(
         "Client CPU is the benchmark process's process_time per message (the server is "
@@ -636,6 +663,22 @@ def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> 
     return tables
 
 
+def _kept(out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` plus the other benchmarks' entries of a previous run of the same kind
+    in ``out``: running one benchmark does not erase the others' figures."""
+    try:
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return results
+    if not isinstance(previous, dict) or previous.get("quick") != results["quick"]:
+        return results
+    kept = previous.get("benchmarks")
+    return {
+        **results,
+        "benchmarks": {**(kept if isinstance(kept, dict) else {}), **results["benchmarks"]},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cosmos", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
@@ -660,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for table in tables:
         print(table.to_markdown() + "\n", flush=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(_kept(args.out, results), indent=2, default=str) + "\n")
     return 0
 
 
