@@ -2,14 +2,13 @@
 
 Each benchmark gets a fresh wire server (so one benchmark's oplog and heap do not weigh
 on the next), or ``$MONGODB_URI`` when it is set. Results go to ``benchmarks/results.json``
-and are printed as Markdown tables. The Cosmos DB benchmarks (``cosmos-*``) run only when
-named in ``--only``, on the local Cosmos DB server (or ``COSMOS_ENDPOINT``/``COSMOS_KEY``),
-and are also recorded in ``benchmarks/results_cosmos.json``.
+and are printed as Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +27,8 @@ import pymongo
 from benchmarks import (
     audit,
     batch,
+    cosmos,
+    cosmos_aio,
     dispatch,
     immediate,
     kafka,
@@ -58,12 +59,14 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
 }
-DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
-#: Cosmos DB benchmarks (benchmarks.cosmos), only when named: they need the local Cosmos DB
-#: server (or COSMOS_ENDPOINT/COSMOS_KEY), not a wire server.
-COSMOS = {
-    f"cosmos-{name}": name for name in ("handle", "drain", "memory", "handle-aio", "drain-aio")
+#: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
+#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).
+OPTIONAL: dict[str, Bench] = {
+    "cosmos_handle": cosmos.handle_bench,
+    "cosmos_handle_aio": cosmos_aio.handle_bench,
+    "cosmos_drain_aio": cosmos_aio.drain_bench,
 }
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 
 
 def machine() -> dict[str, Any]:
@@ -107,26 +110,11 @@ def merged(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     return combined
 
 
-def run_cosmos(only: list[str], quick: bool, out: Path) -> dict[str, Any]:
-    """Run Cosmos DB benchmarks; record them in ``out`` (results_cosmos.json) too."""
-    from benchmarks import cosmos
-
-    print(f"[bench] cosmos {' '.join(only)} ...", file=sys.stderr, flush=True)
-    scale = Scale.quick() if quick else cosmos.SCALE
-    began, load = time.perf_counter(), os.getloadavg()[0]
-    with cosmos.cosmos_account() as account:
-        tables = cosmos.run(account, scale, only)
-    for table in tables:
-        print(table.to_markdown() + "\n", flush=True)
-    cosmos.record(tables, out, quick=quick, scale=scale, began=began, load=load)
-    return {table.key: table.to_json() for table in tables}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
     parser.add_argument(
-        "--only", nargs="+", choices=[*BENCHMARKS, *COSMOS], default=list(BENCHMARKS)
+        "--only", nargs="+", choices=[*BENCHMARKS, *OPTIONAL], default=list(BENCHMARKS)
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
     args = parser.parse_args(argv)
@@ -140,15 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks": {},
     }
     began = time.perf_counter()
-    cosmos_only = [COSMOS[name] for name in args.only if name in COSMOS]
-    if cosmos_only:
-        out = args.out.with_name("results_cosmos.json")
-        results["benchmarks"].update(run_cosmos(cosmos_only, args.quick, out))
-    for name in (name for name in args.only if name in BENCHMARKS):
-        bench, heap = BENCHMARKS[name]
+    for name in args.only:
+        bench, heap = BENCHMARKS[name] if name in BENCHMARKS else (OPTIONAL[name], None)
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        with mongo_server(java_heap=heap) as uri:
+        server = contextlib.nullcontext("") if name in OPTIONAL else mongo_server(java_heap=heap)
+        with server as uri:
             table = bench(uri, scale)
         results["seconds"][name] = round(time.perf_counter() - start, 1)
         results["benchmarks"][name] = table.to_json()

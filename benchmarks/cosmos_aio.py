@@ -1,7 +1,7 @@
 """The ``azure.cosmos.aio`` twins of the Cosmos DB handle and drain benchmarks.
 
 Run with ``python -m benchmarks.cosmos --only handle-aio drain-aio`` (or
-``scripts/bench --only cosmos-handle-aio cosmos-drain-aio``). Built like the sync ones in
+``scripts/bench --only cosmos_handle_aio cosmos_drain_aio``). Built like the sync ones in
 :mod:`benchmarks.cosmos`, on the same account and the same item layout:
 
 1. **handle throughput**: :class:`~docoutbox.AsyncAggregateStore` on
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -355,3 +356,28 @@ def drain(database: Any, account: CosmosAccount, scale: Scale) -> Table:
         "counted from every response, 304s included. Target: >= 0.7x."
     )
     return table
+
+
+def handle_bench(_uri: str, scale: Scale) -> Table:
+    """The aio handle benchmark alone (``scripts/bench --only cosmos_handle_aio``), at the
+    sync handle benchmark's scale; ``_uri`` (a MongoDB server) is not used."""
+    from benchmarks.cosmos import cosmos_account, handle_scale
+
+    with cosmos_account() as account, account.client() as client:
+        database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            return handle_throughput(database, account, handle_scale(scale))
+        finally:
+            client.delete_database(database.id)
+
+
+def drain_bench(_uri: str, scale: Scale) -> Table:
+    """The aio drain benchmark alone (``scripts/bench --only cosmos_drain_aio``)."""
+    from benchmarks.cosmos import cosmos_account
+
+    with cosmos_account() as account, account.client() as client:
+        database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            return drain(database, account, scale)
+        finally:
+            client.delete_database(database.id)
