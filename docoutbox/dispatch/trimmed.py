@@ -24,17 +24,28 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from docoutbox.model import AggregateId
 from docoutbox.store.document import ID, REVISION, Document
 
-if TYPE_CHECKING:
-    from docoutbox.dispatch.engine import DispatcherConfig
-
 #: IDs remembered per aggregate at most: a copy showing more entries than that which this
 #: instance trimmed since the copy was read may publish the oldest of them again.
 PER_AGGREGATE = 1_000
+
+
+class Sizes(Protocol):
+    """The counts of a :class:`~docoutbox.dispatch.engine.DispatcherConfig` that bound
+    what is in flight."""
+
+    @property
+    def max_backlog(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def sweep_page(self) -> int: ...
+    @property
+    def concurrency(self) -> int: ...
 
 
 def aggregates_in_flight(
@@ -72,7 +83,7 @@ class TrimmedIds:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_config(cls, config: DispatcherConfig) -> TrimmedIds:
+    def for_config(cls, config: Sizes) -> TrimmedIds:
         """Sized for what a dispatcher with ``config`` can have in flight."""
         aggregates = aggregates_in_flight(
             max_backlog=config.max_backlog,
