@@ -375,3 +375,33 @@ def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
         lease = env.lease(p)
         assert lease["owner"] is None  # b stopped cleanly: released
         assert lease["continuation"] != saved[p]  # b went on from a's continuation
+
+
+def test_three_instances_settle_at_two_one_one_and_stay_settled(env: LeaseEnv) -> None:
+    """Four feed ranges over three instances: 2/1/1 (not 2/2/0), the third one getting a
+    range handed over by the most loaded; then no lease changes hands."""
+    ranges = env.table().partitions
+    assert ranges == 4
+    detector = OverlapDetector()
+    instances = [env.start(detector.publisher(name), name) for name in "abc"]
+
+    def split() -> list[int]:
+        return sorted((len(owned(d)) for d in instances), reverse=True)
+
+    def owners() -> dict[int, Any]:
+        return {p: env.lease(p)["owner"] for p in range(ranges)}
+
+    wait_until(lambda: split() == [2, 1, 1], timeout=6 * TTL)
+    wait_until(lambda: None not in owners().values(), timeout=2 * TTL)
+    settled = owners()
+    for _ in range(6):  # a TTL and a half: six heartbeats of every instance
+        time.sleep(TTL / 4)
+        assert owners() == settled
+        assert split() == [2, 1, 1]
+    for i in range(24):
+        env.write(f"s{i % 8}", f"m{i}")
+    wait_until(lambda: env.pending() == 0, timeout=30)
+    assert owners() == settled
+    assert detector.overlaps == []
+    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
+    assert published == env.emitted()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -237,3 +237,35 @@ def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: Env)
     assert detector.overlaps == []
     published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
     assert published == {(agg, s) for agg, seqs in env.emitted().items() for s in seqs}
+
+
+def lease_owners(env: Env) -> dict[int, str]:
+    now = datetime.now(UTC)
+    view = MongoLeaseTable(env.db["leases"], "aggs").read()
+    return {p: owner for p, (owner, expires) in view.leases.items() if expires > now}
+
+
+def test_three_instances_settle_at_six_five_five_and_stay_settled(env: Env) -> None:
+    """16 partitions over 3 instances: floor or ceil each (6/5/5, not 6/6/4), reached by
+    hand-overs from the most loaded, and then no lease changes hands."""
+    detector = OverlapDetector()
+    instances = []
+    for name in "abc":
+        instances.append(env.start(detector.publisher(name), ownership=keeper(env, name)))
+        time.sleep(TTL / 2)
+
+    def split() -> list[int]:
+        return sorted((len(owned(d)) for d in instances), reverse=True)
+
+    wait_until(lambda: split() == [6, 5, 5] and len(lease_owners(env)) == 16, timeout=8 * TTL)
+    settled = lease_owners(env)
+    assert sorted(Counter(settled.values()).values(), reverse=True) == [6, 5, 5]
+    for _ in range(8):  # two TTLs: eight heartbeats of every instance
+        time.sleep(TTL / 4)
+        assert lease_owners(env) == settled
+        assert split() == [6, 5, 5]
+    for i in range(40):
+        env.write(f"agg{i % 12}", f"m{i}")
+    wait_until(lambda: env.pending() == 0)
+    assert lease_owners(env) == settled
+    assert detector.overlaps == []
