@@ -301,7 +301,9 @@ class DispatchEngine:
         now = self._mono()
         for scope in self.ownership.take_acquired():
             self.queue.drop_copies(scope)
-            self.sweeps.append(Sweep(scope, None))
+            resumes = getattr(self.ownership, "resumes", None)  # see take_acquired
+            if resumes is None or not resumes(scope):
+                self.sweeps.append(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._queue_periodic_sweep()
