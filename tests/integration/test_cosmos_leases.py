@@ -405,3 +405,58 @@ def test_three_instances_settle_at_two_one_one_and_stay_settled(env: LeaseEnv) -
     assert detector.overlaps == []
     published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
     assert published == env.emitted()
+
+
+class CountingBackend(CosmosBackend):
+    """Counts the sweep queries (``find_pending`` without a grace period)."""
+
+    sweeps = 0
+
+    def find_pending(self, **kwargs: Any) -> Any:
+        if kwargs.get("older_than") is None:
+            type(self).sweeps += 1
+        return super().find_pending(**kwargs)
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "first-use"])
+def test_a_range_acquired_with_a_stored_continuation_is_not_swept(
+    env: LeaseEnv, stored: bool
+) -> None:
+    """Every pending entry of a range is after its stored continuation (I5): the new owner
+    reads it from the feed without a sweep. A lease's first use has no continuation (it
+    starts from now): that acquisition is swept."""
+    table = env.table()
+    if stored:  # a previous owner held every range and released them cleanly
+        for p in range(table.partitions):
+            assert table.acquire(p, "before", NOW, LATER)
+            table.release(p, "before")
+    for i in range(12):
+        env.write(f"c{i}", f"m{i}")  # after the stored continuations, before any sweep
+
+    class Counting(CountingBackend):
+        sweeps = 0
+
+    detector = OverlapDetector()
+    leases = env.table()
+    keeper = LeaseKeeper(
+        leases, partitions=leases.partitions, owner="a", timing=LeaseTiming(ttl=TTL)
+    )
+    dispatcher = Dispatcher(
+        Counting(env.coll),
+        detector.publisher("a"),
+        CosmosDeadLetters(env.dead),
+        source=LeasedChangeSource(env.coll, leases),
+        checkpoints=leases,
+        ownership=keeper,
+        config=CONFIG,
+    )
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    thread.start()
+    assert dispatcher.started.wait(10)
+    env.running.append((dispatcher, thread))
+    wait_until(lambda: len(owned(dispatcher)) == table.partitions)
+    wait_until(lambda: env.pending() == 0, timeout=30)
+    assert {(e.aggregate_id, e.seq) for _, e, _ in detector.log} == env.emitted()
+    # One acquisition (one tick took every range): one sweep query without a stored
+    # continuation, none with one.
+    assert Counting.sweeps == (0 if stored else 1)
