@@ -460,3 +460,56 @@ def test_a_range_acquired_with_a_stored_continuation_is_not_swept(
     # One acquisition (one tick took every range): one sweep query without a stored
     # continuation, none with one.
     assert Counting.sweeps == (0 if stored else 1)
+
+
+def test_a_continuation_is_stored_only_under_the_current_clean_holding(
+    env: LeaseEnv, cosmos_server: CosmosAccount
+) -> None:
+    """What makes skipping the sweep safe: a range's continuation is written only while its
+    holder says it is checkpointable, only from positions read under the current
+    acquisition, and never again once the range's feed restarted from now."""
+    table = env.table()
+    clean = {p: True for p in range(table.partitions)}
+    table.guard_checkpoints(lambda p: clean[p])
+    for p in range(table.partitions):
+        assert table.acquire(p, "a", NOW, LATER)
+        assert not table.resumes(p)  # first use: started from now, to be swept
+    source = LeasedChangeSource(env.coll, table)
+    source.open(table.load("disp"))
+    assert source.poll(10) == []
+    aid = env.aggregates_in(1, 1)[0]
+    env.write(aid, "m1")
+    events = [e for e in source.poll(100) if e.document]
+    assert [e.document["_id"] for e in events] == [aid]
+    position, before = events[-1].position, env.lease(1)["continuation"]
+    key = table.range_keys()[1]
+
+    clean[1] = False  # e.g. being handed over: events of it may be passed over
+    table.save("disp", position)
+    assert env.lease(1)["continuation"] == before
+    clean[1] = True
+    table.release(1, "a")  # released and acquired again: a new holding
+    assert table.acquire(1, "a", NOW, LATER) and table.resumes(1)
+    table.save("disp", position)  # read under the earlier holding
+    assert env.lease(1)["continuation"] == before
+    assert [e.document["_id"] for e in source.poll(100) if e.document] == [aid]  # from the lease's
+    table.save("disp", source._position())
+    assert env.lease(1)["continuation"] != before
+    assert source._position()["ranges"][key] == env.lease(1)["continuation"]
+
+    if not cosmos_server.emulated:
+        return
+    stored = {p: env.lease(p)["continuation"] for p in range(table.partitions)}
+    cosmos_server.inject_fault(method="GET", headers={"a-im": "Incremental feed"}, status=410)
+    try:
+        with pytest.raises(ChangeStreamLost) as lost:
+            source.poll(100)
+    finally:
+        cosmos_server.clear_faults()
+    assert lost.value.partitions is not None
+    [refused] = lost.value.partitions
+    restarted = source._position()
+    refused_key = table.range_keys()[refused]
+    assert restarted["ranges"][refused_key] != stored[refused]
+    table.save("disp", restarted)  # restarted from now: its events are left to a sweep
+    assert env.lease(refused)["continuation"] == stored[refused]
