@@ -261,6 +261,12 @@ class CosmosFeedRangeLeases(GroupItems):
         holder's :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`)."""
         self._checkpointable = checkpointable
 
+    def ready(self, partition: int) -> bool:
+        """Whether the holder uses ``partition`` yet (its feed is read from then on: an
+        event read before the holder knew of its acquisition would be passed over)."""
+        check = self._checkpointable
+        return check is None or check(partition)
+
     def spoil(self, partition: int) -> None:
         """Write no continuation of ``partition`` again in this holding (its feed restarted
         from now, leaving events to a sweep): the next owner resumes from the older one."""
@@ -433,8 +439,9 @@ class LeasedChangeSource(CosmosChangeSource):
             self._holding = {keys[p]: h for p, h in current.items() if keys[p] in tokens}
 
     def _follow_leases(self) -> None:
-        """Drop the ranges no longer held, add those acquired (from their continuation):
-        a range acquired again since its token was read restarts from its lease's."""
+        """Drop the ranges no longer held, add those acquired (from their continuation)
+        once their holder uses them: a range acquired again since its token was read
+        restarts from its lease's."""
         assert self._tokens is not None
         keys = self.leases.range_keys()
         held = self.leases.held()
@@ -445,7 +452,10 @@ class LeasedChangeSource(CosmosChangeSource):
                 del self._tokens[key]
                 self._holding.pop(key, None)
         for key, p in wanted.items():
-            if key not in self._tokens or self._holding.get(key) != holdings.get(p):
+            if key in self._tokens and self._holding.get(key) == holdings.get(p):
+                continue
+            self._tokens.pop(key, None)
+            if self.leases.ready(p):
                 self._tokens[key] = held[p]
                 self._holding[key] = holdings.get(p, 0)
 

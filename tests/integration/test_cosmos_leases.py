@@ -497,6 +497,15 @@ def test_a_continuation_is_stored_only_under_the_current_clean_holding(
     assert env.lease(1)["continuation"] != before
     assert source._position()["ranges"][key] == env.lease(1)["continuation"]
 
+    clean[1] = False  # acquired, but not in use by its holder yet: its feed is not read
+    table.release(1, "a")
+    assert table.acquire(1, "a", NOW, LATER)
+    source.poll(100)
+    assert key not in (source._tokens or {})
+    clean[1] = True
+    source.poll(100)
+    assert key in (source._tokens or {})  # from the lease's continuation on
+
     if not cosmos_server.emulated:
         return
     stored = {p: env.lease(p)["continuation"] for p in range(table.partitions)}
