@@ -9,9 +9,11 @@ its next step with :func:`plan_leases`:
   (:func:`shares`), so a settled group splits 4 partitions over 3 instances 2/1/1 and 16
   over 3 6/5/5, as Azure's change feed processor does;
 - it keeps up to ``ceil`` of the leases it holds and releases the surplus;
-- it acquires free or expired partitions: up to ``floor`` first, up to ``ceil`` only with
-  what the others still need to reach their ``floor`` left over (so an instance at its
-  floor never takes the lease a needier one waits for);
+- it acquires free or expired partitions up to ``floor``, then up to ``ceil``: expired
+  leases (a crashed holder's) at once, so that a take-over is quick; absent ones
+  (released, or never used) only with what the others still need to reach their
+  ``floor`` left over, so that a lease handed over goes to the short instance it was
+  released for, not back;
 - with no free partition left while some instance is below its ``floor``, the most
   loaded instance above ``floor`` (ties: the greatest owner name, so every instance
   names the same one from the same view) hands one lease over: one per heartbeat, and
@@ -77,7 +79,7 @@ class LeasePlan:
     acquire: tuple[int, ...]
     #: Partitions held locally that the view no longer shows as ours.
     lost: tuple[int, ...]
-    #: The least this instance is owed (``floor(P / live)``): below it, a lease expiring
+    #: The most this instance may hold (``ceil(P / live)``): below it, a lease expiring
     #: elsewhere is worth an early look.
     share: int = 0
     #: When the first lease held by another instance expires (a takeover chance).
@@ -143,12 +145,18 @@ def plan_leases(
     lost = tuple(sorted(set(held) - set(mine)))
     floor, ceil = shares(partitions, len(live))
     keep, release = mine[:ceil], mine[ceil:]
-    free = [p for p in range(partitions) if p not in taken]
+    # Expired leases (a crashed or cut-off holder's) and absent ones (released, or never
+    # used), each in random order so that racing instances spread over them.
+    expired = [p for p in range(partitions) if p in view.leases and p not in taken]
+    absent = [p for p in range(partitions) if p not in view.leases]
+    rng.shuffle(expired)
+    rng.shuffle(absent)
     short = sum(max(0, floor - n) for owner, n in counts.items() if owner != me)
-    to_floor = min(len(free), max(0, floor - len(keep)))
-    spare = max(0, len(free) - to_floor - short)
-    wanted = to_floor + min(spare, max(0, ceil - max(floor, len(keep))))
-    acquire = tuple(sorted(rng.sample(free, wanted)))
+    first = (expired + absent)[: max(0, floor - len(keep))]  # up to floor: anything free
+    spare = max(0, len(absent) - len(set(first) & set(absent)) - short)
+    rest = [p for p in expired if p not in first] + [p for p in absent if p not in first][:spare]
+    acquire = tuple(sorted(first + rest[: max(0, ceil - len(keep) - len(first))]))
+    free = expired or absent
     if not free and not release and short and victim(counts) == me and len(keep) > floor:
         keep, release = keep[:-1], keep[-1:]  # hand one over to an instance below floor
     foreign = [e for o, e in view.leases.values() if o != me and e > now]
@@ -157,6 +165,6 @@ def plan_leases(
         release=tuple(release),
         acquire=acquire,
         lost=lost,
-        share=floor,
+        share=ceil,
         next_expiry=min(foreign) if foreign else None,
     )

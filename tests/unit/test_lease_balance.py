@@ -49,7 +49,7 @@ def test_with_nothing_free_the_most_loaded_hands_one_over_to_a_short_instance() 
     a = plan(v, "a", 4)  # a is as loaded as b, but b is the one every instance names
     assert a.release == () and a.keep == (0, 1) and a.acquire == ()
     c = plan(v, "c", 4)
-    assert c.acquire == () and c.share == 1  # nothing free yet: c waits for b's hand-over
+    assert c.acquire == () and c.share == 2  # nothing free yet: c waits for b's hand-over
 
 
 def test_a_handed_over_lease_goes_to_the_short_instance_not_back() -> None:
@@ -181,3 +181,16 @@ def test_a_hand_over_waits_for_the_work_inside_and_no_lease_is_held_twice() -> N
         heartbeat(clock, [a, b, c], rng)
     assert counts(table) == [2, 1, 1]
     assert table.leases[busy][0] == "c"
+
+
+def test_a_crashed_holders_expired_leases_are_taken_at_once_up_to_ceil() -> None:
+    """A take-over must not wait for a short instance: expired leases go to anyone below
+    ceil (the short one is then served by a hand-over); absent ones stay reserved."""
+    past = NOW - timedelta(seconds=1)
+    leases = {p: ("a", LATER) for p in range(5)} | {p: ("b", LATER) for p in range(5, 10)}
+    leases |= {p: ("dead", past) for p in range(10, 15)}  # 15 is absent
+    v = LeaseView(leases, {"a": LATER, "b": LATER, "n": LATER})
+    a = plan(v, "a", 16)  # floor 5, ceil 6; n is short by 5
+    assert len(a.acquire) == 1 and set(a.acquire) <= set(range(10, 15))
+    n = plan(v, "n", 16)
+    assert n.acquire == tuple(range(10, 16))  # to floor, then the absent one to ceil
