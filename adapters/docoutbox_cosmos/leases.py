@@ -102,6 +102,7 @@ class CosmosFeedRangeLeases(GroupItems):
         #: Held partitions whose continuation is not written again in this holding.
         self._spoiled: set[int] = set()
         self._checkpointable: Callable[[int], bool] | None = None
+        self._usable: Callable[[int], bool] | None = None
         self._located: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -256,16 +257,20 @@ class CosmosFeedRangeLeases(GroupItems):
         with self._lock:
             return partition in self._resumable
 
-    def guard_checkpoints(self, checkpointable: Callable[[int], bool]) -> None:
+    def guard_checkpoints(
+        self, checkpointable: Callable[[int], bool], usable: Callable[[int], bool]
+    ) -> None:
         """Write a range's continuation only while ``checkpointable(partition)`` (the
-        holder's :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`)."""
+        holder's :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`); read a
+        range acquired only once ``usable(partition)`` (the holder works in it)."""
         self._checkpointable = checkpointable
+        self._usable = usable
 
     def ready(self, partition: int) -> bool:
         """Whether the holder uses ``partition`` yet (its feed is read from then on: an
         event read before the holder knew of its acquisition would be passed over)."""
-        check = self._checkpointable
-        return check is None or check(partition)
+        usable = self._usable
+        return usable is None or usable(partition)
 
     def spoil(self, partition: int) -> None:
         """Write no continuation of ``partition`` again in this holding (its feed restarted

@@ -140,7 +140,7 @@ class LeaseKeeper:
         self._next_wait = self.timing.heartbeat
         guard = getattr(table, "guard_checkpoints", None)
         if callable(guard):
-            guard(self.checkpointable)
+            guard(self.checkpointable, self.valid)
 
     # -- what workers see -------------------------------------------------------------
 

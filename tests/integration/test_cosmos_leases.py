@@ -470,7 +470,8 @@ def test_a_continuation_is_stored_only_under_the_current_clean_holding(
     acquisition, and never again once the range's feed restarted from now."""
     table = env.table()
     clean = {p: True for p in range(table.partitions)}
-    table.guard_checkpoints(lambda p: clean[p])
+    usable = dict(clean)
+    table.guard_checkpoints(lambda p: clean[p], lambda p: usable[p])
     for p in range(table.partitions):
         assert table.acquire(p, "a", NOW, LATER)
         assert not table.resumes(p)  # first use: started from now, to be swept
@@ -497,12 +498,12 @@ def test_a_continuation_is_stored_only_under_the_current_clean_holding(
     assert env.lease(1)["continuation"] != before
     assert source._position()["ranges"][key] == env.lease(1)["continuation"]
 
-    clean[1] = False  # acquired, but not in use by its holder yet: its feed is not read
+    usable[1] = False  # acquired, but not in use by its holder yet: its feed is not read
     table.release(1, "a")
     assert table.acquire(1, "a", NOW, LATER)
     source.poll(100)
     assert key not in (source._tokens or {})
-    clean[1] = True
+    usable[1] = True
     source.poll(100)
     assert key in (source._tokens or {})  # from the lease's continuation on
 

@@ -30,7 +30,7 @@ class StoredPositions(MemoryLeaseTable):
     def resumes(self, partition: int) -> bool:
         return partition in self.stored
 
-    def guard_checkpoints(self, check: Any) -> None:
+    def guard_checkpoints(self, check: Any, usable: Any) -> None:
         self.guard = check
 
 
