@@ -1,0 +1,263 @@
+"""The checkpoint keeps advancing while producers commit continuously, without ever passing
+an event whose entries are not yet published (I5).
+
+Traffic goes to a handful of hot aggregates, whose requests keep arriving while their runs
+are under way (so a ticket waits behind coalesced follow-up runs), and to new aggregates,
+which a sweep keeps finding. Checked on the in-memory backend and change log:
+
+- deterministically, with the engine stepped on a simulated clock, runs finishing one to
+  three steps after they start, from a saved checkpoint and from a fresh start behind a
+  sweep's gate (with a backlog to sweep);
+- with the threaded and the asyncio dispatcher on the wall clock.
+
+The integration twins (MongoDB wire server, Cosmos DB feed-range leases) are in
+``tests/integration/test_checkpoint_progress.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox import AggregateStore
+from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.drivers import Ports
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
+from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.ports import Position
+from docoutbox.dispatch.scheduler import RunSlot
+from docoutbox.drive import drive
+from docoutbox.store.core import Sleep
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+from tests.support.checkpointing import BOUND, HotTraffic
+
+HOT = ["hot0", "hot1", "hot2"]
+
+
+class World:
+    """A memory backend and change log, producers, and checkpoints that check I5."""
+
+    def __init__(self) -> None:
+        self.backend = MemoryBackend()
+        self.store = AggregateStore(self.backend, Counter)
+        self.source = MemoryChangeSource(self.backend)
+        self.publisher = MemoryPublisher()
+        self.dead = MemoryDeadLetters()
+        self.checkpoints = CheckedCheckpoints(self)
+
+    def write(self, aggregate_id: str, message_id: str) -> None:
+        outcome = self.store.handle(
+            aggregate_id, add_msg(message_id), counter_handlers, create=True
+        )
+        assert outcome.applied
+
+    def backlog(self, count: int) -> None:
+        for i in range(count):
+            self.write(f"old{i:04d}", f"old-{i}")
+
+
+class CheckedCheckpoints(MemoryCheckpoints):
+    """Records a violation if a saved position passes a change whose entries are still
+    pending (I5)."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.violations: list[str] = []
+        self._checked = 0
+
+    def save(self, name: str, position: Position) -> None:
+        assert isinstance(position, int)
+        published = set(self.world.publisher.ids())
+        for doc in self.world.backend.changes[self._checked : position]:
+            for entry in doc.get("outbox") or []:
+                if entry["id"] not in published:
+                    self.violations.append(f"{position}: {entry['id']} not published")
+        self._checked = max(self._checked, position)
+        super().save(name, position)
+
+    def saved(self) -> int:
+        position = self.load("d")
+        return position if isinstance(position, int) else -1
+
+
+# -- the engine on a simulated clock --------------------------------------------------
+
+STEP = 0.01
+INTERVAL = 0.1
+#: How many steps the checkpoint may take to pass a mark: six checkpoint intervals.
+STEPS_BOUND = 60
+
+
+class Stepper:
+    """Steps the engine: each step commits a few commands, takes one control turn, runs
+    the runs that are due, and starts new ones that finish one to three steps later (so
+    requests keep arriving for aggregates whose run is under way)."""
+
+    def __init__(self, world: World, seed: int, concurrency: int) -> None:
+        self.world = world
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.ports = Ports(
+            world.backend, world.publisher, world.dead, world.source, world.checkpoints
+        )
+        config = DispatcherConfig(
+            name="d",
+            concurrency=concurrency,
+            poll_interval=STEP,
+            checkpoint_interval=INTERVAL,
+            sweep_interval=3600,
+            grace=0,
+            sweep_page=20,
+        )
+        self.engine = DispatchEngine(
+            config,
+            SoleOwner(),
+            stream=True,
+            checkpoints=True,
+            monotonic=lambda: self.now,
+            clock=lambda: datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=self.now),
+            rng=random.Random(seed),
+        )
+        self.engine.begin()
+        self.inflight: list[tuple[RunSlot, int]] = []
+        self.step_no = 0
+        self.commands = 0
+
+    def _perform(self, op: Any) -> Any:
+        if isinstance(op, Sleep):
+            self.now += op.seconds
+            return None
+        return self.ports.perform(op)
+
+    def step(self) -> None:
+        self.step_no += 1
+        self.now += STEP
+        for _ in range(self.rng.randint(0, 4)):
+            self.commands += 1
+            hot = self.rng.random() < 0.8
+            aggregate_id = self.rng.choice(HOT) if hot else f"new{self.commands}"
+            self.world.write(aggregate_id, f"m{self.commands}")
+        drive(self.engine.turn(), self._perform)
+        waiting = []
+        for slot, due in self.inflight:
+            if due <= self.step_no:
+                self.engine.finish(slot, drive(self.engine.run(slot), self._perform))
+            else:
+                waiting.append((slot, due))
+        started = [(s, self.step_no + self.rng.randint(1, 3)) for s in self.engine.start_runs()]
+        self.inflight = waiting + started
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("start", ["resumed", "fresh"])
+def test_the_engine_checkpoint_passes_every_mark_within_a_few_intervals(
+    seed: int, start: str
+) -> None:
+    world = World()
+    if start == "resumed":
+        world.checkpoints.positions["d"] = 0  # resume from the start of the log
+    else:
+        world.backlog(50)  # a fresh start sweeps it behind a gate
+    # Enough workers to keep up on average (a run takes two steps on average): an
+    # overloaded dispatcher rightly holds its checkpoint back.
+    stepper = Stepper(world, seed, concurrency=(6, 8, 16)[seed % 3])
+    for _ in range(20):
+        stepper.step()
+    for _ in range(8):
+        mark, marked_at = len(world.backend.changes), stepper.step_no
+        while world.checkpoints.saved() < mark:
+            assert stepper.step_no - marked_at < STEPS_BOUND, (
+                f"the checkpoint stayed at {world.checkpoints.saved()} for "
+                f"{STEPS_BOUND * STEP:.2f} s (interval {INTERVAL} s) behind mark {mark}; "
+                f"{len(stepper.engine.tracker)} events held, "
+                f"{len(stepper.engine.sweeps)} sweeps under way"
+            )
+            stepper.step()
+    assert world.checkpoints.violations == []
+    assert len(world.checkpoints.history) >= 8
+
+
+# -- the threaded and asyncio dispatchers ---------------------------------------------
+
+
+@pytest.fixture(params=["threaded", "async"])
+def driver(request: pytest.FixtureRequest) -> str:
+    param: str = request.param
+    return param
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    yield World()
+
+
+def start(world: World, driver: str) -> tuple[Dispatcher | AsyncDispatcher, threading.Thread]:
+    config = DispatcherConfig(
+        name="d", concurrency=4, poll_interval=0.005, checkpoint_interval=0.1, grace=0
+    )
+    dispatcher: Dispatcher | AsyncDispatcher
+    if driver == "threaded":
+        dispatcher = Dispatcher(
+            world.backend,
+            world.publisher,
+            world.dead,
+            source=world.source,
+            checkpoints=world.checkpoints,
+            config=config,
+        )
+        thread = threading.Thread(target=dispatcher.run, daemon=True)
+    else:
+        dispatcher = AsyncDispatcher(
+            in_thread(world.backend),
+            in_thread(world.publisher),
+            in_thread(world.dead),
+            source=in_thread(world.source),
+            checkpoints=in_thread(world.checkpoints),
+            config=config,
+        )
+        run = dispatcher.run
+        thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    thread.start()
+    assert dispatcher.started.wait(10)
+    return dispatcher, thread
+
+
+@pytest.mark.parametrize("start_from", ["resumed", "fresh"])
+def test_the_checkpoint_passes_every_mark_while_producers_keep_committing(
+    world: World, driver: str, start_from: str
+) -> None:
+    if start_from == "resumed":
+        world.checkpoints.positions["d"] = 0
+    else:
+        world.backlog(50)
+    traffic = HotTraffic(world.write, hot=HOT).start(threads=2, pause=0.002)
+    dispatcher, thread = start(world, driver)
+    try:
+        for round_ in range(3):
+            traffic.wait_commands(traffic.commands + 20)
+            mark, started = len(world.backend.changes), time.monotonic()
+            while world.checkpoints.saved() < mark:
+                assert not traffic.errors, traffic.errors
+                waited = time.monotonic() - started
+                assert waited < BOUND, (
+                    f"round {round_}: the checkpoint stayed at {world.checkpoints.saved()} "
+                    f"behind mark {mark} for {waited:.1f} s while producers kept committing"
+                )
+                time.sleep(0.01)
+    finally:
+        traffic.stop()
+        dispatcher.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert world.checkpoints.violations == []
