@@ -1,7 +1,8 @@
 """The checkpoint keeps advancing while producers commit continuously, on the MongoDB wire
 server (the resume token in the checkpoints collection) and on Cosmos DB with feed-range
 leases (each range's continuation in its lease), with the threaded and the asyncio
-dispatcher, across a clean restart.
+dispatcher: across a clean restart (MongoDB), and while a second instance shares the feed
+ranges and then takes the first one's over (Cosmos DB).
 
 Traffic goes to a handful of hot aggregates (requests keep arriving while their runs are
 under way) and to new aggregates. The first start on MongoDB is a fresh start over a
@@ -37,11 +38,12 @@ def mongo_env(mongo_uri: str, request: pytest.FixtureRequest) -> Iterator[Env]:
     e.close()
 
 
+@pytest.mark.wire
 def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: Env) -> None:
     env = mongo_env
     for i in range(60):
         env.write(f"old{i:03d}", f"old-{i}")  # the first start sweeps them behind a gate
-    traffic = HotTraffic(env.write).start(threads=2, pause=0.005)
+    traffic = HotTraffic(env.write).start(threads=2, pause=0.001)
     publisher = MemoryPublisher()
     try:
         first = env.start(publisher, config=PROGRESS)
@@ -49,12 +51,13 @@ def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: Env) 
         def read() -> dict[str, Any]:
             return {"token": env.checkpoint()}
 
-        wait_each_moves(read, ["token"], rounds=3, traffic=traffic)
+        took = wait_each_moves(read, ["token"], rounds=3, traffic=traffic)
         env.stop(first)
         env.start(publisher, config=PROGRESS)  # resumes from the checkpoint
-        wait_each_moves(read, ["token"], rounds=2, traffic=traffic)
+        took += wait_each_moves(read, ["token"], rounds=2, traffic=traffic)
     finally:
         traffic.stop()
+    print(f"checkpoint rounds (s): {[round(t, 2) for t in took]}, commands {traffic.commands}")
     wait_until(lambda: env.pending() == 0, timeout=60)
     published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
     assert published >= {(a, s) for a, seqs in env.emitted().items() for s in seqs}
@@ -77,21 +80,30 @@ def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
     ranges = env.table().partitions
     # One hot aggregate per feed range, so every lease has traffic of its own.
     hot = [env.aggregates_in(p, 1)[0] for p in range(ranges)]
-    traffic = HotTraffic(env.write, hot=hot).start(threads=2, pause=0.005)
+    traffic = HotTraffic(env.write, hot=hot).start(threads=2, pause=0.001)
     publisher = MemoryPublisher()
 
     def read() -> dict[int, Any]:
         return {p: env.lease(p).get("continuation") for p in range(ranges)}
 
+    def owners() -> set[str]:
+        return {str(env.lease(p).get("owner")) for p in range(ranges)}
+
     try:
         first = env.start(publisher, "a")
         wait_until(lambda: all(read().values()), timeout=BOUND)
-        wait_each_moves(read, range(ranges), rounds=3, traffic=traffic)
+        took = wait_each_moves(read, range(ranges), rounds=3, traffic=traffic)
+        # A second instance: the ranges are split, each instance checkpoints its own.
+        env.start(publisher, "b")
+        wait_until(lambda: len(owners()) == 2, timeout=BOUND)
+        took += wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
+        # The first one stops: the other takes its ranges over from their continuations.
         env.stop(first)
-        env.start(publisher, "b")  # takes the released leases, from their continuations
-        wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
+        wait_until(lambda: owners() == {"b"}, timeout=BOUND)
+        took += wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
     finally:
         traffic.stop()
+    print(f"checkpoint rounds (s): {[round(t, 2) for t in took]}, commands {traffic.commands}")
     wait_until(lambda: env.pending() == 0, timeout=60)
     published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
     assert published >= env.emitted()
