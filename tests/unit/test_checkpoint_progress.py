@@ -32,7 +32,7 @@ from docoutbox.dispatch.drivers import Ports
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import Position
-from docoutbox.dispatch.scheduler import RunSlot
+from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
 from docoutbox.drive import drive
 from docoutbox.store.core import Sleep
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
@@ -61,8 +61,9 @@ class World:
         assert outcome.applied
 
     def backlog(self, count: int) -> None:
+        """``count`` documents with a pending entry, written before any dispatcher runs."""
         for i in range(count):
-            self.write(f"old{i:04d}", f"old-{i}")
+            self.write(f"aged{i:04d}", f"aged-{i}")
 
 
 class CheckedCheckpoints(MemoryCheckpoints):
@@ -88,6 +89,25 @@ class CheckedCheckpoints(MemoryCheckpoints):
     def saved(self) -> int:
         position = self.load("d")
         return position if isinstance(position, int) else -1
+
+
+def test_a_ticket_of_a_hot_aggregate_is_done_after_two_runs_while_requests_keep_coming() -> None:
+    """Requests arriving during every run are coalesced into one follow-up run; a ticket
+    waits for the first run that started after it, never for the aggregate to go idle."""
+    queue = AggregateQueue(workers=1)
+    queue.request("hot", 0)
+    (running,) = queue.start(0.0)
+    ticket = queue.request("hot", 0)  # an event of the aggregate while its run is under way
+    queue.finish(running, RunOutcome.DONE, 0.0)
+    assert not queue.done(ticket)  # that run started before the request
+    runs = 0
+    while not queue.done(ticket):
+        (slot,) = queue.start(0.0)
+        queue.request("hot", 0)  # the next commit arrives during every run
+        queue.finish(slot, RunOutcome.DONE, 0.0)
+        runs += 1
+        assert runs <= 1, "the ticket waits behind follow-up runs"
+    assert not queue.idle()  # the aggregate never went idle meanwhile
 
 
 # -- the engine on a simulated clock --------------------------------------------------
@@ -145,7 +165,9 @@ class Stepper:
         for _ in range(self.rng.randint(0, 4)):
             self.commands += 1
             hot = self.rng.random() < 0.8
-            aggregate_id = self.rng.choice(HOT) if hot else f"new{self.commands}"
+            # New IDs sort after every earlier one: a sweep keeps finding new documents
+            # ahead of its cursor (the backlog's "aged" IDs and the hot ones sort first).
+            aggregate_id = self.rng.choice(HOT) if hot else f"new{self.commands:06d}"
             self.world.write(aggregate_id, f"m{self.commands}")
         drive(self.engine.turn(), self._perform)
         waiting = []
