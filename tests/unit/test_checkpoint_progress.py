@@ -30,7 +30,7 @@ from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.drivers import Ports
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
-from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.ownership import Ownership, SoleOwner
 from docoutbox.dispatch.ports import Position
 from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
 from docoutbox.drive import drive
@@ -86,6 +86,10 @@ class CheckedCheckpoints(MemoryCheckpoints):
         self._checked = max(self._checked, position)
         super().save(name, position)
 
+    def resume_at(self, position: int) -> None:
+        """Start from ``position``, as if saved earlier (what precedes it is not checked)."""
+        self.positions["d"] = self._checked = position
+
     def saved(self) -> int:
         position = self.load("d")
         return position if isinstance(position, int) else -1
@@ -123,7 +127,9 @@ class Stepper:
     the runs that are due, and starts new ones that finish one to three steps later (so
     requests keep arriving for aggregates whose run is under way)."""
 
-    def __init__(self, world: World, seed: int, concurrency: int) -> None:
+    def __init__(
+        self, world: World, seed: int, concurrency: int, ownership: Ownership | None = None
+    ) -> None:
         self.world = world
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -137,11 +143,14 @@ class Stepper:
             checkpoint_interval=INTERVAL,
             sweep_interval=3600,
             grace=0,
+            # A tenth of the defaults, as runs here are slow: a run takes two steps.
             sweep_page=20,
+            batch_size=50,
+            max_backlog=100,
         )
         self.engine = DispatchEngine(
             config,
-            SoleOwner(),
+            ownership or SoleOwner(),
             stream=True,
             checkpoints=True,
             monotonic=lambda: self.now,
@@ -187,7 +196,7 @@ def test_the_engine_checkpoint_passes_every_mark_within_a_few_intervals(
 ) -> None:
     world = World()
     if start == "resumed":
-        world.checkpoints.positions["d"] = 0  # resume from the start of the log
+        world.checkpoints.resume_at(0)  # resume from the start of the log
     else:
         world.backlog(50)  # a fresh start sweeps it behind a gate
     # Enough workers to keep up on average (a run takes two steps on average): an
@@ -207,6 +216,47 @@ def test_the_engine_checkpoint_passes_every_mark_within_a_few_intervals(
             stepper.step()
     assert world.checkpoints.violations == []
     assert len(world.checkpoints.history) >= 8
+
+
+class Acquiring(SoleOwner):
+    """Owns everything, and reports every partition acquired once asked to (as a lease
+    keeper does on taking partitions over), so the engine sweeps them."""
+
+    def __init__(self) -> None:
+        self.acquired: list[frozenset[int] | None] = []
+
+    def take_acquired(self) -> list[frozenset[int] | None]:
+        taken, self.acquired = self.acquired, []
+        return taken
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_long_sweep_does_not_keep_the_stream_unread(seed: int) -> None:
+    """A sweep of partitions just acquired, with a large backlog, while producers keep
+    committing: the stream is read meanwhile, so the checkpoint keeps passing marks (and
+    the hot aggregates' new entries, behind the sweep's cursor, are not held up)."""
+    world = World()
+    world.backlog(1500)
+    # Leases taken for the first time resume from "now" and sweep what is pending.
+    world.checkpoints.resume_at(len(world.backend.changes))
+    ownership = Acquiring()
+    ownership.acquired.append(None)
+    stepper = Stepper(world, seed, concurrency=8, ownership=ownership)
+    for _ in range(10):
+        stepper.step()
+    assert stepper.engine.sweeps
+    for _ in range(4):
+        mark, marked_at = len(world.backend.changes), stepper.step_no
+        while world.checkpoints.saved() < mark:
+            assert stepper.step_no - marked_at < STEPS_BOUND, (
+                f"the checkpoint stayed at {world.checkpoints.saved()} behind mark {mark} "
+                f"for {STEPS_BOUND * STEP:.2f} s (interval {INTERVAL} s) while a sweep of "
+                f"{stepper.engine.sweeps[0].pages if stepper.engine.sweeps else '?'} pages "
+                "went on"
+            )
+            stepper.step()
+    assert stepper.engine.sweeps, "the sweep ended before the marks: nothing was shown"
+    assert world.checkpoints.violations == []
 
 
 # -- the threaded and asyncio dispatchers ---------------------------------------------
@@ -263,7 +313,7 @@ def test_the_checkpoint_passes_every_mark_while_producers_keep_committing(
     world: World, driver: str, start_from: str
 ) -> None:
     if start_from == "resumed":
-        world.checkpoints.positions["d"] = 0
+        world.checkpoints.resume_at(0)
     else:
         world.backlog(50)
     # Each publish takes a millisecond, so a hot aggregate's run is often still under way
