@@ -273,7 +273,9 @@ def world() -> World:
     return World()
 
 
-def start(world: World, driver: str) -> tuple[Dispatcher | AsyncDispatcher, threading.Thread]:
+def start(
+    world: World, driver: str, ownership: Ownership | None = None
+) -> tuple[Dispatcher | AsyncDispatcher, threading.Thread]:
     config = DispatcherConfig(
         name="d", concurrency=4, poll_interval=0.005, checkpoint_interval=0.1, grace=0
     )
@@ -285,6 +287,7 @@ def start(world: World, driver: str) -> tuple[Dispatcher | AsyncDispatcher, thre
             world.dead,
             source=world.source,
             checkpoints=world.checkpoints,
+            ownership=ownership,
             config=config,
         )
         thread = threading.Thread(target=dispatcher.run, daemon=True)
@@ -295,6 +298,7 @@ def start(world: World, driver: str) -> tuple[Dispatcher | AsyncDispatcher, thre
             in_thread(world.dead),
             source=in_thread(world.source),
             checkpoints=in_thread(world.checkpoints),
+            ownership=ownership,
             config=config,
         )
         run = dispatcher.run
@@ -308,19 +312,26 @@ def slow_publish(entry: object) -> None:
     time.sleep(0.001)
 
 
-@pytest.mark.parametrize("start_from", ["resumed", "fresh"])
+@pytest.mark.parametrize("start_from", ["resumed", "fresh", "acquired"])
 def test_the_checkpoint_passes_every_mark_while_producers_keep_committing(
     world: World, driver: str, start_from: str
 ) -> None:
+    """Resumed from a checkpoint; a fresh start behind a gate; partitions acquired with a
+    large backlog, swept while the stream resumes from "now"."""
+    ownership = Acquiring()
     if start_from == "resumed":
         world.checkpoints.resume_at(0)
-    else:
+    elif start_from == "fresh":
         world.backlog(50)
+    else:
+        world.backlog(2000)
+        world.checkpoints.resume_at(len(world.backend.changes))
+        ownership.acquired.append(None)
     # Each publish takes a millisecond, so a hot aggregate's run is often still under way
     # when its next commits arrive, and its runs are coalesced into follow-ups.
     world.publisher.fail = slow_publish
     traffic = HotTraffic(world.write, hot=HOT).start(threads=2, pause=0.001)
-    dispatcher, thread = start(world, driver)
+    dispatcher, thread = start(world, driver, ownership)
     try:
         for round_ in range(3):
             traffic.wait_commands(traffic.commands + 20)
@@ -339,3 +350,5 @@ def test_the_checkpoint_passes_every_mark_while_producers_keep_committing(
         thread.join(30)
     assert not thread.is_alive()
     assert world.checkpoints.violations == []
+    aged = {e.id for e in world.publisher.published if str(e.aggregate_id).startswith("aged")}
+    assert start_from != "acquired" or aged  # the sweep ran
