@@ -80,6 +80,8 @@ def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
     ranges = env.table().partitions
     # One hot aggregate per feed range, so every lease has traffic of its own.
     hot = [env.aggregates_in(p, 1)[0] for p in range(ranges)]
+    for i in range(300):
+        env.write(f"aged{i:03d}", f"aged-{i}")  # leases taken from "now": swept meanwhile
     traffic = HotTraffic(env.write, hot=hot).start(threads=2, pause=0.001)
     publisher = MemoryPublisher()
 
