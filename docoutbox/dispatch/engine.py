@@ -520,9 +520,9 @@ class DispatchEngine:
         Events bring documents: at most one batch of aggregates is in hand, never over
         ``max_backlog``, so memory stays flat however long the backlog. Nothing while this
         instance holds ``max_outstanding`` positions, nor while a full round of runs
-        (``concurrency`` × ``run_batch``) waits for a free worker: reading ahead then adds nothing but load
-        on the database, whose capacity the runs' trims need. Nor within ``poll_interval``
-        of a read that brought no change.
+        (``concurrency`` times ``run_batch``) waits for a free worker: reading ahead then
+        adds nothing but load on the database, whose capacity the runs' trims need. Nor
+        within ``poll_interval`` of a read that brought no change.
         """
         if len(self.tracker) >= self.config.max_outstanding:
             return 0

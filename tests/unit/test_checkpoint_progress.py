@@ -139,6 +139,7 @@ class Stepper:
         config = DispatcherConfig(
             name="d",
             concurrency=concurrency,
+            run_batch=1,  # each run here is one aggregate's, stepped on its own
             poll_interval=STEP,
             checkpoint_interval=INTERVAL,
             sweep_interval=3600,
