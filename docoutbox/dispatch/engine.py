@@ -6,10 +6,11 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
 
 - :meth:`DispatchEngine.turn`, one turn of the control loop: queue sweeps (periodic, on
   every partition acquired, in full when the stream position is lost), fetch one sweep
-  page, poll the change stream (opening it from the checkpoint, or fresh behind a
-  :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round of runs waits
-  for workers, and once drained only every ``poll_interval``), and save the checkpoint
-  behind the completed prefix of events (I5);
+  page (taking turns with stream reads, so a long sweep never keeps the stream unread
+  and the checkpoint still), poll the change stream (opening it from the checkpoint, or
+  fresh behind a :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round
+  of runs waits for workers, and once drained only every ``poll_interval``), and save
+  the checkpoint behind the completed prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
   this instance trimmed since are left out) or load it, then publish its pending
