@@ -15,6 +15,7 @@ from tests.support.backends import (
     Bundle,
     DispatchEnv,
     bundle_of,
+    dispatch_env_of,
 )
 from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
 
@@ -95,7 +96,5 @@ def bundle(request: pytest.FixtureRequest) -> Iterator[Bundle]:
 def dispatch_env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
     """Dispatchers over a scratch database, for every (backend, driver)."""
     kind, driver = request.param
-    with bundle_of(kind, request) as made:
-        env = DispatchEnv(made, driver)
-        yield env
-        env.close()
+    with dispatch_env_of(kind, request, driver) as made:
+        yield made

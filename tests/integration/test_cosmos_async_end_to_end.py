@@ -18,14 +18,12 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
-from docoutbox.testing.contract import Counter
 from docoutbox_cosmos import CosmosBackend
-from tests.support.cosmos import create_container, scratch_database
-from tests.support.e2e import Ledger, Sandbox
+from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.servers import CosmosAccount
-from tests.support.traffic import RECEIVER_CONFIG, Producers, Receiver, ledger_problems
+from tests.support.traffic import ledger_problems, rabbit_traffic
 
 pytestmark = [pytest.mark.cosmos, pytest.mark.rabbitmq]
 
@@ -70,21 +68,17 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
     cosmos_server: CosmosAccount, database: Any, box: Sandbox
 ) -> None:
     exchange, queue, _ = box.names()
-    from docoutbox_rabbitmq import RabbitPublisher
-
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
     container = create_container(database, "producers")
-    producers = Producers(
-        AggregateStore(CosmosBackend(container), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
+    producers, receiver = rabbit_traffic(
+        box.url,
+        exchange,
+        queue,
+        CosmosBackend(container),
+        CosmosBackend(create_container(database, "ledgers")),
         random.Random(7),
+        count=PRODUCERS,
         emits=EMITS,
     )
-    ledgers = AggregateStore(
-        CosmosBackend(create_container(database, "ledgers")), Ledger, RECEIVER_CONFIG
-    )
-    receiver = Receiver(box.url, queue, ledgers)
     producers.run_commands(2)  # pending before the start: found by the sweep
     receiver.start()
     proc = _dispatch(cosmos_server, database.id, box.url, exchange)
@@ -126,7 +120,6 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
     assert ledger_problems(applied, expected) == {}
     assert not any(_pending_seqs(container).values())
     assert sum(expected.values()) == producers.commands * EMITS
-    dead = database.get_container_client("docoutbox_dead_letters")
-    assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
+    assert all_items(database, "docoutbox_dead_letters") == []
     assert "async=True" in first
     assert cosmos_server.key not in first

@@ -9,17 +9,15 @@ import pytest
 
 from docoutbox.errors import ChangeStreamLost
 from docoutbox_mongo import MongoChangeSource
-from tests.support.backends import DispatchEnv, bundle_of, wait_until
+from tests.support.backends import DispatchEnv, dispatch_env_of, wait_until
 
 pytestmark = pytest.mark.wire
 
 
 @pytest.fixture
 def env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
-    with bundle_of("mongo", request) as bundle:
-        e = DispatchEnv(bundle)
-        yield e
-        e.close()
+    with dispatch_env_of("mongo", request) as made:
+        yield made
 
 
 def test_unresumable_positions_are_classified_as_stream_loss(env: DispatchEnv) -> None:

@@ -17,7 +17,7 @@ from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import TransientStoreError
 from docoutbox_mongo import MongoLeaseTable
-from tests.support.backends import DispatchEnv, OverlapDetector, bundle_of, owned, wait_until
+from tests.support.backends import DispatchEnv, OverlapDetector, dispatch_env_of, owned, wait_until
 
 pytestmark = pytest.mark.wire
 
@@ -27,10 +27,8 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 @pytest.fixture
 def env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
-    with bundle_of("mongo", request) as bundle:
-        e = DispatchEnv(bundle)
-        yield e
-        e.close()
+    with dispatch_env_of("mongo", request) as made:
+        yield made
 
 
 def keeper(env: DispatchEnv, owner: str) -> LeaseKeeper:

@@ -399,6 +399,19 @@ def bundle_of(kind: str, request: pytest.FixtureRequest) -> Iterator[Bundle]:
         bundle.close()
 
 
+@contextmanager
+def dispatch_env_of(
+    kind: str, request: pytest.FixtureRequest, driver: str = "threaded"
+) -> Iterator[DispatchEnv]:
+    """A :class:`DispatchEnv` over a fresh bundle; its dispatchers stopped afterwards."""
+    with bundle_of(kind, request) as bundle:
+        env = DispatchEnv(bundle, driver)
+        try:
+            yield env
+        finally:
+            env.close()
+
+
 class DispatchEnv:
     """Dispatchers started over one bundle by one driver: threaded, or asyncio on the
     bundle's async ports (``pymongo-async``, ``motor`` or ``asyncio`` for Cosmos DB)."""
@@ -523,6 +536,18 @@ class OverlapDetector:
 
     def publisher(self, instance: str) -> InstancePublisher:
         return InstancePublisher(self, instance)
+
+    def assert_each_published_in_order(self, emitted: dict[str, list[int]]) -> None:
+        """No overlap, every emitted entry published (I1), and each instance published
+        each aggregate's entries in order and never twice (I4)."""
+        assert self.overlaps == []
+        published = {(e.aggregate_id, e.seq) for _, e, _ in self.log}
+        assert published == {(agg, seq) for agg, seqs in emitted.items() for seq in seqs}
+        by_instance: dict[tuple[str, Any], list[int]] = defaultdict(list)
+        for instance, entry, _ in self.log:
+            by_instance[(instance, entry.aggregate_id)].append(entry.seq)
+        for seqs in by_instance.values():
+            assert seqs == sorted(set(seqs))
 
 
 class InstancePublisher:
