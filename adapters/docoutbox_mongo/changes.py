@@ -66,6 +66,9 @@ class MongoChangeSource:
     ``start_marker`` uses the server's ``operationTime`` when it reports one; otherwise
     the local clock minus ``margin`` seconds (replaying a little is harmless: the
     dispatcher reloads each document before publishing).
+
+    The server sends at most ``batch_size`` changes per round trip: over a backlog, the
+    dispatcher publishes one batch while the server looks up the next one.
     """
 
     def __init__(
@@ -74,9 +77,13 @@ class MongoChangeSource:
         *,
         margin: float = 2.0,
         clock: Callable[[], float] = time.time,
+        batch_size: int = 500,
     ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
         self.collection = collection
         self.margin = margin
+        self.batch_size = batch_size
         self._clock = clock
         self._stream: Any = None
         self._token: Any = None
@@ -93,7 +100,9 @@ class MongoChangeSource:
         args = stream_args(position)
         self.close()
         with translated_stream():
-            self._stream = self.collection.watch(PIPELINE, full_document="updateLookup", **args)
+            self._stream = self.collection.watch(
+                PIPELINE, full_document="updateLookup", batch_size=self.batch_size, **args
+            )
         self._token = args.get("resume_after")
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
@@ -151,7 +160,9 @@ class AsyncMongoChangeSource(MongoChangeSource):
         args = stream_args(position)
         await self.close()
         with translated_stream():
-            stream = self.collection.watch(PIPELINE, full_document="updateLookup", **args)
+            stream = self.collection.watch(
+                PIPELINE, full_document="updateLookup", batch_size=self.batch_size, **args
+            )
             if inspect.isawaitable(stream):  # pymongo async; Motor opens lazily
                 stream = await stream
             self._stream = stream

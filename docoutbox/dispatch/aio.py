@@ -1,8 +1,8 @@
 """The asyncio dispatcher: the same engine as :class:`~docoutbox.dispatch.dispatcher.Dispatcher`.
 
 A thin driver of :class:`~docoutbox.dispatch.engine.DispatchEngine` on an event loop: the
-control loop runs in :meth:`AsyncDispatcher.run`, each aggregate run in a task (at most
-``concurrency`` at once, serial per aggregate). Its ports are async
+control loop runs in :meth:`AsyncDispatcher.run`, batches of aggregate runs in tasks (at
+most ``concurrency`` at once, serial per aggregate). Its ports are async
 (:class:`~docoutbox.store.ports.AsyncStoreBackend`,
 :class:`~docoutbox.dispatch.ports.AsyncPublisher`,
 :class:`~docoutbox.dispatch.ports.AsyncDeadLetters`,
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp
+from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, batches, wall_clock_engine
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -40,7 +40,6 @@ from docoutbox.dispatch.ports import (
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive_async
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import AsyncStoreBackend
 
 log = logging.getLogger("docoutbox.dispatcher")
@@ -172,22 +171,22 @@ class AsyncDispatcher:
         return wait if due is None else min(wait, max(due, 0.001))
 
     def _launch(self) -> None:
-        if self._closed:
+        free = self.config.concurrency - len(self._tasks)
+        if self._closed or free <= 0:
             return
-        for slot in self.engine.start_runs():
-            task = asyncio.create_task(self._work(slot))
+        for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+            task = asyncio.create_task(self._work(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _work(self, slot: RunSlot) -> None:
+    async def _work(self, slots: list[RunSlot]) -> None:
         try:
-            outcome = await drive_async(self.engine.run(slot), self._perform)
+            outcomes = await drive_async(self.engine.run_batch(slots), self._perform)
         except Abandoned:
-            outcome = RunOutcome.STOPPED
-        except Exception as exc:  # logged; the aggregate is retried, not dropped
-            log.exception("dispatch_run_failed aggregate=%r error=%r", slot.aggregate_id, exc)
-            outcome = RunOutcome.RETRY
-        self.engine.finish(slot, outcome)
+            outcomes = [RunOutcome.STOPPED] * len(slots)
+        for slot, outcome in zip(slots, outcomes, strict=True):
+            self.engine.finish(slot, outcome)
+        self._tasks.discard(asyncio.current_task())
         self._launch()
         self._wake.set()
 
@@ -198,10 +197,10 @@ class AsyncDispatcher:
             if self._stop.is_set():
                 raise Abandoned
             return None
-        if isinstance(op, Publish | Write) and self._crashed:
+        if isinstance(op, Publish | Write | TrimRound) and self._crashed:
             raise Abandoned
-        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
-            return await self.trims.write(op.plan)
+        if isinstance(op, TrimRound):
+            return await self.trims.write_all(op.plans)
         return await self.ports.perform(op)
 
     async def _shutdown(self) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import islice
 from datetime import datetime
+from itertools import islice
 
 from docoutbox.dispatch.flow import checkpoint_after
 from docoutbox.dispatch.ports import Position

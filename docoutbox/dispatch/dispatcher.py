@@ -1,8 +1,8 @@
 """The threaded dispatcher: turns committed outbox entries into confirmed publishes, then trims.
 
 A thin driver of :class:`~docoutbox.dispatch.engine.DispatchEngine`: the calling thread
-runs the control loop (sweeps, stream, checkpoint), a thread pool runs aggregate runs
-(concurrent across aggregates, serial per aggregate).
+runs the control loop (sweeps, stream, checkpoint), a pool of ``concurrency`` threads runs
+batches of aggregate runs (concurrent across aggregates, serial per aggregate).
 
 Call :meth:`Dispatcher.run` on a thread of your choice and :meth:`Dispatcher.stop` (for
 example from a SIGTERM handler) to finish in-flight work, checkpoint and release leases.
@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from docoutbox.dispatch.drivers import GroupWriter, Ports, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, event_target
+from docoutbox.dispatch.drivers import GroupWriter, Ports, batches, wall_clock_engine
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound, event_target
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -26,7 +26,6 @@ from docoutbox.dispatch.ports import ChangeSource, Checkpoints, DeadLetters, Pub
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.plans import TrimPlan
 from docoutbox.store.ports import StoreBackend
 
 __all__ = ["Dispatcher", "DispatcherConfig", "event_target"]
@@ -66,6 +65,7 @@ class Dispatcher:
         self._crashed = threading.Event()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "docoutbox-dispatch")
         self._lock = threading.Lock()
+        self._busy = 0  # batches submitted and not finished
         self._closed = False
         self._wake = threading.Event()
         self.started = threading.Event()
@@ -124,20 +124,22 @@ class Dispatcher:
 
     def _launch(self) -> None:
         with self._lock:
-            if self._closed:
+            free = self.config.concurrency - self._busy
+            if self._closed or free <= 0:
                 return
-            for slot in self.engine.start_runs():
-                self._pool.submit(self._work, slot)
+            for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+                self._busy += 1
+                self._pool.submit(self._work, batch)
 
-    def _work(self, slot: RunSlot) -> None:
+    def _work(self, slots: list[RunSlot]) -> None:
         try:
-            outcome = drive(self.engine.run(slot), self._perform)
+            outcomes = drive(self.engine.run_batch(slots), self._perform)
         except Abandoned:
-            outcome = RunOutcome.STOPPED
-        except Exception as exc:  # logged; the aggregate is retried, not dropped
-            log.exception("dispatch_run_failed aggregate=%r error=%r", slot.aggregate_id, exc)
-            outcome = RunOutcome.RETRY
-        self.engine.finish(slot, outcome)
+            outcomes = [RunOutcome.STOPPED] * len(slots)
+        for slot, outcome in zip(slots, outcomes, strict=True):
+            self.engine.finish(slot, outcome)
+        with self._lock:
+            self._busy -= 1
         self._launch()
         self._wake.set()
 
@@ -146,10 +148,10 @@ class Dispatcher:
             if self._stop.wait(op.seconds):
                 raise Abandoned
             return None
-        if isinstance(op, Publish | Write) and self._crashed.is_set():
+        if isinstance(op, Publish | Write | TrimRound) and self._crashed.is_set():
             raise Abandoned
-        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
-            return self.trims.write(op.plan)
+        if isinstance(op, TrimRound):
+            return self.trims.write_all(op.plans)
         return self.ports.perform(op)
 
     def _shutdown(self) -> None:
@@ -158,6 +160,7 @@ class Dispatcher:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True)
+        self.trims.close()
         if not crashed:
             drive(self.engine.checkpoint(time.monotonic(), force=True), self._perform)
         self.ownership.stop(release=not crashed)

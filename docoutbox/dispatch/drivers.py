@@ -13,7 +13,9 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from docoutbox.dispatch.engine import (
@@ -40,6 +42,7 @@ from docoutbox.dispatch.ports import (
     DeadLetters,
     Publisher,
 )
+from docoutbox.dispatch.scheduler import RunSlot
 from docoutbox.errors import StoreError
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
@@ -166,10 +169,8 @@ class _Queued:
         #: Handed the next round: this writer writes what queued up meanwhile.
         self.lead = False
 
-    def outcome(self) -> bool:
-        if self.error is not None:
-            raise self.error
-        return self.result
+    def outcome(self) -> bool | Exception:
+        return self.error if self.error is not None else self.result
 
 
 def _record(batch: list[_Queued], results: list[bool]) -> None:
@@ -187,12 +188,23 @@ def _fail(batch: list[_Queued], exc: BaseException) -> None:
             item.error, item.done = exc, True
 
 
+def _one(outcomes: list[bool | Exception]) -> bool:
+    [outcome] = outcomes
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
 class _Rounds:
-    """What both group writers share: the queue, who leads the next round, the counts."""
+    """What both group writers share: the queue, who leads the next round, the counts.
+
+    A writer brings one or more plans (``write_all``); they queue up together and go out
+    in the same round. The reply is one outcome per plan: its result, or its error.
+    """
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
-        #: Without ``write_many``, each writer writes its own plan, concurrently.
+        #: Without ``write_many``, each plan is written on its own, concurrently.
         self._direct = not _groups(backend)
         self._queue: list[_Queued] = []
         self._writing = False
@@ -221,23 +233,31 @@ class GroupWriter(_Rounds):
     A writer that finds no round in flight leads one: it writes everything queued in one
     :func:`write_many`. Writers arriving meanwhile queue up; when the round ends, the
     first of them leads the next round and the leader returns at once: no writer waits
-    for rounds after its own.
+    for rounds after its own. A backend without ``write_many`` gets each plan written on
+    its own, concurrently (``direct_workers`` threads).
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, *, direct_workers: int = 16) -> None:
         super().__init__(backend)
         self._cond = threading.Condition()
+        self._direct_workers = direct_workers
+        self._pool: ThreadPoolExecutor | None = None
 
     def write(self, plan: WritePlan) -> bool:
+        return _one(self.write_all([plan]))
+
+    def write_all(self, plans: Sequence[WritePlan]) -> list[bool | Exception]:
         if self._direct:
-            return bool(self._backend.write(plan))
-        item = _Queued(plan)
+            return self._write_each(plans)
+        items = [_Queued(plan) for plan in plans]
+        first = items[0]
         with self._cond:
-            self._queue.append(item)
+            self._queue.extend(items)
             if self._writing:
-                self._cond.wait_for(lambda: item.done or item.lead)
-                if item.done:
-                    return item.outcome()
+                # All of them go out in the round that takes the first.
+                self._cond.wait_for(lambda: first.done or first.lead)
+                if first.done:
+                    return [item.outcome() for item in items]
             batch = self._begin_round()
         try:
             _record(batch, write_many(self._backend, [i.plan for i in batch]))
@@ -249,7 +269,25 @@ class GroupWriter(_Rounds):
             with self._cond:
                 self._hand_over()
                 self._cond.notify_all()
-        return item.outcome()
+        return [item.outcome() for item in items]
+
+    def _write_each(self, plans: Sequence[WritePlan]) -> list[bool | Exception]:
+        if len(plans) == 1:
+            return [_settle(self._backend.write, plans[0])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._direct_workers, "docoutbox-trim")
+        return list(self._pool.map(partial(_settle, self._backend.write), plans))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def _settle(write: Any, plan: WritePlan) -> bool | Exception:
+    try:
+        return bool(write(plan))
+    except Exception as exc:  # noqa: BLE001 - the outcome of this plan, handed to its run
+        return exc
 
 
 class AsyncGroupWriter(_Rounds):
@@ -260,15 +298,19 @@ class AsyncGroupWriter(_Rounds):
         self._changed = asyncio.Event()
 
     async def write(self, plan: WritePlan) -> bool:
+        return _one(await self.write_all([plan]))
+
+    async def write_all(self, plans: Sequence[WritePlan]) -> list[bool | Exception]:
         if self._direct:
-            return bool(await self._backend.write(plan))
-        item = _Queued(plan)
-        self._queue.append(item)
+            return list(await asyncio.gather(*(self._settle(plan) for plan in plans)))
+        items = [_Queued(plan) for plan in plans]
+        first = items[0]
+        self._queue.extend(items)
         if self._writing:
-            while not (item.done or item.lead):
+            while not (first.done or first.lead):
                 await self._changed.wait()
-            if item.done:
-                return item.outcome()
+            if first.done:
+                return [item.outcome() for item in items]
         batch = self._begin_round()
         try:
             _record(batch, await write_many_async(self._backend, [i.plan for i in batch]))
@@ -281,7 +323,20 @@ class AsyncGroupWriter(_Rounds):
             # Wake the waiters, and arm a fresh event for the next round.
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
-        return item.outcome()
+        return [item.outcome() for item in items]
+
+    async def _settle(self, plan: WritePlan) -> bool | Exception:
+        try:
+            return bool(await self._backend.write(plan))
+        except Exception as exc:  # noqa: BLE001 - the outcome of this plan, handed to its run
+            return exc
+
+
+def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:
+    """``slots`` spread over at most ``workers`` batches, as evenly as possible: few ready
+    runs go out one per worker (publishing in parallel), many share the workers."""
+    count = min(workers, len(slots))
+    return [slots[i::count] for i in range(count)]
 
 
 def wall_clock_engine(

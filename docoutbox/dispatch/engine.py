@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -62,7 +62,11 @@ class DispatcherConfig:
     name: str = "docoutbox"
     #: Must equal the stores' ``StoreConfig.partitions``.
     partitions: int = 16
+    #: Workers (threads or tasks) publishing at once.
     concurrency: int = 32
+    #: Aggregates one worker runs together: it publishes each one's entries, then trims
+    #: them all in one round (:class:`TrimRound`).
+    run_batch: int = 16
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
     grace: float = 30.0
@@ -124,9 +128,18 @@ class SaveCheckpoint:
     position: Position
 
 
+@dataclass(frozen=True)
+class TrimRound:
+    """Write these trims together (one round trip where the backend can). The reply has
+    one outcome per plan, in order: its result, or the exception that failed it."""
+
+    plans: tuple[TrimPlan, ...]
+
+
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
-EngineOp = StreamOp | RunOp | FindPending
+BatchOp = RunOp | TrimRound
+EngineOp = StreamOp | BatchOp | FindPending
 
 
 class BrokerState:
@@ -225,6 +238,44 @@ def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
     return None
 
 
+class _Lockstep:
+    """One run of :meth:`DispatchEngine.run_batch`: its flow, and what to send it next."""
+
+    __slots__ = ("error", "flow", "outcome", "slot", "value")
+
+    def __init__(self, slot: RunSlot, flow: Generator[RunOp, Any, RunOutcome]) -> None:
+        self.slot = slot
+        self.flow = flow
+        self.outcome: RunOutcome | None = None
+        self.value: Any = None
+        self.error: Exception | None = None
+
+    def reply(self, value: Any) -> None:
+        self.value, self.error = value, None
+
+    def fail(self, error: Exception) -> None:
+        self.value, self.error = None, error
+
+    def over(self) -> RunOutcome:
+        assert self.outcome is not None, "the run is not over"
+        return self.outcome
+
+    def step(self) -> RunOp | None:
+        """Resume the run: its next operation, or None once it is over."""
+        if self.outcome is not None:
+            return None
+        value, error = self.value, self.error
+        self.value, self.error = None, None
+        try:
+            return self.flow.send(value) if error is None else self.flow.throw(error)
+        except StopIteration as stop:
+            self.outcome = stop.value
+        except Exception as exc:  # logged; the aggregate is retried, not dropped
+            log.exception("dispatch_run_failed aggregate=%r error=%r", self.slot.aggregate_id, exc)
+            self.outcome = RunOutcome.RETRY
+        return None
+
+
 class DispatchEngine:
     """The dispatcher's state and decisions; see the module docstring."""
 
@@ -252,7 +303,9 @@ class DispatchEngine:
         self._mono = monotonic
         self._clock = clock
         self._rng = rng
-        self.queue = AggregateQueue(workers=config.concurrency, backoff=config.backoff, rng=rng)
+        self.queue = AggregateQueue(
+            workers=config.concurrency * config.run_batch, backoff=config.backoff, rng=rng
+        )
         #: Entries this instance trimmed lately: skipped in documents that came with
         #: requests (an event's copy may predate a trim).
         self.trimmed = RecentIds(TRIMMED_MEMORY)
@@ -442,13 +495,14 @@ class DispatchEngine:
         Events bring documents: at most one batch of aggregates is in hand, never over
         ``max_backlog``, so memory stays flat however long the backlog. Nothing while this
         instance holds ``max_outstanding`` positions, nor while a full round of runs
-        (``concurrency``) waits for a free worker: reading ahead then adds nothing but load
+        (``concurrency`` × ``run_batch``) waits for a free worker: reading ahead then adds nothing but load
         on the database, whose capacity the runs' trims need. Nor within ``poll_interval``
         of a read that brought no change.
         """
         if len(self.tracker) >= self.config.max_outstanding:
             return 0
-        if self.queue.ready() >= self.config.concurrency or now < self._next_poll:
+        full_round = self.config.concurrency * self.config.run_batch
+        if self.queue.ready() >= full_round or now < self._next_poll:
             return 0
         return min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
 
@@ -561,6 +615,39 @@ class DispatchEngine:
             len(result.held),
         )
         return RunOutcome.UNAVAILABLE if result.unavailable else RunOutcome.DONE
+
+    def run_batch(self, slots: Sequence[RunSlot]) -> Generator[BatchOp, Any, list[RunOutcome]]:
+        """The runs of ``slots`` in lockstep, each slot's outcome in order.
+
+        Each run goes as far as its next trim (its loads, publishes and quarantines are
+        performed as they come, one run after another); then the trims of all of them go
+        out in one :class:`TrimRound`, and so on until every run is over. A run that fails
+        unexpectedly is retried later and does not stop the others.
+        """
+        runs = [_Lockstep(slot, self.run(slot)) for slot in slots]
+        try:
+            while True:
+                trims: list[tuple[_Lockstep, TrimPlan]] = []
+                for run in runs:
+                    while (op := run.step()) is not None:
+                        if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
+                            trims.append((run, op.plan))
+                            break
+                        try:
+                            run.reply((yield op))
+                        except Exception as exc:  # noqa: BLE001 - thrown into the run
+                            run.fail(exc)
+                if not trims:
+                    return [run.over() for run in runs]
+                results = yield TrimRound(tuple(plan for _, plan in trims))
+                for (run, _), result in zip(trims, results, strict=True):
+                    if isinstance(result, Exception):
+                        run.fail(result)
+                    else:
+                        run.reply(result)
+        finally:
+            for run in runs:
+                run.flow.close()
 
     def _unpublished(self, doc: Document | None) -> Document | None:
         """``doc`` (a copy that came with an event or a sweep page) without the entries

@@ -5,9 +5,11 @@ the simulated clock and a seeded ``rng``; this module only performs its operatio
 the threaded and asyncio drivers do, one operation per simulation step:
 
 - the engine's control turns (sweep pages, change-log reads, checkpoints) and its
-  aggregate runs are tasks; each step advances one task picked at random, so runs of
-  several aggregates interleave with each other and with the control loop (at most
-  ``concurrency`` at once, chosen per incarnation);
+  batches of aggregate runs are tasks; each step advances one task picked at random, so
+  runs of several aggregates interleave with each other and with the control loop (at
+  most ``concurrency`` batches of at most ``run_batch`` runs at once, both chosen per
+  incarnation); a batch's :class:`~docoutbox.dispatch.engine.TrimRound` is performed as
+  one write per trim, each a step;
 - a task's :class:`~docoutbox.store.core.Sleep` parks only that task;
 - an error the world injects is thrown into the task at its ``yield``, so the engine
   decides what it means.
@@ -24,13 +26,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
+from docoutbox.dispatch.drivers import batches
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, TrimRound
 from docoutbox.dispatch.metrics import NullMetrics
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.errors import StoreError
 from docoutbox.retry import Backoff
-from docoutbox.store.core import Sleep
+from docoutbox.store.core import Sleep, Write
 from tests.simulation.actors import Env, Idle, Process
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
@@ -39,7 +42,7 @@ EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 @dataclass
 class Task:
     flow: Generator[Any, Any, Any]
-    slot: RunSlot | None  # None: a control turn
+    slots: list[RunSlot] | None  # None: a control turn
     op: Any = None
     wake_at: float = 0.0
     done: bool = False
@@ -52,6 +55,7 @@ def config(env: Env, rng: random.Random) -> DispatcherConfig:
     return DispatcherConfig(
         name="sim",
         concurrency=rng.randint(1, 3),
+        run_batch=rng.randint(1, 3),
         policy=env.dispatch_policy,
         # Following a log: sweeps only behind a fresh start. Without one: sweep often.
         sweep_interval=10_000.0 if follow else 0.01,
@@ -82,23 +86,27 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
         metrics=NullMetrics(),
     )
     engine.begin()
+    cfg = engine.config
     control: Task | None = None
     runs: list[Task] = []
     while True:
         if control is None:
             control = _begin(Task(engine.turn(), None))
-        for slot in engine.start_runs():
-            runs.append(_begin(Task(engine.run(slot), slot)))
+        free = cfg.concurrency - len(runs)
+        if free > 0:
+            for batch in batches(engine.start_runs(free * cfg.run_batch), free):
+                runs.append(_begin(Task(engine.run_batch(batch), batch)))
         quiet = False
         if control.done:  # a turn that performed nothing is never busy
             quiet, control = not control.result, None
         for task in [t for t in runs if t.done]:
             runs.remove(task)
-            assert task.slot is not None
-            outcome: RunOutcome = task.result
-            env.stats["dispatch.pass"] += outcome is RunOutcome.DONE
-            env.stats["dispatch.held"] += outcome is RunOutcome.UNAVAILABLE
-            engine.finish(task.slot, outcome)
+            assert task.slots is not None
+            outcomes: list[RunOutcome] = task.result
+            for slot, outcome in zip(task.slots, outcomes, strict=True):
+                env.stats["dispatch.pass"] += outcome is RunOutcome.DONE
+                env.stats["dispatch.held"] += outcome is RunOutcome.UNAVAILABLE
+                engine.finish(slot, outcome)
         tasks = [*runs, *([control] if control is not None else [])]
         awake = [t for t in tasks if not t.done and t.wake_at <= now()]
         if awake:
@@ -128,6 +136,17 @@ def _advance(env: Env, task: Task, now: Any) -> Generator[Any, Any, None]:
         task.wake_at = now() + op.seconds
         task.op = None
         _send(task, None, None)
+        return
+    if isinstance(op, TrimRound):
+        outcomes: list[Any] = []
+        for plan in op.plans:
+            try:
+                outcomes.append((yield Write(plan)))
+            except Exception as exc:
+                if isinstance(exc, StoreError):
+                    env.stats["dispatcher.store_error"] += 1
+                outcomes.append(exc)
+        _send(task, outcomes, None)
         return
     try:
         value = yield op

@@ -8,6 +8,8 @@ import random
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import ChangeEvent
@@ -407,7 +409,7 @@ def test_the_stream_is_not_read_while_the_backlog_is_full() -> None:
 
 def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> None:
     clock = Clock()
-    engine = stream_engine(clock, concurrency=2)
+    engine = stream_engine(clock, concurrency=2, run_batch=1)
     turn_ops(engine)
     assert "PollChanges" in turn_ops(engine, [pending(1), pending(2), pending(3)])
     clock.now = 1.0
@@ -417,8 +419,17 @@ def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> Non
     assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
 
 
-def test_by_default_32_runs_are_in_flight_so_trim_rounds_carry_many_pulls() -> None:
+def test_by_default_512_runs_are_in_flight_so_trim_rounds_carry_many_pulls() -> None:
     engine = stream_engine(Clock())
-    for n in range(100):
+    for n in range(600):
         engine.request(pending(n).document)
-    assert len(engine.start_runs()) == 32
+    assert len(engine.start_runs()) == 32 * 16
+
+
+def test_the_server_sends_at_most_batch_size_changes_per_round_trip() -> None:
+    coll = FakeCollection(FakeStream([]))
+    MongoChangeSource(coll).open({"resume_after": {"_data": "0001"}})
+    MongoChangeSource(coll, batch_size=7).open({"resume_after": {"_data": "0001"}})
+    assert [w["batch_size"] for w in coll.watched] == [500, 7]
+    with pytest.raises(ValueError, match="batch_size"):
+        MongoChangeSource(coll, batch_size=0)

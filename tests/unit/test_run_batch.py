@@ -1,0 +1,232 @@
+"""Runs in lockstep: a worker publishes several aggregates' entries, then trims them all in
+one round; one run's failure neither stops nor fails the others."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from docoutbox.dispatch.drivers import GroupWriter, batches
+from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, TrimRound
+from docoutbox.dispatch.flow import DispatchPolicy, Publish
+from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
+from docoutbox.drive import Abandoned, drive
+from docoutbox.errors import StoreError, TransientStoreError
+from docoutbox.store.core import Write
+from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def entry(aggregate: str, n: int) -> dict[str, Any]:
+    return {
+        "id": f"{aggregate}-{n}",
+        "type": "Added",
+        "payload": {},
+        "created_at": T0,
+        "seq": n,
+        "aggregate_id": aggregate,
+        "aggregate_type": "Counter",
+    }
+
+
+def doc(aggregate: str, entries: int = 1) -> dict[str, Any]:
+    outbox = [entry(aggregate, n) for n in range(1, entries + 1)]
+    return {"_id": aggregate, "partition": 0, "version": entries, "outbox": outbox}
+
+
+class CountingOwner(SoleOwner):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = 0
+
+    def enter(self, partition: int) -> bool:
+        self.inside += 1
+        return True
+
+    def leave(self, partition: int) -> None:
+        self.inside -= 1
+
+
+def engine_with(*docs: dict[str, Any], ownership: SoleOwner | None = None) -> DispatchEngine:
+    engine = DispatchEngine(
+        DispatcherConfig(name="b"),
+        ownership or SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: T0,
+        rng=random.Random(0),
+    )
+    for d in docs:
+        engine.request(d)
+    return engine
+
+
+class Recorder:
+    """Performs a batch's operations: publishes succeed unless told otherwise; each trim
+    round answers with ``trim_outcomes`` (default: every trim applied)."""
+
+    def __init__(self, fail_publish: str | None = None, trim_error: str | None = None) -> None:
+        self.ops: list[str] = []
+        self.rounds: list[list[str]] = []
+        self.fail_publish = fail_publish
+        self.trim_error = trim_error
+
+    def __call__(self, op: Any) -> Any:
+        if isinstance(op, Publish):
+            self.ops.append(f"publish {op.entry.id}")
+            if op.entry.aggregate_id == self.fail_publish:
+                raise RuntimeError("a bug in the publisher")
+            return None
+        if isinstance(op, TrimRound):
+            ids = [plan.aggregate_id for plan in op.plans]
+            self.ops.append(f"trim {ids}")
+            self.rounds.append([str(i) for i in ids])
+            return [TransientStoreError("refused") if i == self.trim_error else True for i in ids]
+        raise AssertionError(f"unexpected {op!r}")
+
+
+def test_runs_publish_in_turn_then_trim_together() -> None:
+    engine = engine_with(doc("a", 2), doc("b", 1), doc("c", 3))
+    slots = engine.start_runs()
+    perform = Recorder()
+    outcomes = drive(engine.run_batch(slots), perform)
+    assert outcomes == [RunOutcome.DONE] * 3
+    assert perform.ops == [
+        "publish a-1",
+        "publish a-2",
+        "publish b-1",
+        "publish c-1",
+        "publish c-2",
+        "publish c-3",
+        "trim ['a', 'b', 'c']",
+    ]
+    # What was trimmed is remembered: a stale copy publishes nothing again.
+    assert engine._unpublished(doc("b")) == {**doc("b"), "outbox": []}
+
+
+def test_a_trim_every_n_entries_is_a_round_of_its_own() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="b", policy=DispatchPolicy(trim_every=2)),
+        SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: T0,
+        rng=random.Random(0),
+    )
+    engine.request(doc("a", 3))
+    engine.request(doc("b", 1))
+    perform = Recorder()
+    assert drive(engine.run_batch(engine.start_runs()), perform) == [RunOutcome.DONE] * 2
+    # a trims after two entries; b's trim waits for that round, then a's last one.
+    assert perform.rounds == [["a", "b"], ["a"]]
+
+
+def test_one_failed_trim_retries_its_aggregate_only() -> None:
+    engine = engine_with(doc("a"), doc("b"))
+    outcomes = drive(engine.run_batch(engine.start_runs()), Recorder(trim_error="a"))
+    assert outcomes == [RunOutcome.RETRY, RunOutcome.DONE]
+
+
+def test_an_unexpected_error_in_one_run_does_not_stop_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = engine_with(doc("a"), doc("b"))
+    perform = Recorder(fail_publish="a")
+    outcomes = drive(engine.run_batch(engine.start_runs()), perform)
+    assert outcomes == [RunOutcome.RETRY, RunOutcome.DONE]
+    assert perform.rounds == [["b"]]
+    assert "dispatch_run_failed aggregate='a'" in caplog.text
+
+
+def test_an_abandoned_batch_leaves_every_partition_it_entered() -> None:
+    owner = CountingOwner()
+    engine = engine_with(doc("a"), doc("b"), ownership=owner)
+
+    def crash_at_the_trims(op: Any) -> Any:
+        if isinstance(op, TrimRound):
+            assert owner.inside == 2
+            raise Abandoned
+        return None
+
+    with pytest.raises(Abandoned):
+        drive(engine.run_batch(engine.start_runs()), crash_at_the_trims)
+    assert owner.inside == 0
+
+
+def test_a_batch_of_one_run_yields_the_same_operations_as_the_run() -> None:
+    def kinds(flow: Generator[Any, Any, Any]) -> list[str]:
+        seen: list[str] = []
+
+        def perform(op: Any) -> Any:
+            seen.append(type(op).__name__)
+            if isinstance(op, TrimRound):
+                return [True] * len(op.plans)
+            return True if isinstance(op, Write) else None
+
+        drive(flow, perform)
+        return seen
+
+    one, other = engine_with(doc("a", 2)), engine_with(doc("a", 2))
+    [slot] = one.start_runs()
+    assert kinds(one.run(slot)) == ["Publish", "Publish", "Write"]
+    assert kinds(other.run_batch(other.start_runs())) == ["Publish", "Publish", "TrimRound"]
+
+
+def test_batches_spread_few_runs_one_per_worker_and_many_over_all_workers() -> None:
+    slots = [RunSlot(f"a{i}", 0, i, 0) for i in range(10)]
+    assert [len(b) for b in batches(slots[:3], 8)] == [1, 1, 1]
+    assert sorted(len(b) for b in batches(slots, 4)) == [2, 2, 3, 3]
+    assert sorted(s.aggregate_id for b in batches(slots, 4) for s in b) == sorted(
+        s.aggregate_id for s in slots
+    )
+    assert batches([], 4) == []
+
+
+class OnePerRequest:
+    """A backend without ``write_many``: one plan per request; refuses aggregate ``x``."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def write(self, plan: WritePlan) -> bool:
+        assert isinstance(plan, TrimPlan)
+        if plan.aggregate_id == "x":
+            raise TransientStoreError("throttled")
+        self.written.append(str(plan.aggregate_id))
+        return True
+
+
+class Grouped:
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+
+    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
+        self.rounds.append(len(plans))
+        return [True] * len(plans)
+
+
+def test_write_all_goes_out_in_one_round_and_answers_per_plan() -> None:
+    backend = Grouped()
+    writer = GroupWriter(backend)
+    assert writer.write_all([plan_trim(a, ["e"]) for a in "abc"]) == [True, True, True]
+    assert backend.rounds == [3]
+
+
+def test_write_all_without_write_many_writes_each_and_keeps_each_error() -> None:
+    backend = OnePerRequest()
+    writer = GroupWriter(backend, direct_workers=2)
+    try:
+        outcomes = writer.write_all([plan_trim(a, ["e"]) for a in "axb"])
+    finally:
+        writer.close()
+    assert outcomes[0] is True and outcomes[2] is True
+    assert isinstance(outcomes[1], StoreError)
+    assert sorted(backend.written) == ["a", "b"]
