@@ -205,7 +205,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
     d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
-    d.add_argument("--concurrency", type=AT_LEAST_ONE, default=32, help="aggregates in parallel")
+    d.add_argument(
+        "--concurrency", type=AT_LEAST_ONE, default=32, help="workers publishing in parallel"
+    )
+    d.add_argument(
+        "--run-batch",
+        type=AT_LEAST_ONE,
+        default=16,
+        help="aggregates a worker publishes before trimming them together",
+    )
     d.add_argument(
         "--async",
         dest="use_async",
@@ -402,6 +410,7 @@ def _dispatch(
         name=name,
         partitions=args.partitions,
         concurrency=args.concurrency,
+        run_batch=args.run_batch,
         policy=DispatchPolicy(max_attempts=args.max_attempts),
         sweep_interval=args.poll_interval if polling else args.sweep_interval,
         grace=0.0 if polling else args.grace,

@@ -89,7 +89,7 @@ class AsyncDispatcher:
         self.ownership = ownership or SoleOwner()
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
-        self.trims = AsyncGroupWriter(backend)
+        self.trims = AsyncGroupWriter(backend, direct_workers=self.config.concurrency)
         self.engine = wall_clock_engine(
             self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
         )

@@ -56,7 +56,7 @@ class Dispatcher:
         self.ownership = ownership or SoleOwner()
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
-        self.trims = GroupWriter(backend)
+        self.trims = GroupWriter(backend, direct_workers=self.config.concurrency)
         self.engine = wall_clock_engine(
             self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
         )

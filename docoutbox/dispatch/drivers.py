@@ -291,11 +291,13 @@ def _settle(write: Any, plan: WritePlan) -> bool | Exception:
 
 
 class AsyncGroupWriter(_Rounds):
-    """The asyncio twin of :class:`GroupWriter`."""
+    """The asyncio twin of :class:`GroupWriter` (at most ``direct_workers`` direct writes
+    at once)."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, *, direct_workers: int = 16) -> None:
         super().__init__(backend)
         self._changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(direct_workers)
 
     async def write(self, plan: WritePlan) -> bool:
         return _one(await self.write_all([plan]))
@@ -326,10 +328,11 @@ class AsyncGroupWriter(_Rounds):
         return [item.outcome() for item in items]
 
     async def _settle(self, plan: WritePlan) -> bool | Exception:
-        try:
-            return bool(await self._backend.write(plan))
-        except Exception as exc:  # noqa: BLE001 - the outcome of this plan, handed to its run
-            return exc
+        async with self._slots:
+            try:
+                return bool(await self._backend.write(plan))
+            except Exception as exc:  # noqa: BLE001 - the outcome of this plan, to its run
+                return exc
 
 
 def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:

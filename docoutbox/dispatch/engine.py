@@ -47,7 +47,13 @@ from docoutbox.dispatch.metrics import Metrics, NullMetrics
 from docoutbox.dispatch.ownership import Ownership
 from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
-from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PartitionMismatch, StoreError
+from docoutbox.errors import (
+    BrokerUnavailable,
+    ChangeStreamLost,
+    InvalidConfig,
+    PartitionMismatch,
+    StoreError,
+)
 from docoutbox.model import AggregateId
 from docoutbox.retry import Backoff
 from docoutbox.store.core import FindPending, Load, Sleep, Write
@@ -77,6 +83,12 @@ class DispatcherConfig:
     max_backlog: int = 1_000
     checkpoint_interval: float = 1.0
     backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        for name in ("partitions", "concurrency", "run_batch", "batch_size", "sweep_page"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -495,9 +507,9 @@ class DispatchEngine:
         Events bring documents: at most one batch of aggregates is in hand, never over
         ``max_backlog``, so memory stays flat however long the backlog. Nothing while this
         instance holds ``max_outstanding`` positions, nor while a full round of runs
-        (``concurrency`` × ``run_batch``) waits for a free worker: reading ahead then adds nothing but load
-        on the database, whose capacity the runs' trims need. Nor within ``poll_interval``
-        of a read that brought no change.
+        (``concurrency`` x ``run_batch``) waits for a free worker: reading ahead then adds
+        nothing but load on the database, whose capacity the runs' trims need. Nor within
+        ``poll_interval`` of a read that brought no change.
         """
         if len(self.tracker) >= self.config.max_outstanding:
             return 0

@@ -59,6 +59,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*args, "--publisher", "stdout", "--topic", "orders"]) == 2
     assert _exit_code([*args, "--publisher", "stdout", "--lease-ttl", "0"]) == 2
     assert _exit_code([*args, "--publisher", "stdout", "--concurrency", "0"]) == 2
+    assert _exit_code([*args, "--publisher", "stdout", "--run-batch", "0"]) == 2
     assert "s3cr" not in capsys.readouterr().err
 
 

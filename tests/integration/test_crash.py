@@ -10,8 +10,8 @@ instances side by side, one of them killed (and replaced) each time. Checked:
   consumer's ledgers (exactly 1..N per producer);
 - every re-publish is explained by a kill: an entry is published again at most once per
   kill that found it still in its outbox (published, perhaps, but not yet trimmed), and
-  in all at most kills x concurrency x ``trim_every`` (the entries a dispatcher can have
-  published but not yet trimmed when it dies);
+  in all at most kills x concurrency x run batch x ``trim_every`` (the entries a
+  dispatcher can have published but not yet trimmed when it dies);
 - with leases, every partition a killed instance held is taken over by another instance
   within one TTL of its lease's expiry, while the producers keep committing.
 
@@ -50,6 +50,8 @@ KILLS = 24
 KILLS_LEASED = 12
 PRODUCERS = 20
 CONCURRENCY = 4
+#: Aggregates each worker publishes before trimming them together.
+RUN_BATCH = 4
 #: Lease TTL of the leased variants (seconds): the fail-over time.
 TTL = 3.0
 #: Dispatcher instances of the leased variants, running side by side.
@@ -83,7 +85,8 @@ class DispatcherProcess(CliProcess):
                 *publisher,
                 *(["--lease-ttl", str(TTL)] if leased else ["--no-leases"]),
                 *(["--async"] if use_async else []),
-                *("--concurrency", str(CONCURRENCY), "--log-level", log_level),
+                *("--concurrency", str(CONCURRENCY), "--run-batch", str(RUN_BATCH)),
+                *("--log-level", log_level),
             ]
         )
 
@@ -259,7 +262,7 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
     again = republished(receiver.deliveries)
     unexplained = unexplained_republishes(again, pending_at_kill)
     bound = sum(len(pending) for pending in pending_at_kill)
-    in_flight_bound = len(pending_at_kill) * CONCURRENCY * TRIM_EVERY
+    in_flight_bound = len(pending_at_kill) * CONCURRENCY * RUN_BATCH * TRIM_EVERY
     takeovers: list[float | None] = []
     if watch is not None:
         takeovers = [watch.taken_over(pid, held, at) for pid, held, at in kills]

@@ -38,7 +38,7 @@ from pymongo import MongoClient
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
-from tests.integration.test_crash import CONCURRENCY, TRIM_EVERY, DispatcherProcess
+from tests.integration.test_crash import CONCURRENCY, RUN_BATCH, TRIM_EVERY, DispatcherProcess
 from tests.support.e2e import Ledger
 from tests.support.kafka import Topics
 from tests.support.servers import REPO_ROOT, MongoWireServer
@@ -213,7 +213,7 @@ def test_kill_9_dispatcher_and_consumer_loses_nothing_and_applies_once(
     again = republished(seen)
     unexplained = unexplained_republishes(again, pending_at_kill)
     bound = sum(len(pending) for pending in pending_at_kill)
-    in_flight_bound = len(pending_at_kill) * CONCURRENCY * TRIM_EVERY
+    in_flight_bound = len(pending_at_kill) * CONCURRENCY * RUN_BATCH * TRIM_EVERY
     print(
         "Kafka crash test:",
         summary(

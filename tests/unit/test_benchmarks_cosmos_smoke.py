@@ -20,14 +20,3 @@ def test_cosmos_benchmarks_run_and_count_round_trips(cosmos_server: CosmosAccoun
     assert trips["raw cached patch"] < 2
     assert all(f["per_s"] > 0 for f in handle.figures.values())
     assert drain.figures["dispatcher_per_s"] > 0 and drain.figures["raw_per_s"] > 0
-
-
-def test_the_aio_benchmarks_run_and_count_round_trips(cosmos_server: CosmosAccount) -> None:
-    handle, drain = cosmos.run(cosmos_server, Scale.quick(), ["handle-aio", "drain-aio"])
-    trips = {name: f["round_trips_per_message"] for name, f in handle.figures.items()}
-    assert trips["docoutbox aio cold (cache off)"] == trips["raw aio read + patch"] == 2
-    assert trips["docoutbox aio warm (cached)"] == trips["raw aio cached patch"]
-    assert trips["raw aio cached patch"] < 2
-    assert all(f["per_s"] > 0 for f in handle.figures.values())
-    assert drain.figures["dispatcher_per_s"] > 0 and drain.figures["raw_per_s"] > 0
-    assert drain.figures["dispatcher_requests"] >= drain.figures["raw_requests"]

@@ -3,6 +3,7 @@ one round; one run's failure neither stops nor fails the others."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Generator, Sequence
 from datetime import UTC, datetime
@@ -10,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.drivers import GroupWriter, batches
+from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter, batches
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, TrimRound
 from docoutbox.dispatch.flow import DispatchPolicy, Publish
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
-from docoutbox.errors import StoreError, TransientStoreError
+from docoutbox.errors import InvalidConfig, StoreError, TransientStoreError
 from docoutbox.store.core import Write
 from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
 
@@ -230,3 +231,31 @@ def test_write_all_without_write_many_writes_each_and_keeps_each_error() -> None
     assert outcomes[0] is True and outcomes[2] is True
     assert isinstance(outcomes[1], StoreError)
     assert sorted(backend.written) == ["a", "b"]
+
+
+@pytest.mark.parametrize("name", ["partitions", "concurrency", "run_batch", "batch_size"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
+def test_counts_in_the_config_are_ints_of_at_least_one(name: str, value: object) -> None:
+    with pytest.raises(InvalidConfig, match=f"DispatcherConfig.{name}"):
+        DispatcherConfig(**{name: value})  # type: ignore[arg-type]
+
+
+def test_async_write_all_without_write_many_caps_the_writes_in_flight() -> None:
+    class Slow:
+        def __init__(self) -> None:
+            self.now = self.most = 0
+
+        async def write(self, plan: WritePlan) -> bool:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            await asyncio.sleep(0.001)
+            self.now -= 1
+            if isinstance(plan, TrimPlan) and plan.aggregate_id == "x":
+                raise TransientStoreError("throttled")
+            return True
+
+    backend = Slow()
+    writer = AsyncGroupWriter(backend, direct_workers=3)
+    outcomes = asyncio.run(writer.write_all([plan_trim(a, ["e"]) for a in "abcxdefgh"]))
+    assert backend.most == 3
+    assert [isinstance(o, StoreError) for o in outcomes] == [False] * 3 + [True] + [False] * 5
