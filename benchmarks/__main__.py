@@ -8,6 +8,7 @@ and are printed as Markdown tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import pymongo
 from benchmarks import (
     audit,
     batch,
+    cosmos,
     dispatch,
     immediate,
     kafka,
@@ -55,6 +57,11 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
+}
+#: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
+#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).
+OPTIONAL: dict[str, Bench] = {
+    "cosmos_handle": cosmos.handle_bench,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 
@@ -103,7 +110,9 @@ def merged(out: Path, results: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
-    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument(
+        "--only", nargs="+", choices=[*BENCHMARKS, *OPTIONAL], default=list(BENCHMARKS)
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
     args = parser.parse_args(argv)
     scale = Scale.quick() if args.quick else Scale()
@@ -117,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     began = time.perf_counter()
     for name in args.only:
-        bench, heap = BENCHMARKS[name]
+        bench, heap = BENCHMARKS[name] if name in BENCHMARKS else (OPTIONAL[name], None)
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        with mongo_server(java_heap=heap) as uri:
+        server = contextlib.nullcontext("") if name in OPTIONAL else mongo_server(java_heap=heap)
+        with server as uri:
             table = bench(uri, scale)
         results["seconds"][name] = round(time.perf_counter() - start, 1)
         results["benchmarks"][name] = table.to_json()

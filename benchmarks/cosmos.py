@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from typing import Any
 from azure.cosmos import PartitionKey
 from azure.cosmos import exceptions as cosmos_errors
 
-from benchmarks.common import Scale, Table, interleaved, median, paired_ratio, ratio_range
+from benchmarks.common import Scale, Table, median, paired_ratio, ratio_range
 from benchmarks.workload import Account, Doc, Feed, account_ids, handlers
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
@@ -202,18 +203,58 @@ class Contestant:
     messages: int
     trips: list[float] = field(default_factory=list)
     charges: list[float] = field(default_factory=list)
+    #: Per round: messages per second of wall time, and client CPU seconds per message.
+    rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    #: Per round: the wall time of each chunk, in turn order.
+    chunks: list[list[float]] = field(default_factory=list)
 
-    def round(self) -> float:
-        batch = self.feed.take(self.messages)
-        responses, charge = self.meter.snapshot()
-        start = time.perf_counter()
-        for account, message in batch:
-            self.handle(account, message)
-        elapsed = time.perf_counter() - start
-        after, charged = self.meter.snapshot()
-        self.trips.append((after - responses) / len(batch))
-        self.charges.append((charged - charge) / len(batch))
-        return len(batch) / elapsed
+
+def _paired_rounds(contestants: dict[str, Contestant], rounds: int, warmup: int) -> None:
+    """Rounds in which every contestant handles its messages in chunks of
+    :data:`HANDLE_CHUNK`, the contestants taking turns chunk by chunk (order rotated each
+    time), so a slow second of the shared machine hits them all alike. Each round records
+    each contestant's rate (wall time) and client CPU per message (``process_time``: the
+    server is another process), after ``warmup`` unrecorded rounds."""
+    names = list(contestants)
+    turn = 0
+    for index in range(warmup + rounds):
+        batches = {name: c.feed.take(c.messages) for name, c in contestants.items()}
+        walls: dict[str, list[float]] = {name: [] for name in names}
+        cpu = dict.fromkeys(names, 0.0)
+        before = {name: c.meter.snapshot() for name, c in contestants.items()}
+        gc.collect()
+        for start in range(0, max(len(b) for b in batches.values()), HANDLE_CHUNK):
+            shift = turn % len(names)
+            turn += 1
+            for name in names[shift:] + names[:shift]:
+                handle = contestants[name].handle
+                chunk = batches[name][start : start + HANDLE_CHUNK]
+                began, began_cpu = time.perf_counter(), time.process_time()
+                for account, message in chunk:
+                    handle(account, message)
+                cpu[name] += time.process_time() - began_cpu
+                walls[name].append(time.perf_counter() - began)
+        if index < warmup:
+            continue
+        for name, c in contestants.items():
+            count = len(batches[name])
+            responses, charge = before[name]
+            after, charged = c.meter.snapshot()
+            c.trips.append((after - responses) / count)
+            c.charges.append((charged - charge) / count)
+            c.rates.append(count / sum(walls[name]))
+            c.cpu.append(cpu[name] / count)
+            c.chunks.append(walls[name])
+
+
+def _chunk_ratios(candidate: Contestant, baseline: Contestant) -> list[float]:
+    """Per round, the median over its chunks of baseline time / candidate time for the
+    same chunk: a stall of the shared machine spoils one chunk's pair, not the round."""
+    return [
+        median([b / c for b, c in zip(base, cand, strict=True)])
+        for base, cand in zip(baseline.chunks, candidate.chunks, strict=True)
+    ]
 
 
 def _accounts(database: Any, prefix: str, scale: Scale) -> tuple[Any, list[str]]:
@@ -230,9 +271,29 @@ def _cell(samples: dict[str, list[float]], name: str, base: str) -> str:
     return f"{paired_ratio(samples[name], samples[base]):.2f}x ({low:.2f}-{high:.2f})"
 
 
+def _ratio_cell(ratios: list[float]) -> tuple[str, float, list[float]]:
+    """``median (IQR)`` of per-round ratios, the median, and the IQR."""
+    low, high = ratio_range(ratios, [1.0] * len(ratios))
+    mid = median(ratios)
+    return f"{mid:.2f}x ({low:.2f}-{high:.2f})", mid, [low, high]
+
+
+#: Messages a contestant handles before the next one takes its turn (half the aggregates).
+HANDLE_CHUNK = 10
+#: Each variant's like-for-like raw loop: same round trips, same request charge.
+HANDLE_BASELINES = {
+    "raw read + patch": "raw read + patch",
+    "raw cached patch": "raw cached patch",
+    "raw cached replace (ETag)": "raw cached patch",
+    "docoutbox cold (cache off)": "raw read + patch",
+    "docoutbox warm (cached)": "raw cached patch",
+}
+
+
 def handle_throughput(database: Any, scale: Scale) -> Table:
     """Benchmarks 1 and 2: docoutbox vs raw azure-cosmos loops; patch vs replace."""
     window = InboxPolicy().window
+    load_before = os.getloadavg()
     contestants: dict[str, Contestant] = {}
     raw = (
         ("raw read + patch", False, "patch"),
@@ -257,9 +318,10 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
                 raise AssertionError(f"{account}: message {message['id']} not applied")
 
         contestants[name] = Contestant(handle, Feed(accounts, emit=False), meter, scale.messages)
-    samples = interleaved(
-        {name: c.round for name, c in contestants.items()}, scale.rounds, scale.warmup
-    )
+    _paired_rounds(contestants, scale.rounds, scale.warmup)
+    samples = {name: c.rates for name, c in contestants.items()}
+    # CPU as a throughput ratio: baseline CPU / candidate CPU, comparable with the speed.
+    speed = {name: [1 / x for x in c.cpu] for name, c in contestants.items()}
     table = Table(
         "cosmos_handle",
         f"Cosmos DB: docoutbox vs a raw azure-cosmos loop doing the same write (window {window})",
@@ -270,28 +332,65 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
             "msgs/s",
             "vs raw read + patch",
             "vs raw cached patch",
+            "client CPU ms / msg",
+            "CPU vs like-for-like raw",
         ],
     )
     for name, c in contestants.items():
         trips, charge = median(c.trips), median(c.charges)
+        base = HANDLE_BASELINES[name]
+        cpu_low, cpu_high = ratio_range(speed[name], speed[base])
+        cold_cell, cold, cold_iqr = _ratio_cell(_chunk_ratios(c, contestants["raw read + patch"]))
+        warm_cell, warm, warm_iqr = _ratio_cell(_chunk_ratios(c, contestants["raw cached patch"]))
         table.add(
             name,
             trips,
             charge,
             median(samples[name]),
-            _cell(samples, name, "raw read + patch"),
-            _cell(samples, name, "raw cached patch"),
+            cold_cell,
+            warm_cell,
+            1000 * median(c.cpu),
+            _cell(speed, name, base),
         )
         table.figures[name] = {
             "per_s": median(samples[name]),
             "round_trips_per_message": trips,
             "request_units_per_message": charge,
-            "vs_raw": paired_ratio(samples[name], samples["raw read + patch"]),
-            "vs_raw_cached": paired_ratio(samples[name], samples["raw cached patch"]),
+            "vs_raw": cold,
+            "vs_raw_iqr": cold_iqr,
+            "vs_raw_cached": warm,
+            "vs_raw_cached_iqr": warm_iqr,
+            "vs_raw_by_round_totals": paired_ratio(samples[name], samples["raw read + patch"]),
+            "vs_raw_cached_by_round_totals": paired_ratio(
+                samples[name], samples["raw cached patch"]
+            ),
+            "client_cpu_ms_per_message": 1000 * median(c.cpu),
+            "cpu_baseline": base,
+            "cpu_vs_baseline": paired_ratio(speed[name], speed[base]),
+            "cpu_vs_baseline_iqr": [cpu_low, cpu_high],
         }
+    table.figures["run"] = {
+        "rounds": scale.rounds,
+        "messages_per_round": scale.messages,
+        "chunk": HANDLE_CHUNK,
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+    }
     table.notes.append(
         "Like for like: cold vs raw read + patch (2 round trips each), warm vs raw cached "
         "patch (1 each). Target: docoutbox >= 0.85x its raw counterpart."
+    )
+    table.notes.append(
+        f"Contestants take turns every {HANDLE_CHUNK} messages within each of the "
+        f"{scale.rounds} rounds. Speed ratios: per round, the median over its chunks of "
+        "baseline time / variant time for the same chunk; then the median over rounds "
+        "(IQR of the rounds in brackets). msgs/s: median of per-round rates."
+    )
+    table.notes.append(
+        "Client CPU is the benchmark process's process_time per message (the server is "
+        "another process); 'CPU vs like-for-like raw' is raw CPU / this variant's CPU, a "
+        "throughput ratio when the client is the bottleneck, and far less sensitive to "
+        "the machine's load than wall time."
     )
     table.notes.append(
         "Commit strategy: 'raw cached replace (ETag)' vs 'raw cached patch' is the cost of "
@@ -300,6 +399,27 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
         "would make every trim fail the next commit (invariant I3)."
     )
     return table
+
+
+#: The handle benchmark's own scale: more, shorter rounds than the other benchmarks'.
+HANDLE_SCALE = {"messages": 100, "rounds": 30}
+
+
+def handle_scale(scale: Scale) -> Scale:
+    """The handle benchmark's scale for a run at ``scale``: a quick run stays quick."""
+    return scale if scale == Scale.quick() else replace(scale, **HANDLE_SCALE)
+
+
+def handle_bench(_uri: str, scale: Scale) -> Table:
+    """The handle benchmark alone, on its own account (``scripts/bench --only cosmos_handle``);
+    ``_uri`` (a MongoDB server) is not used."""
+    scale = handle_scale(scale)
+    with cosmos_account() as account, account.client() as client:
+        database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            return handle_throughput(database, scale)
+        finally:
+            client.delete_database(database.id)
 
 
 class CountingPublisher:
@@ -533,7 +653,7 @@ def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> 
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
             if only is None or "handle" in only:
-                tables.append(handle_throughput(database, scale))
+                tables.append(handle_throughput(database, handle_scale(scale)))
             if only is None or "drain" in only:
                 tables.append(drain(database, scale))
             if only is None or "memory" in only:
@@ -541,6 +661,22 @@ def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> 
         finally:
             client.delete_database(database.id)
     return tables
+
+
+def _kept(out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` plus the other benchmarks' entries of a previous run of the same kind
+    in ``out``: running one benchmark does not erase the others' figures."""
+    try:
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return results
+    if not isinstance(previous, dict) or previous.get("quick") != results["quick"]:
+        return results
+    kept = previous.get("benchmarks")
+    return {
+        **results,
+        "benchmarks": {**(kept if isinstance(kept, dict) else {}), **results["benchmarks"]},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for table in tables:
         print(table.to_markdown() + "\n", flush=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(_kept(args.out, results), indent=2, default=str) + "\n")
     return 0
 
 

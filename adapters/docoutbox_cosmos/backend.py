@@ -23,7 +23,7 @@ from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.errors import DRIVER_ERRORS, refusal, retry_after, translate
-from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, item_size, to_json
+from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, json_size
 
 #: Bytes an item carries beyond its document: id and aid (255 characters each at most,
 #: escaped), a partition-key field, and _rid/_self/_etag/_ts/_attachments/_lsn.
@@ -84,7 +84,7 @@ class _Base:
     def document_size(self, document: Document) -> int:
         """An upper bound of the item's size: compact UTF-8 JSON plus ``id``, ``aid``, the
         partition-key field and the system properties (at most :data:`ITEM_OVERHEAD`)."""
-        return item_size(to_json(document)) + ITEM_OVERHEAD
+        return json_size(document) + ITEM_OVERHEAD
 
     def _hooks(self, kind: str) -> dict[str, Any]:
         hook = self.on_charge

@@ -22,6 +22,8 @@ integers and JSON-escaped ASCII string literals (``json.dumps``), never raw inpu
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +44,9 @@ DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 _ESCAPES = {"~": "~~", "/": "~s", "\\": "~b", "?": "~q", "#": "~h"}
 _UNESCAPES = {"~": "~", "s": "/", "b": "\\", "q": "?", "h": "#"}
+_ESCAPE_TABLE = str.maketrans(_ESCAPES)
+#: What :func:`format_time` writes (from the year 1000 on): parsed without ``strptime``.
+_FIXED_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", re.ASCII)
 
 Item = dict[str, Any]
 PatchOps = list[dict[str, Any]]
@@ -50,10 +55,7 @@ PatchOps = list[dict[str, Any]]
 def encode_id(aggregate_id: object) -> str:
     """The Cosmos item ID (and default partition-key value) of an aggregate."""
     checked = check_aggregate_id(aggregate_id)
-    if isinstance(checked, int):
-        encoded = f"~n{checked}"
-    else:
-        encoded = "".join(_ESCAPES.get(ch, ch) for ch in checked)
+    encoded = f"~n{checked}" if isinstance(checked, int) else checked.translate(_ESCAPE_TABLE)
     if len(encoded) > MAX_ITEM_ID:
         raise InvalidAggregateId(
             f"aggregate id {checked!r} needs {len(encoded)} characters as a Cosmos item id "
@@ -91,14 +93,22 @@ def check_partition_value(value: object) -> str:
 
 
 def format_time(value: datetime) -> str:
+    """``value`` in UTC as ``DATE_FORMAT`` (``isoformat`` writes the same text from the year
+    1000 on, in a third of ``strftime``'s time)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime(DATE_FORMAT)
+    value = value.astimezone(UTC)
+    if value.year < 1000:
+        return value.strftime(DATE_FORMAT)
+    return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(value: object) -> object:
+    """The UTC datetime a ``DATE_FORMAT`` string stands for; anything else as it is."""
     if isinstance(value, str):
         try:
+            if _FIXED_TIME.fullmatch(value):  # as written by format_time: no strptime
+                return datetime.fromisoformat(value[:-1]).replace(tzinfo=UTC)
             return datetime.strptime(value, DATE_FORMAT).replace(tzinfo=UTC)
         except ValueError:
             return value
@@ -111,12 +121,64 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def to_json(value: object) -> object:
-    """``value`` as the JSON-compatible data Cosmos stores (datetimes as strings)."""
+#: Compact JSON as Cosmos stores it; one encoder for every call (``json.dumps`` with
+#: options builds a new one each time).
+_ENCODER = json.JSONEncoder(
+    default=_json_default, allow_nan=False, separators=(",", ":"), ensure_ascii=False
+)
+
+
+def _encoded(value: object) -> str:
     try:
-        return json.loads(json.dumps(value, default=_json_default, allow_nan=False))
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"not storable as JSON: {exc}") from exc
+
+
+def _utf8_size(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise InvalidPayload(f"not storable as JSON: {exc}") from exc
+
+
+def to_json(value: object) -> object:
+    """``value`` as the JSON-compatible data Cosmos stores (datetimes as strings)."""
+    return json.loads(_encoded(value))
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` is already JSON data that :func:`to_json` would return unchanged:
+    str-keyed dicts, lists, strings, ints, bools, None and finite floats only."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())  # type: ignore[attr-defined]
+    if kind is list:
+        return all(_plain(v) for v in value)  # type: ignore[attr-defined]
+    return kind is float and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def json_value(value: object) -> object:
+    """``to_json(value)``, or ``value`` itself (not a copy) when it is JSON data already,
+    as a store's state in stored form is: checked in one walk instead of an encoding and
+    a decoding. For values that are only read (serialized) afterwards."""
+    try:
+        if _plain(value):
+            return value
+    except RecursionError:
+        pass
+    return to_json(value)
+
+
+def json_size(value: object) -> int:
+    """``item_size(to_json(value))`` in one encoding, or more: keys that collide once
+    turned into strings (``1`` and ``"1"``) count twice, so it is an upper bound.
+    InvalidPayload, as :func:`to_json`, for what JSON cannot hold."""
+    return _utf8_size(_encoded(value))
 
 
 class ItemCodec:
@@ -199,7 +261,7 @@ def commit_patch(plan: CommitPlan) -> tuple[PatchOps, str] | None:
     if plan.inbox_push and plan.inbox_after is None:
         return None
     ops: PatchOps = [
-        {"op": "set", "path": "/state", "value": to_json(plan.state)},
+        {"op": "set", "path": "/state", "value": json_value(plan.state)},
         {"op": "incr", "path": "/version", "value": 1},
         {"op": "set", "path": "/outbox_seq", "value": plan.outbox_seq},
         {"op": "set", "path": "/updated_at", "value": format_time(plan.updated_at)},

@@ -5,8 +5,6 @@ from their stored continuations (the local server has four feed ranges)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,26 +13,25 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.aio import AsyncDispatcher
 from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
-from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import (
-    AsyncCosmosBackend,
-    AsyncCosmosDeadLetters,
-    CosmosBackend,
-    CosmosDeadLetters,
     CosmosFeedRangeLeases,
     LeasedChangeSource,
     encode_id,
 )
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from tests.integration.test_dispatcher_mongo import CONFIG, wait_until
-from tests.integration.test_leases_mongo import OverlapDetector
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.backends import (
+    CosmosBundle,
+    DispatchEnv,
+    OverlapDetector,
+    bundle_of,
+    owned,
+    wait_until,
+)
 from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
@@ -45,29 +42,18 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 SOON, LATER = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
 
 
-class LeaseEnv:
-    """A fresh database: the aggregates' container, a lease container, dead letters."""
+class LeaseEnv(DispatchEnv):
+    """Dispatchers over a Cosmos DB bundle that lease its feed ranges in its lease
+    container, the lease items being their checkpoints."""
 
-    def __init__(self, database: Any, account: CosmosAccount, driver: str = "threaded") -> None:
-        self.db = database
-        self.account = account
-        self.driver = driver
-        self.coll = create_container(database, "aggs")
-        self.lease_coll = create_container(database, "leases")
-        self.dead = create_container(database, "dead")
-        self.store = AggregateStore(CosmosBackend(self.coll), Counter)
-        self.running: list[tuple[Dispatcher | AsyncDispatcher, threading.Thread]] = []
+    def __init__(self, bundle: CosmosBundle, driver: str = "threaded") -> None:
+        super().__init__(bundle, driver)
+        self.lease_coll = bundle.leases
         self._by_range: dict[int, list[str]] = defaultdict(list)
         self._next = 0
 
     def table(self) -> CosmosFeedRangeLeases:
         return CosmosFeedRangeLeases(self.lease_coll, self.coll, "aggs")
-
-    def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
-        outcome = self.store.handle(
-            aggregate, add_msg(message_id, emits=emits), counter_handlers, create=True
-        )
-        assert outcome.applied
 
     def aggregates_in(self, partition: int, count: int) -> list[str]:
         """``count`` aggregate IDs whose items fall in the feed range ``partition``."""
@@ -83,104 +69,37 @@ class LeaseEnv:
         item: dict[str, Any] = self.lease_coll.read_item(item_id, partition_key=item_id)
         return item
 
-    def start(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+    def start_leased(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+        """A dispatcher whose source and checkpoints are the feed-range leases (sync: the
+        asyncio driver calls them in threads) and whose ownership keeps them."""
         table = self.table()
         keeper = LeaseKeeper(
             table, partitions=table.partitions, owner=owner, timing=LeaseTiming(ttl=TTL)
         )
-        if self.driver == "asyncio":
-            return self._start_async(publisher, table, keeper)
-        dispatcher = Dispatcher(
-            CosmosBackend(self.coll),
+        return self.start(
             publisher,
-            CosmosDeadLetters(self.dead),
+            ownership=keeper,
             source=LeasedChangeSource(self.coll, table),
             checkpoints=table,
-            ownership=keeper,
-            config=CONFIG,
         )
-        thread = threading.Thread(target=dispatcher.run, daemon=True)
-        thread.start()
-        assert dispatcher.started.wait(10)
-        self.running.append((dispatcher, thread))
-        return dispatcher
-
-    def _start_async(
-        self, publisher: Any, table: CosmosFeedRangeLeases, keeper: LeaseKeeper
-    ) -> AsyncDispatcher:
-        """The asyncio driver over azure.cosmos.aio; the lease table (and the leased
-        source and checkpoints, which share its state) stay sync, called in threads."""
-        made: list[AsyncDispatcher] = []
-
-        async def main() -> None:
-            client = self.account.async_client()
-            proxy = client.get_database_client(self.db.id).get_container_client("aggs")
-            dead = client.get_database_client(self.db.id).get_container_client("dead")
-            dispatcher = AsyncDispatcher(
-                AsyncCosmosBackend(proxy),
-                in_thread(publisher),
-                AsyncCosmosDeadLetters(dead),
-                source=in_thread(LeasedChangeSource(self.coll, table)),
-                checkpoints=in_thread(table),
-                ownership=keeper,
-                config=CONFIG,
-            )
-            made.append(dispatcher)
-            try:
-                await dispatcher.run()
-            finally:
-                await client.close()
-
-        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-        thread.start()
-        wait_until(lambda: (bool(made) and made[0].started.is_set()) or not thread.is_alive())
-        assert made and made[0].started.is_set()
-        self.running.append((made[0], thread))
-        return made[0]
-
-    def stop(self, dispatcher: Dispatcher | AsyncDispatcher, *, crash: bool = False) -> None:
-        for d, thread in self.running:
-            if d is dispatcher:
-                d.halt() if crash else d.stop()
-                thread.join(15)
-                assert not thread.is_alive()
-
-    def pending(self) -> int:
-        sql = "SELECT VALUE ARRAY_LENGTH(c.outbox) FROM c"
-        return sum(self.coll.query_items(sql, enable_cross_partition_query=True))
-
-    def emitted(self) -> set[tuple[str, int]]:
-        rows = self.coll.query_items(
-            "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
-        )
-        return {(r["aid"], s) for r in rows for s in range(1, r["outbox_seq"] + 1)}
-
-    def close(self) -> None:
-        for d, thread in self.running:
-            d.stop()
-            thread.join(15)
 
 
 @pytest.fixture
-def env(cosmos_server: CosmosAccount) -> Iterator[LeaseEnv]:
-    with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database, cosmos_server)
+def env(request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with bundle_of("cosmos", request) as bundle:
+        assert isinstance(bundle, CosmosBundle)
+        e = LeaseEnv(bundle)
         yield e
         e.close()
 
 
 @pytest.fixture(params=["threaded", "asyncio"])
-def drivers_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
-    with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database, cosmos_server, request.param)
+def drivers_env(request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with bundle_of("cosmos", request) as bundle:
+        assert isinstance(bundle, CosmosBundle)
+        e = LeaseEnv(bundle, request.param)
         yield e
         e.close()
-
-
-def owned(dispatcher: Dispatcher | AsyncDispatcher) -> frozenset[int]:
-    scope = dispatcher.ownership.owned()
-    assert scope is not None
-    return scope
 
 
 def test_one_lease_item_per_feed_range_with_owner_continuation_and_timestamp(
@@ -343,9 +262,9 @@ def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
     env = drivers_env
     detector = OverlapDetector()
     ranges = env.table().partitions
-    a = env.start(detector.publisher("a"), "a")
+    a = env.start_leased(detector.publisher("a"), "a")
     wait_until(lambda: len(owned(a)) == ranges)
-    b = env.start(detector.publisher("b"), "b")
+    b = env.start_leased(detector.publisher("b"), "b")
     wait_until(lambda: len(owned(a)) == len(owned(b)) == ranges // 2, timeout=4 * TTL)
     assert not owned(a) & owned(b)
     for i in range(40):
@@ -363,14 +282,7 @@ def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
     wait_until(lambda: env.pending() == 0, timeout=30)
     env.stop(b)
 
-    assert detector.overlaps == []
-    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
-    assert published == env.emitted()  # every entry published (I1)
-    by_instance: dict[tuple[str, Any], list[int]] = defaultdict(list)
-    for instance, entry, _ in detector.log:
-        by_instance[(instance, entry.aggregate_id)].append(entry.seq)
-    for seqs in by_instance.values():
-        assert seqs == sorted(set(seqs))  # in order, never twice by one instance (I4)
+    detector.assert_each_published_in_order(env.emitted())
     for p in orphaned:
         lease = env.lease(p)
         assert lease["owner"] is None  # b stopped cleanly: released

@@ -7,7 +7,7 @@ import random
 import string
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from azure.cosmos import exceptions as cosmos_errors
 from docoutbox.errors import (
     DocumentTooLarge,
     InvalidAggregateId,
+    InvalidPayload,
     PermanentStoreError,
     TransientStoreError,
 )
@@ -28,13 +29,20 @@ from docoutbox_cosmos.backend import CosmosBackend
 from docoutbox_cosmos.coordination import CosmosLeaseTable
 from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate
 from docoutbox_cosmos.items import (
+    DATE_FORMAT,
     MAX_PATCH_OPS,
     ItemCodec,
     commit_patch,
     decode_id,
     encode_id,
     failure_patch,
+    format_time,
+    item_size,
+    json_size,
+    json_value,
+    parse_time,
     pending_queries,
+    to_json,
     trim_patches,
 )
 
@@ -64,6 +72,14 @@ def test_random_ids_never_collide() -> None:
 def test_unstorable_ids_are_refused_before_any_request(bad: Any) -> None:
     with pytest.raises(InvalidAggregateId):
         encode_id(bad)
+
+
+def test_ids_encode_as_the_per_character_escape_rule_says() -> None:
+    rng = random.Random(5)
+    escapes = {"~": "~~", "/": "~s", "\\": "~b", "?": "~q", "#": "~h"}
+    for _ in range(2000):
+        text = "".join(rng.choices("ab~/\\?#é€\t", k=rng.randint(1, 40)))
+        assert encode_id(text) == "".join(escapes.get(ch, ch) for ch in text)
 
 
 def test_partition_key_values_are_checked() -> None:
@@ -307,6 +323,81 @@ def test_dates_compare_in_time_order_as_stored_strings() -> None:
     assert rendered == sorted(rendered)
     assert all(len(r) == len(rendered[0]) for r in rendered)
     assert set(string.digits) >= set(rendered[0][:4])
+
+
+def _strptime_reading(value: object) -> object:
+    """What parse_time did before its fast path: strptime, or the value unchanged."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return datetime.strptime(value, DATE_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return value
+
+
+def test_times_render_and_parse_as_strftime_and_strptime_do() -> None:
+    rng = random.Random(11)
+    stamps = [datetime(1000, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999999)]
+    stamps += [datetime(999, 5, 6, 7, 8, 9, 10, tzinfo=UTC), NOW.replace(microsecond=0)]
+    stamps.append(datetime(2026, 3, 4, 5, 6, 7, 8, tzinfo=timezone(timedelta(hours=-5))))
+    for _ in range(500):
+        stamps.append(
+            datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.getrandbits(56))
+        )
+    for stamp in stamps:
+        aware = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+        rendered = format_time(stamp)
+        assert rendered == aware.astimezone(UTC).strftime(DATE_FORMAT)
+        assert parse_time(rendered) == _strptime_reading(rendered)
+    odd = [
+        "2026-01-02T03:04:05.678Z",  # fewer digits: strptime's reading
+        "2026-1-2T3:4:5.678000Z",
+        "2026-13-02T03:04:05.678000Z",  # no such month
+        "2026-02-30T03:04:05.678000Z",
+        "2026-01-02T24:00:00.000000Z",
+        "2026-01-02T03:04:60.000000Z",
+        "2026-01-02T03:04:05.678+01Z",
+        "2026-01-02 03:04:05.678000Z",
+        "٢٠٢٦-01-02T03:04:05.678000Z",  # non-ASCII digits
+        "2026-01-02T03:04:05.678000",
+        "2026-01-02T03:04:05.678000Z ",
+        "hello",
+        "",
+        7,
+        None,
+    ]
+    for value in odd:
+        assert parse_time(value) == _strptime_reading(value), value
+
+
+def test_json_size_is_the_size_of_the_stored_json_in_one_encoding() -> None:
+    doc = _doc_with([{"id": "e1", "created_at": NOW, "payload": {"t": "é€😀", "f": 1.5}}])
+    doc["state"] = {"n": 1, "nested": [1, (2, 3), {"k": None}], "text": 'a"b\\c\u0001'}
+    assert json_size(doc) == item_size(to_json(doc))
+    assert json_size({1: "a", "1": "b"}) >= item_size(to_json({1: "a", "1": "b"}))
+    for bad in ({"x": float("nan")}, {"x": {1, 2}}, {"x": object()}, {"x": "\ud800"}):
+        with pytest.raises(InvalidPayload):
+            json_size(bad)
+    with pytest.raises(InvalidPayload):
+        to_json({"x": float("inf")})
+    assert to_json({"t": "\ud800é"}) == {"t": "\ud800é"}
+
+
+def test_json_value_is_to_json_and_skips_the_copy_only_for_json_data() -> None:
+    plain = {"n": 1, "f": -0.0, "t": "é\ud800", "l": [True, None, {"k": [1.5, "x"]}], "e": {}}
+    assert json_value(plain) is plain
+    assert json_value(plain) == to_json(plain)
+    for converted in ({"t": (1, 2)}, {1: "a"}, {"at": NOW}, [{"x": {"y": (3,)}}]):
+        assert json_value(converted) == to_json(converted)
+        assert json_value(converted) is not converted
+    for bad in ({"x": float("nan")}, {"x": [float("-inf")]}, {"x": {1, 2}}, {"x": b"b"}):
+        with pytest.raises(InvalidPayload):
+            json_value(bad)
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(RecursionError):  # as to_json, which gets it from json
+        json_value(deep)
 
 
 class SlowLeaseContainer:
