@@ -175,13 +175,13 @@ def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: Disp
     assert published == {(agg, s) for agg, seqs in env.emitted().items() for s in seqs}
 
 
-def lease_owners(env: Env) -> dict[int, str]:
+def lease_owners(env: DispatchEnv) -> dict[int, str]:
     now = datetime.now(UTC)
     view = MongoLeaseTable(env.db["leases"], "aggs").read()
     return {p: owner for p, (owner, expires) in view.leases.items() if expires > now}
 
 
-def test_three_instances_settle_at_six_five_five_and_stay_settled(env: Env) -> None:
+def test_three_instances_settle_at_six_five_five_and_stay_settled(env: DispatchEnv) -> None:
     """16 partitions over 3 instances: floor or ceil each (6/5/5, not 6/6/4), reached by
     hand-overs from the most loaded, and then no lease changes hands."""
     detector = OverlapDetector()
