@@ -17,7 +17,8 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
   timestamp, continuation}``: one lease per feed range. ``continuation`` is where the
   range's change feed resumes (the checkpoint, advanced only past completed events, I5);
   a lease gets one at its first acquisition ("now": the acquiring dispatcher sweeps the
-  range, as on every acquisition).
+  range). A lease acquired with a continuation needs no sweep (:meth:`resumes`): the
+  new owner's feed starts where the previous ones finished their work.
 - ``{id: "<group>/member/<owner>", kind: "member", owner, expires_at}``: live instances,
   for the fair share (:func:`docoutbox.dispatch.leases.plan_leases`).
 
@@ -26,6 +27,13 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
 :class:`~docoutbox.dispatch.ports.Checkpoints` (continuations go into the leases held),
 and the ``locate`` that maps a document to its range. :class:`LeasedChangeSource` reads
 the change feed of the ranges held, each from its lease's continuation.
+
+Rule kept for that continuation (so that skipping the sweep loses nothing): it is written
+only while the holder says the range is checkpointable (usable without a break since it
+was acquired: see :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`), only
+from positions read under the current acquisition (each acquisition is a new *holding*,
+recorded in the positions :class:`LeasedChangeSource` makes), and never again in a
+holding whose feed restarted from now (its events were left to a sweep).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -89,6 +97,15 @@ class CosmosFeedRangeLeases(GroupItems):
         #: The continuation last written per partition (unchanged ones are not rewritten).
         self._written: dict[int, str] = {}
         self._locks: dict[int, threading.Lock] = {}
+        #: The current holding (acquisition) of each partition held, and a counter.
+        self._holdings: dict[int, int] = {}
+        self._acquisitions = 0
+        #: Held partitions acquired with a stored continuation (no sweep needed).
+        self._resumable: set[int] = set()
+        #: Held partitions whose continuation is not written again in this holding.
+        self._spoiled: set[int] = set()
+        self._checkpointable: Callable[[int], bool] | None = None
+        self._usable: Callable[[int], bool] | None = None
         self._located: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -196,6 +213,7 @@ class CosmosFeedRangeLeases(GroupItems):
                 if current.get("owner") not in (owner, None) and expires >= now:
                     return False  # held by someone else
             continuation = None if current is None else current.get("continuation")
+            stored = isinstance(continuation, str) and bool(continuation)
             if not isinstance(continuation, str) or not continuation:
                 continuation = now_token(self.monitored, ranges[partition])
             body = {
@@ -227,7 +245,46 @@ class CosmosFeedRangeLeases(GroupItems):
             self._held[partition] = (owner, written["_etag"])
             self._continuations[partition] = continuation
             self._written[partition] = continuation
+            self._acquisitions += 1
+            self._holdings[partition] = self._acquisitions
+            self._spoiled.discard(partition)
+            if stored:
+                self._resumable.add(partition)
+            else:
+                self._resumable.discard(partition)
         return True
+
+    def resumes(self, partition: int) -> bool:
+        """Whether ``partition`` was acquired with a stored continuation: its feed resumes
+        where the previous holders' work ended, so it needs no sweep."""
+        with self._lock:
+            return partition in self._resumable
+
+    def guard_checkpoints(
+        self, checkpointable: Callable[[int], bool], usable: Callable[[int], bool]
+    ) -> None:
+        """Write a range's continuation only while ``checkpointable(partition)`` (the
+        holder's :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`); read a
+        range acquired only once ``usable(partition)`` (the holder works in it)."""
+        self._checkpointable = checkpointable
+        self._usable = usable
+
+    def ready(self, partition: int) -> bool:
+        """Whether the holder uses ``partition`` yet (its feed is read from then on: an
+        event read before the holder knew of its acquisition would be passed over)."""
+        usable = self._usable
+        return usable is None or usable(partition)
+
+    def spoil(self, partition: int) -> None:
+        """Write no continuation of ``partition`` again in this holding (its feed restarted
+        from now, leaving events to a sweep): the next owner resumes from the older one."""
+        with self._lock:
+            self._spoiled.add(partition)
+
+    def holdings(self) -> dict[int, int]:
+        """The current holding (a number that changes at each acquisition) per partition."""
+        with self._lock:
+            return dict(self._holdings)
 
     def _write_if_held(self, partition: int, owner: str, fields: dict[str, Any]) -> bool:
         """Patch the lease under the ETag this table holds it with; False (and forgotten)
@@ -287,6 +344,9 @@ class CosmosFeedRangeLeases(GroupItems):
         self._held.pop(partition, None)
         self._continuations.pop(partition, None)
         self._written.pop(partition, None)
+        self._holdings.pop(partition, None)
+        self._resumable.discard(partition)
+        self._spoiled.discard(partition)
 
     def held(self) -> dict[int, str]:
         """The partitions this table holds, with the continuation each resumes from."""
@@ -301,10 +361,12 @@ class CosmosFeedRangeLeases(GroupItems):
         return {"v": 1, "ranges": {}}
 
     def save(self, name: str, position: Position) -> None:
-        """Write each held range's continuation into its lease (under its ETag)."""
+        """Write each held range's continuation into its lease (under its ETag), when it
+        was read under the current holding and the holder says it may (module docstring)."""
         tokens = position.get("ranges") if isinstance(position, Mapping) else None
         if not isinstance(tokens, Mapping):
             return
+        holdings = position.get("holdings")
         index = {key: i for i, key in enumerate(self.range_keys())}
         for key, token in tokens.items():
             partition = index.get(key)
@@ -314,6 +376,14 @@ class CosmosFeedRangeLeases(GroupItems):
                 held = self._held.get(partition)
                 if held is None or self._written.get(partition) == token:
                     continue
+                if partition in self._spoiled:
+                    continue
+                if isinstance(holdings, Mapping) and (
+                    holdings.get(key) != self._holdings.get(partition)
+                ):
+                    continue  # read under an earlier holding of this range
+            if self._checkpointable is not None and not self._checkpointable(partition):
+                continue
             fields = {"continuation": token, "timestamp": format_time(utcnow())}
             if self._write_if_held(partition, held[0], fields):
                 with self._lock:
@@ -335,17 +405,26 @@ class LeasedChangeSource(CosmosChangeSource):
         super().__init__(container, codec=codec or leases.codec)
         self.leases = leases
         self._lost: set[int] = set()
+        #: The holding each range's token was read under (see CosmosFeedRangeLeases).
+        self._holding: dict[str, int] = {}
 
     def feed_ranges(self) -> dict[str, dict[str, Any]]:
         return {range_key(r): r for r in self.leases.ranges()}
 
     def start_marker(self) -> Position:
         ranges = self.leases.ranges()
+        holdings = self.leases.holdings()
         held = sorted(self.leases.held())
         return {
             "v": 1,
             "ranges": {range_key(ranges[p]): now_token(self.container, ranges[p]) for p in held},
+            "holdings": {range_key(ranges[p]): holdings.get(p) for p in held},
         }
+
+    def _position(self) -> Position:
+        position = super()._position()
+        position["holdings"] = {key: self._holding.get(key) for key in position["ranges"]}
+        return position
 
     def open(self, position: Position) -> None:
         tokens = position.get("ranges") if isinstance(position, Mapping) else None
@@ -360,18 +439,33 @@ class LeasedChangeSource(CosmosChangeSource):
             raise ChangeStreamLost("the position names feed ranges this lease group has not")
         self._tokens = dict(tokens)
         self._next = 0
+        holdings = position.get("holdings")
+        if isinstance(holdings, Mapping):
+            self._holding = {k: h for k, h in holdings.items() if isinstance(h, int)}
+        else:  # tokens of the ranges as held now
+            current, keys = self.leases.holdings(), self.leases.range_keys()
+            self._holding = {keys[p]: h for p, h in current.items() if keys[p] in tokens}
 
     def _follow_leases(self) -> None:
-        """Drop the ranges no longer held, add those acquired (from their continuation)."""
+        """Drop the ranges no longer held, add those acquired (from their continuation)
+        once their holder uses them: a range acquired again since its token was read
+        restarts from its lease's."""
         assert self._tokens is not None
         keys = self.leases.range_keys()
         held = self.leases.held()
+        holdings = self.leases.holdings()
         wanted = {keys[p]: p for p in held}
         for key in list(self._tokens):
             if key not in wanted:
                 del self._tokens[key]
+                self._holding.pop(key, None)
         for key, p in wanted.items():
-            self._tokens.setdefault(key, held[p])
+            if key in self._tokens and self._holding.get(key) == holdings.get(p):
+                continue
+            self._tokens.pop(key, None)
+            if self.leases.ready(p):
+                self._tokens[key] = held[p]
+                self._holding[key] = holdings.get(p, 0)
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
         if self._tokens is None:
@@ -406,4 +500,5 @@ class LeasedChangeSource(CosmosChangeSource):
         partition = self.leases.range_keys().index(key)
         log.warning("feed_range_lost partition=%d error=%r; restarting it from now", partition, exc)
         self._tokens[key] = now_token(self.container, self.feed_ranges()[key])
+        self.leases.spoil(partition)  # its lease keeps the older continuation
         self._lost.add(partition)

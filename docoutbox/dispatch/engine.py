@@ -6,10 +6,11 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
 
 - :meth:`DispatchEngine.turn`, one turn of the control loop: queue sweeps (periodic, on
   every partition acquired, in full when the stream position is lost), fetch one sweep
-  page, poll the change stream (opening it from the checkpoint, or fresh behind a
-  :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round of runs waits
-  for workers, and once drained only every ``poll_interval``), and save the checkpoint
-  behind the completed prefix of events (I5);
+  page (taking turns with stream reads, so a long sweep never keeps the stream unread
+  and the checkpoint still), poll the change stream (opening it from the checkpoint, or
+  fresh behind a :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round
+  of runs waits for workers, and once drained only every ``poll_interval``), and save
+  the checkpoint behind the completed prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
   this instance trimmed since are left out) or load it, then publish its pending
@@ -312,6 +313,8 @@ class DispatchEngine:
         self._next_sweep = 0.0
         #: No poll before this (set after a poll that brought no change).
         self._next_poll = 0.0
+        #: A sweep page was fetched since the stream's last read (see _page_waits).
+        self._paged = False
 
     # -- the control loop -------------------------------------------------------------
 
@@ -344,7 +347,9 @@ class DispatchEngine:
         now = self._mono()
         for scope in self.ownership.take_acquired():
             self.queue.drop_copies(scope)
-            self.sweeps.append(Sweep(scope, None))
+            resumes = getattr(self.ownership, "resumes", None)  # see take_acquired
+            if resumes is None or not resumes(scope):
+                self.sweeps.append(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._queue_periodic_sweep()
@@ -373,6 +378,8 @@ class DispatchEngine:
     def _sweep_step(self) -> Generator[EngineOp, Any, bool]:
         if not self.sweeps or self.queue.backlog() >= self.config.max_backlog:
             return False
+        if self._page_waits():
+            return False
         sweep = self.sweeps[0]
         # A located ownership's partitions are not stored on the documents: page through
         # every pending document and keep those of the scope.
@@ -394,6 +401,7 @@ class DispatchEngine:
                 if sweep.gate is not None:
                     sweep.gate.add(done)
         sweep.pages += 1
+        self._paged = True
         if docs:
             sweep.after = docs[-1][ID]
         if len(docs) < self.config.sweep_page:
@@ -407,6 +415,25 @@ class DispatchEngine:
                 sweep.requested,
             )
         return True
+
+    def _page_waits(self) -> bool:
+        """Whether the next sweep page waits for a read of the stream first.
+
+        Pages and reads share the aggregates in hand, and a sweep refills them up to
+        ``max_backlog`` while the stream reads only below one batch: left alone, a sweep
+        kept the stream unread for as long as it found documents (under continuous
+        traffic, new ones keep appearing ahead of its cursor), so no checkpoint was saved
+        and entries behind its cursor waited. Once a page was fetched, the next waits for a
+        read, unless the stream cannot read: closed, paced after a read that brought
+        nothing, or holding ``max_outstanding`` positions (a gate's sweep must go on).
+        """
+        return (
+            self._paged
+            and self.stream
+            and self._open
+            and self._mono() >= self._next_poll
+            and len(self.tracker) < self.config.max_outstanding
+        )
 
     def request(
         self, doc: Document | None, *, reuse: bool = True, scope: frozenset[int] | None = None
@@ -462,6 +489,7 @@ class DispatchEngine:
         except StoreError as exc:
             self._stream_failed(exc, now)
             return False
+        self._paged = False
         report = getattr(self.metrics, "stream_lag", None)
         for event in events:
             if report is not None and event.document is not None:

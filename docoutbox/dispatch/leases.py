@@ -5,18 +5,33 @@ a membership record, renews the leases it holds, and, from one :class:`LeaseView
 its next step with :func:`plan_leases`:
 
 - live instances are the unexpired members, the owners of unexpired leases, and itself;
-- its fair share is ``ceil(partitions / live)``;
-- it keeps up to its share of the leases it holds, releases the surplus, and tries to
-  acquire free or expired partitions up to its share.
+- each one is owed ``floor(P / live)`` partitions and may hold ``ceil(P / live)``
+  (:func:`shares`), so a settled group splits 4 partitions over 3 instances 2/1/1 and 16
+  over 3 6/5/5, as Azure's change feed processor does;
+- it keeps up to ``ceil`` of the leases it holds and releases the surplus;
+- it acquires free or expired partitions up to ``floor``, then up to ``ceil``: expired
+  leases (a crashed holder's) at once, so that a take-over is quick; absent ones
+  (released, or never used) only with what the others still need to reach their
+  ``floor`` left over, so that a lease handed over goes to the short instance it was
+  released for, not back;
+- with no free partition left while some instance is below its ``floor``, the most
+  loaded instance above ``floor`` (ties: the greatest owner name, so every instance
+  names the same one from the same view) hands one lease over: one per heartbeat, and
+  the needy one acquires it once it is free. A steal is a hand-over, not an overwrite,
+  so the partition is never worked on by two instances at once (the work inside it
+  finishes first, see :class:`~docoutbox.dispatch.ownership.LeaseKeeper`).
 
-Race losers simply do not get the partition; the next heartbeat plans again.
+A group where every instance holds ``floor`` or ``ceil`` and nothing is free is settled:
+nobody is short, so no lease moves (no thrashing). Each hand-over moves a lease from an
+instance above ``floor`` to one below it, so the group settles in a bounded number of
+moves. Race losers simply do not get the partition; the next heartbeat plans again.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -64,7 +79,8 @@ class LeasePlan:
     acquire: tuple[int, ...]
     #: Partitions held locally that the view no longer shows as ours.
     lost: tuple[int, ...]
-    #: The fair share this plan aims for.
+    #: The most this instance may hold (``ceil(P / live)``): below it, a lease expiring
+    #: elsewhere is worth an early look.
     share: int = 0
     #: When the first lease held by another instance expires (a takeover chance).
     next_expiry: datetime | None = None
@@ -73,6 +89,18 @@ class LeasePlan:
 def fair_share(partitions: int, live: int) -> int:
     """How many partitions one of ``live`` instances may hold."""
     return math.ceil(partitions / max(1, live))
+
+
+def shares(partitions: int, live: int) -> tuple[int, int]:
+    """``(floor, ceil)`` of ``partitions / live``: every instance of a settled group holds
+    one or the other."""
+    return partitions // max(1, live), fair_share(partitions, live)
+
+
+def victim(counts: Mapping[str, int]) -> str | None:
+    """The instance a short one takes a lease from: the most loaded (ties: the greatest
+    name), the same for every instance that reads the same view."""
+    return max(counts, key=lambda owner: (counts[owner], owner)) if counts else None
 
 
 def live_owners(view: LeaseView, me: str, now: datetime) -> set[str]:
@@ -102,24 +130,41 @@ def plan_leases(
     rng: random.Random,
 ) -> LeasePlan:
     """Decide what to keep, release and acquire; see the module docstring."""
+    live = live_owners(view, me, now)
+    counts = dict.fromkeys(live, 0)
+    taken: set[int] = set()
+    for p, (owner, expires) in view.leases.items():
+        if expires > now and 0 <= p < partitions:
+            taken.add(p)
+            counts[owner] = counts.get(owner, 0) + 1
     mine = sorted(
         p
         for p, (owner, expires) in view.leases.items()
         if owner == me and expires > now and 0 <= p < partitions
     )
     lost = tuple(sorted(set(held) - set(mine)))
-    share = fair_share(partitions, len(live_owners(view, me, now)))
-    keep, release = tuple(mine[:share]), tuple(mine[share:])
-    taken = {p for p, (_, expires) in view.leases.items() if expires > now}
-    free = [p for p in range(partitions) if p not in taken]
-    wanted = max(0, share - len(keep))
-    acquire = tuple(sorted(rng.sample(free, min(wanted, len(free)))))
+    floor, ceil = shares(partitions, len(live))
+    keep, release = mine[:ceil], mine[ceil:]
+    # Expired leases (a crashed or cut-off holder's) and absent ones (released, or never
+    # used), each in random order so that racing instances spread over them.
+    expired = [p for p in range(partitions) if p in view.leases and p not in taken]
+    absent = [p for p in range(partitions) if p not in view.leases]
+    rng.shuffle(expired)
+    rng.shuffle(absent)
+    short = sum(max(0, floor - n) for owner, n in counts.items() if owner != me)
+    first = (expired + absent)[: max(0, floor - len(keep))]  # up to floor: anything free
+    spare = max(0, len(absent) - len(set(first) & set(absent)) - short)
+    rest = [p for p in expired if p not in first] + [p for p in absent if p not in first][:spare]
+    acquire = tuple(sorted(first + rest[: max(0, ceil - len(keep) - len(first))]))
+    free = expired or absent
+    if not free and not release and short and victim(counts) == me and len(keep) > floor:
+        keep, release = keep[:-1], keep[-1:]  # hand one over to an instance below floor
     foreign = [e for o, e in view.leases.values() if o != me and e > now]
     return LeasePlan(
-        keep=keep,
-        release=release,
+        keep=tuple(keep),
+        release=tuple(release),
         acquire=acquire,
         lost=lost,
-        share=share,
+        share=ceil,
         next_expiry=min(foreign) if foreign else None,
     )

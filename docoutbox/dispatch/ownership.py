@@ -9,6 +9,14 @@ before every publish and trim. A partition being handed over takes no new work, 
 work inside it finishes (publish *and* trim, so the next owner has nothing to publish
 again); it is released only once no worker is inside it. A partition stops being valid
 ``margin`` seconds before its lease could expire unrenewed.
+
+Every partition acquired is swept, except where the lease table says the acquired
+partition resumes from a position stored with its lease (Cosmos DB feed ranges: the
+lease carries the range's continuation): there the new owner's stream covers every
+pending entry of the partition, provided each holder saved that position only behind
+work it did. :meth:`LeaseKeeper.checkpointable` is what the table asks before saving it:
+only while the partition has been usable without a break since it was acquired (a
+partition that lapsed or was being handed over may have had events passed over).
 """
 
 from __future__ import annotations
@@ -53,7 +61,12 @@ class Ownership(Protocol):
         ...
 
     def take_acquired(self) -> list[Scope]:
-        """Scopes gained since the last call, to be swept without grace."""
+        """Scopes gained since the last call, to be swept without grace.
+
+        An ownership may also define ``resumes(scope) -> bool``: True for a scope gained
+        whose partitions resume from a position stored with their leases, so that the
+        stream covers them and no sweep is needed (default: every scope is swept).
+        """
         ...
 
 
@@ -104,6 +117,9 @@ class LeaseKeeper:
         self.partitions = partitions
         #: The table's own document-to-partition mapping, if it has one (see LeaseTable).
         self.locate: Callable[[Document], int] | None = getattr(table, "locate", None)
+        #: Whether a partition just acquired resumes from a position stored with its
+        #: lease, if the table can tell (see LeaseTable).
+        self._stored: Callable[[int], bool] | None = getattr(table, "resumes", None)
         self.owner = owner
         self.timing = timing or LeaseTiming()
         self._clock = clock
@@ -113,10 +129,18 @@ class LeaseKeeper:
         self._releasing: set[int] = set()
         self._busy: Counter[int] = Counter()
         self._gained: set[int] = set()
+        #: Held partitions acquired with a stored position, not to be swept.
+        self._resumed: set[int] = set()
+        self._reported: set[int] = set()
+        #: Held partitions that were unusable for a while since they were acquired.
+        self._broken: set[int] = set()
         self._cond = threading.Condition()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_wait = self.timing.heartbeat
+        guard = getattr(table, "guard_checkpoints", None)
+        if callable(guard):
+            guard(self.checkpointable, self.valid)
 
     # -- what workers see -------------------------------------------------------------
 
@@ -154,7 +178,20 @@ class LeaseKeeper:
     def take_acquired(self) -> list[Scope]:
         with self._cond:
             gained, self._gained = self._gained, set()
-        return [frozenset(gained)] if gained else []
+            resumed, self._reported = self._reported, set()
+        return [frozenset(s) for s in (gained, resumed) if s]
+
+    def resumes(self, scope: Scope) -> bool:
+        """Whether every partition of ``scope`` (gained) resumes from the position stored
+        with its lease, so that the stream covers it and no sweep is needed."""
+        with self._cond:
+            return scope is not None and bool(scope) and scope <= self._resumed
+
+    def checkpointable(self, partition: int) -> bool:
+        """Whether a position of ``partition`` may be saved with its lease: usable now and
+        without a break since it was acquired (no event of it can have been passed over)."""
+        with self._cond:
+            return self._valid(partition) and partition not in self._broken
 
     # -- heartbeat --------------------------------------------------------------------
 
@@ -197,6 +234,9 @@ class LeaseKeeper:
             for p in plan.keep:
                 if not self._valid(p):
                     self._gained.add(p)  # unusable for a while: events may have been skipped
+                    self._broken.add(p)
+                    self._resumed.discard(p)
+                    self._reported.discard(p)
                 self._releasing.discard(p)
                 self._until[p] = self.timing.valid_until(started)
             for p in plan.release:
@@ -225,10 +265,16 @@ class LeaseKeeper:
         started, now = self._mono(), self._clock()
         expires = now + timedelta(seconds=self.timing.ttl)
         if self.table.acquire(partition, self.owner, now, expires):
+            resumed = self._stored is not None and self._stored(partition)
             with self._cond:
                 self._until[partition] = self.timing.valid_until(started)
                 self._releasing.discard(partition)
-                self._gained.add(partition)
+                self._broken.discard(partition)
+                if resumed:
+                    self._resumed.add(partition)
+                    self._reported.add(partition)
+                else:
+                    self._gained.add(partition)
             log.debug("lease_acquired owner=%s partition=%d", self.owner, partition)
             return True
         return False
@@ -253,6 +299,9 @@ class LeaseKeeper:
         self._until.pop(partition, None)
         self._releasing.discard(partition)
         self._gained.discard(partition)
+        self._resumed.discard(partition)
+        self._reported.discard(partition)
+        self._broken.discard(partition)
 
     def stop(self, *, release: bool = True) -> None:
         """Stop the heartbeat; with ``release``, give every lease back (workers are done)."""

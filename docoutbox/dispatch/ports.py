@@ -118,6 +118,14 @@ class LeaseTable(Protocol):
     (``StoreConfig.partitions``). A table whose partitions are something else (Cosmos DB
     feed ranges) also defines ``locate(document) -> int``, the partition a document
     belongs to; the dispatcher then uses it for every event and sweep.
+
+    A table that stores each partition's stream position with its lease (Cosmos DB feed
+    ranges) may also define ``resumes(partition) -> bool``, asked right after a
+    successful ``acquire``: True when the partition resumes from such a stored position,
+    so the new owner needs no sweep of it; and ``guard_checkpoints(check, usable)``, given
+    the holder's ``check(partition) -> bool``, which the table asks before storing a
+    partition's position (a holder that may have passed events over must not store it),
+    and ``usable(partition) -> bool``, whether the holder works in it (yet).
     """
 
     def read(self) -> LeaseView: ...

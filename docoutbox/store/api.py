@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -76,7 +78,111 @@ async def _perform_async(
     return None
 
 
-class AggregateStore(Generic[S]):
+@dataclass(frozen=True)
+class _PendingQuery:
+    """The checked arguments of ``pending()``."""
+
+    older_than: datetime | None
+    partitions: Collection[int] | None
+    batch_size: int
+
+
+class _StoreFlows(Generic[S]):
+    """What both stores share: their argument checks, flows and result shaping.
+
+    Each public method of :class:`AggregateStore` and :class:`AsyncAggregateStore` drives
+    one of these flows (sync or async) and does nothing else of its own.
+    """
+
+    def __init__(
+        self, backend: StoreBackend | AsyncStoreBackend, model: type[S], config: StoreConfig | None
+    ) -> None:
+        self._core = Core(
+            model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
+        )
+        self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
+        #: Called with every outcome that committed new outbox entries (immediate dispatch).
+        self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._core.config
+
+    def _observed(
+        self, aggregate_id: AggregateId, message: Message | dict[str, Any]
+    ) -> tuple[Message, AbstractContextManager[object]] | None:
+        """The parsed message and the observer's span around its handling, if observed."""
+        observer = self._core.config.observer
+        if observer is None:
+            return None
+        msg = Message.parse(message)
+        return msg, observer.handling(self._core.aggregate_type, aggregate_id, msg)
+
+    def _item(
+        self, message: Message | dict[str, Any], handler: Handler[S], create: bool
+    ) -> Item[S]:
+        return Item(Message.parse(message), handler, create)
+
+    def _handle_flow(
+        self,
+        aggregate_id: AggregateId,
+        message: Message | dict[str, Any],
+        handler: Handler[S],
+        create: bool,
+    ) -> Flow[Outcome[S]]:
+        outcome = yield from self._core.handle(aggregate_id, message, handler, create=create)
+        self._notify((outcome,))
+        return outcome
+
+    def _batch_flow(
+        self,
+        aggregate_id: AggregateId,
+        messages: Sequence[Message | dict[str, Any]],
+        handler: Handler[S],
+        create: bool,
+    ) -> Flow[BatchOutcome[S]]:
+        items = [self._item(m, handler, create) for m in messages]
+        outcome = yield from self._batch.handle_batch(aggregate_id, items)
+        self._notify(outcome.results)
+        return outcome
+
+    def _get_flow(self, aggregate_id: AggregateId) -> Flow[Snapshot[S]]:
+        snapshot = yield from self._core.load(aggregate_id)
+        if snapshot is None:
+            raise NotFound(f"{self._core.aggregate_type} {aggregate_id!r} does not exist")
+        return snapshot
+
+    def _pending_query(
+        self,
+        older_than: datetime | None,
+        partitions: Collection[int] | None,
+        batch_size: int,
+    ) -> _PendingQuery:
+        """Refuse bad arguments with :class:`~docoutbox.errors.InvalidInput`, before any
+        query."""
+        self._core.check_pending(batch_size, older_than, partitions)
+        return _PendingQuery(older_than, partitions, batch_size)
+
+    def _page_flow(
+        self, query: _PendingQuery, after: AggregateId | None
+    ) -> Flow[tuple[list[Snapshot[S]], AggregateId | None]]:
+        """One page, and where the next starts (None after the last page)."""
+        page = yield from self._core.pending_page(
+            after, query.batch_size, query.older_than, query.partitions
+        )
+        return page, (None if len(page) < query.batch_size else page[-1].aggregate_id)
+
+    def _notify(self, results: Sequence[object]) -> None:
+        listeners = self.commit_listeners
+        if not listeners:
+            return
+        for result in results:
+            if isinstance(result, Outcome) and result.applied and result.entries:
+                for listener in listeners:
+                    listener(result)
+
+
+class AggregateStore(_StoreFlows[S]):
     """Aggregates of one type in one collection, used synchronously and thread-safely.
 
     >>> store = AggregateStore(MongoBackend(db.accounts), Account)
@@ -92,19 +198,10 @@ class AggregateStore(Generic[S]):
         sleep: Callable[[float], None] = time.sleep,
         group_commit: bool = False,
     ) -> None:
+        super().__init__(backend, model, config)
         self.backend = backend
-        self._core = Core(
-            model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
-        )
         self._sleep = sleep
-        self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
-        #: Called with every outcome that committed new outbox entries (immediate dispatch).
-        self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
-
-    @property
-    def config(self) -> StoreConfig:
-        return self._core.config
 
     def _run(self, flow: Flow[T]) -> T:
         return run_sync(flow, self.backend, self._sleep)
@@ -123,12 +220,11 @@ class AggregateStore(Generic[S]):
         ``group_commit=True``, concurrent calls for one aggregate share writes
         (:mod:`docoutbox.store.group`).
         """
-        observer = self.config.observer
-        if observer is None:
+        observed = self._observed(aggregate_id, message)
+        if observed is None:
             return self._handle(aggregate_id, message, handler, create)
-        msg = Message.parse(message)
-        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
-            return self._handle(aggregate_id, msg, handler, create)
+        with observed[1]:
+            return self._handle(aggregate_id, observed[0], handler, create)
 
     def _handle(
         self,
@@ -137,12 +233,11 @@ class AggregateStore(Generic[S]):
         handler: Handler[S],
         create: bool,
     ) -> Outcome[S]:
-        if self._group is not None:
-            item = Item(Message.parse(message), handler, create)
-            outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
-        else:
-            outcome = self._run(self._core.handle(aggregate_id, message, handler, create=create))
-        _notify(self.commit_listeners, (outcome,))
+        if self._group is None:
+            return self._run(self._handle_flow(aggregate_id, message, handler, create))
+        item = self._item(message, handler, create)
+        outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
+        self._notify((outcome,))
         return outcome
 
     def handle_batch(
@@ -158,10 +253,7 @@ class AggregateStore(Generic[S]):
         One result per message (see :mod:`docoutbox.store.batch`); a failing handler
         gets its error in its result, and the other messages still commit.
         """
-        items = [Item(Message.parse(m), handler, create) for m in messages]
-        outcome = self._run_batch(aggregate_id, items)
-        _notify(self.commit_listeners, outcome.results)
-        return outcome
+        return self._run(self._batch_flow(aggregate_id, messages, handler, create))
 
     def _run_batch(self, aggregate_id: AggregateId, items: Sequence[Item[S]]) -> BatchOutcome[S]:
         return self._run(self._batch.handle_batch(aggregate_id, items))
@@ -174,10 +266,8 @@ class AggregateStore(Generic[S]):
         return self._run(self._core.load(aggregate_id))
 
     def get(self, aggregate_id: AggregateId) -> Snapshot[S]:
-        snapshot = self.load(aggregate_id)
-        if snapshot is None:
-            raise NotFound(f"{self._core.aggregate_type} {aggregate_id!r} does not exist")
-        return snapshot
+        """The aggregate; :class:`~docoutbox.errors.NotFound` if it does not exist."""
+        return self._run(self._get_flow(aggregate_id))
 
     def trim(self, aggregate_id: AggregateId, entry_ids: Collection[str]) -> bool:
         """Remove published entries; never changes ``version``. False if no such aggregate."""
@@ -203,28 +293,20 @@ class AggregateStore(Generic[S]):
 
         Bad arguments raise :class:`~docoutbox.errors.InvalidInput` here, before any query.
         """
-        self._core.check_pending(batch_size, older_than, partitions)
-        return self._pages(older_than, partitions, batch_size)
+        return self._pages(self._pending_query(older_than, partitions, batch_size))
 
-    def _pages(
-        self,
-        older_than: datetime | None,
-        partitions: Collection[int] | None,
-        batch_size: int,
-    ) -> Iterator[Snapshot[S]]:
-        after: AggregateId | None = None
-        while True:
-            page = self._run(self._core.pending_page(after, batch_size, older_than, partitions))
+    def _pages(self, query: _PendingQuery) -> Iterator[Snapshot[S]]:
+        page, after = self._run(self._page_flow(query, None))
+        yield from page
+        while after is not None:
+            page, after = self._run(self._page_flow(query, after))
             yield from page
-            if len(page) < batch_size:
-                return
-            after = page[-1].aggregate_id
 
     def ensure_indexes(self) -> None:
         self.backend.ensure_indexes()
 
 
-class AsyncAggregateStore(Generic[S]):
+class AsyncAggregateStore(_StoreFlows[S]):
     """The async twin of :class:`AggregateStore`, over an :class:`AsyncStoreBackend`."""
 
     def __init__(
@@ -236,20 +318,12 @@ class AsyncAggregateStore(Generic[S]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         group_commit: bool = False,
     ) -> None:
+        super().__init__(backend, model, config)
         self.backend = backend
-        self._core = Core(
-            model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
-        )
         self._sleep = sleep
-        self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
         )
-        self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
-
-    @property
-    def config(self) -> StoreConfig:
-        return self._core.config
 
     async def _run(self, flow: Flow[T]) -> T:
         return await run_async(flow, self.backend, self._sleep)
@@ -262,12 +336,11 @@ class AsyncAggregateStore(Generic[S]):
         *,
         create: bool = False,
     ) -> Outcome[S]:
-        observer = self.config.observer
-        if observer is None:
+        observed = self._observed(aggregate_id, message)
+        if observed is None:
             return await self._handle(aggregate_id, message, handler, create)
-        msg = Message.parse(message)
-        with observer.handling(self._core.aggregate_type, aggregate_id, msg):
-            return await self._handle(aggregate_id, msg, handler, create)
+        with observed[1]:
+            return await self._handle(aggregate_id, observed[0], handler, create)
 
     async def _handle(
         self,
@@ -276,13 +349,11 @@ class AsyncAggregateStore(Generic[S]):
         handler: Handler[S],
         create: bool,
     ) -> Outcome[S]:
-        if self._group is not None:
-            item = Item(Message.parse(message), handler, create)
-            outcome = await handle_async(self._group, self._run_batch, aggregate_id, item)
-        else:
-            flow = self._core.handle(aggregate_id, message, handler, create=create)
-            outcome = await self._run(flow)
-        _notify(self.commit_listeners, (outcome,))
+        if self._group is None:
+            return await self._run(self._handle_flow(aggregate_id, message, handler, create))
+        item = self._item(message, handler, create)
+        outcome = await handle_async(self._group, self._run_batch, aggregate_id, item)
+        self._notify((outcome,))
         return outcome
 
     async def handle_batch(
@@ -293,10 +364,7 @@ class AsyncAggregateStore(Generic[S]):
         *,
         create: bool = False,
     ) -> BatchOutcome[S]:
-        items = [Item(Message.parse(m), handler, create) for m in messages]
-        outcome = await self._run_batch(aggregate_id, items)
-        _notify(self.commit_listeners, outcome.results)
-        return outcome
+        return await self._run(self._batch_flow(aggregate_id, messages, handler, create))
 
     async def _run_batch(
         self, aggregate_id: AggregateId, items: Sequence[Item[S]]
@@ -310,10 +378,7 @@ class AsyncAggregateStore(Generic[S]):
         return await self._run(self._core.load(aggregate_id))
 
     async def get(self, aggregate_id: AggregateId) -> Snapshot[S]:
-        snapshot = await self.load(aggregate_id)
-        if snapshot is None:
-            raise NotFound(f"{self._core.aggregate_type} {aggregate_id!r} does not exist")
-        return snapshot
+        return await self._run(self._get_flow(aggregate_id))
 
     async def trim(self, aggregate_id: AggregateId, entry_ids: Collection[str]) -> bool:
         return await self._run(self._core.trim(aggregate_id, entry_ids))
@@ -331,31 +396,16 @@ class AsyncAggregateStore(Generic[S]):
         batch_size: int = 100,
     ) -> AsyncIterator[Snapshot[S]]:
         """Stream the aggregates that have pending outbox entries, in ``_id`` order."""
-        self._core.check_pending(batch_size, older_than, partitions)
-        return self._pages(older_than, partitions, batch_size)
+        return self._pages(self._pending_query(older_than, partitions, batch_size))
 
-    async def _pages(
-        self,
-        older_than: datetime | None,
-        partitions: Collection[int] | None,
-        batch_size: int,
-    ) -> AsyncIterator[Snapshot[S]]:
+    async def _pages(self, query: _PendingQuery) -> AsyncIterator[Snapshot[S]]:
         after: AggregateId | None = None
         while True:
-            flow = self._core.pending_page(after, batch_size, older_than, partitions)
-            page = await self._run(flow)
+            page, after = await self._run(self._page_flow(query, after))
             for snapshot in page:
                 yield snapshot
-            if len(page) < batch_size:
+            if after is None:
                 return
-            after = page[-1].aggregate_id
 
     async def ensure_indexes(self) -> None:
         await self.backend.ensure_indexes()
-
-
-def _notify(listeners: Sequence[Callable[[Outcome[S]], None]], results: Sequence[object]) -> None:
-    for result in results:
-        if isinstance(result, Outcome) and result.applied and result.entries:
-            for listener in listeners:
-                listener(result)

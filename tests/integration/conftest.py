@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration tests that cross MongoDB and RabbitMQ."""
+"""Fixtures shared by the integration tests: RabbitMQ, MongoDB, Kafka, and the bundles
+that run one test on every database backend."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.backends import (
+    BACKENDS,
+    DISPATCH_DRIVERS,
+    Bundle,
+    DispatchEnv,
+    bundle_of,
+    dispatch_env_of,
+)
 from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
 
 #: The RabbitMQ publishers and consumers that share one contract suite.
@@ -74,3 +83,18 @@ def make_publisher(request: pytest.FixtureRequest) -> Iterator[Any]:
     yield make
     for publisher in made:
         publisher.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def bundle(request: pytest.FixtureRequest) -> Iterator[Bundle]:
+    """A scratch database on each backend's session server (tests/support/backends.py)."""
+    with bundle_of(request.param, request) as made:
+        yield made
+
+
+@pytest.fixture(params=DISPATCH_DRIVERS)
+def dispatch_env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
+    """Dispatchers over a scratch database, for every (backend, driver)."""
+    kind, driver = request.param
+    with dispatch_env_of(kind, request, driver) as made:
+        yield made

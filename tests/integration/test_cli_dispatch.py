@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from pymongo import MongoClient
@@ -21,30 +16,13 @@ from docoutbox import AggregateStore
 from docoutbox.cli import main
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_mongo import MongoBackend
-from tests.support.servers import REPO_ROOT
+from tests.support.processes import CliProcess
 
 SECRET = "s3cr%40t-pw"  # percent-encoded "s3cr@t-pw"
 
 
-def cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "docoutbox", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-    )
-
-
-def lines_of(stream: IO[str]) -> queue.Queue[str]:
-    out: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        for line in stream:
-            out.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return out
+def cli(*args: str) -> CliProcess:
+    return CliProcess(list(args), pipes=True)
 
 
 @pytest.mark.parametrize(
@@ -109,8 +87,7 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         *("--checkpoint-interval", "3600"),  # saved once early, then only on shutdown
         *flags,
     )
-    assert proc.stdout is not None
-    lines = lines_of(proc.stdout)
+    lines = proc.lines()
     checkpoints = database["docoutbox_checkpoints"]
     try:
         published = [json.loads(lines.get(timeout=30)) for _ in range(20)]
@@ -126,12 +103,9 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
             time.sleep(0.05)
         time.sleep(0.3)  # let the trims' own events pass, so the checkpoint can move
         assert checkpoints.find_one({"_id": "cli-test"}) == before
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.terminate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.close()
     assert proc.returncode == 0, err
     seqs: dict[str, list[int]] = defaultdict(list)
     for entry in published:
@@ -172,20 +146,22 @@ def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
             "--publisher",
             "stdout",
         )
-        assert proc.stderr is not None
-        lines = lines_of(proc.stderr)
+        lines = proc.lines("stderr")
         seen: list[str] = []
-        while not any("connecting mongo=" in line for line in seen):
-            seen.append(lines.get(timeout=30))  # inside the connection attempt now
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            while not any("connecting mongo=" in line for line in seen):
+                seen.append(lines.get(timeout=30))  # inside the connection attempt now
+            proc.stop()
+        finally:
+            proc.close()
         time.sleep(0.2)  # let the reader thread drain the rest
         while not lines.empty():
             seen.append(lines.get())
         err = "".join(seen)
     finally:
         silent.close()
-    assert proc.returncode >= 0, f"killed by signal {-proc.returncode}: {err}"
+    code = proc.returncode
+    assert code is not None and code >= 0, f"killed by signal {-(code or 0)}: {err}"
     assert "signal_received signal=SIGTERM" in err
 
 
@@ -201,7 +177,7 @@ def _dispatch_args(mongo_uri: str, db: str, *extra: str) -> list[str]:
     return ["dispatch", "--mongo-uri", mongo_uri, "--db", db, "--collection", "aggs", *extra]
 
 
-def _one_error_line(proc: subprocess.Popen[str], seconds: float) -> str:
+def _one_error_line(proc: CliProcess, seconds: float) -> str:
     start = time.monotonic()
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - start < seconds, err
@@ -291,8 +267,7 @@ def test_a_missing_exchange_is_one_line_and_declare_exchange_fixes_it(
             else:
                 pytest.fail("the exchange was never declared")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
+            proc.terminate()
         assert proc.returncode == 0
 
 
@@ -345,8 +320,7 @@ def test_polling_mode_delivers_within_seconds(mongo_uri: str, database: Any) -> 
         *_dispatch_args(mongo_uri, database.name),
         *("--publisher", "stdout", "--no-leases", "--poll-interval", "0.5"),
     )
-    assert proc.stdout is not None
-    lines = lines_of(proc.stdout)
+    lines = proc.lines()
     try:
         time.sleep(1.0)
         store.handle("p", add_msg("m1"), counter_handlers, create=True)
@@ -355,8 +329,7 @@ def test_polling_mode_delivers_within_seconds(mongo_uri: str, database: Any) -> 
         assert published["aggregate_id"] == "p"
         assert time.monotonic() - start < 5
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.terminate()
     assert proc.returncode == 0, err
     assert "mode=polling every 0.5s" in err
 
@@ -367,15 +340,13 @@ def test_the_memory_publisher_says_loudly_that_it_discards(mongo_uri: str, datab
         *_dispatch_args(mongo_uri, database.name),
         *("--publisher", "memory", "--discard-entries", "--no-leases", "--poll-interval", "0.2"),
     )
-    assert proc.stderr is not None
-    lines = lines_of(proc.stderr)
+    lines = proc.lines("stderr")
     seen: list[str] = []
     try:
         while not any("dispatcher_started" in line for line in seen):
             seen.append(lines.get(timeout=30))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        proc.terminate()
     warning = [line for line in seen if "publisher=memory" in line]
     assert warning and "level=WARNING" in warning[0] and "WITHOUT being delivered" in warning[0]
     assert proc.returncode == 0
@@ -392,12 +363,7 @@ def test_a_leased_dispatcher_partitioned_unlike_the_stores_refuses_to_start(
         *("--mongo-uri", mongo_uri, "--db", database.name, "--collection", "aggs"),
         *("--publisher", "memory", "--discard-entries", "--partitions", "4"),
     )
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _, err = proc.communicate()
     assert proc.returncode == 1, err
     assert "refusing to dispatch" in err and "--partitions" in err
     assert database["aggs"].count_documents({"outbox.0": {"$exists": True}}) == 20

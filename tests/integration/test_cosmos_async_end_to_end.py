@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
-from docoutbox.testing.contract import Counter
 from docoutbox_cosmos import CosmosBackend
-from tests.support.cosmos import create_container, scratch_database
-from tests.support.e2e import Ledger, Sandbox
-from tests.support.servers import REPO_ROOT, CosmosAccount
-from tests.support.traffic import RECEIVER_CONFIG, Producers, Receiver, ledger_problems
+from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.e2e import Sandbox
+from tests.support.processes import CliProcess
+from tests.support.servers import CosmosAccount
+from tests.support.traffic import ledger_problems, rabbit_traffic
 
 pytestmark = [pytest.mark.cosmos, pytest.mark.rabbitmq]
 
@@ -41,32 +37,23 @@ def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
         yield db
 
 
-def _dispatch(account: CosmosAccount, database: str, url: str, exchange: str) -> Any:
+def _dispatch(account: CosmosAccount, database: str, url: str, exchange: str) -> CliProcess:
     env = {**os.environ, "COSMOS_KEY": account.key, "DOCOUTBOX_RABBITMQ_URL": url}
-    return subprocess.Popen(
+    return CliProcess(
         [
-            sys.executable, "-m", "docoutbox", "dispatch", "--async",
+            "dispatch", "--async",
             "--cosmos-endpoint", account.endpoint, "--database", database,
             "--container", "producers", "--publisher", "rabbitmq", "--exchange", exchange,
             "--name", "e2e-async", "--lease-ttl", "5", "--concurrency", "4",
             "--sweep-interval", "2", "--grace", "1",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
+        env,
+        pipes=True,
     )  # fmt: skip
 
 
-def _stop(proc: Any) -> str:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def _stop(proc: CliProcess) -> str:
+    _, err = proc.terminate()
     assert proc.returncode == 0, err
     assert "dispatcher_stopped name=e2e-async" in err, err
     return str(err)
@@ -81,21 +68,17 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
     cosmos_server: CosmosAccount, database: Any, box: Sandbox
 ) -> None:
     exchange, queue, _ = box.names()
-    from docoutbox_rabbitmq import RabbitPublisher
-
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
     container = create_container(database, "producers")
-    producers = Producers(
-        AggregateStore(CosmosBackend(container), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
+    producers, receiver = rabbit_traffic(
+        box.url,
+        exchange,
+        queue,
+        CosmosBackend(container),
+        CosmosBackend(create_container(database, "ledgers")),
         random.Random(7),
+        count=PRODUCERS,
         emits=EMITS,
     )
-    ledgers = AggregateStore(
-        CosmosBackend(create_container(database, "ledgers")), Ledger, RECEIVER_CONFIG
-    )
-    receiver = Receiver(box.url, queue, ledgers)
     producers.run_commands(2)  # pending before the start: found by the sweep
     receiver.start()
     proc = _dispatch(cosmos_server, database.id, box.url, exchange)
@@ -104,7 +87,7 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
         deadline = time.monotonic() + 60
         while sum(len(s) for s in receiver.applied(sorted(producers.expected())).values()) < 30:
             assert time.monotonic() < deadline, "nothing consumed"
-            assert proc.poll() is None, proc.communicate()[1]
+            assert proc.proc.poll() is None, proc.communicate()[1]
             time.sleep(0.1)
         first = _stop(proc)  # SIGTERM while producers still commit
         producers.stop()
@@ -131,15 +114,12 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
         applied = receiver.wait_for(expected, timeout=90)
         _stop(second)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.close()
         receiver.stop()
 
     assert ledger_problems(applied, expected) == {}
     assert not any(_pending_seqs(container).values())
     assert sum(expected.values()) == producers.commands * EMITS
-    dead = database.get_container_client("docoutbox_dead_letters")
-    assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
+    assert all_items(database, "docoutbox_dead_letters") == []
     assert "async=True" in first
     assert cosmos_server.key not in first

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -18,24 +15,17 @@ from docoutbox import AggregateStore
 from docoutbox.cli import main
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
-from tests.integration.test_cli_dispatch import lines_of
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import REPO_ROOT, CosmosAccount
+from tests.support.processes import CliProcess
+from tests.support.servers import CosmosAccount
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
 
 
-def cli(*args: str, key: str = KEY) -> subprocess.Popen[str]:
+def cli(*args: str, key: str = KEY) -> CliProcess:
     env = {**os.environ, "COSMOS_KEY": key}
     env.pop("COSMOS_ENDPOINT", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "docoutbox", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-    )
+    return CliProcess(list(args), env, pipes=True)
 
 
 def test_bad_cosmos_arguments_exit_2(
@@ -97,8 +87,7 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         *flags,
         key=cosmos_server.key,
     )
-    assert proc.stdout is not None
-    lines = lines_of(proc.stdout)
+    lines = proc.lines()
     try:
         published = [json.loads(lines.get(timeout=60)) for _ in range(20)]
         # Leased instances checkpoint each feed range's continuation in its lease.
@@ -112,12 +101,9 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         for i in range(10):
             store.handle(f"late{i % 4}", add_msg(f"l{i}", emits=1), counter_handlers, create=True)
         published += [json.loads(lines.get(timeout=30)) for _ in range(10)]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.terminate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.close()
     assert proc.returncode == 0, err
     seqs: dict[str, list[int]] = defaultdict(list)
     for entry in published:

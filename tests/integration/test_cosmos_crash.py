@@ -20,23 +20,19 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
 from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
-from docoutbox.testing.contract import Counter
 from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
-from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.cosmos import create_container, scratch_database
-from tests.support.e2e import Ledger, Sandbox
+from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.servers import CosmosAccount
 from tests.support.traffic import (
-    RECEIVER_CONFIG,
-    Producers,
-    Receiver,
     ledger_problems,
+    rabbit_traffic,
     republished,
     summary,
+    unexplained_republishes,
 )
 
 pytestmark = [pytest.mark.cosmos, pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -77,15 +73,16 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
     print(f"\ncosmos crash test seed={seed} (DOCOUTBOX_CRASH_SEED replays it)")
     rng = random.Random(seed)
     exchange, queue, _ = box.names()
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
-    producers = Producers(
-        AggregateStore(CosmosBackend(create_container(database, "producers")), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
+    producers, receiver = rabbit_traffic(
+        box.url,
+        exchange,
+        queue,
+        CosmosBackend(create_container(database, "producers")),
+        MemoryBackend(),
         rng,
+        count=PRODUCERS,
         emits=3,
     )
-    receiver = Receiver(box.url, queue, AggregateStore(MemoryBackend(), Ledger, RECEIVER_CONFIG))
     receiver.start()
     started = time.monotonic()
     producers.start(threads=2, pause=0.05)
@@ -132,15 +129,13 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
 
     assert ledger_problems(applied, expected) == {}
     assert producers.pending() == {}
-    dead = database.get_container_client("docoutbox_dead_letters")
-    assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
+    assert all_items(database, "docoutbox_dead_letters") == []
     assert _leases(leases) == {}  # both stopped cleanly: every lease released
     tokens = _continuations(database)  # where each feed range resumes
     assert len(tokens) == leases.partitions and all(isinstance(t, str) for t in tokens)
 
     again = republished(receiver.deliveries)
-    kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
-    unexplained = {i: (n, kills_pending[i]) for i, n in again.items() if n > kills_pending[i]}
+    unexplained = unexplained_republishes(again, pending_at_kill)
     print(
         "cosmos crash test:",
         summary(

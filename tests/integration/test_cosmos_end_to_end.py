@@ -15,20 +15,16 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.testing.contract import Counter
 from docoutbox_cosmos import CosmosBackend, connect_dispatch
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.cosmos import create_container, scratch_database
-from tests.support.e2e import Ledger, Sandbox
+from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.e2e import Sandbox
 from tests.support.servers import CosmosAccount
 from tests.support.traffic import (
-    RECEIVER_CONFIG,
-    Producers,
-    Receiver,
     ledger_problems,
+    rabbit_traffic,
     republished,
     summary,
 )
@@ -50,19 +46,16 @@ def test_every_message_is_processed_exactly_once_in_order(
     cosmos_server: CosmosAccount, database: Any, box: Sandbox
 ) -> None:
     exchange, queue, _ = box.names()
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
-    producers_container = create_container(database, "producers")
-    producers = Producers(
-        AggregateStore(CosmosBackend(producers_container), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
+    producers, receiver = rabbit_traffic(
+        box.url,
+        exchange,
+        queue,
+        CosmosBackend(create_container(database, "producers")),
+        CosmosBackend(create_container(database, "ledgers")),
         random.Random(1),
+        count=PRODUCERS,
         emits=EMITS,
     )
-    ledgers = AggregateStore(
-        CosmosBackend(create_container(database, "ledgers")), Ledger, RECEIVER_CONFIG
-    )
-    receiver = Receiver(box.url, queue, ledgers)
     target = connect_dispatch(
         cosmos_server.endpoint,
         cosmos_server.key,
@@ -99,8 +92,7 @@ def test_every_message_is_processed_exactly_once_in_order(
     assert sum(expected.values()) == PRODUCERS * COMMANDS * EMITS
     assert ledger_problems(applied, expected) == {}
     assert producers.pending() == {}
-    dead = database.get_container_client("docoutbox_dead_letters")
-    assert list(dead.query_items("SELECT * FROM c", enable_cross_partition_query=True)) == []
+    assert all_items(database, "docoutbox_dead_letters") == []
     firsts: dict[str, list[int]] = {}
     for delivery in receiver.deliveries:
         if not delivery.duplicate and delivery.source and delivery.seq is not None:

@@ -5,7 +5,6 @@ from their stored continuations (the local server has four feed ranges)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -15,16 +14,12 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.aio import AsyncDispatcher
 from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
-from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import (
-    AsyncCosmosBackend,
-    AsyncCosmosDeadLetters,
     CosmosBackend,
     CosmosDeadLetters,
     CosmosFeedRangeLeases,
@@ -32,9 +27,15 @@ from docoutbox_cosmos import (
     encode_id,
 )
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from tests.integration.test_dispatcher_mongo import CONFIG, wait_until
-from tests.integration.test_leases_mongo import OverlapDetector
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.backends import (
+    CONFIG,
+    CosmosBundle,
+    DispatchEnv,
+    OverlapDetector,
+    bundle_of,
+    owned,
+    wait_until,
+)
 from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
@@ -45,29 +46,18 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 SOON, LATER = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
 
 
-class LeaseEnv:
-    """A fresh database: the aggregates' container, a lease container, dead letters."""
+class LeaseEnv(DispatchEnv):
+    """Dispatchers over a Cosmos DB bundle that lease its feed ranges in its lease
+    container, the lease items being their checkpoints."""
 
-    def __init__(self, database: Any, account: CosmosAccount, driver: str = "threaded") -> None:
-        self.db = database
-        self.account = account
-        self.driver = driver
-        self.coll = create_container(database, "aggs")
-        self.lease_coll = create_container(database, "leases")
-        self.dead = create_container(database, "dead")
-        self.store = AggregateStore(CosmosBackend(self.coll), Counter)
-        self.running: list[tuple[Dispatcher | AsyncDispatcher, threading.Thread]] = []
+    def __init__(self, bundle: CosmosBundle, driver: str = "threaded") -> None:
+        super().__init__(bundle, driver)
+        self.lease_coll = bundle.leases
         self._by_range: dict[int, list[str]] = defaultdict(list)
         self._next = 0
 
     def table(self) -> CosmosFeedRangeLeases:
         return CosmosFeedRangeLeases(self.lease_coll, self.coll, "aggs")
-
-    def write(self, aggregate: str, message_id: str, emits: int = 1) -> None:
-        outcome = self.store.handle(
-            aggregate, add_msg(message_id, emits=emits), counter_handlers, create=True
-        )
-        assert outcome.applied
 
     def aggregates_in(self, partition: int, count: int) -> list[str]:
         """``count`` aggregate IDs whose items fall in the feed range ``partition``."""
@@ -83,104 +73,37 @@ class LeaseEnv:
         item: dict[str, Any] = self.lease_coll.read_item(item_id, partition_key=item_id)
         return item
 
-    def start(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+    def start_leased(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+        """A dispatcher whose source and checkpoints are the feed-range leases (sync: the
+        asyncio driver calls them in threads) and whose ownership keeps them."""
         table = self.table()
         keeper = LeaseKeeper(
             table, partitions=table.partitions, owner=owner, timing=LeaseTiming(ttl=TTL)
         )
-        if self.driver == "asyncio":
-            return self._start_async(publisher, table, keeper)
-        dispatcher = Dispatcher(
-            CosmosBackend(self.coll),
+        return self.start(
             publisher,
-            CosmosDeadLetters(self.dead),
+            ownership=keeper,
             source=LeasedChangeSource(self.coll, table),
             checkpoints=table,
-            ownership=keeper,
-            config=CONFIG,
         )
-        thread = threading.Thread(target=dispatcher.run, daemon=True)
-        thread.start()
-        assert dispatcher.started.wait(10)
-        self.running.append((dispatcher, thread))
-        return dispatcher
-
-    def _start_async(
-        self, publisher: Any, table: CosmosFeedRangeLeases, keeper: LeaseKeeper
-    ) -> AsyncDispatcher:
-        """The asyncio driver over azure.cosmos.aio; the lease table (and the leased
-        source and checkpoints, which share its state) stay sync, called in threads."""
-        made: list[AsyncDispatcher] = []
-
-        async def main() -> None:
-            client = self.account.async_client()
-            proxy = client.get_database_client(self.db.id).get_container_client("aggs")
-            dead = client.get_database_client(self.db.id).get_container_client("dead")
-            dispatcher = AsyncDispatcher(
-                AsyncCosmosBackend(proxy),
-                in_thread(publisher),
-                AsyncCosmosDeadLetters(dead),
-                source=in_thread(LeasedChangeSource(self.coll, table)),
-                checkpoints=in_thread(table),
-                ownership=keeper,
-                config=CONFIG,
-            )
-            made.append(dispatcher)
-            try:
-                await dispatcher.run()
-            finally:
-                await client.close()
-
-        thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-        thread.start()
-        wait_until(lambda: (bool(made) and made[0].started.is_set()) or not thread.is_alive())
-        assert made and made[0].started.is_set()
-        self.running.append((made[0], thread))
-        return made[0]
-
-    def stop(self, dispatcher: Dispatcher | AsyncDispatcher, *, crash: bool = False) -> None:
-        for d, thread in self.running:
-            if d is dispatcher:
-                d.halt() if crash else d.stop()
-                thread.join(15)
-                assert not thread.is_alive()
-
-    def pending(self) -> int:
-        sql = "SELECT VALUE ARRAY_LENGTH(c.outbox) FROM c"
-        return sum(self.coll.query_items(sql, enable_cross_partition_query=True))
-
-    def emitted(self) -> set[tuple[str, int]]:
-        rows = self.coll.query_items(
-            "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
-        )
-        return {(r["aid"], s) for r in rows for s in range(1, r["outbox_seq"] + 1)}
-
-    def close(self) -> None:
-        for d, thread in self.running:
-            d.stop()
-            thread.join(15)
 
 
 @pytest.fixture
-def env(cosmos_server: CosmosAccount) -> Iterator[LeaseEnv]:
-    with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database, cosmos_server)
+def env(request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with bundle_of("cosmos", request) as bundle:
+        assert isinstance(bundle, CosmosBundle)
+        e = LeaseEnv(bundle)
         yield e
         e.close()
 
 
 @pytest.fixture(params=["threaded", "asyncio"])
-def drivers_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
-    with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database, cosmos_server, request.param)
+def drivers_env(request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with bundle_of("cosmos", request) as bundle:
+        assert isinstance(bundle, CosmosBundle)
+        e = LeaseEnv(bundle, request.param)
         yield e
         e.close()
-
-
-def owned(dispatcher: Dispatcher | AsyncDispatcher) -> frozenset[int]:
-    scope = dispatcher.ownership.owned()
-    assert scope is not None
-    return scope
 
 
 def test_one_lease_item_per_feed_range_with_owner_continuation_and_timestamp(
@@ -343,9 +266,9 @@ def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
     env = drivers_env
     detector = OverlapDetector()
     ranges = env.table().partitions
-    a = env.start(detector.publisher("a"), "a")
+    a = env.start_leased(detector.publisher("a"), "a")
     wait_until(lambda: len(owned(a)) == ranges)
-    b = env.start(detector.publisher("b"), "b")
+    b = env.start_leased(detector.publisher("b"), "b")
     wait_until(lambda: len(owned(a)) == len(owned(b)) == ranges // 2, timeout=4 * TTL)
     assert not owned(a) & owned(b)
     for i in range(40):
@@ -363,15 +286,157 @@ def test_instances_split_the_feed_ranges_and_take_over_a_crashed_ones(
     wait_until(lambda: env.pending() == 0, timeout=30)
     env.stop(b)
 
-    assert detector.overlaps == []
-    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
-    assert published == env.emitted()  # every entry published (I1)
-    by_instance: dict[tuple[str, Any], list[int]] = defaultdict(list)
-    for instance, entry, _ in detector.log:
-        by_instance[(instance, entry.aggregate_id)].append(entry.seq)
-    for seqs in by_instance.values():
-        assert seqs == sorted(set(seqs))  # in order, never twice by one instance (I4)
+    detector.assert_each_published_in_order(env.emitted())
     for p in orphaned:
         lease = env.lease(p)
         assert lease["owner"] is None  # b stopped cleanly: released
         assert lease["continuation"] != saved[p]  # b went on from a's continuation
+
+
+def test_three_instances_settle_at_two_one_one_and_stay_settled(env: LeaseEnv) -> None:
+    """Four feed ranges over three instances: 2/1/1 (not 2/2/0), the third one getting a
+    range handed over by the most loaded; then no lease changes hands."""
+    ranges = env.table().partitions
+    assert ranges == 4
+    detector = OverlapDetector()
+    instances = [env.start_leased(detector.publisher(name), name) for name in "abc"]
+
+    def split() -> list[int]:
+        return sorted((len(owned(d)) for d in instances), reverse=True)
+
+    def owners() -> dict[int, Any]:
+        return {p: env.lease(p)["owner"] for p in range(ranges)}
+
+    wait_until(lambda: split() == [2, 1, 1], timeout=6 * TTL)
+    wait_until(lambda: None not in owners().values(), timeout=2 * TTL)
+    settled = owners()
+    for _ in range(6):  # a TTL and a half: six heartbeats of every instance
+        time.sleep(TTL / 4)
+        assert owners() == settled
+        assert split() == [2, 1, 1]
+    for i in range(24):
+        env.write(f"s{i % 8}", f"m{i}")
+    wait_until(lambda: env.pending() == 0, timeout=30)
+    assert owners() == settled
+    assert detector.overlaps == []
+    published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
+    assert published == {(a, s) for a, seqs in env.emitted().items() for s in seqs}
+
+
+class CountingBackend(CosmosBackend):
+    """Counts the sweep queries (``find_pending`` without a grace period)."""
+
+    sweeps = 0
+
+    def find_pending(self, **kwargs: Any) -> Any:
+        if kwargs.get("older_than") is None:
+            type(self).sweeps += 1
+        return super().find_pending(**kwargs)
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "first-use"])
+def test_a_range_acquired_with_a_stored_continuation_is_not_swept(
+    env: LeaseEnv, stored: bool
+) -> None:
+    """Every pending entry of a range is after its stored continuation (I5): the new owner
+    reads it from the feed without a sweep. A lease's first use has no continuation (it
+    starts from now): that acquisition is swept."""
+    table = env.table()
+    if stored:  # a previous owner held every range and released them cleanly
+        for p in range(table.partitions):
+            assert table.acquire(p, "before", NOW, LATER)
+            table.release(p, "before")
+    for i in range(12):
+        env.write(f"c{i}", f"m{i}")  # after the stored continuations, before any sweep
+
+    class Counting(CountingBackend):
+        sweeps = 0
+
+    detector = OverlapDetector()
+    leases = env.table()
+    keeper = LeaseKeeper(
+        leases, partitions=leases.partitions, owner="a", timing=LeaseTiming(ttl=TTL)
+    )
+    dispatcher = Dispatcher(
+        Counting(env.coll),
+        detector.publisher("a"),
+        CosmosDeadLetters(env.bundle.dead),  # type: ignore[attr-defined]
+        source=LeasedChangeSource(env.coll, leases),
+        checkpoints=leases,
+        ownership=keeper,
+        config=CONFIG,
+    )
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    thread.start()
+    assert dispatcher.started.wait(10)
+    env.running.append((dispatcher, thread))
+    wait_until(lambda: len(owned(dispatcher)) == table.partitions)
+    wait_until(lambda: env.pending() == 0, timeout=30)
+    emitted = {(a, s) for a, seqs in env.emitted().items() for s in seqs}
+    assert {(e.aggregate_id, e.seq) for _, e, _ in detector.log} == emitted
+    # One acquisition (one tick took every range): one sweep query without a stored
+    # continuation, none with one.
+    assert Counting.sweeps == (0 if stored else 1)
+
+
+def test_a_continuation_is_stored_only_under_the_current_clean_holding(
+    env: LeaseEnv, cosmos_server: CosmosAccount
+) -> None:
+    """What makes skipping the sweep safe: a range's continuation is written only while its
+    holder says it is checkpointable, only from positions read under the current
+    acquisition, and never again once the range's feed restarted from now."""
+    table = env.table()
+    clean = {p: True for p in range(table.partitions)}
+    usable = dict(clean)
+    table.guard_checkpoints(lambda p: clean[p], lambda p: usable[p])
+    for p in range(table.partitions):
+        assert table.acquire(p, "a", NOW, LATER)
+        assert not table.resumes(p)  # first use: started from now, to be swept
+    source = LeasedChangeSource(env.coll, table)
+    source.open(table.load("disp"))
+    assert source.poll(10) == []
+    aid = env.aggregates_in(1, 1)[0]
+    env.write(aid, "m1")
+    events = [e for e in source.poll(100) if e.document]
+    assert [e.document["_id"] for e in events] == [aid]
+    position, before = events[-1].position, env.lease(1)["continuation"]
+    key = table.range_keys()[1]
+
+    clean[1] = False  # e.g. being handed over: events of it may be passed over
+    table.save("disp", position)
+    assert env.lease(1)["continuation"] == before
+    clean[1] = True
+    table.release(1, "a")  # released and acquired again: a new holding
+    assert table.acquire(1, "a", NOW, LATER) and table.resumes(1)
+    table.save("disp", position)  # read under the earlier holding
+    assert env.lease(1)["continuation"] == before
+    assert [e.document["_id"] for e in source.poll(100) if e.document] == [aid]  # from the lease's
+    table.save("disp", source._position())
+    assert env.lease(1)["continuation"] != before
+    assert source._position()["ranges"][key] == env.lease(1)["continuation"]
+
+    usable[1] = False  # acquired, but not in use by its holder yet: its feed is not read
+    table.release(1, "a")
+    assert table.acquire(1, "a", NOW, LATER)
+    source.poll(100)
+    assert key not in (source._tokens or {})
+    usable[1] = True
+    source.poll(100)
+    assert key in (source._tokens or {})  # from the lease's continuation on
+
+    if not cosmos_server.emulated:
+        return
+    stored = {p: env.lease(p)["continuation"] for p in range(table.partitions)}
+    cosmos_server.inject_fault(method="GET", headers={"a-im": "Incremental feed"}, status=410)
+    try:
+        with pytest.raises(ChangeStreamLost) as lost:
+            source.poll(100)
+    finally:
+        cosmos_server.clear_faults()
+    assert lost.value.partitions is not None
+    [refused] = lost.value.partitions
+    restarted = source._position()
+    refused_key = table.range_keys()[refused]
+    assert restarted["ranges"][refused_key] != stored[refused]
+    table.save("disp", restarted)  # restarted from now: its events are left to a sweep
+    assert env.lease(refused)["continuation"] == stored[refused]

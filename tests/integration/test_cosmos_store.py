@@ -1,5 +1,6 @@
-"""The Cosmos DB store under contention, and its Cosmos-specific guarantees, on the
-session's Cosmos account (the local server, or COSMOS_ENDPOINT/COSMOS_KEY)."""
+"""The Cosmos DB store's Cosmos-specific guarantees, on the session's Cosmos account (the
+local server, or COSMOS_ENDPOINT/COSMOS_KEY). The store under contention is tested on
+every backend in ``test_concurrency.py``."""
 
 from __future__ import annotations
 
@@ -13,13 +14,7 @@ from docoutbox.errors import DocumentTooLarge, InvalidAggregateId
 from docoutbox.store.plans import plan_trim
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend, Throttled
-from tests.integration.test_concurrency import (
-    PATIENT,
-    PER_THREAD,
-    THREADS,
-    Trimmer,
-    run_writers,
-)
+from tests.support.backends import PATIENT
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.servers import CosmosAccount
 
@@ -35,48 +30,6 @@ def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
 @pytest.fixture
 def container(database: Any) -> Any:
     return create_container(database)
-
-
-def test_eight_writers_and_a_trimmer_on_one_aggregate(container: Any) -> None:
-    charges: list[tuple[str, int, float]] = []
-
-    def store_for() -> AggregateStore[Counter]:
-        backend = CosmosBackend(container, on_charge=lambda *c: charges.append(c))
-        return AggregateStore(backend, Counter, PATIENT)
-
-    store_for().create("hot", Counter())
-    trimmer = Trimmer(store_for())
-    trimmer.start()
-    outcomes = run_writers(store_for, THREADS, PER_THREAD)
-    trimmer.stop.set()
-    trimmer.join()
-    assert trimmer.error is None, trimmer.error
-
-    total = THREADS * PER_THREAD
-    assert all(o.applied for o in outcomes)
-    assert sorted(o.version for o in outcomes) == list(range(1, total + 1))
-    final = store_for().get("hot")
-    assert (final.version, final.outbox_seq, final.state.total) == (total, total, total)
-    emitted = {e.id: e.seq for o in outcomes for e in o.emitted}
-    assert sorted(emitted.values()) == list(range(1, total + 1))
-    remaining = {e.id: e.seq for e in final.outbox}
-    assert {**trimmer.published, **remaining} == emitted  # nothing lost, nothing revived
-    assert trimmer.trims > 0
-    assert charges and all(kind and status for kind, status, _ in charges)
-
-
-def test_trims_never_fail_a_single_writers_commit(container: Any) -> None:
-    store = AggregateStore(CosmosBackend(container), Counter, PATIENT)
-    store.create("hot", Counter())
-    trimmer = Trimmer(AggregateStore(CosmosBackend(container), Counter))
-    trimmer.start()
-    outcomes = [store.handle("hot", add_msg(f"m{i}"), counter_handlers) for i in range(150)]
-    trimmer.stop.set()
-    trimmer.join()
-    assert trimmer.error is None, trimmer.error
-    assert trimmer.trims > 0
-    assert [o.attempts for o in outcomes] == [1] * 150  # not one conflict
-    assert store.get("hot").version == 150
 
 
 def test_a_trim_aimed_by_an_older_copy_keeps_a_concurrent_append(container: Any) -> None:

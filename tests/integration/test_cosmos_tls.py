@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +23,9 @@ from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend
 from tests.conftest import missing
-from tests.integration.test_cli_dispatch import lines_of
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import REPO_ROOT, CosmosAccount, CosmosServer, cosmos_server_available
+from tests.support.processes import CliProcess
+from tests.support.servers import CosmosAccount, CosmosServer, cosmos_server_available
 
 pytestmark = pytest.mark.cosmos
 
@@ -77,19 +75,12 @@ def database(account: CosmosAccount) -> Iterator[Any]:
         yield db
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> CliProcess:
     environment = {**os.environ, "COSMOS_KEY": KEY, **(env or {})}
     for name in ("COSMOS_ENDPOINT", "COSMOS_CA_FILE"):
         if name not in (env or {}):
             environment.pop(name, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "docoutbox", "dispatch", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-        env=environment,
-    )
+    return CliProcess(["dispatch", *args], environment, pipes=True)
 
 
 def _commit(container: Any, count: int) -> None:
@@ -98,17 +89,13 @@ def _commit(container: Any, count: int) -> None:
         store.handle(f"a{i % 3}", add_msg(f"m{i}", emits=1), counter_handlers, create=True)
 
 
-def _dispatch_all(proc: subprocess.Popen[str], count: int) -> tuple[list[dict[str, Any]], str]:
-    assert proc.stdout is not None
-    lines = lines_of(proc.stdout)
+def _dispatch_all(proc: CliProcess, count: int) -> tuple[list[dict[str, Any]], str]:
+    lines = proc.lines()
     try:
         published = [json.loads(lines.get(timeout=60)) for _ in range(count)]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.terminate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.close()
     return published, err
 
 

@@ -29,21 +29,17 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.testing import MemoryBackend
-from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
-from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import Ledger, Sandbox
+from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.traffic import (
-    RECEIVER_CONFIG,
-    Producers,
-    Receiver,
     ledger_problems,
+    rabbit_traffic,
     republished,
     summary,
+    unexplained_republishes,
 )
 
 #: About 30 s alone; the timeout leaves room for a loaded 2-core CI machine.
@@ -174,17 +170,18 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
     print(f"\ncrash test seed={seed} (DOCOUTBOX_CRASH_SEED replays it)")
     rng = random.Random(seed)
     exchange, queue, _ = box.names()
-    with RabbitPublisher(box.url, exchange) as setup:
-        setup.declare(queues={queue: ["#"]})
-    producers = Producers(
-        AggregateStore(MongoBackend(mongo["producers"]), Counter),
-        [f"p{i:02d}" for i in range(PRODUCERS)],
-        rng,
-        emits=3,
-    )
     # The ledgers live in memory: every change-stream open on the wire server scans the
     # whole oplog, so only the producers' writes go there.
-    receiver = Receiver(box.url, queue, AggregateStore(MemoryBackend(), Ledger, RECEIVER_CONFIG))
+    producers, receiver = rabbit_traffic(
+        box.url,
+        exchange,
+        queue,
+        MongoBackend(mongo["producers"]),
+        MemoryBackend(),
+        rng,
+        count=PRODUCERS,
+        emits=3,
+    )
     receiver.start()
 
     def launch(log_level: str = "WARNING") -> DispatcherProcess:
@@ -263,8 +260,7 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
     assert mongo["docoutbox_dead_letters"].count_documents({}) == 0
 
     again = republished(receiver.deliveries)
-    kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
-    unexplained = {i: (n, kills_pending[i]) for i, n in again.items() if n > kills_pending[i]}
+    unexplained = unexplained_republishes(again, pending_at_kill)
     bound = sum(len(pending) for pending in pending_at_kill)
     in_flight_bound = len(pending_at_kill) * CONCURRENCY * RUN_BATCH * TRIM_EVERY
     takeovers: list[float | None] = []

@@ -42,7 +42,14 @@ from tests.integration.test_crash import CONCURRENCY, RUN_BATCH, TRIM_EVERY, Dis
 from tests.support.e2e import Ledger
 from tests.support.kafka import Topics
 from tests.support.servers import REPO_ROOT, MongoWireServer
-from tests.support.traffic import Delivery, Producers, ledger_problems, republished, summary
+from tests.support.traffic import (
+    Delivery,
+    Producers,
+    ledger_problems,
+    republished,
+    summary,
+    unexplained_republishes,
+)
 
 pytestmark = [pytest.mark.wire, pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -204,8 +211,7 @@ def test_kill_9_dispatcher_and_consumer_loses_nothing_and_applies_once(
     assert {d.action for d in seen} == {"ack"}
 
     again = republished(seen)
-    kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
-    unexplained = {i: (n, kills_pending[i]) for i, n in again.items() if n > kills_pending[i]}
+    unexplained = unexplained_republishes(again, pending_at_kill)
     bound = sum(len(pending) for pending in pending_at_kill)
     in_flight_bound = len(pending_at_kill) * CONCURRENCY * RUN_BATCH * TRIM_EVERY
     print(

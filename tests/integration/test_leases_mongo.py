@@ -1,24 +1,23 @@
-"""Partition leases on the wire server: the table's conditional writes, and two dispatchers
-sharing one collection (no aggregate dispatched by both at once, failover within a TTL)."""
+"""Partition leases on the wire server: two dispatchers sharing one collection (no aggregate
+dispatched by both at once, failover within a TTL). The lease table's conditional writes
+are tested on every backend in ``test_dispatch_backends.py``."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from docoutbox import OutboxMessage
-from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import TransientStoreError
 from docoutbox_mongo import MongoLeaseTable
-from tests.integration.test_dispatcher_mongo import Env, wait_until
+from tests.support.backends import DispatchEnv, OverlapDetector, dispatch_env_of, owned, wait_until
 
 pytestmark = pytest.mark.wire
 
@@ -27,69 +26,12 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 @pytest.fixture
-def env(mongo_uri: str) -> Iterator[Env]:
-    e = Env(mongo_uri)
-    yield e
-    e.close()
+def env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
+    with dispatch_env_of("mongo", request) as made:
+        yield made
 
 
-def test_lease_table_writes_are_conditional(env: Env) -> None:
-    table = MongoLeaseTable(env.db["leases"], "aggs")
-    other_group = MongoLeaseTable(env.db["leases"], "other")
-    soon, later = NOW + timedelta(seconds=5), NOW + timedelta(seconds=50)
-    assert table.acquire(3, "a", NOW, soon)
-    assert not table.acquire(3, "b", NOW, soon)  # held: the upsert loses on _id
-    assert table.acquire(3, "a", NOW, later)  # the holder may re-acquire
-    assert table.acquire(3, "b", later + timedelta(seconds=1), later)  # expired: taken over
-    table.renew([3], "a", later + timedelta(days=1))  # not a's any more: no effect
-    table.release(3, "a")  # not a's: no effect
-    table.join("b", soon)
-    view = table.read()
-    assert view.leases == {3: ("b", later)}
-    assert view.members == {"b": soon}
-    assert other_group.read().leases == {}
-    table.release(3, "b")
-    table.leave("b")
-    view = table.read()
-    assert view.leases == {} and view.members == {}
-
-
-class OverlapDetector:
-    """Shared by every instance's publisher: flags one aggregate published by two at once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.active: dict[Any, tuple[str, int]] = {}
-        self.overlaps: list[tuple[Any, str, str]] = []
-        self.log: list[tuple[str, OutboxMessage, float]] = []
-
-    def publisher(self, instance: str) -> InstancePublisher:
-        return InstancePublisher(self, instance)
-
-
-class InstancePublisher:
-    def __init__(self, detector: OverlapDetector, instance: str) -> None:
-        self.d = detector
-        self.instance = instance
-
-    def publish(self, entry: OutboxMessage) -> None:
-        key = entry.aggregate_id
-        with self.d.lock:
-            holder, count = self.d.active.get(key, (self.instance, 0))
-            if holder != self.instance:
-                self.d.overlaps.append((key, holder, self.instance))
-            self.d.active[key] = (self.instance, count + 1 if holder == self.instance else 1)
-        time.sleep(0.002)
-        with self.d.lock:
-            holder, count = self.d.active.get(key, (self.instance, 1))
-            if count <= 1:
-                self.d.active.pop(key, None)
-            else:
-                self.d.active[key] = (holder, count - 1)
-            self.d.log.append((self.instance, entry, time.monotonic()))
-
-
-def keeper(env: Env, owner: str) -> LeaseKeeper:
+def keeper(env: DispatchEnv, owner: str) -> LeaseKeeper:
     return LeaseKeeper(
         MongoLeaseTable(env.db["leases"], "aggs"),
         partitions=16,
@@ -99,7 +41,7 @@ def keeper(env: Env, owner: str) -> LeaseKeeper:
 
 
 class Writer(threading.Thread):
-    def __init__(self, env: Env, aggregates: int) -> None:
+    def __init__(self, env: DispatchEnv, aggregates: int) -> None:
         super().__init__(daemon=True)
         self.env, self.aggregates = env, aggregates
         self.halt = threading.Event()
@@ -116,13 +58,7 @@ class Writer(threading.Thread):
             self.error = exc
 
 
-def owned(dispatcher: Dispatcher) -> frozenset[int]:
-    scope = dispatcher.ownership.owned()
-    assert scope is not None
-    return scope
-
-
-def test_two_instances_share_partitions_and_fail_over_after_a_crash(env: Env) -> None:
+def test_two_instances_share_partitions_and_fail_over_after_a_crash(env: DispatchEnv) -> None:
     detector = OverlapDetector()
     writer = Writer(env, aggregates=30)
     writer.start()
@@ -167,7 +103,7 @@ def test_two_instances_share_partitions_and_fail_over_after_a_crash(env: Env) ->
     assert writer.count > 300
 
 
-def test_a_graceful_stop_hands_over_without_waiting_for_expiry(env: Env) -> None:
+def test_a_graceful_stop_hands_over_without_waiting_for_expiry(env: DispatchEnv) -> None:
     detector = OverlapDetector()
     a = env.start(detector.publisher("a"), ownership=keeper(env, "a"))
     b = env.start(detector.publisher("b"), ownership=keeper(env, "b"))
@@ -212,7 +148,7 @@ class CutOffTable(MongoLeaseTable):
         return super().acquire(partition, owner, now, expires_at)
 
 
-def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: Env) -> None:
+def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: DispatchEnv) -> None:
     detector = OverlapDetector()
     writer = Writer(env, aggregates=30)
     writer.start()
@@ -237,3 +173,35 @@ def test_an_instance_that_cannot_renew_stops_before_another_takes_over(env: Env)
     assert detector.overlaps == []
     published = {(e.aggregate_id, e.seq) for _, e, _ in detector.log}
     assert published == {(agg, s) for agg, seqs in env.emitted().items() for s in seqs}
+
+
+def lease_owners(env: DispatchEnv) -> dict[int, str]:
+    now = datetime.now(UTC)
+    view = MongoLeaseTable(env.db["leases"], "aggs").read()
+    return {p: owner for p, (owner, expires) in view.leases.items() if expires > now}
+
+
+def test_three_instances_settle_at_six_five_five_and_stay_settled(env: DispatchEnv) -> None:
+    """16 partitions over 3 instances: floor or ceil each (6/5/5, not 6/6/4), reached by
+    hand-overs from the most loaded, and then no lease changes hands."""
+    detector = OverlapDetector()
+    instances = []
+    for name in "abc":
+        instances.append(env.start(detector.publisher(name), ownership=keeper(env, name)))
+        time.sleep(TTL / 2)
+
+    def split() -> list[int]:
+        return sorted((len(owned(d)) for d in instances), reverse=True)
+
+    wait_until(lambda: split() == [6, 5, 5] and len(lease_owners(env)) == 16, timeout=8 * TTL)
+    settled = lease_owners(env)
+    assert sorted(Counter(settled.values()).values(), reverse=True) == [6, 5, 5]
+    for _ in range(8):  # two TTLs: eight heartbeats of every instance
+        time.sleep(TTL / 4)
+        assert lease_owners(env) == settled
+        assert split() == [6, 5, 5]
+    for i in range(40):
+        env.write(f"agg{i % 12}", f"m{i}")
+    wait_until(lambda: env.pending() == 0)
+    assert lease_owners(env) == settled
+    assert detector.overlaps == []

@@ -47,3 +47,9 @@ def async_container(
     client = loop.run_until_complete(open_client())
     proxy = client.get_database_client(database).get_container_client(container)
     return proxy, lambda: loop.run_until_complete(client.close())
+
+
+def all_items(database: Any, container: str) -> list[Any]:
+    """Every item of ``container`` in ``database`` (a cross-partition query)."""
+    proxy = database.get_container_client(container)
+    return list(proxy.query_items("SELECT * FROM c", enable_cross_partition_query=True))

@@ -270,3 +270,40 @@ def ledger_problems(
 
 def summary(values: dict[str, Any]) -> str:
     return " ".join(f"{key}={value}" for key, value in values.items())
+
+
+def rabbit_traffic(
+    url: str,
+    exchange: str,
+    queue: str,
+    producers: Any,
+    ledgers: Any,
+    rng: random.Random,
+    *,
+    count: int,
+    emits: int,
+) -> tuple[Producers, Receiver]:
+    """``count`` producers on the store backend ``producers``, publishing through
+    ``exchange`` into ``queue`` (declared here, bound to every key), and a receiver of
+    that queue into ledgers on the store backend ``ledgers``."""
+    from docoutbox_rabbitmq import RabbitPublisher
+
+    with RabbitPublisher(url, exchange) as setup:
+        setup.declare(queues={queue: ["#"]})
+    sender = Producers(
+        AggregateStore(producers, Counter),
+        [f"p{i:02d}" for i in range(count)],
+        rng,
+        emits=emits,
+    )
+    return sender, Receiver(url, queue, AggregateStore(ledgers, Ledger, RECEIVER_CONFIG))
+
+
+def unexplained_republishes(
+    again: dict[str, int], pending_at_kill: list[set[str]]
+) -> dict[str, tuple[int, int]]:
+    """The message IDs published again more often than kills left them pending
+    (untrimmed): (re-publishes, kills that found the ID pending). Empty when a kill
+    explains every re-publish."""
+    kills_pending = {i: sum(i in pending for pending in pending_at_kill) for i in again}
+    return {i: (n, kills_pending[i]) for i, n in again.items() if n > kills_pending[i]}

@@ -1,0 +1,111 @@
+"""The checkpoint keeps advancing while producers commit continuously, on the MongoDB wire
+server (the resume token in the checkpoints collection) and on Cosmos DB with feed-range
+leases (each range's continuation in its lease), with the threaded and the asyncio
+dispatcher: across a clean restart (MongoDB), and while a second instance shares the feed
+ranges and then takes the first one's over (Cosmos DB).
+
+Traffic goes to a handful of hot aggregates (requests keep arriving while their runs are
+under way) and to new aggregates. The first start on MongoDB is a fresh start over a
+backlog, so its checkpoint waits behind the gate of a sweep that keeps finding new
+documents. The in-memory twins, with a stronger check, are in
+``tests/unit/test_checkpoint_progress.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from docoutbox.testing import MemoryPublisher
+from tests.integration import test_cosmos_leases as cosmos
+from tests.integration.test_cosmos_leases import LeaseEnv
+from tests.integration.test_dispatcher_mongo import CONFIG, Env, wait_until
+from tests.support.checkpointing import BOUND, HotTraffic, wait_each_moves
+from tests.support.cosmos import scratch_database
+from tests.support.servers import CosmosAccount
+
+#: The tests' usual configuration, checkpointing every quarter second.
+PROGRESS = replace(CONFIG, checkpoint_interval=0.25)
+
+
+@pytest.fixture(params=["threaded", "pymongo-async"])
+def mongo_env(mongo_uri: str, request: pytest.FixtureRequest) -> Iterator[Env]:
+    e = Env(mongo_uri, request.param)
+    yield e
+    e.close()
+
+
+@pytest.mark.wire
+def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: Env) -> None:
+    env = mongo_env
+    for i in range(60):
+        env.write(f"old{i:03d}", f"old-{i}")  # the first start sweeps them behind a gate
+    traffic = HotTraffic(env.write).start(threads=2, pause=0.001)
+    publisher = MemoryPublisher()
+    try:
+        first = env.start(publisher, config=PROGRESS)
+
+        def read() -> dict[str, Any]:
+            return {"token": env.checkpoint()}
+
+        took = wait_each_moves(read, ["token"], rounds=3, traffic=traffic)
+        env.stop(first)
+        env.start(publisher, config=PROGRESS)  # resumes from the checkpoint
+        took += wait_each_moves(read, ["token"], rounds=2, traffic=traffic)
+    finally:
+        traffic.stop()
+    print(f"checkpoint rounds (s): {[round(t, 2) for t in took]}, commands {traffic.commands}")
+    wait_until(lambda: env.pending() == 0, timeout=60)
+    published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
+    assert published >= {(a, s) for a, seqs in env.emitted().items() for s in seqs}
+
+
+@pytest.fixture(params=["threaded", "asyncio"])
+def lease_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with scratch_database(cosmos_server) as database:
+        e = LeaseEnv(database, cosmos_server, request.param)
+        yield e
+        e.close()
+
+
+@pytest.mark.cosmos
+def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
+    lease_env: LeaseEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = lease_env
+    monkeypatch.setattr(cosmos, "CONFIG", PROGRESS)
+    ranges = env.table().partitions
+    # One hot aggregate per feed range, so every lease has traffic of its own.
+    hot = [env.aggregates_in(p, 1)[0] for p in range(ranges)]
+    for i in range(300):
+        env.write(f"aged{i:03d}", f"aged-{i}")  # leases taken from "now": swept meanwhile
+    traffic = HotTraffic(env.write, hot=hot).start(threads=2, pause=0.001)
+    publisher = MemoryPublisher()
+
+    def read() -> dict[int, Any]:
+        return {p: env.lease(p).get("continuation") for p in range(ranges)}
+
+    def owners() -> set[str]:
+        return {str(env.lease(p).get("owner")) for p in range(ranges)}
+
+    try:
+        first = env.start(publisher, "a")
+        wait_until(lambda: all(read().values()), timeout=BOUND)
+        took = wait_each_moves(read, range(ranges), rounds=3, traffic=traffic)
+        # A second instance: the ranges are split, each instance checkpoints its own.
+        env.start(publisher, "b")
+        wait_until(lambda: len(owners()) == 2, timeout=BOUND)
+        took += wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
+        # The first one stops: the other takes its ranges over from their continuations.
+        env.stop(first)
+        wait_until(lambda: owners() == {"b"}, timeout=BOUND)
+        took += wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
+    finally:
+        traffic.stop()
+    print(f"checkpoint rounds (s): {[round(t, 2) for t in took]}, commands {traffic.commands}")
+    wait_until(lambda: env.pending() == 0, timeout=60)
+    published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
+    assert published >= env.emitted()
