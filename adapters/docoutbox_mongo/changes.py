@@ -67,8 +67,9 @@ class MongoChangeSource:
     the local clock minus ``margin`` seconds (replaying a little is harmless: the
     dispatcher reloads each document before publishing).
 
-    The server sends at most ``batch_size`` changes per round trip: over a backlog, the
-    dispatcher publishes one batch while the server looks up the next one.
+    ``batch_size`` caps the changes the server sends per round trip (None: the server's
+    default, up to 16 MiB): a smaller batch bounds the memory a long backlog takes, at the
+    cost of more round trips.
     """
 
     def __init__(
@@ -77,9 +78,9 @@ class MongoChangeSource:
         *,
         margin: float = 2.0,
         clock: Callable[[], float] = time.time,
-        batch_size: int = 500,
+        batch_size: int | None = None,
     ) -> None:
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.collection = collection
         self.margin = margin

@@ -430,6 +430,6 @@ def test_the_server_sends_at_most_batch_size_changes_per_round_trip() -> None:
     coll = FakeCollection(FakeStream([]))
     MongoChangeSource(coll).open({"resume_after": {"_data": "0001"}})
     MongoChangeSource(coll, batch_size=7).open({"resume_after": {"_data": "0001"}})
-    assert [w["batch_size"] for w in coll.watched] == [500, 7]
+    assert [w["batch_size"] for w in coll.watched] == [None, 7]
     with pytest.raises(ValueError, match="batch_size"):
         MongoChangeSource(coll, batch_size=0)
