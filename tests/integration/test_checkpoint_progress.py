@@ -20,26 +20,29 @@ from typing import Any
 import pytest
 
 from docoutbox.testing import MemoryPublisher
-from tests.integration import test_cosmos_leases as cosmos
 from tests.integration.test_cosmos_leases import LeaseEnv
-from tests.integration.test_dispatcher_mongo import CONFIG, Env, wait_until
+from tests.support.backends import (
+    CONFIG,
+    CosmosBundle,
+    DispatchEnv,
+    bundle_of,
+    dispatch_env_of,
+    wait_until,
+)
 from tests.support.checkpointing import BOUND, HotTraffic, wait_each_moves
-from tests.support.cosmos import scratch_database
-from tests.support.servers import CosmosAccount
 
 #: The tests' usual configuration, checkpointing every quarter second.
 PROGRESS = replace(CONFIG, checkpoint_interval=0.25)
 
 
 @pytest.fixture(params=["threaded", "pymongo-async"])
-def mongo_env(mongo_uri: str, request: pytest.FixtureRequest) -> Iterator[Env]:
-    e = Env(mongo_uri, request.param)
-    yield e
-    e.close()
+def mongo_env(request: pytest.FixtureRequest) -> Iterator[DispatchEnv]:
+    with dispatch_env_of("mongo", request, request.param) as env:
+        yield env
 
 
 @pytest.mark.wire
-def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: Env) -> None:
+def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: DispatchEnv) -> None:
     env = mongo_env
     for i in range(60):
         env.write(f"old{i:03d}", f"old-{i}")  # the first start sweeps them behind a gate
@@ -64,19 +67,21 @@ def test_mongo_checkpoint_keeps_moving_under_continuous_traffic(mongo_env: Env) 
 
 
 @pytest.fixture(params=["threaded", "asyncio"])
-def lease_env(cosmos_server: CosmosAccount, request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
-    with scratch_database(cosmos_server) as database:
-        e = LeaseEnv(database, cosmos_server, request.param)
-        yield e
-        e.close()
+def lease_env(request: pytest.FixtureRequest) -> Iterator[LeaseEnv]:
+    with bundle_of("cosmos", request) as bundle:
+        assert isinstance(bundle, CosmosBundle)
+        env = LeaseEnv(bundle, request.param)
+        try:
+            yield env
+        finally:
+            env.close()
 
 
 @pytest.mark.cosmos
 def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
-    lease_env: LeaseEnv, monkeypatch: pytest.MonkeyPatch
+    lease_env: LeaseEnv,
 ) -> None:
     env = lease_env
-    monkeypatch.setattr(cosmos, "CONFIG", PROGRESS)
     ranges = env.table().partitions
     # One hot aggregate per feed range, so every lease has traffic of its own.
     hot = [env.aggregates_in(p, 1)[0] for p in range(ranges)]
@@ -92,11 +97,11 @@ def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
         return {str(env.lease(p).get("owner")) for p in range(ranges)}
 
     try:
-        first = env.start(publisher, "a")
+        first = env.start_leased(publisher, "a", PROGRESS)
         wait_until(lambda: all(read().values()), timeout=BOUND)
         took = wait_each_moves(read, range(ranges), rounds=3, traffic=traffic)
         # A second instance: the ranges are split, each instance checkpoints its own.
-        env.start(publisher, "b")
+        env.start_leased(publisher, "b", PROGRESS)
         wait_until(lambda: len(owners()) == 2, timeout=BOUND)
         took += wait_each_moves(read, range(ranges), rounds=2, traffic=traffic)
         # The first one stops: the other takes its ranges over from their continuations.
@@ -108,4 +113,4 @@ def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
     print(f"checkpoint rounds (s): {[round(t, 2) for t in took]}, commands {traffic.commands}")
     wait_until(lambda: env.pending() == 0, timeout=60)
     published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
-    assert published >= env.emitted()
+    assert published >= {(a, s) for a, seqs in env.emitted().items() for s in seqs}

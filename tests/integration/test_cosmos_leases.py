@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from docoutbox.dispatch.aio import AsyncDispatcher
-from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
@@ -73,7 +73,9 @@ class LeaseEnv(DispatchEnv):
         item: dict[str, Any] = self.lease_coll.read_item(item_id, partition_key=item_id)
         return item
 
-    def start_leased(self, publisher: Any, owner: str) -> Dispatcher | AsyncDispatcher:
+    def start_leased(
+        self, publisher: Any, owner: str, config: DispatcherConfig = CONFIG
+    ) -> Dispatcher | AsyncDispatcher:
         """A dispatcher whose source and checkpoints are the feed-range leases (sync: the
         asyncio driver calls them in threads) and whose ownership keeps them."""
         table = self.table()
@@ -85,6 +87,7 @@ class LeaseEnv(DispatchEnv):
             ownership=keeper,
             source=LeasedChangeSource(self.coll, table),
             checkpoints=table,
+            config=config,
         )
 
 
