@@ -184,6 +184,9 @@ class AsyncDispatcher:
             outcomes = await drive_async(self.engine.run_batch(slots), self._perform)
         except Abandoned:
             outcomes = [RunOutcome.STOPPED] * len(slots)
+        except Exception as exc:  # logged; the aggregates are retried, not dropped
+            log.exception("dispatch_batch_failed runs=%d error=%r", len(slots), exc)
+            outcomes = [RunOutcome.RETRY] * len(slots)
         for slot, outcome in zip(slots, outcomes, strict=True):
             self.engine.finish(slot, outcome)
         self._tasks.discard(asyncio.current_task())

@@ -136,6 +136,9 @@ class Dispatcher:
             outcomes = drive(self.engine.run_batch(slots), self._perform)
         except Abandoned:
             outcomes = [RunOutcome.STOPPED] * len(slots)
+        except Exception as exc:  # logged; the aggregates are retried, not dropped
+            log.exception("dispatch_batch_failed runs=%d error=%r", len(slots), exc)
+            outcomes = [RunOutcome.RETRY] * len(slots)
         for slot, outcome in zip(slots, outcomes, strict=True):
             self.engine.finish(slot, outcome)
         with self._lock:

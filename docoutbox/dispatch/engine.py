@@ -657,7 +657,10 @@ class DispatchEngine:
                             run.fail(exc)
                 if not trims:
                     return [run.over() for run in runs]
-                results = yield TrimRound(tuple(plan for _, plan in trims))
+                try:
+                    results = yield TrimRound(tuple(plan for _, plan in trims))
+                except Exception as exc:  # noqa: BLE001 - the round failed as a whole
+                    results = [exc] * len(trims)
                 for (run, _), result in zip(trims, results, strict=True):
                     if isinstance(result, Exception):
                         run.fail(result)

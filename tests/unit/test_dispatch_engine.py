@@ -15,6 +15,7 @@ import pytest
 from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.metrics import CountingMetrics
 from docoutbox.dispatch.ownership import SoleOwner
@@ -373,3 +374,32 @@ def test_stop_abandons_backoff_sleeps_and_keeps_entries_pending(harness: Harness
     harness.stop()
     assert time.monotonic() - began < 2
     assert harness.pending() == 1 and harness.dead.entries == {}
+
+
+def test_a_batch_that_breaks_outside_its_runs_is_retried_not_stranded(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = [True]
+    sync_all, async_all = GroupWriter.write_all, AsyncGroupWriter.write_all
+
+    def first_round_garbled(outcomes: list[Any]) -> list[Any]:
+        if broken[0]:
+            broken[0] = False
+            return outcomes[:-1]  # an answer of the wrong length breaks the batch
+        return outcomes
+
+    def sync_write_all(self: GroupWriter, plans: Any) -> list[Any]:
+        return first_round_garbled(sync_all(self, plans))
+
+    async def async_write_all(self: AsyncGroupWriter, plans: Any) -> list[Any]:
+        return first_round_garbled(await async_all(self, plans))
+
+    monkeypatch.setattr(GroupWriter, "write_all", sync_write_all)
+    monkeypatch.setattr(AsyncGroupWriter, "write_all", async_write_all)
+    harness.write("a", "m1")
+    dispatcher = harness.start()
+    wait_until(lambda: not broken[0] and harness.pending() == 0)
+    # The batch's aggregate is retried (its trim was written: nothing left to publish),
+    # not left running forever.
+    wait_until(dispatcher.engine.queue.idle)
+    assert {e.seq for e in harness.publisher.published} == {1}

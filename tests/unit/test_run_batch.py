@@ -259,3 +259,15 @@ def test_async_write_all_without_write_many_caps_the_writes_in_flight() -> None:
     outcomes = asyncio.run(writer.write_all([plan_trim(a, ["e"]) for a in "abcxdefgh"]))
     assert backend.most == 3
     assert [isinstance(o, StoreError) for o in outcomes] == [False] * 3 + [True] + [False] * 5
+
+
+def test_a_trim_round_that_fails_as_a_whole_retries_each_of_its_runs() -> None:
+    engine = engine_with(doc("a"), doc("b"))
+
+    def broken_round(op: Any) -> Any:
+        if isinstance(op, TrimRound):
+            raise TransientStoreError("the connection dropped")
+        return None
+
+    outcomes = drive(engine.run_batch(engine.start_runs()), broken_round)
+    assert outcomes == [RunOutcome.RETRY, RunOutcome.RETRY]
