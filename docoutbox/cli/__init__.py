@@ -211,8 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--run-batch",
         type=AT_LEAST_ONE,
-        default=16,
-        help="aggregates a worker publishes before trimming them together",
+        help="aggregates a worker publishes before trimming them together "
+        "(default 16, or 1 with --async)",
     )
     d.add_argument(
         "--async",

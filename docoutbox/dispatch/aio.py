@@ -24,10 +24,11 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, batches, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound
+from docoutbox.dispatch.engine import DEFAULT_RUN_BATCH, DispatcherConfig, EngineOp, TrimRound
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -80,9 +81,12 @@ class AsyncDispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or (
+        config = config or (
             DispatcherConfig() if source is not None else DispatcherConfig.polling()
         )
+        if config.run_batch is None:
+            config = replace(config, run_batch=DEFAULT_RUN_BATCH["asyncio"])
+        self.config = config
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
@@ -174,7 +178,7 @@ class AsyncDispatcher:
         free = self.config.concurrency - len(self._tasks)
         if self._closed or free <= 0:
             return
-        for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+        for batch in batches(self.engine.start_runs(free * self.config.batch), free):
             task = asyncio.create_task(self._work(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -15,10 +15,17 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from docoutbox.dispatch.drivers import GroupWriter, Ports, batches, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound, event_target
+from docoutbox.dispatch.engine import (
+    DEFAULT_RUN_BATCH,
+    DispatcherConfig,
+    EngineOp,
+    TrimRound,
+    event_target,
+)
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -47,9 +54,12 @@ class Dispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or (
+        config = config or (
             DispatcherConfig() if source is not None else DispatcherConfig.polling()
         )
+        if config.run_batch is None:
+            config = replace(config, run_batch=DEFAULT_RUN_BATCH["threaded"])
+        self.config = config
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
@@ -127,7 +137,7 @@ class Dispatcher:
             free = self.config.concurrency - self._busy
             if self._closed or free <= 0:
                 return
-            for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+            for batch in batches(self.engine.start_runs(free * self.config.batch), free):
                 self._busy += 1
                 self._pool.submit(self._work, batch)
 

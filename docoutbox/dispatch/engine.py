@@ -73,8 +73,10 @@ class DispatcherConfig:
     #: Workers (threads or tasks) publishing at once.
     concurrency: int = 32
     #: Aggregates one worker runs together: it publishes each one's entries, then trims
-    #: them all in one round (:class:`TrimRound`).
-    run_batch: int = 16
+    #: them all in one round (:class:`TrimRound`). None: the driver's default, 16 for the
+    #: threaded :class:`~docoutbox.dispatch.dispatcher.Dispatcher`, 1 for the
+    #: :class:`~docoutbox.dispatch.aio.AsyncDispatcher` (see :data:`DEFAULT_RUN_BATCH`).
+    run_batch: int | None = None
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
     grace: float = 30.0
@@ -89,8 +91,15 @@ class DispatcherConfig:
     def __post_init__(self) -> None:
         for name in ("partitions", "concurrency", "run_batch", "batch_size", "sweep_page"):
             value = getattr(self, name)
+            if name == "run_batch" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
+
+    @property
+    def batch(self) -> int:
+        """``run_batch``, or 1 when left to a driver that did not set it."""
+        return self.run_batch or 1
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -176,6 +185,13 @@ class BrokerState:
             changed, self._down = self._down, False
         if changed:
             log.warning("broker_available_again")
+
+
+#: ``DispatcherConfig.run_batch`` when left unset, by driver. Batches of runs cut the
+#: threaded driver's hand-offs between threads; the asyncio driver has none to cut, and
+#: under slow publishes its batches slowed it down (see BENCHMARKS.md), so it runs one
+#: aggregate per task.
+DEFAULT_RUN_BATCH = {"threaded": 16, "asyncio": 1}
 
 
 #: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
@@ -295,7 +311,7 @@ class DispatchEngine:
         self._clock = clock
         self._rng = rng
         self.queue = AggregateQueue(
-            workers=config.concurrency * config.run_batch, backoff=config.backoff, rng=rng
+            workers=config.concurrency * config.batch, backoff=config.backoff, rng=rng
         )
         #: Entries this instance trimmed lately: skipped in documents that came with
         #: requests (an event's copy may predate a trim). Bounded by what is in flight.
@@ -519,7 +535,7 @@ class DispatchEngine:
         """
         if len(self.tracker) >= self.config.max_outstanding:
             return 0
-        full_round = self.config.concurrency * self.config.run_batch
+        full_round = self.config.concurrency * self.config.batch
         if self.queue.ready() >= full_round or now < self._next_poll:
             return 0
         return min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()

@@ -419,8 +419,8 @@ def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> Non
     assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
 
 
-def test_by_default_512_runs_are_in_flight_so_trim_rounds_carry_many_pulls() -> None:
-    engine = stream_engine(Clock())
+def test_runs_in_flight_are_workers_times_run_batch_so_trim_rounds_carry_many_pulls() -> None:
+    engine = stream_engine(Clock(), run_batch=16)
     for n in range(600):
         engine.request(pending(n).document)
     assert len(engine.start_runs()) == 32 * 16
