@@ -531,6 +531,50 @@ def dispatcher_drain(
         raise AssertionError(f"published {publisher.count}, expected {expected}")
 
 
+def drain_table(
+    key: str,
+    title: str,
+    readers: tuple[str, str],
+    entries: int,
+    raw: tuple[list[float], list[float]],
+    dispatch: tuple[list[float], list[float]],
+) -> Table:
+    """A drain benchmark's table: the raw read's and the dispatcher's rates and requests
+    per round (warm-up left out), as medians, with the paired ratio and its range."""
+    (raw_rates, raw_trips), (dispatch_rates, dispatch_trips) = raw, dispatch
+    raw_req, dispatch_req = median(raw_trips), median(dispatch_trips)
+    raw_label, dispatch_label = readers
+    table = Table(
+        key,
+        title,
+        ["reader", "entries/s", f"vs {raw_label}", "requests", "entries / request"],
+    )
+    table.add(
+        f"{raw_label} (all feed ranges)", median(raw_rates), "1.00x", raw_req, entries / raw_req
+    )
+    ratio = paired_ratio(dispatch_rates, raw_rates)
+    low, high = ratio_range(dispatch_rates, raw_rates)
+    table.add(
+        f"{dispatch_label} (concurrency 8)",
+        median(dispatch_rates),
+        f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
+        dispatch_req,
+        entries / dispatch_req,
+    )
+    table.figures = {
+        "raw_per_s": median(raw_rates),
+        "dispatcher_per_s": median(dispatch_rates),
+        "vs_raw": ratio,
+        "vs_raw_iqr": [low, high],
+        "raw_requests": raw_req,
+        "dispatcher_requests": dispatch_req,
+        "entries_per_request_raw": entries / raw_req,
+        "entries_per_request_dispatcher": entries / dispatch_req,
+        "rounds": len(raw_rates),
+    }
+    return table
+
+
 def drain(database: Any, scale: Scale) -> Table:
     """Benchmark 3: the dispatcher vs a raw change-feed read of the same backlog."""
     per_doc = 10
@@ -564,40 +608,14 @@ def drain(database: Any, scale: Scale) -> Table:
         raw_rates.append(raw_rate)
         dispatch_rates.append(dispatch_rate)
         database.delete_container(container.id)
-    keep = slice(scale.warmup, None)
-    raw_rates, dispatch_rates = raw_rates[keep], dispatch_rates[keep]
-    raw_req, dispatch_req = median(raw_trips[keep]), median(dispatch_trips[keep])
-    entries = docs * per_doc
-    table = Table(
+    table = drain_table(
         "cosmos_drain",
         f"Cosmos DB: dispatcher drain vs a raw change-feed read ({docs} aggregates x {per_doc})",
-        ["reader", "entries/s", "vs raw change-feed read", "requests", "entries / request"],
+        ("raw change-feed read", "dispatcher: publish + trim"),
+        docs * per_doc,
+        (raw_rates[scale.warmup :], raw_trips[scale.warmup :]),
+        (dispatch_rates[scale.warmup :], dispatch_trips[scale.warmup :]),
     )
-    table.add(
-        "raw change-feed read (all feed ranges)",
-        median(raw_rates),
-        "1.00x",
-        raw_req,
-        entries / raw_req,
-    )
-    ratio = paired_ratio(dispatch_rates, raw_rates)
-    low, high = ratio_range(dispatch_rates, raw_rates)
-    table.add(
-        "dispatcher: publish + trim (concurrency 8)",
-        median(dispatch_rates),
-        f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
-        dispatch_req,
-        entries / dispatch_req,
-    )
-    table.figures = {
-        "raw_per_s": median(raw_rates),
-        "dispatcher_per_s": median(dispatch_rates),
-        "vs_raw": ratio,
-        "vs_raw_iqr": [low, high],
-        "raw_requests": raw_req,
-        "dispatcher_requests": dispatch_req,
-        "rounds": len(raw_rates),
-    }
     table.notes.append(
         "The raw read only pages through the feed; the dispatcher reads the same feed, "
         "publishes from the feed's copy of each item (counting publisher) and trims it with "

@@ -37,6 +37,7 @@ from benchmarks.cosmos import (
     _cell,
     _container,
     deposit,
+    drain_table,
     fill,
     guarded_patch,
 )
@@ -312,43 +313,15 @@ def drain(database: Any, account: CosmosAccount, scale: Scale) -> Table:
             loop.run_until_complete(client.close())
     finally:
         loop.close()
-    keep = slice(scale.warmup, None)
-    raw_rates, dispatch_rates = raw_rates[keep], dispatch_rates[keep]
-    raw_req, dispatch_req = median(raw_trips[keep]), median(dispatch_trips[keep])
-    entries = docs * per_doc
-    table = Table(
+    table = drain_table(
         "cosmos_drain_aio",
         "Cosmos DB, azure.cosmos.aio: AsyncDispatcher drain vs a raw aio change-feed read "
         f"({docs} aggregates x {per_doc})",
-        ["reader", "entries/s", "vs raw aio change-feed read", "requests", "entries / request"],
+        ("raw aio change-feed read", "AsyncDispatcher: publish + trim"),
+        docs * per_doc,
+        (raw_rates[scale.warmup :], raw_trips[scale.warmup :]),
+        (dispatch_rates[scale.warmup :], dispatch_trips[scale.warmup :]),
     )
-    table.add(
-        "raw aio change-feed read (all feed ranges)",
-        median(raw_rates),
-        "1.00x",
-        raw_req,
-        entries / raw_req,
-    )
-    ratio = paired_ratio(dispatch_rates, raw_rates)
-    low, high = ratio_range(dispatch_rates, raw_rates)
-    table.add(
-        "AsyncDispatcher: publish + trim (concurrency 8)",
-        median(dispatch_rates),
-        f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
-        dispatch_req,
-        entries / dispatch_req,
-    )
-    table.figures = {
-        "raw_per_s": median(raw_rates),
-        "dispatcher_per_s": median(dispatch_rates),
-        "vs_raw": ratio,
-        "vs_raw_iqr": [low, high],
-        "raw_requests": raw_req,
-        "dispatcher_requests": dispatch_req,
-        "entries_per_request_raw": entries / raw_req,
-        "entries_per_request_dispatcher": entries / dispatch_req,
-        "rounds": len(raw_rates),
-    }
     table.notes.append(
         "Same backlog and method as the sync drain, on one event loop: the raw read pages "
         "through the aio change feed; the AsyncDispatcher reads the same feed, publishes "
