@@ -24,11 +24,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, batches, wall_clock_engine
-from docoutbox.dispatch.engine import DEFAULT_RUN_BATCH, DispatcherConfig, EngineOp, TrimRound
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner
@@ -81,12 +80,9 @@ class AsyncDispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        config = config or (
-            DispatcherConfig() if source is not None else DispatcherConfig.polling()
-        )
-        if config.run_batch is None:
-            config = replace(config, run_batch=DEFAULT_RUN_BATCH["asyncio"])
-        self.config = config
+        self.config = (
+            config or (DispatcherConfig() if source is not None else DispatcherConfig.polling())
+        ).for_driver("asyncio")
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints

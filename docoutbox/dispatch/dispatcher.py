@@ -15,12 +15,10 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 from docoutbox.dispatch.drivers import GroupWriter, Ports, batches, wall_clock_engine
 from docoutbox.dispatch.engine import (
-    DEFAULT_RUN_BATCH,
     DispatcherConfig,
     EngineOp,
     TrimRound,
@@ -54,12 +52,9 @@ class Dispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        config = config or (
-            DispatcherConfig() if source is not None else DispatcherConfig.polling()
-        )
-        if config.run_batch is None:
-            config = replace(config, run_batch=DEFAULT_RUN_BATCH["threaded"])
-        self.config = config
+        self.config = (
+            config or (DispatcherConfig() if source is not None else DispatcherConfig.polling())
+        ).for_driver("threaded")
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints

@@ -30,7 +30,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -95,6 +95,12 @@ class DispatcherConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
+
+    def for_driver(self, driver: str) -> DispatcherConfig:
+        """This config, with ``run_batch`` set to ``driver``'s default if left unset."""
+        if self.run_batch is not None:
+            return self
+        return replace(self, run_batch=DEFAULT_RUN_BATCH[driver])
 
     @property
     def batch(self) -> int:
