@@ -211,8 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--run-batch",
         type=AT_LEAST_ONE,
-        help="aggregates a worker publishes before trimming them together "
-        "(default 16, or 1 with --async)",
+        default=16,
+        help="aggregates a worker publishes before trimming them together",
     )
     d.add_argument(
         "--async",

@@ -80,9 +80,9 @@ class AsyncDispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = (
-            config or (DispatcherConfig() if source is not None else DispatcherConfig.polling())
-        ).for_driver("asyncio")
+        self.config = config or (
+            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        )
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
@@ -174,7 +174,7 @@ class AsyncDispatcher:
         free = self.config.concurrency - len(self._tasks)
         if self._closed or free <= 0:
             return
-        for batch in batches(self.engine.start_runs(free * self.config.batch), free):
+        for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
             task = asyncio.create_task(self._work(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

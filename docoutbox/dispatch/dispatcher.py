@@ -52,9 +52,9 @@ class Dispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = (
-            config or (DispatcherConfig() if source is not None else DispatcherConfig.polling())
-        ).for_driver("threaded")
+        self.config = config or (
+            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        )
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
@@ -132,7 +132,7 @@ class Dispatcher:
             free = self.config.concurrency - self._busy
             if self._closed or free <= 0:
                 return
-            for batch in batches(self.engine.start_runs(free * self.config.batch), free):
+            for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
                 self._busy += 1
                 self._pool.submit(self._work, batch)
 

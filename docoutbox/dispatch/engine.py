@@ -30,7 +30,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -73,10 +73,9 @@ class DispatcherConfig:
     #: Workers (threads or tasks) publishing at once.
     concurrency: int = 32
     #: Aggregates one worker runs together: it publishes each one's entries, then trims
-    #: them all in one round (:class:`TrimRound`). None: the driver's default, 16 for the
-    #: threaded :class:`~docoutbox.dispatch.dispatcher.Dispatcher`, 1 for the
-    #: :class:`~docoutbox.dispatch.aio.AsyncDispatcher` (see :data:`DEFAULT_RUN_BATCH`).
-    run_batch: int | None = None
+    #: them all in one round (:class:`TrimRound`), so the trims of many aggregates go out
+    #: in one round trip and a worker is handed many runs at once.
+    run_batch: int = 16
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
     grace: float = 30.0
@@ -91,21 +90,8 @@ class DispatcherConfig:
     def __post_init__(self) -> None:
         for name in ("partitions", "concurrency", "run_batch", "batch_size", "sweep_page"):
             value = getattr(self, name)
-            if name == "run_batch" and value is None:
-                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
-
-    def for_driver(self, driver: str) -> DispatcherConfig:
-        """This config, with ``run_batch`` set to ``driver``'s default if left unset."""
-        if self.run_batch is not None:
-            return self
-        return replace(self, run_batch=DEFAULT_RUN_BATCH[driver])
-
-    @property
-    def batch(self) -> int:
-        """``run_batch``, or 1 when left to a driver that did not set it."""
-        return self.run_batch or 1
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -191,13 +177,6 @@ class BrokerState:
             changed, self._down = self._down, False
         if changed:
             log.warning("broker_available_again")
-
-
-#: ``DispatcherConfig.run_batch`` when left unset, by driver. Batches of runs cut the
-#: threaded driver's hand-offs between threads; the asyncio driver has none to cut, and
-#: under slow publishes its batches slowed it down (see BENCHMARKS.md), so it runs one
-#: aggregate per task.
-DEFAULT_RUN_BATCH = {"threaded": 16, "asyncio": 1}
 
 
 #: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
@@ -316,9 +295,9 @@ class DispatchEngine:
         self._mono = monotonic
         self._clock = clock
         self._rng = rng
-        self.queue = AggregateQueue(
-            workers=config.concurrency * config.batch, backoff=config.backoff, rng=rng
-        )
+        #: Runs that all workers take at once: ready beyond it, a run waits for a worker.
+        self._full_round = config.concurrency * config.run_batch
+        self.queue = AggregateQueue(workers=self._full_round, backoff=config.backoff, rng=rng)
         #: Entries this instance trimmed lately: skipped in documents that came with
         #: requests (an event's copy may predate a trim). Bounded by what is in flight.
         self.trimmed = TrimmedIds.for_config(config)
@@ -400,7 +379,7 @@ class DispatchEngine:
     def _sweep_step(self) -> Generator[EngineOp, Any, bool]:
         if not self.sweeps or self.queue.backlog() >= self.config.max_backlog:
             return False
-        if self._page_waits():
+        if self.queue.ready() >= self._full_round or self._page_waits():
             return False
         sweep = self.sweeps[0]
         # A located ownership's partitions are not stored on the documents: page through
@@ -541,8 +520,7 @@ class DispatchEngine:
         """
         if len(self.tracker) >= self.config.max_outstanding:
             return 0
-        full_round = self.config.concurrency * self.config.batch
-        if self.queue.ready() >= full_round or now < self._next_poll:
+        if self.queue.ready() >= self._full_round or now < self._next_poll:
             return 0
         return min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
 

@@ -94,7 +94,7 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
             control = _begin(Task(engine.turn(), None))
         free = cfg.concurrency - len(runs)
         if free > 0:
-            for batch in batches(engine.start_runs(free * cfg.batch), free):
+            for batch in batches(engine.start_runs(free * cfg.run_batch), free):
                 runs.append(_begin(Task(engine.run_batch(batch), batch)))
         quiet = False
         if control.done:  # a turn that performed nothing is never busy

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
+from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.drivers import Ports
@@ -38,6 +38,7 @@ from docoutbox.store.core import Sleep
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+from docoutbox.testing.memory import AsyncMemoryBackend
 from tests.support.checkpointing import BOUND, HotTraffic
 
 HOT = ["hot0", "hot1", "hot2"]
@@ -274,14 +275,41 @@ def world() -> World:
     return World()
 
 
+#: How long a publish takes: a hot aggregate's run is often still under way when its next
+#: commits arrive, so its runs are coalesced into follow-ups.
+PUBLISH_TIME = 0.001
+
+
+class SlowPublisher:
+    """Publishes to ``world.publisher`` after :data:`PUBLISH_TIME`, without blocking the
+    event loop (as an async broker client waits for its confirm)."""
+
+    def __init__(self, sync: MemoryPublisher) -> None:
+        self.sync = sync
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        await asyncio.sleep(PUBLISH_TIME)
+        self.sync.publish(entry)
+
+
+def slow_publish(entry: object) -> None:
+    time.sleep(PUBLISH_TIME)
+
+
 def start(
     world: World, driver: str, ownership: Ownership | None = None
 ) -> tuple[Dispatcher | AsyncDispatcher, threading.Thread]:
+    """A dispatcher on its own thread, each publish taking :data:`PUBLISH_TIME`.
+
+    The asyncio one gets async ports, as in production: calling sync ones in worker
+    threads, next to the producers' threads, makes each call wait for the GIL.
+    """
     config = DispatcherConfig(
         name="d", concurrency=4, poll_interval=0.005, checkpoint_interval=0.1, grace=0
     )
     dispatcher: Dispatcher | AsyncDispatcher
     if driver == "threaded":
+        world.publisher.fail = slow_publish
         dispatcher = Dispatcher(
             world.backend,
             world.publisher,
@@ -294,8 +322,8 @@ def start(
         thread = threading.Thread(target=dispatcher.run, daemon=True)
     else:
         dispatcher = AsyncDispatcher(
-            in_thread(world.backend),
-            in_thread(world.publisher),
+            AsyncMemoryBackend(world.backend),
+            SlowPublisher(world.publisher),
             in_thread(world.dead),
             source=in_thread(world.source),
             checkpoints=in_thread(world.checkpoints),
@@ -307,10 +335,6 @@ def start(
     thread.start()
     assert dispatcher.started.wait(10)
     return dispatcher, thread
-
-
-def slow_publish(entry: object) -> None:
-    time.sleep(0.001)
 
 
 @pytest.mark.parametrize("start_from", ["resumed", "fresh", "acquired"])
@@ -328,9 +352,6 @@ def test_the_checkpoint_passes_every_mark_while_producers_keep_committing(
         world.backlog(2000)
         world.checkpoints.resume_at(len(world.backend.changes))
         ownership.acquired.append(None)
-    # Each publish takes a millisecond, so a hot aggregate's run is often still under way
-    # when its next commits arrive, and its runs are coalesced into follow-ups.
-    world.publisher.fail = slow_publish
     traffic = HotTraffic(world.write, hot=HOT).start(threads=2, pause=0.001)
     dispatcher, thread = start(world, driver, ownership)
     try:

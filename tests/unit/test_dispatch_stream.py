@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from docoutbox.dispatch.checkpoint import Sweep
 from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.store.core import FindPending
 from docoutbox.store.document import REVISION
 from docoutbox_mongo.changes import MongoChangeSource
 
@@ -417,6 +419,41 @@ def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> Non
     started = engine.start_runs()
     assert len(started) == 2
     assert "PollChanges" in turn_ops(engine)  # one waits: read on while the two run
+
+
+def test_a_sweep_reads_no_page_while_a_round_of_runs_waits_for_workers() -> None:
+    """A sweep keeps one round of runs ready, not ``max_backlog``: a change that arrives
+    during the sweep of a large backlog waits behind one round, not behind the backlog."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="s", concurrency=2, run_batch=1, sweep_page=3),
+        SoleOwner(),
+        stream=False,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
+    engine.begin()
+    engine.sweeps.append(Sweep(None, None))
+    pages = iter(range(100))
+
+    def sweep_turn() -> bool:
+        """One turn; True if it fetched a page (of three pending documents)."""
+        flow, fetched = engine.turn(), False
+        try:
+            op = next(flow)
+            while True:
+                assert isinstance(op, FindPending)
+                fetched, first = True, next(pages) * 3
+                op = flow.send([pending(n).document for n in range(first, first + 3)])
+        except StopIteration:
+            return fetched
+
+    assert sweep_turn()
+    assert not sweep_turn()  # three runs ready for two workers
+    assert len(engine.start_runs()) == 2
+    assert sweep_turn()  # one ready: the next page
+    assert engine.queue.backlog() == 6 < engine.config.max_backlog
 
 
 def test_runs_in_flight_are_workers_times_run_batch_so_trim_rounds_carry_many_pulls() -> None:

@@ -271,26 +271,3 @@ def test_a_trim_round_that_fails_as_a_whole_retries_each_of_its_runs() -> None:
 
     outcomes = drive(engine.run_batch(engine.start_runs()), broken_round)
     assert outcomes == [RunOutcome.RETRY, RunOutcome.RETRY]
-
-
-def test_each_driver_fills_in_its_own_run_batch_unless_one_is_given() -> None:
-    from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-    from docoutbox.dispatch.dispatcher import Dispatcher
-    from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
-
-    def threaded(config: DispatcherConfig | None) -> int | None:
-        d = Dispatcher(MemoryBackend(), MemoryPublisher(), MemoryDeadLetters(), config=config)
-        return d.config.run_batch
-
-    def in_asyncio(config: DispatcherConfig | None) -> int | None:
-        d = AsyncDispatcher(
-            in_thread(MemoryBackend()),
-            in_thread(MemoryPublisher()),
-            in_thread(MemoryDeadLetters()),
-            config=config,
-        )
-        return d.config.run_batch
-
-    assert threaded(None) == 16 and in_asyncio(None) == 1
-    assert threaded(DispatcherConfig(run_batch=3)) == in_asyncio(DispatcherConfig(run_batch=3)) == 3
-    assert DispatcherConfig().batch == 1
