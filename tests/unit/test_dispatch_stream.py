@@ -5,6 +5,7 @@ an event's copy of the document is published without reloading it."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,25 @@ from docoutbox.dispatch.scheduler import RunOutcome
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import REVISION
 from docoutbox_mongo.changes import MongoChangeSource
+
+
+def engine_of(
+    config: DispatcherConfig,
+    ownership: Any = None,
+    *,
+    stream: bool = True,
+    checkpoints: bool = True,
+    monotonic: Callable[[], float] = lambda: 0.0,
+) -> DispatchEngine:
+    return DispatchEngine(
+        config,
+        ownership or SoleOwner(),
+        stream=stream,
+        checkpoints=checkpoints,
+        monotonic=monotonic,
+        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
+        rng=random.Random(0),
+    )
 
 
 class FakeStream:
@@ -88,15 +108,7 @@ def test_a_full_batch_does_not_report_the_token_early() -> None:
 
 
 def test_the_checkpoint_follows_position_only_events() -> None:
-    engine = DispatchEngine(
-        DispatcherConfig(name="q", checkpoint_interval=0),
-        SoleOwner(),
-        stream=True,
-        checkpoints=True,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
-    )
+    engine = engine_of(DispatcherConfig(name="q", checkpoint_interval=0))
     engine.begin()
     saved: list[Any] = []
     quiet = ChangeEvent({"resume_after": {"_data": "0015"}}, None)
@@ -119,15 +131,7 @@ def test_the_checkpoint_follows_position_only_events() -> None:
 def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating() -> None:
     """The copy an event carries is published as is; a later, staler copy does not bring
     back the entries this instance trimmed since."""
-    engine = DispatchEngine(
-        DispatcherConfig(name="q"),
-        SoleOwner(),
-        stream=True,
-        checkpoints=True,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
-    )
+    engine = engine_of(DispatcherConfig(name="q"))
     entry = {
         "id": "e1",
         "type": "Added",
@@ -220,15 +224,7 @@ def test_only_an_updates_looked_up_document_counts_as_current() -> None:
 
 
 def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
-    engine = DispatchEngine(
-        DispatcherConfig(name="q"),
-        SoleOwner(),
-        stream=True,
-        checkpoints=True,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
-    )
+    engine = engine_of(DispatcherConfig(name="q"))
     engine.request({"_id": "a", "partition": 0, "outbox": [{"id": "e1"}]}, reuse=False)
     [slot] = engine.start_runs()
     assert type(next(engine.run(slot))).__name__ == "Load"
@@ -237,15 +233,7 @@ def test_a_document_as_of_its_change_is_reloaded_before_publishing() -> None:
 def test_the_stream_is_not_polled_while_the_aggregates_in_hand_reach_max_backlog() -> None:
     """Events bring whole documents: polling on would hold the whole backlog in memory.
     At most one batch (here max_backlog, the smaller) is in hand."""
-    engine = DispatchEngine(
-        DispatcherConfig(name="q", max_backlog=3, batch_size=4),
-        SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
-    )
+    engine = engine_of(DispatcherConfig(name="q", max_backlog=3, batch_size=4), checkpoints=False)
     engine.begin()
     counter = iter(range(1000))
     polls: list[int] = []
@@ -310,14 +298,11 @@ class Regained:
 def test_copies_queued_before_a_partition_is_regained_are_not_published_from() -> None:
     """Another owner may have published and trimmed the entries meanwhile: reload."""
     ownership = Regained()
-    engine = DispatchEngine(
+    engine = engine_of(
         DispatcherConfig(name="q", partitions=2, sweep_interval=3600),
         ownership,
         stream=False,
         checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
     )
     engine.begin()
     engine.sweeps.clear()
@@ -346,14 +331,9 @@ class Clock:
 
 
 def stream_engine(clock: Clock, **options: Any) -> DispatchEngine:
-    engine = DispatchEngine(
+    engine = engine_of(
         DispatcherConfig(name="q", poll_interval=0.05, checkpoint_interval=0, **options),
-        SoleOwner(),
-        stream=True,
-        checkpoints=True,
         monotonic=clock,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
     )
     engine.begin()
     return engine
@@ -424,14 +404,10 @@ def test_the_stream_is_not_read_while_a_round_of_runs_waits_for_workers() -> Non
 def test_a_sweep_reads_no_page_while_a_round_of_runs_waits_for_workers() -> None:
     """A sweep keeps one round of runs ready, not ``max_backlog``: a change that arrives
     during the sweep of a large backlog waits behind one round, not behind the backlog."""
-    engine = DispatchEngine(
+    engine = engine_of(
         DispatcherConfig(name="s", concurrency=2, run_batch=1, sweep_page=3),
-        SoleOwner(),
         stream=False,
         checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: datetime(2030, 1, 1, tzinfo=UTC),
-        rng=random.Random(0),
     )
     engine.begin()
     engine.sweeps.append(Sweep(None, None))
