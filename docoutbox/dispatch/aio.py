@@ -80,20 +80,17 @@ class AsyncDispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or (
-            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        self.engine = wall_clock_engine(
+            config, ownership, source is not None, checkpoints is not None, rng, metrics
         )
+        self.config, self.ownership = self.engine.config, self.engine.ownership
+        self.metrics = self.engine.metrics
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
-        self.ownership = ownership or SoleOwner()
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
         self.trims = AsyncGroupWriter(backend, direct_workers=self.config.concurrency)
-        self.engine = wall_clock_engine(
-            self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
-        )
-        self.metrics = self.engine.metrics
         self._stopping = False
         self._crashed = False
         self._closed = False

@@ -52,20 +52,17 @@ class Dispatcher:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config or (
-            DispatcherConfig() if source is not None else DispatcherConfig.polling()
+        self.engine = wall_clock_engine(
+            config, ownership, source is not None, checkpoints is not None, rng, metrics
         )
+        self.config, self.ownership = self.engine.config, self.engine.ownership
+        self.metrics = self.engine.metrics
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
-        self.ownership = ownership or SoleOwner()
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
         #: Trims of concurrent runs go out together.
         self.trims = GroupWriter(backend, direct_workers=self.config.concurrency)
-        self.engine = wall_clock_engine(
-            self.config, self.ownership, source is not None, checkpoints is not None, rng, metrics
-        )
-        self.metrics = self.engine.metrics
         self._stop = threading.Event()
         self._crashed = threading.Event()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "docoutbox-dispatch")

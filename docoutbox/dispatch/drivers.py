@@ -31,7 +31,7 @@ from docoutbox.dispatch.engine import (
 )
 from docoutbox.dispatch.flow import Publish, Quarantine
 from docoutbox.dispatch.metrics import Metrics
-from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.ownership import Ownership, SoleOwner
 from docoutbox.dispatch.ports import (
     AsyncChangeSource,
     AsyncCheckpoints,
@@ -343,17 +343,21 @@ def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:
 
 
 def wall_clock_engine(
-    config: DispatcherConfig,
-    ownership: Ownership,
+    config: DispatcherConfig | None,
+    ownership: Ownership | None,
     stream: bool,
     checkpoints: bool,
     rng: random.Random | None,
     metrics: Metrics | None,
 ) -> DispatchEngine:
-    """The engine as the threaded and asyncio drivers run it: on the wall clock."""
+    """The engine as the threaded and asyncio drivers run it: on the wall clock. Without
+    a ``config``, the defaults (polling mode without a change ``stream``); without an
+    ``ownership``, a sole owner."""
+    if config is None:
+        config = DispatcherConfig() if stream else DispatcherConfig.polling()
     return DispatchEngine(
         config,
-        ownership,
+        ownership or SoleOwner(),
         stream=stream,
         checkpoints=checkpoints,
         monotonic=time.monotonic,
