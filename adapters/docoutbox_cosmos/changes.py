@@ -31,7 +31,7 @@ the parent range, and the SDK moves its continuation to the children.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from itertools import pairwise
 from typing import Any
 
@@ -179,9 +179,35 @@ class _FeedReader:
             docs.append(self._document(item))
             if isinstance(item, dict):
                 item.clear()
-        events = [ChangeEvent(before, doc, current=True) for doc in docs[:-1]]
-        events.append(ChangeEvent(after, docs[-1], current=True))
+        events = [ChangeEvent(before, doc, current=True, lane=key) for doc in docs[:-1]]
+        events.append(ChangeEvent(after, docs[-1], current=True, lane=key))
         return events
+
+    @staticmethod
+    def merge_positions(latest: Position, held: Mapping[Hashable, Position]) -> Position:
+        """``latest``, with each feed range in ``held`` (a lane: see
+        :class:`~docoutbox.dispatch.ports.ChangeEvent`) at the continuation, and holding,
+        that ``held`` gives for it. A range whose held position does not name it is left
+        out: its continuation is not saved this time."""
+        ranges = dict(latest["ranges"])
+        merged = {**latest, "ranges": ranges}
+        holdings = latest.get("holdings")
+        if isinstance(holdings, Mapping):
+            holdings = merged["holdings"] = dict(holdings)
+        for key, position in held.items():
+            if not isinstance(key, str):
+                continue  # not a feed range of this source's
+            tokens = position.get("ranges") if isinstance(position, Mapping) else None
+            token = tokens.get(key) if isinstance(tokens, Mapping) else None
+            if token is None:
+                ranges.pop(key, None)
+                if isinstance(holdings, dict):
+                    holdings.pop(key, None)
+                continue
+            ranges[key] = token
+            if isinstance(holdings, dict):
+                holdings[key] = (position.get("holdings") or {}).get(key)
+        return merged
 
     def _document(self, item: dict[str, Any]) -> Document:
         doc = self.codec.to_document(item)

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, batches, wall_clock_engine
 from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound
@@ -46,13 +46,20 @@ log = logging.getLogger("docoutbox.dispatcher")
 
 
 class InThread:
-    """Any sync port as its async twin: each method call runs in a worker thread."""
+    """Any sync port as its async twin: each method call runs in a worker thread, but for
+    the pure functions of :data:`PURE`, called as they are."""
+
+    #: Methods that do no I/O: a change source's ``merge_positions`` (see
+    #: :class:`~docoutbox.dispatch.ports.ChangeEvent`).
+    PURE = frozenset({"merge_positions"})
 
     def __init__(self, port: Any) -> None:
         self._port = port
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._port, name)
+        if name in self.PURE:
+            return cast(Callable[..., Any], method)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             return await asyncio.to_thread(method, *args, **kwargs)
@@ -81,7 +88,7 @@ class AsyncDispatcher:
         rng: random.Random | None = None,
     ) -> None:
         self.engine = wall_clock_engine(
-            config, ownership, source is not None, checkpoints is not None, rng, metrics
+            config, ownership, source, checkpoints is not None, rng, metrics
         )
         self.config, self.ownership = self.engine.config, self.engine.ownership
         self.metrics = self.engine.metrics

@@ -53,7 +53,7 @@ class Dispatcher:
         rng: random.Random | None = None,
     ) -> None:
         self.engine = wall_clock_engine(
-            config, ownership, source is not None, checkpoints is not None, rng, metrics
+            config, ownership, source, checkpoints is not None, rng, metrics
         )
         self.config, self.ownership = self.engine.config, self.engine.ownership
         self.metrics = self.engine.metrics

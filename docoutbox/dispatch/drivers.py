@@ -9,6 +9,7 @@ concerns (stopping during a sleep, abandoning work after a crash).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
@@ -345,19 +346,24 @@ def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:
 def wall_clock_engine(
     config: DispatcherConfig | None,
     ownership: Ownership | None,
-    stream: bool,
+    source: object | None,
     checkpoints: bool,
     rng: random.Random | None,
     metrics: Metrics | None,
 ) -> DispatchEngine:
     """The engine as the threaded and asyncio drivers run it: on the wall clock. Without
-    a ``config``, the defaults (polling mode without a change ``stream``); without an
+    a ``config``, the defaults (polling mode without a change ``source``); without an
     ``ownership``, a sole owner."""
+    stream = source is not None
     if config is None:
         config = DispatcherConfig() if stream else DispatcherConfig.polling()
+    merge = getattr(source, "merge_positions", None)
+    if not callable(merge) or inspect.iscoroutinefunction(merge):
+        merge = None  # one lane (a port wrapped by in_thread has only async methods)
     return DispatchEngine(
         config,
         ownership or SoleOwner(),
+        merge_positions=merge,
         stream=stream,
         checkpoints=checkpoints,
         monotonic=time.monotonic,

@@ -36,7 +36,15 @@ from functools import partial
 from typing import Any
 
 from docoutbox.dispatch.backlog import stream_lag
-from docoutbox.dispatch.checkpoint import Done, Gate, PositionTracker, Sweep
+from docoutbox.dispatch.checkpoint import (
+    Done,
+    Gate,
+    LanedTracker,
+    Merge,
+    PositionTracker,
+    Sweep,
+    always_done,
+)
 from docoutbox.dispatch.flow import (
     DispatchPolicy,
     DispatchResult,
@@ -282,6 +290,7 @@ class DispatchEngine:
         clock: Callable[[], datetime],
         rng: random.Random,
         metrics: Metrics | None = None,
+        merge_positions: Merge | None = None,
     ) -> None:
         self.config = config
         self.ownership = ownership
@@ -302,7 +311,9 @@ class DispatchEngine:
         #: requests (an event's copy may predate a trim). Bounded by what is in flight.
         self.trimmed = TrimmedIds.for_config(config)
         self.sweeps: deque[Sweep] = deque()
-        self.tracker = PositionTracker()
+        #: How the stream's source combines the positions of its lanes (None: one lane).
+        self._merge = merge_positions
+        self.tracker = self._tracker()
         #: The checkpoint last saved (or loaded).
         self.saved: Position | None = None
         self._loaded = not checkpoints
@@ -498,10 +509,7 @@ class DispatchEngine:
                 if lag is not None:
                     report(lag)
             done = self.request(event.document, reuse=event.current)
-            if done is None:
-                self.tracker.add(event.position)
-            else:
-                self.tracker.add(event.position, done)
+            self.tracker.add_event(event.position, done or always_done, event.lane)
         self._resume = self.tracker.latest
         if not any(event.document is not None for event in events):
             # The stream is drained: read again after poll_interval, not on every wake.
@@ -524,11 +532,16 @@ class DispatchEngine:
             return 0
         return min(self.config.batch_size, self.config.max_backlog) - self.queue.backlog()
 
+    def _tracker(self, position: Position | None = None) -> PositionTracker:
+        if self._merge is None:
+            return PositionTracker(position)
+        return LanedTracker(self._merge, position)
+
     def _start_stream(self, now: float) -> Generator[EngineOp, Any, None]:
         try:
             if not self._loaded:
                 self._resume = self.saved = yield LoadCheckpoint(self.config.name)
-                self.tracker = PositionTracker(self._resume)
+                self.tracker = self._tracker(self._resume)
                 self._loaded = True
             if self._resume is None:
                 yield from self._fresh_start()

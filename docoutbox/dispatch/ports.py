@@ -4,7 +4,7 @@ checkpoints and lease tables. Adapters perform I/O; they decide nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -57,11 +57,17 @@ class ChangeEvent:
     ``updateLookup`` of an update), not as of the change (an insert's document, or a log
     of copies): a current copy may be published from without reloading it. Leave it
     False when unsure; the dispatcher then reloads.
+
+    ``lane``: for a source made of independent streams (Cosmos DB feed ranges), the one
+    this event came from. With a ``merge_positions`` method on the source, an unfinished
+    event then holds back the checkpoint of its own lane only
+    (:class:`~docoutbox.dispatch.checkpoint.LanedTracker`).
     """
 
     position: Position
     document: Document | None
     current: bool = False
+    lane: Hashable | None = None
 
 
 @runtime_checkable

@@ -13,12 +13,17 @@ documents. The in-memory twins, with a stronger check, are in
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from docoutbox import OutboxMessage
+from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.errors import PublishError
 from docoutbox.testing import MemoryPublisher
 from tests.integration.test_cosmos_leases import LeaseEnv
 from tests.support.backends import (
@@ -114,3 +119,47 @@ def test_cosmos_lease_continuations_keep_moving_under_continuous_traffic(
     wait_until(lambda: env.pending() == 0, timeout=60)
     published = {(str(e.aggregate_id), e.seq) for e in publisher.published}
     assert published >= {(a, s) for a, seqs in env.emitted().items() for s in seqs}
+
+
+@pytest.mark.cosmos
+def test_a_feed_range_whose_entry_cannot_be_published_holds_back_its_own_continuation_only(
+    lease_env: LeaseEnv,
+) -> None:
+    """Each feed range is a lane: an unfinished event holds back its own range's
+    continuation, and the others keep moving (one position for all held them all)."""
+    env = lease_env
+    ranges = env.table().partitions
+    stuck = env.aggregates_in(0, 1)[0]
+    others = [env.aggregates_in(p, 1)[0] for p in range(1, ranges)]
+    refusing = threading.Event()
+    refusing.set()
+    attempts: list[str] = []
+
+    def nack(entry: OutboxMessage) -> BaseException | None:
+        if refusing.is_set() and entry.aggregate_id == stuck:
+            attempts.append(entry.id)
+            return PublishError("the broker refused it")
+        return None
+
+    publisher = MemoryPublisher(fail=nack)
+    retrying = DispatchPolicy(max_attempts=1_000_000, base_delay=0.02, max_delay=0.1)
+    env.start_leased(publisher, "a", replace(PROGRESS, policy=retrying))
+
+    def continuations() -> dict[int, Any]:
+        return {p: env.lease(p).get("continuation") for p in range(ranges)}
+
+    wait_until(lambda: all(continuations().values()), timeout=BOUND)
+    env.write(stuck, "stuck-1")
+    wait_until(lambda: len(attempts) >= 2, timeout=BOUND)
+    time.sleep(4 * PROGRESS.checkpoint_interval)  # what range 0 may still save is saved
+    before = continuations()
+    for n in range(3):
+        for aggregate in others:
+            env.write(aggregate, f"{aggregate}-{n}")
+    wait_until(
+        lambda: all(continuations()[p] != before[p] for p in range(1, ranges)), timeout=BOUND
+    )
+    assert continuations()[0] == before[0]
+    refusing.clear()
+    wait_until(lambda: continuations()[0] != before[0], timeout=BOUND)
+    wait_until(lambda: env.pending() == 0, timeout=60)
