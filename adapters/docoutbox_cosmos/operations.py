@@ -226,7 +226,10 @@ def find_pending(
             for p in parameters
         ]
         items = yield Query(sql, params)
-        docs.extend(codec.to_document(item) for item in items)
+        for item in items:
+            docs.append(codec.to_document(item))
+            if isinstance(item, dict):
+                item.clear()  # the SDK's pager keeps its last page until a cyclic GC
         if len(docs) >= limit:
             break
     return docs[:limit]

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosChangeSource
+from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosBackend, CosmosChangeSource
 
 RANGE = {"Range": {"min": "", "max": "FF", "isMinInclusive": True, "isMaxInclusive": False}}
 
@@ -92,3 +92,23 @@ def test_the_async_source_lets_go_of_them_too() -> None:
     events = asyncio.run(poll())
     assert [e.document["_id"] for e in events if e.document] == ["a0", "a1", "a2"]
     assert all(item == {} for item in container.pagers[0].current_page)
+
+
+class QueryContainer:
+    """A container whose query pager, like azure-cosmos's, keeps the page it handed out."""
+
+    def __init__(self) -> None:
+        self.pages: list[list[dict[str, Any]]] = []
+
+    def query_items(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        page = [] if self.pages else [raw_item(n) for n in range(3)]
+        self.pages.append(page)
+        return iter(page)
+
+
+def test_a_sweep_page_lets_go_of_its_items_too() -> None:
+    container = QueryContainer()
+    docs = CosmosBackend(container).find_pending(after=None, limit=10)
+    assert [d["_id"] for d in docs] == ["a0", "a1", "a2"]
+    assert docs[0]["outbox"][0]["id"] == "e0"
+    assert container.pages and all(item == {} for page in container.pages for item in page)
