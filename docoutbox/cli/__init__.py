@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib
 import logging
-import math
 import os
 import signal
 import socket
@@ -32,6 +31,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 from docoutbox.cli import admin, audit, logs, observe
 from docoutbox.cli.help import Formatter
+from docoutbox.cli.options import (
+    AT_LEAST_ONE,
+    COLLECTION,
+    DATABASE,
+    NON_NEGATIVE,
+    PARTITIONS,
+    POSITIVE,
+    TIMEOUT,
+)
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
@@ -68,45 +76,6 @@ class StdoutPublisher:
         with self._lock:
             sys.stdout.write(line)
             sys.stdout.flush()
-
-
-def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) -> Any:
-    """An argparse ``type``: a finite number of ``kind`` >= ``low`` (> ``low`` if strict)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            relation = "greater than" if strict else "at least"
-            raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-def _name(what: str) -> Any:
-    """An argparse ``type`` for a MongoDB database or collection name."""
-    forbidden = '/\\. "$' if what == "database" else "$"
-
-    def parse(text: str) -> str:
-        bad = [c for c in forbidden if c in text]
-        if not text or "\x00" in text or bad or text.startswith("system."):
-            raise argparse.ArgumentTypeError(
-                f"not a usable {what} name: {text!r}"
-                + (f" (it must not contain {''.join(bad)!r})" if bad else "")
-            )
-        return text
-
-    parse.__name__ = f"{what} name"
-    return parse
-
-
-POSITIVE = _number(float, 0, strict=True)
-NON_NEGATIVE = _number(float, 0)
-AT_LEAST_ONE = _number(int, 1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
         help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
         "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
     )
-    d.add_argument("--db", "--database", dest="db", type=_name("database"))
-    d.add_argument("--collection", "--container", dest="collection", type=_name("collection"))
+    d.add_argument("--db", "--database", dest="db", type=DATABASE)
+    d.add_argument("--collection", "--container", dest="collection", type=COLLECTION)
     d.add_argument(
         "--publisher",
         required=True,
@@ -201,9 +170,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
     d.add_argument(
-        "--partitions", type=AT_LEAST_ONE, default=16, help="must match the stores' config"
+        "--partitions", type=PARTITIONS, default=16, help="must match the stores' config"
     )
-    d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
+    d.add_argument("--lease-ttl", type=TIMEOUT, default=10.0, help="seconds; failover time")
     d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
     d.add_argument(
         "--concurrency", type=AT_LEAST_ONE, default=32, help="workers publishing in parallel"
@@ -235,10 +204,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--checkpoint-interval", type=POSITIVE, default=1.0, help="seconds")
     d.add_argument(
-        "--server-timeout", type=POSITIVE, default=5.0, help="seconds to reach the server"
+        "--server-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the server"
     )
     d.add_argument(
-        "--broker-timeout", type=POSITIVE, default=5.0, help="seconds to reach the broker"
+        "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
     )
     d.add_argument("--progress-interval", type=POSITIVE, default=10.0, help="seconds")
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -291,6 +291,9 @@ def test_memory_publisher_needs_an_explicit_flag(capsys: pytest.CaptureFixture[s
         ["--poll-interval", "0"],
         ["--partitions", "0"],
         ["--partitions", "1.5"],
+        ["--partitions", "99999999999999"],  # more than StoreConfig allows: hung, deaf to SIGTERM
+        ["--lease-ttl", "1e300"],  # overflowed a timedelta in the lease keeper
+        ["--server-timeout", "1e300"],  # refused by pymongo only after connecting: exit 1
         ["--collection", "$cmd"],
         ["--collection", "system.users"],
         ["--db", "a/b"],
@@ -309,6 +312,49 @@ def test_bad_options_exit_2_before_connecting(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert ":p@" not in err
+
+
+ADMIN_COMMANDS = [
+    ["outbox", "stats", "--collection", "c"],
+    ["dead-letters", "list"],
+    ["dead-letters", "show", "x"],
+    ["dead-letters", "replay", "x"],
+    ["dead-letters", "purge", "--yes"],
+    ["leases"],
+]
+
+
+@pytest.mark.parametrize("command", ADMIN_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--server-timeout", "nan"],  # was a ValueError traceback
+        ["--server-timeout", "inf"],  # was an OverflowError traceback
+        ["--server-timeout", "-1"],  # was "cannot use MongoDB", exit 1
+        ["--server-timeout", "1e300"],
+        ["--db", "a.b"],
+        ["--db", ""],
+        ["--dead-letters", ""],  # was an InvalidName traceback
+        ["--leases", "$cmd"],
+    ],
+)
+def test_operating_commands_refuse_bad_options_with_exit_2(
+    command: list[str], bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*command, "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert _exit_code([*args, "--server-timeout", "0.2", *bad]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert bad[0] in err
+
+
+@pytest.mark.parametrize("limit", ["-1", "99999999999999999999", "x"])
+def test_dead_letters_list_refuses_a_limit_it_cannot_use(
+    limit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["dead-letters", "list", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert _exit_code([*args, "--server-timeout", "0.2", "--limit", limit]) == 2
+    assert "--limit" in capsys.readouterr().err
 
 
 @pytest.mark.wire
