@@ -1,0 +1,78 @@
+"""Misused store API: a typed ``InvalidConfig``/``InvalidMessage`` before anything is
+written, never a bare TypeError or AttributeError from inside the store."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from docoutbox import (
+    AggregateStore,
+    AsyncAggregateStore,
+    InvalidConfig,
+    InvalidMessage,
+    Message,
+    StoreConfig,
+)
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.contract import Counter, counter_handlers
+
+MESSAGE = Message(id="m-1", type="Add", payload={"n": 1})
+
+
+@pytest.mark.parametrize("handler", [None, {"Add": counter_handlers}, "Add", 42])
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_a_handler_that_is_not_callable_is_refused_before_any_write(
+    handler: Any, group_commit: bool
+) -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter, group_commit=group_commit)
+    with pytest.raises(InvalidConfig, match="handler must be callable"):
+        store.handle("c-1", MESSAGE, handler, create=True)
+    with pytest.raises(InvalidConfig, match="handler must be callable"):
+        store.handle_batch("c-1", [MESSAGE], handler, create=True)
+    assert backend.changes == []
+
+
+def test_an_async_store_refuses_a_handler_that_is_not_callable() -> None:
+    backend = AsyncMemoryBackend()
+    store = AsyncAggregateStore(backend, Counter)
+
+    async def run() -> None:
+        with pytest.raises(InvalidConfig, match="handler must be callable"):
+            await store.handle("c-1", MESSAGE, None, create=True)  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessage, match="sequence of messages"):
+            await store.handle_batch("c-1", None, counter_handlers, create=True)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    assert backend.sync.changes == []
+
+
+@pytest.mark.parametrize("messages", [None, 5, "m-1", {"id": "m-1", "type": "Add"}, MESSAGE])
+def test_handle_batch_refuses_what_is_not_a_sequence_of_messages(messages: Any) -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    with pytest.raises(InvalidMessage, match="sequence of messages"):
+        store.handle_batch("c-1", messages, counter_handlers, create=True)
+    assert backend.changes == []
+
+
+@pytest.mark.parametrize(
+    ("backend", "model", "config"),
+    [
+        pytest.param(None, Counter, None, id="no-backend"),
+        pytest.param(object(), Counter, None, id="not-a-backend"),
+        pytest.param(MemoryBackend(), Counter(), None, id="model-instance"),
+        pytest.param(MemoryBackend(), dict, None, id="model-not-pydantic"),
+        pytest.param(MemoryBackend(), Counter, {"partitions": 4}, id="config-dict"),
+        pytest.param(MemoryBackend(), Counter, StoreConfig, id="config-class"),
+    ],
+)
+@pytest.mark.parametrize("store_class", [AggregateStore, AsyncAggregateStore])
+def test_a_store_built_from_wrong_arguments_is_refused_at_once(
+    store_class: Any, backend: Any, model: Any, config: Any
+) -> None:
+    with pytest.raises(InvalidConfig):
+        store_class(backend, model, config)
