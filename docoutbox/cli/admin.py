@@ -129,8 +129,11 @@ unchanged, to its queue. Every ID is checked first: if one is unknown or its agg
 is gone, nothing is replayed."""
 
 
-def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
-    print(f"docoutbox: error: {logs.mask(message, secrets)}", file=sys.stderr)
+def _fail(message: str, secrets: Sequence[str], code: int = 1, limit: int = 500) -> int:
+    """One ``docoutbox: error:`` line: driver and validation messages span several."""
+    text = " ".join(logs.mask(message, secrets).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    print(f"docoutbox: error: {text}", file=sys.stderr)
     return code
 
 

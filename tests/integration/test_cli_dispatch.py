@@ -413,3 +413,19 @@ def test_a_leased_dispatcher_partitioned_unlike_the_stores_refuses_to_start(
     assert proc.returncode == 1, err
     assert "refusing to dispatch" in err and "--partitions" in err
     assert database["aggs"].count_documents({"outbox.0": {"$exists": True}}) == 20
+
+
+@pytest.mark.wire
+def test_a_dead_letter_that_cannot_be_replayed_is_one_error_line(
+    mongo_uri: str, database: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reason (a pydantic validation report) spanned several lines."""
+    database["docoutbox_dead_letters"].insert_one(
+        {"_id": "e1", "origin": "dispatch", "aggregate_id": "a1", "entry": {"id": "e1"}}
+    )
+    args = ["dead-letters", "replay", "--mongo-uri", mongo_uri, "--db", database.name]
+    assert main([*args, "--collection", "aggs", "e1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("docoutbox: error: dead letter 'e1' holds a malformed entry")
+    assert err.count("\n") == 1
+    assert database["docoutbox_dead_letters"].count_documents({}) == 1
