@@ -46,7 +46,7 @@ from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.errors import DocOutboxError, PartitionMismatch
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
 
 log = logging.getLogger("docoutbox.cli")
@@ -66,16 +66,34 @@ class CountingPublisher:
 
 
 class StdoutPublisher:
-    """Writes each entry as one JSON line to stdout (the broker body)."""
+    """Writes each entry as one JSON line to stdout (the broker body).
 
-    def __init__(self) -> None:
+    When the reader goes away (``| head``: a broken pipe) nothing more can be delivered:
+    the entry is held (``BrokerUnavailable``, never counted against it) and
+    ``on_closed`` is called once, so that the command stops instead of failing every
+    entry.
+    """
+
+    def __init__(self, on_closed: Any = None) -> None:
         self._lock = threading.Lock()
+        self.on_closed = on_closed
+        self.closed: OSError | None = None
 
     def publish(self, entry: OutboxMessage) -> None:
         line = encode_entry(entry).decode() + "\n"
         with self._lock:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            if self.closed is not None:
+                raise BrokerUnavailable(f"stdout is closed: {self.closed}")
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except OSError as exc:
+                self.closed = exc
+                # Python would report the unflushed line again at exit.
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+                if self.on_closed is not None:
+                    self.on_closed()
+                raise BrokerUnavailable(f"stdout is closed: {exc}") from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -358,6 +376,15 @@ def _dispatch(
     except (DocOutboxError, ImportError, ValueError) as exc:
         target.close()
         return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
+    output = publisher if isinstance(publisher, StdoutPublisher) else None
+    if output is not None:
+
+        def reader_gone() -> None:
+            log.warning("stdout_closed: nothing more can be delivered; stopping")
+            for each in running:
+                each.stop()
+
+        output.on_closed = reader_gone
     if args.publisher == "memory":
         log.warning(
             "publisher=memory: entries are trimmed WITHOUT being delivered anywhere "
@@ -410,9 +437,10 @@ def _dispatch(
         f"polling every {config.sweep_interval}s" if polling else "change-stream",
     )
     if args.use_async:
-        return _dispatch_async(
+        code = _dispatch_async(
             args, secrets, wiring, target, publisher, ownership, config, seen, running, stopping
         )
+        return _closed(output, secrets) if code == 0 else code
     try:
         seen.start(dispatcher)
     except OSError as exc:
@@ -431,7 +459,14 @@ def _dispatch(
             close()
         seen.close()
         target.close()
-    return 0
+    return _closed(output, secrets)
+
+
+def _closed(output: StdoutPublisher | None, secrets: Sequence[str]) -> int:
+    """1 if the dispatcher stopped because its stdout reader went away, else 0."""
+    if output is None or output.closed is None:
+        return 0
+    return _fail(f"stdout was closed ({output.closed}); entries not written stay pending", secrets)
 
 
 def _dispatch_async(

@@ -429,3 +429,29 @@ def test_a_dead_letter_that_cannot_be_replayed_is_one_error_line(
     assert err.startswith("docoutbox: error: dead letter 'e1' holds a malformed entry")
     assert err.count("\n") == 1
     assert database["docoutbox_dead_letters"].count_documents({}) == 1
+
+
+@pytest.mark.wire
+@pytest.mark.parametrize("driver", [[], ["--async"]], ids=["threads", "asyncio"])
+def test_a_closed_stdout_stops_the_stdout_publisher_and_loses_nothing(
+    mongo_uri: str, database: Any, driver: list[str]
+) -> None:
+    """``docoutbox dispatch --publisher stdout | head -1``: once the reader is gone every
+    publish raised BrokenPipeError, logged with a traceback, and the command never
+    ended. It now stops, exits 1 with one line, and the entries stay pending."""
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    for i in range(5):
+        store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+    proc = cli(*_dispatch_args(mongo_uri, database.name), "--publisher", "stdout", *driver)
+    assert proc.proc.stdout is not None
+    proc.proc.stdout.close()  # the reader goes away before the first entry
+    try:
+        proc.proc.wait(timeout=30)
+    finally:
+        _, err = proc.communicate(timeout=10) if proc.proc.poll() is not None else proc.terminate()
+    assert proc.returncode == 1, err
+    assert "docoutbox: error: stdout was closed" in err
+    assert "Traceback" not in err
+    pending = sum(len(doc.get("outbox", [])) for doc in database["aggs"].find())
+    assert pending == 5
+    assert database["docoutbox_dead_letters"].count_documents({}) == 0
