@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import (
     AsyncIterator,
@@ -110,6 +111,20 @@ def _check_store_arguments(backend: object, model: object, config: object) -> No
         raise InvalidConfig(f"config must be a StoreConfig, got {type(config).__name__}")
     if not all(hasattr(backend, name) for name in ("document_size", "max_document_bytes")):
         raise InvalidConfig(f"backend must be a store backend, got {type(backend).__name__}")
+
+
+def _check_driver(backend: object, *, asynchronous: bool) -> None:
+    """A sync store over an async backend (or the reverse) failed on its first call with
+    an AttributeError or TypeError from deep inside the flow."""
+    load = getattr(backend, "load", None)
+    if load is None or inspect.iscoroutinefunction(load) == asynchronous:
+        return
+    name = type(backend).__name__
+    if asynchronous:
+        raise InvalidConfig(
+            f"AsyncAggregateStore needs an async backend (AsyncStoreBackend), got {name}"
+        )
+    raise InvalidConfig(f"AggregateStore needs a sync backend (StoreBackend), got {name}")
 
 
 class _StoreFlows(Generic[S]):
@@ -231,6 +246,7 @@ class AggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], None] = time.sleep,
         group_commit: bool = False,
     ) -> None:
+        _check_driver(backend, asynchronous=False)
         super().__init__(backend, model, config)
         self.backend = backend
         self._sleep = sleep
@@ -351,6 +367,7 @@ class AsyncAggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         group_commit: bool = False,
     ) -> None:
+        _check_driver(backend, asynchronous=True)
         super().__init__(backend, model, config)
         self.backend = backend
         self._sleep = sleep

@@ -76,3 +76,15 @@ def test_a_store_built_from_wrong_arguments_is_refused_at_once(
 ) -> None:
     with pytest.raises(InvalidConfig):
         store_class(backend, model, config)
+
+
+def test_a_sync_store_over_an_async_backend_is_refused_at_once() -> None:
+    """It returned coroutines to the flow: AttributeError on the first handle."""
+    with pytest.raises(InvalidConfig, match="sync backend"):
+        AggregateStore(AsyncMemoryBackend(), Counter)  # type: ignore[arg-type]
+
+
+def test_an_async_store_over_a_sync_backend_is_refused_at_once() -> None:
+    """It awaited plain results: TypeError on the first handle."""
+    with pytest.raises(InvalidConfig, match="async backend"):
+        AsyncAggregateStore(MemoryBackend(), Counter)  # type: ignore[arg-type]
