@@ -13,8 +13,11 @@ from docoutbox import (
     AsyncAggregateStore,
     InvalidConfig,
     InvalidMessage,
+    LocalPublisher,
     Message,
+    Route,
     StoreConfig,
+    partition_of,
 )
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, counter_handlers
@@ -88,3 +91,33 @@ def test_an_async_store_over_a_sync_backend_is_refused_at_once() -> None:
     """It awaited plain results: TypeError on the first handle."""
     with pytest.raises(InvalidConfig, match="async backend"):
         AsyncAggregateStore(MemoryBackend(), Counter)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        None,
+        ["Stock"],
+        {"Stock": 5},
+        {"Stock": Route(AggregateStore(MemoryBackend(), Counter), None)},  # type: ignore[arg-type]
+    ],
+    ids=["none", "list", "not-a-route", "handler-none"],
+)
+def test_a_local_publisher_refuses_routes_it_cannot_follow(routes: Any) -> None:
+    """These were AttributeErrors, or accepted and failed at the first publish."""
+    with pytest.raises(InvalidConfig):
+        LocalPublisher(routes)
+
+
+@pytest.mark.parametrize("partitions", [0, -1, 2.0, "16", None])
+def test_partition_of_refuses_a_partition_count_that_is_not_a_positive_int(
+    partitions: Any,
+) -> None:
+    with pytest.raises(InvalidConfig, match="partitions"):
+        partition_of("a", partitions)  # was ZeroDivisionError for 0
+
+
+@pytest.mark.parametrize("model", [int, dict, Counter(), None])
+def test_payload_as_refuses_what_is_not_a_pydantic_model_class(model: Any) -> None:
+    with pytest.raises(InvalidConfig, match="payload_as"):
+        MESSAGE.payload_as(model)  # was an AttributeError on model_validate
