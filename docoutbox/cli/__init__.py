@@ -35,9 +35,9 @@ from docoutbox.cli.options import (
     AT_LEAST_ONE,
     COLLECTION,
     DATABASE,
-    NON_NEGATIVE,
+    GRACE,
+    INTERVAL,
     PARTITIONS,
-    POSITIVE,
     TIMEOUT,
 )
 from docoutbox.codec import WireFormat, encode_entry
@@ -208,26 +208,24 @@ def _parser() -> argparse.ArgumentParser:
         help="run the asyncio dispatcher (pymongo's AsyncMongoClient or azure.cosmos.aio; "
         "publisher in threads)",
     )
-    d.add_argument("--sweep-interval", type=POSITIVE, default=60.0, help="seconds")
-    d.add_argument(
-        "--grace", type=NON_NEGATIVE, default=30.0, help="sweep entries older than this (s)"
-    )
+    d.add_argument("--sweep-interval", type=INTERVAL, default=60.0, help="seconds")
+    d.add_argument("--grace", type=GRACE, default=30.0, help="sweep entries older than this (s)")
     d.add_argument(
         "--poll-interval",
-        type=POSITIVE,
+        type=INTERVAL,
         help="polling mode, without change streams: sweep every this many seconds, no grace",
     )
     d.add_argument(
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
-    d.add_argument("--checkpoint-interval", type=POSITIVE, default=1.0, help="seconds")
+    d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
     d.add_argument(
         "--server-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the server"
     )
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
     )
-    d.add_argument("--progress-interval", type=POSITIVE, default=10.0, help="seconds")
+    d.add_argument("--progress-interval", type=INTERVAL, default=10.0, help="seconds")
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     observe.add_arguments(d)
     admin.add_commands(sub)

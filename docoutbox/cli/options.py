@@ -65,6 +65,13 @@ def name(what: str) -> Any:
 POSITIVE = number(float, 0, strict=True)
 NON_NEGATIVE = number(float, 0)
 AT_LEAST_ONE = number(int, 1)
+#: The longest interval or grace period a command accepts (30 days): beyond that,
+#: timedelta arithmetic and thread waits overflow.
+MAX_INTERVAL = 30 * 86_400.0
+#: Seconds between two runs of something (sweeps, checkpoints, progress lines).
+INTERVAL = number(float, 0, strict=True, high=MAX_INTERVAL)
+#: Seconds of grace (0 allowed).
+GRACE = number(float, 0, high=MAX_INTERVAL)
 #: Seconds to wait for a server or a broker.
 TIMEOUT = number(float, 0, strict=True, high=MAX_SECONDS)
 #: The stores' ``StoreConfig.partitions``: the same bounds.

@@ -294,6 +294,11 @@ def test_memory_publisher_needs_an_explicit_flag(capsys: pytest.CaptureFixture[s
         ["--partitions", "99999999999999"],  # more than StoreConfig allows: hung, deaf to SIGTERM
         ["--lease-ttl", "1e300"],  # overflowed a timedelta in the lease keeper
         ["--server-timeout", "1e300"],  # refused by pymongo only after connecting: exit 1
+        ["--backlog-interval", "1e300"],  # OverflowError in the backlog thread
+        ["--grace", "1e300"],
+        ["--sweep-interval", "1e300"],
+        ["--poll-interval", "1e300"],
+        ["--checkpoint-interval", "1e300"],
         ["--collection", "$cmd"],
         ["--collection", "system.users"],
         ["--db", "a/b"],
