@@ -244,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     run: admin.Runner | None = getattr(args, "run", None)
     if run is not None:
-        return run(args)
+        try:
+            return run(args)
+        except KeyboardInterrupt:
+            # Each command's writes are single database commands: nothing is half done.
+            print("docoutbox: interrupted", file=sys.stderr)
+            return 130
     return dispatch(args)
 
 

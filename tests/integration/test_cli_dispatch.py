@@ -460,3 +460,18 @@ def test_a_closed_stdout_stops_the_stdout_publisher_and_loses_nothing(
     pending = sum(len(doc.get("outbox", [])) for doc in database["aggs"].find())
     assert pending == 5
     assert database["docoutbox_dead_letters"].count_documents({}) == 0
+
+
+def test_ctrl_c_in_an_operating_command_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while ``outbox stats`` waits for an unreachable server was a traceback."""
+    import docoutbox_mongo.wiring
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(docoutbox_mongo.wiring, "connect_database", interrupted)
+    args = ["outbox", "stats", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert main([*args, "--collection", "c"]) == 130
+    assert capsys.readouterr().err == "docoutbox: interrupted\n"
