@@ -163,6 +163,8 @@ class _StoreFlows(Generic[S]):
         self, message: Message | dict[str, Any], handler: Handler[S], create: bool
     ) -> Item[S]:
         check_handler(handler)
+        if type(create) is not bool:
+            raise InvalidConfig(f"create must be a bool, got {create!r}")
         return Item(Message.parse(message), handler, create)
 
     def _handle_flow(

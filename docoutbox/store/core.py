@@ -262,6 +262,8 @@ class Core(Generic[S]):
             raise InvalidConfig(
                 f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
             )
+        if type(create) is not bool:
+            raise InvalidConfig(f"create must be a bool, got {create!r}")
         retry = self.config.retry
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)

@@ -121,3 +121,16 @@ def test_partition_of_refuses_a_partition_count_that_is_not_a_positive_int(
 def test_payload_as_refuses_what_is_not_a_pydantic_model_class(model: Any) -> None:
     with pytest.raises(InvalidConfig, match="payload_as"):
         MESSAGE.payload_as(model)  # was an AttributeError on model_validate
+
+
+@pytest.mark.parametrize("create", ["no", "false", 1, None])
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_create_must_be_a_bool(create: Any, group_commit: bool) -> None:
+    """create="no" is truthy: it created the aggregate."""
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter, group_commit=group_commit)
+    with pytest.raises(InvalidConfig, match="create must be a bool"):
+        store.handle("c-1", MESSAGE, counter_handlers, create=create)
+    with pytest.raises(InvalidConfig, match="create must be a bool"):
+        store.handle_batch("c-1", [MESSAGE], counter_handlers, create=create)
+    assert backend.changes == []
