@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from docoutbox.errors import InvalidHandlerResult, UnknownMessageType
+from docoutbox.errors import InvalidConfig, InvalidHandlerResult, UnknownMessageType
 from docoutbox.model import Emit, Message
 
 S = TypeVar("S", bound=BaseModel)
@@ -91,10 +91,19 @@ class Handlers(Generic[S]):
         self._by_type: dict[str, Handler[S]] = {}
 
     def on(self, *types: str) -> Callable[[Handler[S]], Handler[S]]:
+        if not types:
+            raise InvalidConfig("Handlers.on needs at least one message type")
+        for name in types:
+            if type(name) is not str or not name:
+                raise InvalidConfig(f"a message type is a non-empty str, got {name!r}")
+
         def register(fn: Handler[S]) -> Handler[S]:
+            if not callable(fn):
+                raise InvalidConfig(f"a handler must be callable, got {type(fn).__name__}")
             for name in types:
                 if name in self._by_type:
-                    raise ValueError(f"a handler for {name!r} is already registered")
+                    raise InvalidConfig(f"a handler for {name!r} is already registered")
+            for name in types:
                 self._by_type[name] = fn
             return fn
 

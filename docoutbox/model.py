@@ -229,6 +229,8 @@ class Message(_Strict):
 
     def payload_as(self, model: builtins.type[M]) -> M:
         """The payload validated as ``model``; InvalidPayload if it does not fit."""
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise InvalidConfig(f"payload_as takes a pydantic model class, got {model!r}")
         try:
             return model.model_validate(self.payload)
         except ValidationError as exc:

@@ -46,6 +46,7 @@ from docoutbox_kafka.publisher import DEFAULTS as PRODUCER_DEFAULTS
 from docoutbox_kafka.publisher import REQUIRED as PRODUCER_REQUIRED
 from docoutbox_kafka.records import (
     Headers,
+    client_settings,
     masked_config,
     received_headers,
 )
@@ -114,7 +115,7 @@ class KafkaSettlement(Generic[St, R]):
             )
         if max_batch < 1:
             raise InvalidConfig(f"max_batch must be at least 1, got {max_batch}")
-        settings = {"bootstrap.servers": config} if isinstance(config, str) else dict(config)
+        settings = client_settings(config)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.group = group
         self.store = store

@@ -16,7 +16,7 @@ from docoutbox.codec import WireFormat
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_kafka.errors import translate_error, translated
-from docoutbox_kafka.records import masked_config, record_for
+from docoutbox_kafka.records import client_settings, masked_config, record_for
 
 log = logging.getLogger("docoutbox.kafka")
 
@@ -89,7 +89,7 @@ class KafkaPublisher:
         wire: WireFormat = WireFormat.PLAIN,
     ) -> None:
         self.wire = WireFormat(wire)
-        settings = {"bootstrap.servers": config} if isinstance(config, str) else dict(config)
+        settings = client_settings(config)
         settings = {**DEFAULTS, **settings, **REQUIRED}
         settings.setdefault("client.id", "docoutbox-publisher")
         self.topic = topic

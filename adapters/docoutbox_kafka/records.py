@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from docoutbox.codec import KAFKA_PREFIX, WireFormat, encode, encode_entry
+from docoutbox.errors import InvalidConfig
 from docoutbox.model import OutboxMessage
 
 #: Configuration keys whose values are secrets.
@@ -78,3 +79,19 @@ def masked_config(config: Mapping[str, Any]) -> dict[str, Any]:
         key: "***" if any(word in key.lower() for word in SECRET_KEYS) else value
         for key, value in config.items()
     }
+
+
+def client_settings(config: object) -> dict[str, Any]:
+    """The librdkafka settings of ``config``: bootstrap servers as a non-empty string, or
+    a mapping of settings. InvalidConfig otherwise (None raised a TypeError, and an empty
+    string was accepted until the first publish timed out)."""
+    if isinstance(config, str):
+        if not config.strip():
+            raise InvalidConfig("the Kafka bootstrap servers must not be empty")
+        return {"bootstrap.servers": config}
+    if not isinstance(config, Mapping):
+        raise InvalidConfig(
+            f"Kafka config must be bootstrap servers (a str) or a mapping of settings, "
+            f"got {type(config).__name__}"
+        )
+    return dict(config)

@@ -10,9 +10,33 @@ from urllib.parse import urlsplit, urlunsplit
 import pika  # type: ignore[import-untyped, unused-ignore]
 
 from docoutbox.codec import AMQP_PREFIX, WireFormat, encode
-from docoutbox.errors import PermanentPublishError
+from docoutbox.errors import InvalidConfig, PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.errors import translated
+
+
+def check_url(url: object) -> str:
+    """``url`` if it is an ``amqp://`` or ``amqps://`` URL (no host: localhost), else InvalidConfig
+    (pika raised IndexError or TypeError for some malformed URLs, or accepted them)."""
+    # pika's own parameters are checked by pika_parameters (aio-pika takes others).
+    if not isinstance(url, str):
+        raise InvalidConfig(f"the broker URL must be a str, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+        if parts.scheme not in {"amqp", "amqps"}:
+            raise ValueError(f"expected amqp:// or amqps://, got {masked(url)!r}")
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise InvalidConfig(f"not a usable AMQP URL: {exc}") from None
+    return url
+
+
+def pika_parameters(url: str) -> Any:
+    """pika's connection parameters for ``url``; InvalidConfig for one pika refuses."""
+    try:
+        return pika.URLParameters(url)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise InvalidConfig(f"not a usable AMQP URL: {exc}") from None
 
 
 def masked(url: str) -> str:
@@ -95,6 +119,9 @@ class Routing:
         probe_idle: float = 1.0,
         wire: WireFormat = WireFormat.PLAIN,
     ) -> None:
+        check_url(url)
+        if not isinstance(exchange, str):
+            raise InvalidConfig(f"exchange must be a str, got {type(exchange).__name__}")
         self.wire = WireFormat(wire)
         self.exchange = exchange
         self.routing_key = routing_key

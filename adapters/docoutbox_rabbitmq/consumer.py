@@ -33,7 +33,7 @@ from docoutbox.receive import (
     log_verdict,
 )
 from docoutbox.store.api import AggregateStore
-from docoutbox_rabbitmq.amqp import masked
+from docoutbox_rabbitmq.amqp import check_url, masked, pika_parameters
 from docoutbox_rabbitmq.errors import translated
 
 S = TypeVar("S", bound=BaseModel)
@@ -74,7 +74,7 @@ class Settlement(Generic[St, R]):
         self.dead_letters = dead_letters
         self.stats = ConsumerStats()
         self._rng = random.Random()
-        self._url = url
+        self._url = check_url(url)
         self._connection_name = f"docoutbox-consumer {queue}"
 
     def __repr__(self) -> str:
@@ -146,7 +146,7 @@ class RabbitConsumer(Settlement[AggregateStore[S], Rejects], Generic[S]):
     ) -> None:
         super().__init__(url, queue, store, handler, **options)
         self._sleep = sleep
-        self._params = pika.URLParameters(url)
+        self._params = pika_parameters(url)
         self._params.client_properties = {"connection_name": self._connection_name}
         self._connection: Any = None
 

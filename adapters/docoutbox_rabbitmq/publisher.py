@@ -15,7 +15,7 @@ import pika.exceptions as px  # type: ignore[import-untyped, unused-ignore]
 
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.model import OutboxMessage
-from docoutbox_rabbitmq.amqp import Routing, declare, masked
+from docoutbox_rabbitmq.amqp import Routing, declare, masked, pika_parameters
 from docoutbox_rabbitmq.errors import MISSING_CODES, translate, translated
 
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -70,7 +70,7 @@ class RabbitPublisher(Routing):
         **options: Any,
     ) -> None:
         super().__init__(url, exchange, **options)
-        self._params = pika.URLParameters(url)
+        self._params = pika_parameters(url)
         self._params.client_properties = {"connection_name": connection_name}
         self._params.blocked_connection_timeout = blocked_timeout
         self._local = threading.local()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from docoutbox.cli import logs
+from docoutbox.cli.options import AT_LEAST_ONE, NON_NEGATIVE, PARTITIONS, number
 from docoutbox.errors import DocOutboxError
 
 EXIT_FINDINGS = 3
@@ -84,7 +85,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="connector (default with --mongo-uri), datasource (pymongo), or cosmos (default "
         "with --cosmos-endpoint)",
     )
-    p.add_argument("--read-partitions", type=int, default=4, help="Spark partitions per read")
+    p.add_argument(
+        "--read-partitions",
+        type=number(int, 1, high=100_000),
+        default=4,
+        help="Spark partitions per read",
+    )
     p.add_argument(
         "--spark-jars",
         default=env("DOCOUTBOX_SPARK_JARS"),
@@ -95,7 +101,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-memory", default="1g")
     p.add_argument(
         "--progress-interval",
-        type=float,
+        type=NON_NEGATIVE,
         default=5.0,
         help="seconds between progress lines on stderr (0: none)",
     )
@@ -111,31 +117,35 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--from-parquet", metavar="DIR", help="audit a snapshot written by export")
     a.add_argument("--report", metavar="HTML", help="write the HTML report here")
     a.add_argument("--json", metavar="JSON", help="write the JSON summary here")
-    a.add_argument("--sla", type=float, default=300.0, help="seconds an entry may stay pending")
-    a.add_argument("--window", type=int, default=100, help="the consumers' inbox window")
+    a.add_argument(
+        "--sla", type=NON_NEGATIVE, default=300.0, help="seconds an entry may stay pending"
+    )
+    a.add_argument("--window", type=AT_LEAST_ONE, default=100, help="the consumers' inbox window")
     a.add_argument(
         "--above-limit",
-        type=int,
+        type=number(int, 0),
         default=100,
         help="exact-mode 'above' set size that counts as saturation",
     )
     a.add_argument("--size-limit", choices=["mongodb", "cosmos"], default="mongodb")
     a.add_argument(
         "--size-fraction",
-        type=float,
+        type=number(float, 0, strict=True, high=1),
         default=0.8,
         help="a document above this fraction of the size limit is a finding",
     )
-    a.add_argument("--partitions", type=int, help="dispatcher partitions (StoreConfig.partitions)")
+    a.add_argument(
+        "--partitions", type=PARTITIONS, help="dispatcher partitions (StoreConfig.partitions)"
+    )
     a.add_argument(
         "--skew-ratio",
-        type=float,
+        type=number(float, 1),
         default=4.0,
         help="a partition with this multiple of the mean backlog is a finding",
     )
     a.add_argument(
         "--skew-min-pending",
-        type=int,
+        type=number(int, 0),
         default=100,
         help="report skew only when at least this many entries are pending",
     )
@@ -158,6 +168,34 @@ def _instant(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def _unwritable(option: str, path: str, *, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be written (checked before Spark reads anything), or None."""
+    target = Path(path)
+    if not directory and target.is_dir():
+        return f"{option} {path}: is a directory"
+    if directory and target.exists() and not target.is_dir():
+        return f"{option} {path}: exists and is not a directory"
+    where = target if directory and target.is_dir() else target.parent
+    where = where if str(where) else Path(".")
+    if not where.is_dir():
+        return f"{option} {path}: no such directory: {where}"
+    if not os.access(where, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        return f"{option} {path}: not writable"
+    return None
+
+
+def _outputs(args: argparse.Namespace) -> str | None:
+    if args.command == "export":
+        return _unwritable("--out", args.out, directory=True)
+    for option, path in (("--report", args.report), ("--json", args.json)):
+        problem = path is not None and _unwritable(option, path)
+        if problem:
+            return problem
+    return None
+
+
 def _thresholds(items: list[str]) -> dict[str, int | None]:
     from docoutbox_spark.run import DEFAULT_THRESHOLDS
 
@@ -178,6 +216,9 @@ def _thresholds(items: list[str]) -> dict[str, int | None]:
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    problem = _outputs(args)
+    if problem:
+        return problem
     if args.command == "audit" and args.from_parquet:
         return (
             None if Path(args.from_parquet).is_dir() else f"{args.from_parquet} is not a directory"
@@ -189,8 +230,6 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--cosmos-endpoint needs --reader cosmos, not {args.reader}"
     if not (args.mongo_uri and args.db and args.collection):
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI), --db and --collection are required"
-    if args.read_partitions < 1:
-        return "--read-partitions must be at least 1"
     return None
 
 

@@ -71,6 +71,10 @@ def plan_ranges(sorted_ids: list[Any], partitions: int) -> list[IdRange]:
             groups[-1][1].append(value)
         else:
             groups.append((cls, [value]))
+    if not groups:
+        # Spark reads a source without partitions through one bare InputPartition,
+        # which has no filter: an empty collection is one partition matching nothing.
+        return [IdRange(ids=())]
     ranges: list[IdRange] = []
     for cls, ids in groups:
         for start in range(0, len(ids), size):

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib
 import logging
-import math
 import os
 import signal
 import socket
@@ -32,13 +31,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 from docoutbox.cli import admin, audit, logs, observe
 from docoutbox.cli.help import Formatter
+from docoutbox.cli.options import (
+    AT_LEAST_ONE,
+    COLLECTION,
+    DATABASE,
+    GRACE,
+    INTERVAL,
+    PARTITIONS,
+    TIMEOUT,
+)
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.errors import DocOutboxError, PartitionMismatch
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
 
 log = logging.getLogger("docoutbox.cli")
@@ -58,55 +66,34 @@ class CountingPublisher:
 
 
 class StdoutPublisher:
-    """Writes each entry as one JSON line to stdout (the broker body)."""
+    """Writes each entry as one JSON line to stdout (the broker body).
 
-    def __init__(self) -> None:
+    When the reader goes away (``| head``: a broken pipe) nothing more can be delivered:
+    the entry is held (``BrokerUnavailable``, never counted against it) and
+    ``on_closed`` is called once, so that the command stops instead of failing every
+    entry.
+    """
+
+    def __init__(self, on_closed: Any = None) -> None:
         self._lock = threading.Lock()
+        self.on_closed = on_closed
+        self.closed: OSError | None = None
 
     def publish(self, entry: OutboxMessage) -> None:
         line = encode_entry(entry).decode() + "\n"
         with self._lock:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-
-
-def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) -> Any:
-    """An argparse ``type``: a finite number of ``kind`` >= ``low`` (> ``low`` if strict)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            relation = "greater than" if strict else "at least"
-            raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-def _name(what: str) -> Any:
-    """An argparse ``type`` for a MongoDB database or collection name."""
-    forbidden = '/\\. "$' if what == "database" else "$"
-
-    def parse(text: str) -> str:
-        bad = [c for c in forbidden if c in text]
-        if not text or "\x00" in text or bad or text.startswith("system."):
-            raise argparse.ArgumentTypeError(
-                f"not a usable {what} name: {text!r}"
-                + (f" (it must not contain {''.join(bad)!r})" if bad else "")
-            )
-        return text
-
-    parse.__name__ = f"{what} name"
-    return parse
-
-
-POSITIVE = _number(float, 0, strict=True)
-NON_NEGATIVE = _number(float, 0)
-AT_LEAST_ONE = _number(int, 1)
+            if self.closed is not None:
+                raise BrokerUnavailable(f"stdout is closed: {self.closed}")
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except OSError as exc:
+                self.closed = exc
+                # Python would report the unflushed line again at exit.
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+                if self.on_closed is not None:
+                    self.on_closed()
+                raise BrokerUnavailable(f"stdout is closed: {exc}") from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,8 +149,8 @@ def _parser() -> argparse.ArgumentParser:
         help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
         "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
     )
-    d.add_argument("--db", "--database", dest="db", type=_name("database"))
-    d.add_argument("--collection", "--container", dest="collection", type=_name("collection"))
+    d.add_argument("--db", "--database", dest="db", type=DATABASE)
+    d.add_argument("--collection", "--container", dest="collection", type=COLLECTION)
     d.add_argument(
         "--publisher",
         required=True,
@@ -201,9 +188,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--name", help="dispatcher name (its checkpoint); default dispatch:DB.COLL")
     d.add_argument(
-        "--partitions", type=AT_LEAST_ONE, default=16, help="must match the stores' config"
+        "--partitions", type=PARTITIONS, default=16, help="must match the stores' config"
     )
-    d.add_argument("--lease-ttl", type=POSITIVE, default=10.0, help="seconds; failover time")
+    d.add_argument("--lease-ttl", type=TIMEOUT, default=10.0, help="seconds; failover time")
     d.add_argument("--no-leases", action="store_true", help="single instance: own every partition")
     d.add_argument(
         "--concurrency", type=AT_LEAST_ONE, default=32, help="workers publishing in parallel"
@@ -221,26 +208,24 @@ def _parser() -> argparse.ArgumentParser:
         help="run the asyncio dispatcher (pymongo's AsyncMongoClient or azure.cosmos.aio; "
         "publisher in threads)",
     )
-    d.add_argument("--sweep-interval", type=POSITIVE, default=60.0, help="seconds")
-    d.add_argument(
-        "--grace", type=NON_NEGATIVE, default=30.0, help="sweep entries older than this (s)"
-    )
+    d.add_argument("--sweep-interval", type=INTERVAL, default=60.0, help="seconds")
+    d.add_argument("--grace", type=GRACE, default=30.0, help="sweep entries older than this (s)")
     d.add_argument(
         "--poll-interval",
-        type=POSITIVE,
+        type=INTERVAL,
         help="polling mode, without change streams: sweep every this many seconds, no grace",
     )
     d.add_argument(
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
-    d.add_argument("--checkpoint-interval", type=POSITIVE, default=1.0, help="seconds")
+    d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
     d.add_argument(
-        "--server-timeout", type=POSITIVE, default=5.0, help="seconds to reach the server"
+        "--server-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the server"
     )
     d.add_argument(
-        "--broker-timeout", type=POSITIVE, default=5.0, help="seconds to reach the broker"
+        "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
     )
-    d.add_argument("--progress-interval", type=POSITIVE, default=10.0, help="seconds")
+    d.add_argument("--progress-interval", type=INTERVAL, default=10.0, help="seconds")
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     observe.add_arguments(d)
     admin.add_commands(sub)
@@ -259,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(args_list)
     run: admin.Runner | None = getattr(args, "run", None)
     if run is not None:
-        return run(args)
+        try:
+            return run(args)
+        except KeyboardInterrupt:
+            # Each command's writes are single database commands: nothing is half done.
+            print("docoutbox: interrupted", file=sys.stderr)
+            return 130
     return dispatch(args)
 
 
@@ -389,6 +379,15 @@ def _dispatch(
     except (DocOutboxError, ImportError, ValueError) as exc:
         target.close()
         return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
+    output = publisher if isinstance(publisher, StdoutPublisher) else None
+    if output is not None:
+
+        def reader_gone() -> None:
+            log.warning("stdout_closed: nothing more can be delivered; stopping")
+            for each in running:
+                each.stop()
+
+        output.on_closed = reader_gone
     if args.publisher == "memory":
         log.warning(
             "publisher=memory: entries are trimmed WITHOUT being delivered anywhere "
@@ -441,9 +440,10 @@ def _dispatch(
         f"polling every {config.sweep_interval}s" if polling else "change-stream",
     )
     if args.use_async:
-        return _dispatch_async(
+        code = _dispatch_async(
             args, secrets, wiring, target, publisher, ownership, config, seen, running, stopping
         )
+        return _closed(output, secrets) if code == 0 else code
     try:
         seen.start(dispatcher)
     except OSError as exc:
@@ -462,7 +462,14 @@ def _dispatch(
             close()
         seen.close()
         target.close()
-    return 0
+    return _closed(output, secrets)
+
+
+def _closed(output: StdoutPublisher | None, secrets: Sequence[str]) -> int:
+    """1 if the dispatcher stopped because its stdout reader went away, else 0."""
+    if output is None or output.closed is None:
+        return 0
+    return _fail(f"stdout was closed ({output.closed}); entries not written stay pending", secrets)
 
 
 def _dispatch_async(

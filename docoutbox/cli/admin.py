@@ -25,6 +25,7 @@ from typing import Any
 
 from docoutbox.cli import logs
 from docoutbox.cli.help import Formatter
+from docoutbox.cli.options import COLLECTION, DATABASE, LIMIT, TIMEOUT
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
 Runner = Callable[[argparse.Namespace], int]
@@ -37,18 +38,24 @@ def _connection(parser: argparse.ArgumentParser, *, collection: bool | None) -> 
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    parser.add_argument("--db", required=True, help="database")
+    parser.add_argument("--db", required=True, type=DATABASE, help="database")
     if collection is not None:
         parser.add_argument(
             "--collection",
             required=collection,
+            type=COLLECTION,
             help="the aggregates' collection (replaying outbox entries needs it)",
         )
     parser.add_argument(
-        "--dead-letters", default="docoutbox_dead_letters", help="dead-letter collection"
+        "--dead-letters",
+        default="docoutbox_dead_letters",
+        type=COLLECTION,
+        help="dead-letter collection",
     )
-    parser.add_argument("--leases", default="docoutbox_leases", help="lease collection")
-    parser.add_argument("--server-timeout", type=float, default=5.0, help="seconds")
+    parser.add_argument(
+        "--leases", default="docoutbox_leases", type=COLLECTION, help="lease collection"
+    )
+    parser.add_argument("--server-timeout", type=TIMEOUT, default=5.0, help="seconds")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -73,7 +80,7 @@ def add_commands(sub: Any) -> None:
     dsub = dl.add_subparsers(dest="dead_letters_command", required=True)
     listing = dsub.add_parser("list", help="dead letters, oldest first", formatter_class=Formatter)
     _connection(listing, collection=None)
-    listing.add_argument("--limit", type=int, default=100, help="at most this many (0: all)")
+    listing.add_argument("--limit", type=LIMIT, default=100, help="at most this many (0: all)")
     listing.set_defaults(run=_list)
     show = dsub.add_parser("show", help="one dead letter in full", formatter_class=Formatter)
     _connection(show, collection=None)
@@ -122,8 +129,11 @@ unchanged, to its queue. Every ID is checked first: if one is unknown or its agg
 is gone, nothing is replayed."""
 
 
-def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
-    print(f"docoutbox: error: {logs.mask(message, secrets)}", file=sys.stderr)
+def _fail(message: str, secrets: Sequence[str], code: int = 1, limit: int = 500) -> int:
+    """One ``docoutbox: error:`` line: driver and validation messages span several."""
+    text = " ".join(logs.mask(message, secrets).split())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    print(f"docoutbox: error: {text}", file=sys.stderr)
     return code
 
 

@@ -10,17 +10,23 @@ from __future__ import annotations
 import argparse
 import queue
 import random
+import signal
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from pydantic import BaseModel, PositiveInt
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
+from docoutbox.cli import logs
 from docoutbox.cli.help import Formatter
+from docoutbox.cli.options import DATABASE, MAX_SECONDS, number
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.errors import DocOutboxError, InvalidInput
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.core import StoreConfig
@@ -79,18 +85,27 @@ class Broker:
             self.deliveries.put(entry)
 
 
+#: Wallets, and credits per wallet: at least one, and at most this many commands in all.
+MAX_COMMANDS = 1_000_000
+COUNT = number(int, 1, high=MAX_COMMANDS)
+#: A share of commands or deliveries, from none (0) to all (1).
+SHARE = number(float, 0, high=1)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="docoutbox demo", description=__doc__.replace("``", ""), formatter_class=Formatter
     )
     p.add_argument("--mongo-uri", help="run on MongoDB (a replica set or the test wire server)")
-    p.add_argument("--wallets", type=int, default=20)
-    p.add_argument("--credits", type=int, default=25, help="credit commands per wallet")
-    p.add_argument("--redeliver", type=float, default=0.2, help="share of commands sent twice")
-    p.add_argument("--duplicate", type=float, default=0.2, help="share of deliveries doubled")
+    p.add_argument("--wallets", type=COUNT, default=20)
+    p.add_argument("--credits", type=COUNT, default=25, help="credit commands per wallet")
+    p.add_argument("--redeliver", type=SHARE, default=0.2, help="share of commands sent twice")
+    p.add_argument("--duplicate", type=SHARE, default=0.2, help="share of deliveries doubled")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.add_argument("--db", help="MongoDB database to use (default: a new random name)")
+    p.add_argument("--timeout", type=number(float, 0, strict=True, high=MAX_SECONDS), default=120.0)
+    p.add_argument(
+        "--db", type=DATABASE, help="MongoDB database to use (default: a new random name)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the MongoDB database afterwards")
     return p
 
@@ -102,10 +117,25 @@ def _stores(
     if uri is None:
         return MemoryBackend(), MemoryBackend(), None, lambda: None
     from docoutbox_mongo import MongoBackend
+    from docoutbox_mongo.errors import translated
     from docoutbox_mongo.wiring import connect_dispatch
 
     db = name or f"docoutbox_demo_{uuid.uuid4().hex[:8]}"
     target = connect_dispatch(uri, db, "wallets")
+    try:
+        with translated():
+            existing = target.client[db].list_collection_names()
+    except BaseException:
+        target.close()
+        raise
+    if existing:
+        target.close()
+        # The demo writes its own wallets and drops its database at the end: never
+        # someone else's data.
+        raise InvalidInput(
+            f"database {db!r} already holds collections ({', '.join(sorted(existing)[:5])}); "
+            "the demo needs a new or empty database"
+        )
     statements = MongoBackend(target.client[db]["statements"])
 
     def close() -> None:
@@ -117,7 +147,38 @@ def _stores(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.wallets * args.credits > MAX_COMMANDS:
+        parser.error(f"--wallets x --credits must be at most {MAX_COMMANDS} commands")
+    # SIGTERM stops the demo as Ctrl-C does: the dispatcher stops, the database it
+    # created is dropped (unless --keep), and it exits 130 without a traceback.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("docoutbox: demo interrupted (nothing was checked)", file=sys.stderr)
+        return 130
+    except InvalidInput as exc:
+        print(f"docoutbox: error: --db: {exc}", file=sys.stderr)
+        return 2
+    except DocOutboxError as exc:
+        where = f" at {args.mongo_uri}" if args.mongo_uri else ""
+        text = " ".join(f"cannot use MongoDB{where}: {exc}".split())
+        text = logs.mask(text[:400], logs.secrets_of(args.mongo_uri))
+        print(f"docoutbox: error: {text}", file=sys.stderr)
+        return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     wallet_backend, statement_backend, source, close = _stores(args.mongo_uri, args.db, args.keep)
     patient = StoreConfig(retry=RetryPolicy(max_attempts=1000, max_delay=0.05))
@@ -131,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         wallet_backend, broker, MemoryDeadLetters(), source=source, config=config
     )
     runner = threading.Thread(target=dispatcher.run, name="dispatcher")
-    runner.start()
-    dispatcher.started.wait(30)
     started = time.monotonic()
     counts = {"applied": 0, "duplicate": 0, "consumed": 0, "deduplicated": 0}
     try:
+        runner.start()
+        dispatcher.started.wait(30)
         commands = [
             (
                 f"wallet-{w}",
@@ -168,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args, wallets, statements, broker, counts, time.monotonic() - started)
     finally:
         dispatcher.stop()
-        runner.join()
+        if runner.is_alive():
+            runner.join()
         close()
 
 
@@ -191,10 +253,12 @@ def _report(
     problems = []
     pending = sum(1 for _ in wallets.pending())
     for w in range(args.wallets):
-        balance = wallets.get(f"wallet-{w}").state.balance
-        statement = statements.get(f"statement-wallet-{w}").state
-        if statement.credited != balance:
-            problems.append(f"wallet-{w}: balance {balance} but statement {statement.credited}")
+        wallet = wallets.load(f"wallet-{w}")
+        balance = wallet.state.balance if wallet is not None else 0
+        statement = statements.load(f"statement-wallet-{w}")
+        credited = statement.state.credited if statement is not None else 0
+        if credited != balance:
+            problems.append(f"wallet-{w}: balance {balance} but statement {credited}")
     if counts["consumed"] != counts["applied"]:
         problems.append(f"{counts['applied']} credits applied, {counts['consumed']} consumed")
     if pending:

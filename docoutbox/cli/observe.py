@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from docoutbox.cli.options import INTERVAL
 from docoutbox.dispatch.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.observability.health import Endpoint, Health, Observed
@@ -25,7 +26,7 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--metrics-host", default="127.0.0.1", help="address to serve them on")
     d.add_argument(
         "--backlog-interval",
-        type=float,
+        type=INTERVAL,
         default=5.0,
         help="seconds between measurements of the outbox backlog in the database",
     )

@@ -33,7 +33,7 @@ from docoutbox.errors import (
     PublishError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.retry import backoff
+from docoutbox.retry import backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
@@ -69,6 +69,12 @@ class DispatchPolicy:
     trim_every: int = 100
     base_delay: float = 0.05
     max_delay: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_int("DispatchPolicy.max_attempts", self.max_attempts, 1, 2**31 - 1)
+        check_int("DispatchPolicy.trim_every", self.trim_every, 1)
+        check_seconds("DispatchPolicy.base_delay", self.base_delay)
+        check_seconds("DispatchPolicy.max_delay", self.max_delay)
 
 
 @dataclass

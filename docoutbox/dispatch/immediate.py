@@ -35,7 +35,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from docoutbox.dispatch.ports import Publisher
+from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.retry import check_int, check_seconds
 from docoutbox.store.api import AggregateStore
 from docoutbox.store.core import Outcome
 from docoutbox.store.document import utcnow
@@ -152,6 +154,11 @@ class GuardedPublisher:
             self.skipped += 1
 
 
+def _check_publisher(publisher: object) -> None:
+    if not callable(getattr(publisher, "publish", None)):
+        raise InvalidConfig(f"a publisher needs a publish method, got {type(publisher).__name__}")
+
+
 class SettledPublisher:
     """For a dispatcher in another process than the immediate path: an entry younger than
     ``settle`` seconds is published only once it is that old and still pending.
@@ -171,9 +178,10 @@ class SettledPublisher:
         clock: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        _check_publisher(publisher)
         self.publisher = publisher
         self.backend = backend
-        self.settle = settle
+        self.settle = check_seconds("SettledPublisher.settle", settle)
         self._clock = clock
         self._sleep = sleep
         self.skipped = 0
@@ -221,6 +229,13 @@ class ImmediateDispatcher:
         max_queue: int = 10_000,
         max_batch: int = 256,
     ) -> None:
+        if not isinstance(store, AggregateStore):
+            raise InvalidConfig(
+                f"ImmediateDispatcher needs an AggregateStore, got {type(store).__name__}"
+            )
+        _check_publisher(publisher)
+        check_int("ImmediateDispatcher.max_queue", max_queue, 0)
+        check_int("ImmediateDispatcher.max_batch", max_batch, 1)
         self.store = store
         self.publisher = publisher
         self.claims = claims or Claims()

@@ -36,6 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from docoutbox.dispatch.ports import LeaseView
+from docoutbox.errors import InvalidConfig
+
+#: The longest lease a dispatcher takes, in seconds (a day): its TTL is the failover
+#: time, and expiry instants must stay representable.
+MAX_LEASE_TTL = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,24 @@ class LeaseTiming:
     margin: float | None = None  # default ttl / 4
 
     def __post_init__(self) -> None:
-        if self.ttl <= 0:
-            raise ValueError("lease ttl must be positive")
+        for name in ("ttl", "interval", "margin"):
+            value = getattr(self, name)
+            if value is None and name != "ttl":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise InvalidConfig(f"lease {name} must be a finite number, got {value!r}")
+        if self.ttl <= 0 or self.ttl > MAX_LEASE_TTL:
+            raise InvalidConfig(
+                f"lease ttl must be positive and at most {MAX_LEASE_TTL:g} s, got {self.ttl!r}"
+            )
+        if self.heartbeat <= 0 or self.safety < 0:
+            raise InvalidConfig("lease interval must be positive and margin not negative")
         if self.heartbeat + self.safety >= self.ttl:
-            raise ValueError("lease interval + margin must be shorter than the ttl")
+            raise InvalidConfig("lease interval + margin must be shorter than the ttl")
 
     @property
     def heartbeat(self) -> float:

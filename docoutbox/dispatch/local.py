@@ -24,6 +24,7 @@ from typing import Any
 
 from docoutbox.errors import (
     DocOutboxError,
+    InvalidConfig,
     InvalidInput,
     PermanentPublishError,
     PublishError,
@@ -55,7 +56,16 @@ class _Router:
     """Routing, error translation and counting, shared by the sync and async publishers."""
 
     def __init__(self, routes: Mapping[str, Route], store_type: type) -> None:
+        if not isinstance(routes, Mapping):
+            raise InvalidConfig(
+                f"{type(self).__name__} takes a mapping of destinations to Routes, "
+                f"got {type(routes).__name__}"
+            )
         for name, route in routes.items():
+            if not isinstance(route, Route):
+                raise InvalidConfig(f"route {name!r} must be a Route, got {type(route).__name__}")
+            if not callable(route.handler):
+                raise InvalidConfig(f"route {name!r}: its handler must be callable")
             if not isinstance(route.store, store_type):
                 raise InvalidInput(
                     f"route {name!r}: {type(self).__name__} needs an {store_type.__name__}"

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -15,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from docoutbox.drive import drive, drive_async
-from docoutbox.errors import NotFound
+from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, Message
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
@@ -87,6 +96,37 @@ class _PendingQuery:
     batch_size: int
 
 
+def check_handler(handler: object) -> None:
+    """A handler is a :class:`~docoutbox.handlers.Handlers` or a function: callable."""
+    if not callable(handler):
+        raise InvalidConfig(
+            f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
+        )
+
+
+def _check_store_arguments(backend: object, model: object, config: object) -> None:
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise InvalidConfig(f"model must be a pydantic model class, got {model!r}")
+    if config is not None and not isinstance(config, StoreConfig):
+        raise InvalidConfig(f"config must be a StoreConfig, got {type(config).__name__}")
+    if not all(hasattr(backend, name) for name in ("document_size", "max_document_bytes")):
+        raise InvalidConfig(f"backend must be a store backend, got {type(backend).__name__}")
+
+
+def _check_driver(backend: object, *, asynchronous: bool) -> None:
+    """A sync store over an async backend (or the reverse) failed on its first call with
+    an AttributeError or TypeError from deep inside the flow."""
+    load = getattr(backend, "load", None)
+    if load is None or inspect.iscoroutinefunction(load) == asynchronous:
+        return
+    name = type(backend).__name__
+    if asynchronous:
+        raise InvalidConfig(
+            f"AsyncAggregateStore needs an async backend (AsyncStoreBackend), got {name}"
+        )
+    raise InvalidConfig(f"AggregateStore needs a sync backend (StoreBackend), got {name}")
+
+
 class _StoreFlows(Generic[S]):
     """What both stores share: their argument checks, flows and result shaping.
 
@@ -97,6 +137,7 @@ class _StoreFlows(Generic[S]):
     def __init__(
         self, backend: StoreBackend | AsyncStoreBackend, model: type[S], config: StoreConfig | None
     ) -> None:
+        _check_store_arguments(backend, model, config)
         self._core = Core(
             model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
         )
@@ -121,6 +162,9 @@ class _StoreFlows(Generic[S]):
     def _item(
         self, message: Message | dict[str, Any], handler: Handler[S], create: bool
     ) -> Item[S]:
+        check_handler(handler)
+        if type(create) is not bool:
+            raise InvalidConfig(f"create must be a bool, got {create!r}")
         return Item(Message.parse(message), handler, create)
 
     def _handle_flow(
@@ -141,6 +185,12 @@ class _StoreFlows(Generic[S]):
         handler: Handler[S],
         create: bool,
     ) -> Flow[BatchOutcome[S]]:
+        if isinstance(messages, str | bytes | dict | BaseModel) or not isinstance(
+            messages, Iterable
+        ):
+            raise InvalidMessage(
+                f"messages must be a sequence of messages, got {type(messages).__name__}"
+            )
         items = [self._item(m, handler, create) for m in messages]
         outcome = yield from self._batch.handle_batch(aggregate_id, items)
         self._notify(outcome.results)
@@ -198,6 +248,7 @@ class AggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], None] = time.sleep,
         group_commit: bool = False,
     ) -> None:
+        _check_driver(backend, asynchronous=False)
         super().__init__(backend, model, config)
         self.backend = backend
         self._sleep = sleep
@@ -318,6 +369,7 @@ class AsyncAggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         group_commit: bool = False,
     ) -> None:
+        _check_driver(backend, asynchronous=True)
         super().__init__(backend, model, config)
         self.backend = backend
         self._sleep = sleep

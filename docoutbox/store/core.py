@@ -258,6 +258,12 @@ class Core(Generic[S]):
     ) -> Flow[Outcome[S]]:
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
+        if not callable(handler):
+            raise InvalidConfig(
+                f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
+            )
+        if type(create) is not bool:
+            raise InvalidConfig(f"create must be a bool, got {create!r}")
         retry = self.config.retry
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from docoutbox.errors import MalformedDocument
+from docoutbox.errors import InvalidConfig, MalformedDocument
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.inbox import Mark
 
@@ -74,6 +74,8 @@ def fast_frozen(cls: type[T], **fields: Any) -> T:
 
 def partition_of(aggregate_id: AggregateId, partitions: int) -> int:
     """A stable partition number in ``range(partitions)`` for dispatcher ownership."""
+    if type(partitions) is not int or partitions < 1:
+        raise InvalidConfig(f"partitions must be an int >= 1, got {partitions!r}")
     key = f"{type(aggregate_id).__name__}:{aggregate_id}".encode()
     return zlib.crc32(key) % partitions
 

@@ -291,6 +291,14 @@ def test_memory_publisher_needs_an_explicit_flag(capsys: pytest.CaptureFixture[s
         ["--poll-interval", "0"],
         ["--partitions", "0"],
         ["--partitions", "1.5"],
+        ["--partitions", "99999999999999"],  # more than StoreConfig allows: hung, deaf to SIGTERM
+        ["--lease-ttl", "1e300"],  # overflowed a timedelta in the lease keeper
+        ["--server-timeout", "1e300"],  # refused by pymongo only after connecting: exit 1
+        ["--backlog-interval", "1e300"],  # OverflowError in the backlog thread
+        ["--grace", "1e300"],
+        ["--sweep-interval", "1e300"],
+        ["--poll-interval", "1e300"],
+        ["--checkpoint-interval", "1e300"],
         ["--collection", "$cmd"],
         ["--collection", "system.users"],
         ["--db", "a/b"],
@@ -309,6 +317,49 @@ def test_bad_options_exit_2_before_connecting(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert ":p@" not in err
+
+
+ADMIN_COMMANDS = [
+    ["outbox", "stats", "--collection", "c"],
+    ["dead-letters", "list"],
+    ["dead-letters", "show", "x"],
+    ["dead-letters", "replay", "x"],
+    ["dead-letters", "purge", "--yes"],
+    ["leases"],
+]
+
+
+@pytest.mark.parametrize("command", ADMIN_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--server-timeout", "nan"],  # was a ValueError traceback
+        ["--server-timeout", "inf"],  # was an OverflowError traceback
+        ["--server-timeout", "-1"],  # was "cannot use MongoDB", exit 1
+        ["--server-timeout", "1e300"],
+        ["--db", "a.b"],
+        ["--db", ""],
+        ["--dead-letters", ""],  # was an InvalidName traceback
+        ["--leases", "$cmd"],
+    ],
+)
+def test_operating_commands_refuse_bad_options_with_exit_2(
+    command: list[str], bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*command, "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert _exit_code([*args, "--server-timeout", "0.2", *bad]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert bad[0] in err
+
+
+@pytest.mark.parametrize("limit", ["-1", "99999999999999999999", "x"])
+def test_dead_letters_list_refuses_a_limit_it_cannot_use(
+    limit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["dead-letters", "list", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert _exit_code([*args, "--server-timeout", "0.2", "--limit", limit]) == 2
+    assert "--limit" in capsys.readouterr().err
 
 
 @pytest.mark.wire
@@ -367,3 +418,60 @@ def test_a_leased_dispatcher_partitioned_unlike_the_stores_refuses_to_start(
     assert proc.returncode == 1, err
     assert "refusing to dispatch" in err and "--partitions" in err
     assert database["aggs"].count_documents({"outbox.0": {"$exists": True}}) == 20
+
+
+@pytest.mark.wire
+def test_a_dead_letter_that_cannot_be_replayed_is_one_error_line(
+    mongo_uri: str, database: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reason (a pydantic validation report) spanned several lines."""
+    database["docoutbox_dead_letters"].insert_one(
+        {"_id": "e1", "origin": "dispatch", "aggregate_id": "a1", "entry": {"id": "e1"}}
+    )
+    args = ["dead-letters", "replay", "--mongo-uri", mongo_uri, "--db", database.name]
+    assert main([*args, "--collection", "aggs", "e1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("docoutbox: error: dead letter 'e1' holds a malformed entry")
+    assert err.count("\n") == 1
+    assert database["docoutbox_dead_letters"].count_documents({}) == 1
+
+
+@pytest.mark.wire
+@pytest.mark.parametrize("driver", [[], ["--async"]], ids=["threads", "asyncio"])
+def test_a_closed_stdout_stops_the_stdout_publisher_and_loses_nothing(
+    mongo_uri: str, database: Any, driver: list[str]
+) -> None:
+    """``docoutbox dispatch --publisher stdout | head -1``: once the reader is gone every
+    publish raised BrokenPipeError, logged with a traceback, and the command never
+    ended. It now stops, exits 1 with one line, and the entries stay pending."""
+    store = AggregateStore(MongoBackend(database["aggs"]), Counter)
+    for i in range(5):
+        store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+    proc = cli(*_dispatch_args(mongo_uri, database.name), "--publisher", "stdout", *driver)
+    assert proc.proc.stdout is not None
+    proc.proc.stdout.close()  # the reader goes away before the first entry
+    try:
+        proc.proc.wait(timeout=30)
+    finally:
+        _, err = proc.communicate(timeout=10) if proc.proc.poll() is not None else proc.terminate()
+    assert proc.returncode == 1, err
+    assert "docoutbox: error: stdout was closed" in err
+    assert "Traceback" not in err
+    pending = sum(len(doc.get("outbox", [])) for doc in database["aggs"].find())
+    assert pending == 5
+    assert database["docoutbox_dead_letters"].count_documents({}) == 0
+
+
+def test_ctrl_c_in_an_operating_command_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while ``outbox stats`` waits for an unreachable server was a traceback."""
+    import docoutbox_mongo.wiring
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(docoutbox_mongo.wiring, "connect_database", interrupted)
+    args = ["outbox", "stats", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
+    assert main([*args, "--collection", "c"]) == 130
+    assert capsys.readouterr().err == "docoutbox: interrupted\n"

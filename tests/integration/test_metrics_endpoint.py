@@ -149,5 +149,9 @@ def test_bad_observability_settings_are_refused(
 
     args = ["dispatch", "--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "c"]
     args += ["--publisher", "stdout"]
-    assert main([*args, "--no-leases", option, value]) == 2
+    try:
+        code = main([*args, "--no-leases", option, value])
+    except SystemExit as exited:  # refused by argparse
+        code = exited.code
+    assert code == 2
     assert option in capsys.readouterr().err

@@ -43,6 +43,45 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "--from-parquet", ".", "--threshold", "stuck=many"]) == 2
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--sla", "nan"],
+        ["--sla", "-1"],
+        ["--window", "0"],
+        ["--size-fraction", "2"],
+        ["--partitions", "0"],  # a ZeroDivisionError-free audit of nonsense
+        ["--skew-ratio", "nan"],
+        ["--skew-min-pending", "-3"],
+        ["--progress-interval", "nan"],
+        ["--read-partitions", "0"],
+        ["--report", "/nonexistent/dir/audit.html"],  # failed after the whole audit
+        ["--json", "."],
+    ],
+)
+def test_bad_audit_options_exit_2_before_spark_starts(
+    bad: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "producer").mkdir()
+    assert main(["audit", "--from-parquet", str(tmp_path), *bad]) == 2
+    assert bad[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out", ["file", "missing/deeper"])
+def test_export_to_an_unusable_directory_exits_2_before_spark_starts(
+    out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    args = ["export", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    assert (
+        main(
+            [*args, "--out", str(tmp_path / "missing" / "deeper" if "/" in out else tmp_path / out)]
+        )
+        == 2
+    )
+    assert "--out" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def audited(
     spark: Any, planted_db: Any, tmp_path_factory: pytest.TempPathFactory

@@ -61,3 +61,35 @@ def test_datasource_reads_every_id_type_where_the_connector_misses_some(
     finally:
         client.drop_database(name)
         client.close()
+
+
+def test_datasource_reads_an_empty_or_missing_collection_as_no_rows(
+    spark: Any, wire_server: Any
+) -> None:
+    """With no _id to cut into ranges, Spark handed read() a bare InputPartition and
+    every audit of an empty collection failed with an AttributeError in the worker."""
+    import uuid
+
+    from pymongo import MongoClient
+
+    client: Any = MongoClient(wire_server.uri)
+    name = f"audit_{uuid.uuid4().hex[:8]}"
+    try:
+        client[name].create_collection("empty")
+        for collection in ("empty", "missing"):
+            target = MongoTarget(wire_server.uri, name, collection)
+            summary = run_audit(
+                read_mongo(spark, target, "datasource", partitions=3),
+                dead_letters=read_mongo(
+                    spark,
+                    MongoTarget(wire_server.uri, name, "dead"),
+                    "datasource",
+                    dead_letters=True,
+                ),
+                expected_documents=count_documents(target),
+                config=config(),
+            )
+            assert summary["totals"]["documents"] == 0
+    finally:
+        client.drop_database(name)
+        client.close()

@@ -9,10 +9,12 @@ from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
-from docoutbox import AggregateStore, BrokerUnavailable, OutboxMessage
+import pytest
+
+from docoutbox import AggregateStore, BrokerUnavailable, InvalidConfig, OutboxMessage
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.immediate import ImmediateDispatcher
+from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
 from docoutbox.dispatch.scheduler import Backoff
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
@@ -208,3 +210,30 @@ def test_batches_and_group_commits_reach_the_immediate_path() -> None:
     assert [e.seq for e in publisher.published] == [1, 2, 3, 4, 5, 6]
     assert pending(backend) == 0
     assert immediate.stats.reloads == 0  # every commit was offered, none found by a reload
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda store, pub: ImmediateDispatcher(None, pub),  # accepted, then AttributeError
+        lambda store, pub: ImmediateDispatcher(store, None),
+        lambda store, pub: ImmediateDispatcher(store, pub, max_batch=0),
+        lambda store, pub: ImmediateDispatcher(store, pub, max_queue=-1),
+        lambda store, pub: SettledPublisher(pub, MemoryBackend(), float("nan")),
+        lambda store, pub: SettledPublisher(pub, MemoryBackend(), -1.0),
+        lambda store, pub: SettledPublisher(object(), MemoryBackend()),
+    ],
+    ids=[
+        "no-store",
+        "no-publisher",
+        "batch-0",
+        "queue-neg",
+        "settle-nan",
+        "settle-neg",
+        "no-publish",
+    ],
+)
+def test_immediate_dispatch_refuses_arguments_it_cannot_use(build: Any) -> None:
+    store = AggregateStore(MemoryBackend(), Counter)
+    with pytest.raises(InvalidConfig):
+        build(store, MemoryPublisher())

@@ -11,6 +11,7 @@ import pytest
 from docoutbox.dispatch.leases import LeaseTiming, fair_share, plan_leases
 from docoutbox.dispatch.ownership import LeaseKeeper
 from docoutbox.dispatch.ports import LeaseView
+from docoutbox.errors import InvalidConfig
 from docoutbox.testing.dispatch import MemoryLeaseTable
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -68,6 +69,37 @@ def test_timing_rejects_a_margin_that_leaves_no_time() -> None:
     with pytest.raises(ValueError, match="shorter"):
         LeaseTiming(ttl=2, interval=1, margin=1)
     assert LeaseTiming(ttl=8).valid_until(100.0) == 106.0
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [
+        {"ttl": float("nan")},  # accepted: every comparison with NaN is False
+        {"ttl": 1e300},  # accepted, then OverflowError in the keeper's timedelta
+        {"ttl": "10"},  # TypeError from a comparison
+        {"ttl": True},
+        {"ttl": 10, "interval": float("nan")},
+        {"ttl": 10, "interval": -1.0},  # a heartbeat loop that never sleeps
+        {"ttl": 10, "margin": float("nan")},
+    ],
+)
+def test_timing_refuses_values_it_cannot_keep(timing: dict[str, object]) -> None:
+    with pytest.raises(InvalidConfig, match="lease"):
+        LeaseTiming(**timing)  # type: ignore[arg-type]
+
+
+def test_a_day_long_lease_is_kept_and_its_expiry_computed() -> None:
+    clock = Clock()
+    day = LeaseKeeper(
+        MemoryLeaseTable(),
+        partitions=2,
+        owner="a",
+        timing=LeaseTiming(ttl=86_400.0),
+        clock=clock.wall,
+        monotonic=clock.mono,
+    )
+    day.tick()
+    assert day.owned() == {0, 1}
 
 
 class Clock:

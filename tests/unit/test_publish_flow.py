@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from docoutbox.dispatch.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
-from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
+from docoutbox.errors import (
+    BrokerUnavailable,
+    InvalidConfig,
+    PermanentPublishError,
+    PublishError,
+)
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.plans import FailurePlan, TrimPlan
 
@@ -120,3 +125,21 @@ def test_failed_attempts_are_recorded_and_survive_a_restart() -> None:
     assert [type(op) for op in ops] == [Publish, Quarantine, Write]
     assert ops[1].attempts == 5
     assert result.quarantined == ["e1"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_attempts": 0},
+        {"max_attempts": -1},
+        {"max_attempts": 2.5},
+        {"max_attempts": "3"},
+        {"trim_every": 0},
+        {"base_delay": float("nan")},
+        {"max_delay": -1.0},
+        {"max_delay": float("inf")},
+    ],
+)
+def test_a_policy_it_cannot_follow_is_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidConfig, match="DispatchPolicy"):
+        DispatchPolicy(**options)

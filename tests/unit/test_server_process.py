@@ -60,3 +60,19 @@ def test_no_port_line_in_time_is_an_error_and_the_process_is_stopped() -> None:
 def test_an_unavailable_server_is_not_launched() -> None:
     with pytest.raises(RuntimeError, match="cannot start the script server: no java"):
         Script(SERVES, reason="no java").start()
+
+
+def test_the_readme_command_for_the_wire_server_runs_without_a_warning() -> None:
+    """``python -m docoutbox.testing.mongo_server`` warned (runpy) on every run, because
+    importing ``docoutbox.testing`` imported the module it was about to run."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "docoutbox.testing.mongo_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "install" in done.stdout
+    assert "Warning" not in done.stderr

@@ -1,0 +1,82 @@
+"""Argument types shared by the ``docoutbox`` commands.
+
+Rule: a value the command cannot use is refused by argparse (exit 2, one line naming the
+option), before any server is contacted; nothing reaches a driver that would fail on it
+with a traceback or a misleading "cannot connect" (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from docoutbox.store.core import MAX_PARTITIONS
+
+#: The longest timeout or interval, in seconds, a command accepts (a day). pymongo
+#: refuses timeouts of a billion milliseconds or more, ``timedelta`` overflows far
+#: beyond: a larger value is a typo, not a setting.
+MAX_SECONDS = 86_400.0
+
+
+def number(
+    kind: type[int] | type[float],
+    low: float,
+    *,
+    strict: bool = False,
+    high: float | None = None,
+) -> Any:
+    """An argparse ``type``: a finite number of ``kind`` >= ``low`` (> ``low`` if strict),
+    and at most ``high``."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            relation = "greater than" if strict else "at least"
+            raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:g}: {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def name(what: str) -> Any:
+    """An argparse ``type`` for a MongoDB database or collection name."""
+    forbidden = '/\\. "$' if what == "database" else "$"
+
+    def parse(text: str) -> str:
+        bad = [c for c in forbidden if c in text]
+        if not text or "\x00" in text or bad or text.startswith("system."):
+            raise argparse.ArgumentTypeError(
+                f"not a usable {what} name: {text!r}"
+                + (f" (it must not contain {''.join(bad)!r})" if bad else "")
+            )
+        return text
+
+    parse.__name__ = f"{what} name"
+    return parse
+
+
+POSITIVE = number(float, 0, strict=True)
+NON_NEGATIVE = number(float, 0)
+AT_LEAST_ONE = number(int, 1)
+#: The longest interval or grace period a command accepts (30 days): beyond that,
+#: timedelta arithmetic and thread waits overflow.
+MAX_INTERVAL = 30 * 86_400.0
+#: Seconds between two runs of something (sweeps, checkpoints, progress lines).
+INTERVAL = number(float, 0, strict=True, high=MAX_INTERVAL)
+#: Seconds of grace (0 allowed).
+GRACE = number(float, 0, high=MAX_INTERVAL)
+#: Seconds to wait for a server or a broker.
+TIMEOUT = number(float, 0, strict=True, high=MAX_SECONDS)
+#: The stores' ``StoreConfig.partitions``: the same bounds.
+PARTITIONS = number(int, 1, high=MAX_PARTITIONS)
+#: A ``--limit`` (0: no limit); a server counts in 64-bit integers.
+LIMIT = number(int, 0, high=2**63 - 1)
+DATABASE = name("database")
+COLLECTION = name("collection")
