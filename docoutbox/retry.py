@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -19,13 +18,20 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return value
 
 
+#: The longest wait a setting may ask for (threads and event loops refuse far longer ones).
+MAX_SECONDS = 30 * 86_400.0
+
+
 def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
-    """``value`` if it is a finite, non-negative (or positive) number of seconds."""
+    """``value`` if it is a non-negative (or positive) number of seconds, at most
+    :data:`MAX_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidConfig(f"{name} must be a number, got {type(value).__name__}: {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not 0 <= value <= MAX_SECONDS or (positive and value == 0):
         kind = "positive" if positive else "non-negative"
-        raise InvalidConfig(f"{name} must be a finite, {kind} number of seconds, got {value}")
+        raise InvalidConfig(
+            f"{name} must be a {kind} number of seconds up to {MAX_SECONDS:.0f}, got {value}"
+        )
     return float(value)
 
 

@@ -65,8 +65,8 @@ from docoutbox.errors import (
     StoreError,
 )
 from docoutbox.model import AggregateId
-from docoutbox.retry import Backoff
-from docoutbox.store.core import FindPending, Load, Sleep, Write
+from docoutbox.retry import Backoff, check_int, check_seconds
+from docoutbox.store.core import MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 
@@ -96,10 +96,16 @@ class DispatcherConfig:
     backoff: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
-        for name in ("partitions", "concurrency", "run_batch", "batch_size", "sweep_page"):
+        counts = ("concurrency", "run_batch", "batch_size", "sweep_page", "max_outstanding")
+        for name in (*counts, "max_backlog"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
+        check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
+        for name in ("sweep_interval", "poll_interval"):
+            check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)
+        for name in ("grace", "checkpoint_interval"):
+            check_seconds(f"DispatcherConfig.{name}", getattr(self, name))
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:

@@ -240,6 +240,26 @@ def test_counts_in_the_config_are_ints_of_at_least_one(name: str, value: object)
         DispatcherConfig(**{name: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("partitions", 65_537),
+        ("max_backlog", 0),
+        ("max_outstanding", -1),
+        ("sweep_interval", 0),
+        ("sweep_interval", float("nan")),
+        ("poll_interval", -0.1),
+        ("poll_interval", 1e300),
+        ("grace", float("inf")),
+        ("grace", "30"),
+        ("checkpoint_interval", -1),
+    ],
+)
+def test_the_configs_other_settings_are_checked(name: str, value: object) -> None:
+    with pytest.raises(InvalidConfig, match=f"DispatcherConfig.{name}"):
+        DispatcherConfig(**{name: value})  # type: ignore[arg-type]
+
+
 def test_async_write_all_without_write_many_caps_the_writes_in_flight() -> None:
     class Slow:
         def __init__(self) -> None:
