@@ -115,3 +115,11 @@ class Handlers(Generic[S]):
         except KeyError:
             raise UnknownMessageType(f"no handler for message type {message.type!r}") from None
         return fn(state, message)
+
+
+def check_handler(handler: object) -> None:
+    """A handler is a :class:`Handlers` or a function: callable."""
+    if not callable(handler):
+        raise InvalidConfig(
+            f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
+        )

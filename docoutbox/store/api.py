@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
-from docoutbox.handlers import Handler
+from docoutbox.handlers import Handler, check_handler
 from docoutbox.model import AggregateId, Message
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
@@ -94,14 +94,6 @@ class _PendingQuery:
     older_than: datetime | None
     partitions: Collection[int] | None
     batch_size: int
-
-
-def check_handler(handler: object) -> None:
-    """A handler is a :class:`~docoutbox.handlers.Handlers` or a function: callable."""
-    if not callable(handler):
-        raise InvalidConfig(
-            f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
-        )
 
 
 def _check_store_arguments(backend: object, model: object, config: object) -> None:

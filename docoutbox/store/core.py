@@ -32,7 +32,7 @@ from docoutbox.errors import (
     NotFound,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler, check_result
+from docoutbox.handlers import Decision, Handler, check_handler, check_result
 from docoutbox.model import (
     AggregateId,
     InboxPolicy,
@@ -258,10 +258,7 @@ class Core(Generic[S]):
     ) -> Flow[Outcome[S]]:
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
-        if not callable(handler):
-            raise InvalidConfig(
-                f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
-            )
+        check_handler(handler)
         if type(create) is not bool:
             raise InvalidConfig(f"create must be a bool, got {create!r}")
         retry = self.config.retry
