@@ -117,9 +117,12 @@ class Handlers(Generic[S]):
         return fn(state, message)
 
 
-def check_handler(handler: object) -> None:
-    """A handler is a :class:`Handlers` or a function: callable."""
+def check_handling(handler: object, create: object) -> None:
+    """``handle``'s ``handler`` (a :class:`Handlers` or a function: callable) and
+    ``create`` (a bool: "no" is truthy)."""
     if not callable(handler):
         raise InvalidConfig(
             f"handler must be callable (a Handlers or a function), got {type(handler).__name__}"
         )
+    if type(create) is not bool:
+        raise InvalidConfig(f"create must be a bool, got {create!r}")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, PositiveInt
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
 from docoutbox.cli import logs
 from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import DATABASE, MAX_SECONDS, number
+from docoutbox.cli.options import DATABASE, TIMEOUT, number
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.errors import DocOutboxError, InvalidInput
 from docoutbox.model import OutboxMessage
@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--redeliver", type=SHARE, default=0.2, help="share of commands sent twice")
     p.add_argument("--duplicate", type=SHARE, default=0.2, help="share of deliveries doubled")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--timeout", type=number(float, 0, strict=True, high=MAX_SECONDS), default=120.0)
+    p.add_argument("--timeout", type=TIMEOUT, default=120.0)
     p.add_argument(
         "--db", type=DATABASE, help="MongoDB database to use (default: a new random name)"
     )

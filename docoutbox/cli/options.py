@@ -11,12 +11,13 @@ import argparse
 import math
 from typing import Any
 
+from docoutbox.retry import MAX_SECONDS as MAX_INTERVAL
 from docoutbox.store.core import MAX_PARTITIONS
 
-#: The longest timeout or interval, in seconds, a command accepts (a day). pymongo
-#: refuses timeouts of a billion milliseconds or more, ``timedelta`` overflows far
-#: beyond: a larger value is a typo, not a setting.
-MAX_SECONDS = 86_400.0
+#: The longest timeout, in seconds, a command accepts (a day; intervals may be as long as
+#: the Python API allows, MAX_INTERVAL). pymongo refuses timeouts of a billion
+#: milliseconds or more, ``timedelta`` overflows far beyond: a larger value is a typo.
+MAX_TIMEOUT = 86_400.0
 
 
 def number(
@@ -65,15 +66,12 @@ def name(what: str) -> Any:
 POSITIVE = number(float, 0, strict=True)
 NON_NEGATIVE = number(float, 0)
 AT_LEAST_ONE = number(int, 1)
-#: The longest interval or grace period a command accepts (30 days): beyond that,
-#: timedelta arithmetic and thread waits overflow.
-MAX_INTERVAL = 30 * 86_400.0
 #: Seconds between two runs of something (sweeps, checkpoints, progress lines).
 INTERVAL = number(float, 0, strict=True, high=MAX_INTERVAL)
 #: Seconds of grace (0 allowed).
 GRACE = number(float, 0, high=MAX_INTERVAL)
 #: Seconds to wait for a server or a broker.
-TIMEOUT = number(float, 0, strict=True, high=MAX_SECONDS)
+TIMEOUT = number(float, 0, strict=True, high=MAX_TIMEOUT)
 #: The stores' ``StoreConfig.partitions``: the same bounds.
 PARTITIONS = number(int, 1, high=MAX_PARTITIONS)
 #: A ``--limit`` (0: no limit); a server counts in 64-bit integers.

@@ -60,7 +60,6 @@ from docoutbox.dispatch.trimmed import TrimmedIds
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
-    InvalidConfig,
     PartitionMismatch,
     StoreError,
 )
@@ -98,9 +97,7 @@ class DispatcherConfig:
     def __post_init__(self) -> None:
         counts = ("concurrency", "run_batch", "batch_size", "sweep_page", "max_outstanding")
         for name in (*counts, "max_backlog"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidConfig(f"DispatcherConfig.{name} must be an int >= 1, got {value!r}")
+            check_int(f"DispatcherConfig.{name}", getattr(self, name), 1)
         check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
         for name in ("sweep_interval", "poll_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)

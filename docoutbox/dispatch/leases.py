@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 
 from docoutbox.dispatch.ports import LeaseView
 from docoutbox.errors import InvalidConfig
+from docoutbox.retry import check_seconds
 
 #: The longest lease a dispatcher takes, in seconds (a day): its TTL is the failover
 #: time, and expiry instants must stay representable.
@@ -57,22 +58,12 @@ class LeaseTiming:
     margin: float | None = None  # default ttl / 4
 
     def __post_init__(self) -> None:
-        for name in ("ttl", "interval", "margin"):
-            value = getattr(self, name)
-            if value is None and name != "ttl":
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-            ):
-                raise InvalidConfig(f"lease {name} must be a finite number, got {value!r}")
-        if self.ttl <= 0 or self.ttl > MAX_LEASE_TTL:
-            raise InvalidConfig(
-                f"lease ttl must be positive and at most {MAX_LEASE_TTL:g} s, got {self.ttl!r}"
-            )
-        if self.heartbeat <= 0 or self.safety < 0:
-            raise InvalidConfig("lease interval must be positive and margin not negative")
+        if check_seconds("lease ttl", self.ttl, positive=True) > MAX_LEASE_TTL:
+            raise InvalidConfig(f"lease ttl must be at most {MAX_LEASE_TTL:g} s, got {self.ttl!r}")
+        if self.interval is not None:
+            check_seconds("lease interval", self.interval, positive=True)
+        if self.margin is not None:
+            check_seconds("lease margin", self.margin)
         if self.heartbeat + self.safety >= self.ttl:
             raise InvalidConfig("lease interval + margin must be shorter than the ttl")
 

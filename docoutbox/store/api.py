@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
-from docoutbox.handlers import Handler, check_handler
+from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
@@ -154,9 +154,7 @@ class _StoreFlows(Generic[S]):
     def _item(
         self, message: Message | dict[str, Any], handler: Handler[S], create: bool
     ) -> Item[S]:
-        check_handler(handler)
-        if type(create) is not bool:
-            raise InvalidConfig(f"create must be a bool, got {create!r}")
+        check_handling(handler, create)
         return Item(Message.parse(message), handler, create)
 
     def _handle_flow(

@@ -32,7 +32,7 @@ from docoutbox.errors import (
     NotFound,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler, check_handler, check_result
+from docoutbox.handlers import Decision, Handler, check_handling, check_result
 from docoutbox.model import (
     AggregateId,
     InboxPolicy,
@@ -258,9 +258,7 @@ class Core(Generic[S]):
     ) -> Flow[Outcome[S]]:
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
-        check_handler(handler)
-        if type(create) is not bool:
-            raise InvalidConfig(f"create must be a bool, got {create!r}")
+        check_handling(handler, create)
         retry = self.config.retry
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)
