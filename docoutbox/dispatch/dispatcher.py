@@ -18,12 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from docoutbox.dispatch.drivers import GroupWriter, Ports, batches, wall_clock_engine
-from docoutbox.dispatch.engine import (
-    DispatcherConfig,
-    EngineOp,
-    TrimRound,
-    event_target,
-)
+from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound, event_target
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.metrics import Metrics
 from docoutbox.dispatch.ownership import Ownership, SoleOwner

@@ -359,7 +359,7 @@ def wall_clock_engine(
         config = DispatcherConfig() if stream else DispatcherConfig.polling()
     merge = getattr(source, "merge_positions", None)
     if not callable(merge) or inspect.iscoroutinefunction(merge):
-        merge = None  # one lane (a port wrapped by in_thread has only async methods)
+        merge = None  # one lane: the engine calls merge_positions in its own loop
     return DispatchEngine(
         config,
         ownership or SoleOwner(),

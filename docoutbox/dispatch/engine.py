@@ -95,8 +95,14 @@ class DispatcherConfig:
     backoff: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
-        counts = ("concurrency", "run_batch", "batch_size", "sweep_page", "max_outstanding")
-        for name in (*counts, "max_backlog"):
+        for name in (
+            "concurrency",
+            "run_batch",
+            "batch_size",
+            "sweep_page",
+            "max_outstanding",
+            "max_backlog",
+        ):
             check_int(f"DispatcherConfig.{name}", getattr(self, name), 1)
         check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
         for name in ("sweep_interval", "poll_interval"):
