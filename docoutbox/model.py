@@ -30,6 +30,10 @@ AggregateId = str | int
 JsonObject = dict[str, JsonValue]
 
 MAX_ID_LENGTH = 255
+#: Levels of dicts and lists a payload, header set or state may nest (the value itself is
+#: the first). Stored inside a document (an outbox entry's payload sits three levels
+#: down), it must stay within MongoDB's 100 levels; Cosmos DB allows 128.
+MAX_NESTING = 90
 _PAYLOAD_FIELDS = frozenset({"payload", "headers"})
 
 
@@ -44,24 +48,28 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-def storable_problem(value: object) -> str | None:
+def storable_problem(value: object, depth: int = MAX_NESTING) -> str | None:
     """What makes ``value`` impossible to store exactly, or None.
 
     Text must be UTF-8 (a lone surrogate such as ``"\\ud800"`` is not; drivers refuse it
     or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
     serializes them as ``null`` inside ``Any``-typed data, which would change the value
-    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models.
+    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models, at most
+    ``depth`` levels of them (a value nested deeper cannot be stored: see
+    :data:`MAX_NESTING`).
 
     This runs on every message and state, so plain leaves are checked inline.
     """
     kind = type(value)
     if kind is dict:
+        if depth < 1:
+            return _too_deep()
         items: Any = value.items()  # type: ignore[attr-defined]
         for key, sub in items:
             if type(key) is str:
                 if not key.isascii() and not is_utf8(key):
                     return _bad_text(key)
-            elif (problem := storable_problem(key)) is not None:
+            elif (problem := storable_problem(key, depth - 1)) is not None:
                 return problem
             sub_kind = type(sub)
             if sub_kind is str:
@@ -69,7 +77,7 @@ def storable_problem(value: object) -> str | None:
                     return _bad_text(sub)
             elif sub_kind is int or sub_kind is bool or sub is None:
                 continue
-            elif (problem := storable_problem(sub)) is not None:
+            elif (problem := storable_problem(sub, depth - 1)) is not None:
                 return problem
         return None
     if kind is str:
@@ -81,6 +89,8 @@ def storable_problem(value: object) -> str | None:
         number: float = value  # type: ignore[assignment]
         return None if math.isfinite(number) else _bad_number(number)
     if kind is list or kind is tuple or kind is set or kind is frozenset:
+        if depth < 1:
+            return _too_deep()
         elements: Any = value
         for sub in elements:
             sub_kind = type(sub)
@@ -89,23 +99,27 @@ def storable_problem(value: object) -> str | None:
                     return _bad_text(sub)
             elif sub_kind is int or sub_kind is bool or sub is None:
                 continue
-            elif (problem := storable_problem(sub)) is not None:
+            elif (problem := storable_problem(sub, depth - 1)) is not None:
                 return problem
         return None
     if isinstance(value, BaseModel):
-        problem = storable_problem(value.__dict__)
+        problem = storable_problem(value.__dict__, depth)
         if problem is None and value.__pydantic_extra__:
-            problem = storable_problem(value.__pydantic_extra__)
+            problem = storable_problem(value.__pydantic_extra__, depth)
         return problem
     if isinstance(value, str):
         return storable_problem(str(value))
     if isinstance(value, float):
         return storable_problem(float(value))
     if isinstance(value, dict):
-        return storable_problem(dict(value))
+        return storable_problem(dict(value), depth)
     if isinstance(value, list | tuple | set | frozenset):
-        return storable_problem(list(value))
+        return storable_problem(list(value), depth)
     return None
+
+
+def _too_deep() -> str:
+    return f"the value is nested more than {MAX_NESTING} levels deep"
 
 
 def _bad_text(text: str) -> str:

@@ -32,6 +32,7 @@ from docoutbox import (
     StoreConfig,
     emit,
 )
+from docoutbox.model import MAX_NESTING
 from docoutbox.store.core import Outcome
 
 MakeStore = Any
@@ -80,6 +81,14 @@ def returning(state: Any, *emits: Any) -> Any:
     return handler
 
 
+def nested(levels: int) -> Any:
+    """A value of ``levels`` levels of dicts and lists (the value itself is the first)."""
+    value: Any = 1
+    for level in range(levels):
+        value = {"k": value} if level % 2 else [value]
+    return value
+
+
 BAD_STATES = [
     pytest.param(lambda: Tally(n=1).model_copy(update={"n": "x"}), id="model_copy-wrong-type"),
     pytest.param(lambda: Tally.model_construct(n="zz"), id="model_construct-garbage"),
@@ -89,6 +98,8 @@ BAD_STATES = [
     pytest.param(lambda: Tally(blob=b"\xff\xfe"), id="bytes-not-utf8"),
     pytest.param(lambda: Tally(notes={"x": math.nan}), id="nan-in-any"),
     pytest.param(lambda: Tally(notes={"x": [math.inf]}), id="inf-in-any"),
+    # MongoDB refuses documents nested over 100 levels when they are written.
+    pytest.param(lambda: Tally(notes={"x": nested(MAX_NESTING)}), id="nested-too-deep"),
 ]
 
 
@@ -212,6 +223,8 @@ def test_the_whole_int64_range_is_accepted(store: Any, aggregate_id: int) -> Non
         {"id": "m", "type": "T", "headers": {"h": "\ud800"}},
         {"id": "m", "type": "T", "payload": {"k": math.nan}},
         {"id": "m", "type": "T", "correlation_id": "\ud800"},
+        {"id": "m", "type": "T", "payload": {"k": nested(MAX_NESTING)}},
+        {"id": "m", "type": "T", "headers": nested(MAX_NESTING + 1)},
     ],
 )
 def test_messages_with_unstorable_text_are_typed(store: Any, message: Any) -> None:
@@ -230,6 +243,7 @@ def test_messages_with_unstorable_text_are_typed(store: Any, message: Any) -> No
         lambda: emit("E", {"k": [math.inf]}),
         lambda: emit("\ud800"),
         lambda: emit("E", destination="\ud800"),
+        lambda: emit("E", {"k": nested(MAX_NESTING)}),
     ],
 )
 def test_unstorable_emits_are_typed(make_emit: Any) -> None:
@@ -336,6 +350,20 @@ def test_oversize_create_writes_nothing(make_store: MakeStore) -> None:
         store.create("big", Tally(notes={"blob": "x" * (limit + 1024)}))
     assert caught.value.size is not None and caught.value.size > limit
     assert store.load("big") is None
+
+
+def test_values_nested_up_to_the_bound_are_stored(store: Any) -> None:
+    """The bound leaves the envelope room within MongoDB's 100 levels: payloads, emits and
+    states of ``MAX_NESTING`` levels are written and read back as they were."""
+    deep = nested(MAX_NESTING - 1)  # under the "k" key of an object: MAX_NESTING levels
+    message = Message(id="m-deep", type="T", payload={"k": deep})
+    # A state is the first level, its field the second.
+    state = Tally(notes={"k": nested(MAX_NESTING - 2)})
+    outcome = store.handle("a", message, returning(state, emit("E", {"k": deep})))
+    assert outcome.applied
+    snapshot = store.load("a")
+    assert snapshot.state == state
+    assert snapshot.raw_outbox[-1]["payload"] == {"k": deep}
 
 
 def test_accepted_models_round_trip_exactly(store: Any) -> None:
