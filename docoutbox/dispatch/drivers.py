@@ -44,11 +44,35 @@ from docoutbox.dispatch.ports import (
     Publisher,
 )
 from docoutbox.dispatch.scheduler import RunSlot
-from docoutbox.errors import StoreError
+from docoutbox.errors import InvalidConfig, StoreError
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
 from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
+
+#: The methods a dispatcher calls on each of its ports (sync or async alike).
+_PORT_METHODS = {
+    "backend": ("load", "write", "find_pending"),
+    "publisher": ("publish",),
+    "dead_letters": ("put",),
+    "source": ("start_marker", "open", "poll", "close"),
+    "checkpoints": ("load", "save"),
+}
+
+
+def check_ports(ports: Ports | AsyncPorts) -> None:
+    """:class:`InvalidConfig` for a port that lacks a method the dispatcher calls (say, a
+    ``None`` publisher), instead of an ``AttributeError`` on its first run."""
+    for name, methods in _PORT_METHODS.items():
+        port = getattr(ports, name)
+        if port is None and name in ("source", "checkpoints"):
+            continue  # optional: polling mode, no checkpoint
+        missing = [m for m in methods if not callable(getattr(port, m, None))]
+        if missing:
+            raise InvalidConfig(
+                f"the dispatcher's {name} must have {', '.join(f'{m}()' for m in missing)}: "
+                f"got {type(port).__name__}"
+            )
 
 
 @dataclass
@@ -58,6 +82,9 @@ class Ports:
     dead_letters: DeadLetters
     source: ChangeSource | None = None
     checkpoints: Checkpoints | None = None
+
+    def __post_init__(self) -> None:
+        check_ports(self)
 
     def perform(self, op: EngineOp) -> Any:
         """Carry out ``op`` (a :class:`Sleep` is the driver's: it is not handled here)."""
@@ -97,6 +124,9 @@ class AsyncPorts:
     dead_letters: AsyncDeadLetters
     source: AsyncChangeSource | None = None
     checkpoints: AsyncCheckpoints | None = None
+
+    def __post_init__(self) -> None:
+        check_ports(self)
 
     async def perform(self, op: EngineOp) -> Any:
         """The async twin of :meth:`Ports.perform`."""
@@ -355,6 +385,8 @@ def wall_clock_engine(
     a ``config``, the defaults (polling mode without a change ``source``); without an
     ``ownership``, a sole owner."""
     stream = source is not None
+    if config is not None and not isinstance(config, DispatcherConfig):
+        raise InvalidConfig(f"config must be a DispatcherConfig, got {type(config).__name__}")
     if config is None:
         config = DispatcherConfig() if stream else DispatcherConfig.polling()
     merge = getattr(source, "merge_positions", None)
