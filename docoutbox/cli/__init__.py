@@ -32,13 +32,14 @@ from urllib.parse import urlsplit, urlunsplit
 from docoutbox.cli import admin, audit, logs, observe
 from docoutbox.cli.help import Formatter
 from docoutbox.cli.options import (
+    ANY_COLLECTION,
+    ANY_DATABASE,
     AT_LEAST_ONE,
-    COLLECTION,
-    DATABASE,
     GRACE,
     INTERVAL,
     PARTITIONS,
     TIMEOUT,
+    name_problem,
 )
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
@@ -149,8 +150,8 @@ def _parser() -> argparse.ArgumentParser:
         help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
         "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
     )
-    d.add_argument("--db", "--database", dest="db", type=DATABASE)
-    d.add_argument("--collection", "--container", dest="collection", type=COLLECTION)
+    d.add_argument("--db", "--database", dest="db", type=ANY_DATABASE)
+    d.add_argument("--collection", "--container", dest="collection", type=ANY_COLLECTION)
     d.add_argument(
         "--publisher",
         required=True,
@@ -267,6 +268,14 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
+    store = "cosmos" if args.cosmos_endpoint else "mongo"
+    for option, what, text in (
+        ("--db", "database", args.db),
+        ("--collection", "collection", args.collection),
+    ):
+        problem = name_problem(text, what, store)
+        if problem is not None:
+            return f"{option}: {problem}"
     if (args.cosmos_ca_file or args.cosmos_insecure) and not args.cosmos_endpoint:
         return "--cosmos-ca-file and --cosmos-insecure apply to --cosmos-endpoint only"
     if args.cosmos_ca_file and args.cosmos_insecure:

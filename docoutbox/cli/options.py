@@ -46,17 +46,37 @@ def number(
     return parse
 
 
-def name(what: str) -> Any:
-    """An argparse ``type`` for a MongoDB database or collection name."""
-    forbidden = '/\\. "$' if what == "database" else "$"
+def name_problem(text: str, what: str, store: str = "mongo") -> str | None:
+    """Why ``text`` cannot name a ``what`` ("database" or "collection") of ``store``
+    ("mongo" or "cosmos"), or None."""
+    if store == "cosmos":
+        # Cosmos DB resource IDs: 1-255 characters, none of / \\ # ?, no trailing space.
+        forbidden = "/\\#?"
+        reserved = len(text) > 255 or text.endswith(" ")
+    else:
+        forbidden = '/\\. "$' if what == "database" else "$"
+        reserved = text.startswith("system.")
+    bad = [c for c in forbidden if c in text]
+    if not text or "\x00" in text or bad or reserved:
+        return f"not a usable {what} name: {text!r}" + (
+            f" (it must not contain {''.join(bad)!r})" if bad else ""
+        )
+    return None
+
+
+def name(what: str, store: str | None = "mongo") -> Any:
+    """An argparse ``type`` for a database or collection name of ``store`` (None: the
+    store is not known yet; only an empty name or a NUL character is refused, and the
+    command checks the rest with :func:`name_problem`)."""
 
     def parse(text: str) -> str:
-        bad = [c for c in forbidden if c in text]
-        if not text or "\x00" in text or bad or text.startswith("system."):
-            raise argparse.ArgumentTypeError(
-                f"not a usable {what} name: {text!r}"
-                + (f" (it must not contain {''.join(bad)!r})" if bad else "")
-            )
+        problem = (
+            name_problem(text, what, store)
+            if store is not None
+            else (f"not a usable {what} name: {text!r}" if not text or "\x00" in text else None)
+        )
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
         return text
 
     parse.__name__ = f"{what} name"
@@ -78,3 +98,7 @@ PARTITIONS = number(int, 1, high=MAX_PARTITIONS)
 LIMIT = number(int, 0, high=2**63 - 1)
 DATABASE = name("database")
 COLLECTION = name("collection")
+#: For commands that take MongoDB or Cosmos DB: checked with :func:`name_problem` once the
+#: store is known.
+ANY_DATABASE = name("database", None)
+ANY_COLLECTION = name("collection", None)

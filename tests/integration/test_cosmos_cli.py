@@ -128,3 +128,44 @@ def continuations(database: Any) -> dict[int, str]:
     leases = database.get_container_client("docoutbox_leases")
     rows = leases.query_items(sql, enable_cross_partition_query=True)
     return {r["partition"]: r["continuation"] for r in rows if r.get("continuation")}
+
+
+@pytest.mark.parametrize(
+    ("store", "names", "ok"),
+    [
+        ("cosmos", ("shop.eu", "orders.v2"), True),  # dots are fine in Cosmos DB names
+        ("cosmos", ("shop", "a/b"), False),
+        ("cosmos", ("sh#op", "c"), False),
+        ("cosmos", ("shop ", "c"), False),
+        ("cosmos", ("d", "c" * 256), False),
+        ("mongo", ("shop.eu", "c"), False),  # but not in MongoDB database names
+        ("mongo", ("shop", "orders.v2"), True),
+        ("mongo", ("shop", "a$b"), False),
+    ],
+)
+def test_names_follow_the_rules_of_the_store_in_use(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: str,
+    names: tuple[str, str],
+    ok: bool,
+) -> None:
+    """A Cosmos DB database named ``shop.eu`` was refused by MongoDB's rule."""
+    monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
+    monkeypatch.delenv("DOCOUTBOX_MONGO_URI", raising=False)
+    account = (
+        ["--cosmos-endpoint", "http://127.0.0.1:1/", "--cosmos-key", KEY]
+        if store == "cosmos"
+        else ["--mongo-uri", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200"]
+    )
+    args = ["dispatch", "--database", names[0], "--container", names[1], "--publisher", "stdout"]
+    try:
+        code = main([*args, *account, "--server-timeout", "0.5"])
+    except SystemExit as exit:  # argparse refused an option
+        code = exit.code
+    err = capsys.readouterr().err
+    if ok:
+        # Past the argument checks: it fails to reach the (absent) server instead.
+        assert code == 1 and "name" not in err, err
+    else:
+        assert code == 2 and "not a usable" in err, err
