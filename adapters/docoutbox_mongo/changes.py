@@ -1,7 +1,8 @@
 """A MongoDB change stream as a :class:`docoutbox.dispatch.ports.ChangeSource`.
 
 The stream watches inserts, updates and replaces whose looked-up document still has a
-pending entry (``fullDocument.outbox.0``). Documents are identified by
+pending entry (``fullDocument.outbox.0``), and keeps of each event only its resume token,
+its operation type and the document's :data:`EVENT_FIELDS`. Documents are identified by
 ``fullDocument._id`` (with ``full_document="updateLookup"``), not by ``documentKey``,
 which some servers fill wrongly. The stream is polled with ``try_next()``: it never
 blocks, whatever the server does with ``maxAwaitTimeMS``.
@@ -31,9 +32,16 @@ from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
 from docoutbox_mongo.errors import translated, translated_stream
 
+#: What an event keeps of its document: what the dispatcher reads (the aggregate, its
+#: partition, its pending entries, when it was written). Not the state, the inbox or the
+#: update description: an event stays small however large the document, and a document
+#: near MongoDB's 16 MiB limit cannot make an event over it, which would stop the stream.
+EVENT_FIELDS = ("_id", "partition", "outbox", "updated_at")
+
 PIPELINE: list[dict[str, Any]] = [
     {"$match": {"operationType": {"$in": ["insert", "update", "replace"]}}},
     {"$match": {"fullDocument.outbox.0": {"$exists": True}}},
+    {"$project": {"operationType": 1, **{f"fullDocument.{f}": 1 for f in EVENT_FIELDS}}},
 ]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from docoutbox.store.api import AggregateStore
 from docoutbox.testing import (
     AsyncMemoryPublisher,
     MemoryBackend,
@@ -19,6 +20,7 @@ from docoutbox.testing import (
     MemoryPublisher,
 )
 from docoutbox.testing.blocking import BlockingStore
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
 from docoutbox.testing.dispatch_contract import (
     NOW,
@@ -27,6 +29,7 @@ from docoutbox.testing.dispatch_contract import (
     DeadLettersContract,
     LeaseTableContract,
     PublisherContract,
+    _events_until,
 )
 from tests.conftest import server_uri
 
@@ -119,6 +122,27 @@ class TestMongoChangeSource(ChangeSourceContract):
 
         source = source_dbs.port(MongoChangeSource, AsyncMongoChangeSource, "aggs")
         return source, MongoBackend(source_dbs.sync_db["aggs"])
+
+    def test_an_event_carries_only_what_the_dispatcher_reads(
+        self, change_source: tuple[Any, Any]
+    ) -> None:
+        """Not the state, the inbox or the update description: an event stays small
+        however large the document (an event over 16 MiB would stop the stream)."""
+        source, backend = change_source
+        store = AggregateStore(backend, Counter)
+        source.open(source.start_marker())
+        try:
+            store.handle("a", add_msg("m1", 7), counter_handlers, create=True)
+            store.handle("a", add_msg("m2", 8), counter_handlers)
+            events = [e for e in _events_until(source, lambda seen: len(seen) >= 2) if e.document]
+            stored = backend.load("a")
+            assert stored["state"] and stored["inbox"]
+            for event in events:
+                assert set(event.document) == {"_id", "partition", "outbox", "updated_at"}
+            last = events[-1].document
+            assert last["outbox"] == stored["outbox"] and last["partition"] == stored["partition"]
+        finally:
+            source.close()
 
 
 class TestMemoryCheckpoints(CheckpointsContract):
