@@ -56,7 +56,7 @@ POLL = DispatcherConfig().poll_interval
 TIMEOUT = 300.0
 DENSITIES = (1, 10)  # pending entries per aggregate in the drain backlog
 LIVE_DENSITY = 10
-DISPATCH_ROUNDS = 3
+DISPATCH_ROUNDS = 7
 #: The readers compared: the raw loop (baseline) and the two dispatcher drivers.
 KINDS = ["raw", "dispatcher", "async"]
 
