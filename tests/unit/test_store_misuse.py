@@ -25,18 +25,23 @@ from docoutbox.testing.contract import Counter, counter_handlers
 MESSAGE = Message(id="m-1", type="Add", payload={"n": 1})
 
 
+def refused_before_any_write(match: str, group_commit: bool, handler: Any, create: Any) -> None:
+    """``handle`` and ``handle_batch`` both raise ``InvalidConfig`` and write nothing."""
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter, group_commit=group_commit)
+    with pytest.raises(InvalidConfig, match=match):
+        store.handle("c-1", MESSAGE, handler, create=create)
+    with pytest.raises(InvalidConfig, match=match):
+        store.handle_batch("c-1", [MESSAGE], handler, create=create)
+    assert backend.changes == []
+
+
 @pytest.mark.parametrize("handler", [None, {"Add": counter_handlers}, "Add", 42])
 @pytest.mark.parametrize("group_commit", [False, True])
 def test_a_handler_that_is_not_callable_is_refused_before_any_write(
     handler: Any, group_commit: bool
 ) -> None:
-    backend = MemoryBackend()
-    store = AggregateStore(backend, Counter, group_commit=group_commit)
-    with pytest.raises(InvalidConfig, match="handler must be callable"):
-        store.handle("c-1", MESSAGE, handler, create=True)
-    with pytest.raises(InvalidConfig, match="handler must be callable"):
-        store.handle_batch("c-1", [MESSAGE], handler, create=True)
-    assert backend.changes == []
+    refused_before_any_write("handler must be callable", group_commit, handler, True)
 
 
 def test_an_async_store_refuses_a_handler_that_is_not_callable() -> None:
@@ -127,10 +132,4 @@ def test_payload_as_refuses_what_is_not_a_pydantic_model_class(model: Any) -> No
 @pytest.mark.parametrize("group_commit", [False, True])
 def test_create_must_be_a_bool(create: Any, group_commit: bool) -> None:
     """create="no" is truthy: it created the aggregate."""
-    backend = MemoryBackend()
-    store = AggregateStore(backend, Counter, group_commit=group_commit)
-    with pytest.raises(InvalidConfig, match="create must be a bool"):
-        store.handle("c-1", MESSAGE, counter_handlers, create=create)
-    with pytest.raises(InvalidConfig, match="create must be a bool"):
-        store.handle_batch("c-1", [MESSAGE], counter_handlers, create=create)
-    assert backend.changes == []
+    refused_before_any_write("create must be a bool", group_commit, counter_handlers, create)
