@@ -46,16 +46,19 @@ def number(
     return parse
 
 
-def name_problem(text: str, what: str, store: str = "mongo") -> str | None:
+def name_problem(text: str, what: str, store: str | None = "mongo") -> str | None:
     """Why ``text`` cannot name a ``what`` ("database" or "collection") of ``store``
-    ("mongo" or "cosmos"), or None."""
+    ("mongo" or "cosmos"; None: not known yet, only an empty name or a NUL character is
+    refused), or None."""
     if store == "cosmos":
         # Cosmos DB resource IDs: 1-255 characters, none of / \\ # ?, no trailing space.
         forbidden = "/\\#?"
         reserved = len(text) > 255 or text.endswith(" ")
-    else:
+    elif store == "mongo":
         forbidden = '/\\. "$' if what == "database" else "$"
         reserved = text.startswith("system.")
+    else:
+        forbidden, reserved = "", False
     bad = [c for c in forbidden if c in text]
     if not text or "\x00" in text or bad or reserved:
         return f"not a usable {what} name: {text!r}" + (
@@ -66,15 +69,10 @@ def name_problem(text: str, what: str, store: str = "mongo") -> str | None:
 
 def name(what: str, store: str | None = "mongo") -> Any:
     """An argparse ``type`` for a database or collection name of ``store`` (None: the
-    store is not known yet; only an empty name or a NUL character is refused, and the
-    command checks the rest with :func:`name_problem`)."""
+    store is not known yet; the command checks the rest with :func:`name_problem`)."""
 
     def parse(text: str) -> str:
-        problem = (
-            name_problem(text, what, store)
-            if store is not None
-            else (f"not a usable {what} name: {text!r}" if not text or "\x00" in text else None)
-        )
+        problem = name_problem(text, what, store)
         if problem is not None:
             raise argparse.ArgumentTypeError(problem)
         return text
