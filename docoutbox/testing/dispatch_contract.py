@@ -37,7 +37,7 @@ from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
-def _events_until(
+def events_until(
     source: Any,
     wanted: Callable[[list[ChangeEvent]], bool],
     timeout: float = 10.0,
@@ -78,7 +78,7 @@ class ChangeSourceContract:
         try:
             for i in range(3):
                 store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
-            events = _events_until(source, lambda seen: len(_with_docs(seen)) >= 3)
+            events = events_until(source, lambda seen: len(_with_docs(seen)) >= 3)
             if self.ordered_across_aggregates:
                 assert _with_docs(events)[:3] == ["a0", "a1", "a2"]
             else:
@@ -97,14 +97,14 @@ class ChangeSourceContract:
             store.handle("b", add_msg("m2"), counter_handlers, create=True)
             # One event per poll: a source may give the events of one batch (a Cosmos DB
             # page) the position before the batch, so as never to skip its tail.
-            events = _events_until(source, lambda seen: len(_with_docs(seen)) >= 1, batch_size=1)
+            events = events_until(source, lambda seen: len(_with_docs(seen)) >= 1, batch_size=1)
             first = next(e for e in events if e.document is not None)
             assert first.document is not None
             if self.ordered_across_aggregates:
                 assert first.document["_id"] == "a"
             other = "b" if first.document["_id"] == "a" else "a"
             source.open(first.position)
-            again = _events_until(source, lambda seen: len(_with_docs(seen)) >= 1)
+            again = events_until(source, lambda seen: len(_with_docs(seen)) >= 1)
             assert _with_docs(again)[0] == other
         finally:
             source.close()

@@ -29,7 +29,7 @@ from docoutbox.testing.dispatch_contract import (
     DeadLettersContract,
     LeaseTableContract,
     PublisherContract,
-    _events_until,
+    events_until,
 )
 from tests.conftest import server_uri
 
@@ -134,7 +134,7 @@ class TestMongoChangeSource(ChangeSourceContract):
         try:
             store.handle("a", add_msg("m1", 7), counter_handlers, create=True)
             store.handle("a", add_msg("m2", 8), counter_handlers)
-            events = [e for e in _events_until(source, lambda seen: len(seen) >= 2) if e.document]
+            events = [e for e in events_until(source, lambda seen: len(seen) >= 2) if e.document]
             stored = backend.load("a")
             assert stored["state"] and stored["inbox"]
             for event in events:
