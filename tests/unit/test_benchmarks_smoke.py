@@ -70,8 +70,14 @@ def test_hot_aggregate_runs(mongo_uri: str) -> None:
 def test_dispatch_benchmark_runs(mongo_uri: str) -> None:
     table = dispatch.run(mongo_uri, QUICK)
     _sane(table)
-    assert {"raw", "dispatcher"} <= set(table.figures)
+    readers = {"raw", "floor", "dispatcher", "async"}
+    assert set(table.figures) == readers | {"round_trips_per_entry"}
     assert set(table.figures["round_trips_per_entry"]) == {"dispatcher", "async"}
+    for reader in readers:
+        assert table.figures[reader]["drain_1_vs_floor"] > 0
+    # The floor is not measured live: only the drain.
+    assert "p99_ms" not in table.figures["floor"]
+    assert "p99_ms" in table.figures["async"]
 
 
 def test_tracing_benchmark_runs(mongo_uri: str) -> None:
