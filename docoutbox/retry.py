@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from docoutbox.errors import InvalidConfig
 
+#: The largest count a setting takes (sizes and counts in memory, attempts): 32 bits is
+#: far beyond any useful value, and a larger one is a typo.
+MAX_COUNT = 2**31 - 1
+
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
     """``value`` if it is an ``int`` (not a bool) in ``[low, high]``, else InvalidConfig."""

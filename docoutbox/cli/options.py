@@ -11,6 +11,7 @@ import argparse
 import math
 from typing import Any
 
+from docoutbox.retry import MAX_COUNT
 from docoutbox.retry import MAX_SECONDS as MAX_INTERVAL
 from docoutbox.store.core import MAX_PARTITIONS
 
@@ -39,7 +40,8 @@ def number(
             relation = "greater than" if strict else "at least"
             raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
         if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high:g}: {text}")
+            shown = int(high) if float(high).is_integer() else high
+            raise argparse.ArgumentTypeError(f"must be at most {shown}: {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
@@ -83,7 +85,7 @@ def name(what: str, store: str | None = "mongo") -> Any:
 
 POSITIVE = number(float, 0, strict=True)
 NON_NEGATIVE = number(float, 0)
-AT_LEAST_ONE = number(int, 1)
+AT_LEAST_ONE = number(int, 1, high=MAX_COUNT)
 #: Seconds between two runs of something (sweeps, checkpoints, progress lines).
 INTERVAL = number(float, 0, strict=True, high=MAX_INTERVAL)
 #: Seconds of grace (0 allowed).

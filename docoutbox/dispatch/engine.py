@@ -64,12 +64,17 @@ from docoutbox.errors import (
     StoreError,
 )
 from docoutbox.model import AggregateId
-from docoutbox.retry import Backoff, check_int, check_seconds
-from docoutbox.store.core import MAX_PARTITIONS, FindPending, Load, Sleep, Write
+from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
+from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 
 log = logging.getLogger("docoutbox.dispatcher")
+
+
+#: Counts sent to the database as page sizes (``sweep_page``, ``batch_size``: MongoDB's
+#: ``limit``, Cosmos DB's ``TOP`` and ``max_item_count``) share the store's page bound.
+PAGE_COUNTS = frozenset({"sweep_page", "batch_size"})
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ class DispatcherConfig:
             "max_outstanding",
             "max_backlog",
         ):
-            check_int(f"DispatcherConfig.{name}", getattr(self, name), 1)
+            high = MAX_BATCH if name in PAGE_COUNTS else MAX_COUNT
+            check_int(f"DispatcherConfig.{name}", getattr(self, name), 1, high)
         check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
         for name in ("sweep_interval", "poll_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)

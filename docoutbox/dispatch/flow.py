@@ -33,7 +33,7 @@ from docoutbox.errors import (
     PublishError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.retry import backoff, check_int, check_seconds
+from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
@@ -71,7 +71,7 @@ class DispatchPolicy:
     max_delay: float = 2.0
 
     def __post_init__(self) -> None:
-        check_int("DispatchPolicy.max_attempts", self.max_attempts, 1, 2**31 - 1)
+        check_int("DispatchPolicy.max_attempts", self.max_attempts, 1, MAX_COUNT)
         check_int("DispatchPolicy.trim_every", self.trim_every, 1)
         check_seconds("DispatchPolicy.base_delay", self.base_delay)
         check_seconds("DispatchPolicy.max_delay", self.max_delay)

@@ -293,6 +293,9 @@ def test_memory_publisher_needs_an_explicit_flag(capsys: pytest.CaptureFixture[s
         ["--partitions", "1.5"],
         ["--partitions", "99999999999999"],  # more than StoreConfig allows: hung, deaf to SIGTERM
         ["--lease-ttl", "1e300"],  # overflowed a timedelta in the lease keeper
+        ["--concurrency", "99999999999999999999"],  # InvalidConfig traceback after parsing
+        ["--run-batch", "2147483648"],
+        ["--max-attempts", "2147483648"],
         ["--server-timeout", "1e300"],  # refused by pymongo only after connecting: exit 1
         ["--backlog-interval", "1e300"],  # OverflowError in the backlog thread
         ["--grace", "1e300"],
@@ -360,6 +363,13 @@ def test_dead_letters_list_refuses_a_limit_it_cannot_use(
     args = ["dead-letters", "list", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
     assert _exit_code([*args, "--server-timeout", "0.2", "--limit", limit]) == 2
     assert "--limit" in capsys.readouterr().err
+
+
+def test_a_bound_is_named_exactly(capsys: pytest.CaptureFixture[str]) -> None:
+    # It was printed as "at most 2.14748e+09", a value the option accepts.
+    args = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    assert _exit_code([*args, "--publisher", "stdout", "--concurrency", "2147483648"]) == 2
+    assert "must be at most 2147483647: 2147483648" in capsys.readouterr().err
 
 
 @pytest.mark.wire

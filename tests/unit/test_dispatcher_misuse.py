@@ -9,7 +9,9 @@ import pytest
 
 from docoutbox import InvalidConfig
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.retry import MAX_COUNT
+from docoutbox.store.core import MAX_BATCH
 from docoutbox.testing import (
     AsyncMemoryBackend,
     AsyncMemoryPublisher,
@@ -63,3 +65,23 @@ def test_a_sync_port_wrapped_for_asyncio_is_checked_through_the_wrapper() -> Non
     with pytest.raises(InvalidConfig, match="publisher must have publish"):
         AsyncDispatcher(**(async_ports() | {"publisher": in_thread(None)}))
     AsyncDispatcher(**(async_ports() | {"checkpoints": in_thread(MemoryCheckpoints())}))
+
+
+COUNTS = [
+    ("concurrency", MAX_COUNT),
+    ("run_batch", MAX_COUNT),
+    ("max_outstanding", MAX_COUNT),
+    ("max_backlog", MAX_COUNT),
+    # Sent to the database as page sizes: the store's own page bound.
+    ("batch_size", MAX_BATCH),
+    ("sweep_page", MAX_BATCH),
+]
+
+
+@pytest.mark.parametrize(("name", "high"), COUNTS)
+def test_a_count_past_its_bound_is_refused_at_once(name: str, high: int) -> None:
+    # A sweep page of 10**20 was accepted, then every sweep died in the driver
+    # ("MongoDB can only handle up to 8-byte ints"), stopping the dispatcher.
+    with pytest.raises(InvalidConfig, match=f"DispatcherConfig.{name} must be between 1 and"):
+        DispatcherConfig(**{name: high + 1})
+    assert getattr(DispatcherConfig(**{name: high}), name) == high
