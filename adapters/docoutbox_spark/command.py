@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -33,6 +34,36 @@ from docoutbox.cli.options import AT_LEAST_ONE, NON_NEGATIVE, PARTITIONS, number
 from docoutbox.errors import DocOutboxError
 
 EXIT_FINDINGS = 3
+#: Spark refuses a driver heap under 450 MiB ("Insufficient driver memory").
+MIN_DRIVER_MEMORY = 512 * 2**20
+_MEMORY = re.compile(r"([1-9][0-9]{0,15})([kmgt])", re.IGNORECASE)
+_MASTER = re.compile(
+    r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[.+\]|yarn"
+    r"|(spark|k8s|mesos)://.+"
+)
+
+
+def driver_memory(text: str) -> str:
+    """An argparse type: a JVM heap size (``-Xmx`` syntax) Spark accepts for its driver."""
+    match = _MEMORY.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"not a JVM heap size (a number with k, m, g or t, like 2g): {text!r}"
+        )
+    unit = " kmgt".index(match.group(2).lower())  # a bare number would be bytes to -Xmx
+    if int(match.group(1)) * 1024**unit < MIN_DRIVER_MEMORY:
+        raise argparse.ArgumentTypeError(f"Spark needs at least 512m: {text}")
+    return text
+
+
+def spark_master(text: str) -> str:
+    """An argparse type: a Spark master URL (``local[4]``, ``local[*]``, ``spark://...``)."""
+    if _MASTER.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"not a Spark master (local, local[N], local[*], spark://host:port, yarn, "
+            f"k8s://...): {text!r}"
+        )
+    return text
 
 
 class AuditError(DocOutboxError):
@@ -97,8 +128,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="directory or comma-separated jars with the MongoDB Spark connector "
         "(default: resolved from Maven Central)",
     )
-    p.add_argument("--spark-master", default="local[*]")
-    p.add_argument("--driver-memory", default="1g")
+    p.add_argument("--spark-master", type=spark_master, default="local[*]")
+    p.add_argument("--driver-memory", type=driver_memory, default="1g")
     p.add_argument(
         "--progress-interval",
         type=NON_NEGATIVE,
@@ -387,10 +418,17 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None
-    spark = session(jars=args.spark_jars, master=args.spark_master, memory=args.driver_memory)
+    try:
+        spark = session(jars=args.spark_jars, master=args.spark_master, memory=args.driver_memory)
+    except (PySparkException, Py4JError) as exc:
+        text = " ".join(str(exc).split())[:500]
+        print(f"docoutbox: error: cannot start Spark: {text}", file=sys.stderr)
+        return 1
     try:
         with progress(spark, args.progress_interval, args.command):
             if args.command == "export":
@@ -401,7 +439,6 @@ def main(argv: list[str]) -> int:
         return 1
     except Exception as exc:
         from pymongo.errors import PyMongoError
-        from pyspark.errors import PySparkException
 
         if not isinstance(exc, PySparkException | PyMongoError):
             raise

@@ -57,6 +57,13 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         ["--read-partitions", "0"],
         ["--report", "/nonexistent/dir/audit.html"],  # failed after the whole audit
         ["--json", "."],
+        # Each was a Java gateway or Py4J traceback once Spark tried to start.
+        ["--driver-memory", "1gb"],
+        ["--driver-memory", "100m"],
+        ["--driver-memory", "lots"],
+        ["--driver-memory", "2048"],  # bytes to the JVM's -Xmx
+        ["--spark-master", "bogus"],
+        ["--spark-master", "local[0]"],
     ],
 )
 def test_bad_audit_options_exit_2_before_spark_starts(
@@ -65,6 +72,25 @@ def test_bad_audit_options_exit_2_before_spark_starts(
     (tmp_path / "producer").mkdir()
     assert main(["audit", "--from-parquet", str(tmp_path), *bad]) == 2
     assert bad[0] in capsys.readouterr().err
+
+
+def test_spark_that_cannot_start_is_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No Java, or a JVM that refuses its options: was a PySparkRuntimeError traceback.
+    from pyspark.errors import PySparkRuntimeError
+
+    import docoutbox_spark.readers
+
+    def no_gateway(**_: Any) -> Any:
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+    monkeypatch.setattr(docoutbox_spark.readers, "session", no_gateway)
+    (tmp_path / "producer").mkdir()
+    assert main(["audit", "--from-parquet", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "docoutbox: error: cannot start Spark: [JAVA_GATEWAY_EXITED]" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("out", ["file", "missing/deeper"])
