@@ -261,6 +261,20 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--cosmos-endpoint needs --reader cosmos, not {args.reader}"
     if not (args.mongo_uri and args.db and args.collection):
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI), --db and --collection are required"
+    return _check_jars(args.spark_jars) if args.reader == "connector" else None
+
+
+def _check_jars(jars: str | None) -> str | None:
+    """Why the connector's ``--spark-jars`` (a directory, or a comma-separated list of jars
+    and URLs) cannot serve, or None: Spark itself only warns, then fails to find the
+    connector, or downloads it from Maven Central, which the user did not ask for."""
+    if not jars:
+        return None
+    if os.path.isdir(jars):
+        return None if any(Path(jars).glob("*.jar")) else f"--spark-jars: {jars} holds no .jar"
+    for jar in jars.split(","):
+        if jar and "://" not in jar and not os.path.isfile(jar):
+            return f"--spark-jars: no such directory or file: {jar}"
     return None
 
 

@@ -93,6 +93,24 @@ def test_spark_that_cannot_start_is_one_line_and_exit_1(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("jars", ["missing", "empty", "listed"])
+def test_connector_jars_that_do_not_exist_exit_2_before_spark_starts(
+    jars: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Spark only warned, then could not find the connector (or fetched it from Maven).
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "real.jar").write_bytes(b"")
+    given, named = {
+        "missing": (str(tmp_path / "missing"), "missing"),
+        "empty": (str(tmp_path / "empty"), "holds no .jar"),
+        "listed": (f"{tmp_path / 'real.jar'},https://repo/x.jar,{tmp_path / 'gone.jar'}", "gone"),
+    }[jars]
+    args = ["export", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    assert main([*args, "--out", str(tmp_path / "out"), "--spark-jars", given]) == 2
+    err = capsys.readouterr().err
+    assert "--spark-jars" in err and named in err
+
+
 @pytest.mark.parametrize("out", ["file", "missing/deeper"])
 def test_export_to_an_unusable_directory_exits_2_before_spark_starts(
     out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
