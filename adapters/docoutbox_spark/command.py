@@ -440,9 +440,7 @@ def main(argv: list[str]) -> int:
     try:
         spark = session(jars=args.spark_jars, master=args.spark_master, memory=args.driver_memory)
     except (PySparkException, Py4JError) as exc:
-        text = " ".join(str(exc).split())[:500]
-        print(f"docoutbox: error: cannot start Spark: {text}", file=sys.stderr)
-        return 1
+        return _failed("cannot start Spark", exc, secrets)
     try:
         with progress(spark, args.progress_interval, args.command):
             if args.command == "export":
@@ -456,12 +454,17 @@ def main(argv: list[str]) -> int:
 
         if not isinstance(exc, PySparkException | PyMongoError):
             raise
-        text = " ".join(str(exc).split())[:500]
-        print(f"docoutbox: error: cannot read: {logs.mask(text, secrets)}", file=sys.stderr)
-        return 1
+        return _failed("cannot read", exc, secrets)
     finally:
         if owned:
             spark.stop()
+
+
+def _failed(what: str, exc: Exception, secrets: list[str]) -> int:
+    """Spark's or the driver's error as one masked line (their messages span many)."""
+    text = logs.mask(" ".join(str(exc).split())[:500], secrets)
+    print(f"docoutbox: error: {what}: {text}", file=sys.stderr)
+    return 1
 
 
 def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | None]) -> int:
