@@ -43,7 +43,7 @@ from docoutbox.model import (
     is_utf8,
     storable_problem,
 )
-from docoutbox.retry import RetryPolicy, check_int
+from docoutbox.retry import MAX_COUNT, RetryPolicy, check_int
 from docoutbox.store.document import (
     Document,
     Snapshot,
@@ -101,7 +101,7 @@ MAX_PARTITIONS = 65_536
 #: The largest ``pending()`` page.
 MAX_BATCH = 100_000
 #: The most publish attempts :meth:`Core.record_failure` accepts (a 32-bit counter).
-MAX_ATTEMPTS = 2**31 - 1
+MAX_ATTEMPTS = MAX_COUNT
 #: The longest message ID (as :class:`~docoutbox.model.Message` accepts).
 MAX_MESSAGE_ID = 512
 
