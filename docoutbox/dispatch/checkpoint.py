@@ -162,6 +162,12 @@ class Sweep:
     older_than: datetime | None
     gate: Gate | None = None
     after: AggregateId | None = None
-    started: bool = False
     pages: int = 0
     requested: int = 0
+
+    def covers(self, scope: frozenset[int] | None) -> bool:
+        """Whether this sweep, run from its first page, finds every document ``scope``'s
+        sweep would (it has no grace, and ``scope`` is within its own)."""
+        if self.older_than is not None:
+            return False
+        return self.scope is None or (scope is not None and scope <= self.scope)

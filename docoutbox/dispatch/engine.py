@@ -367,7 +367,7 @@ class DispatchEngine:
         """Call once, after the ownership started and before the first :meth:`turn`."""
         self._next_sweep = self._mono() + self.config.sweep_interval
         if not self.stream:
-            self.sweeps.append(Sweep(self.ownership.owned(), None))
+            self._add_sweep(Sweep(self.ownership.owned(), None))
 
     def turn(self) -> Generator[EngineOp, Any, bool]:
         """One turn of the loop; returns whether anything happened."""
@@ -376,13 +376,18 @@ class DispatchEngine:
             self.queue.drop_copies(scope)
             resumes = getattr(self.ownership, "resumes", None)  # see take_acquired
             if resumes is None or not resumes(scope):
-                self.sweeps.append(Sweep(scope, None))
+                self._add_sweep(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
             self._queue_periodic_sweep()
-        busy = yield from self._sweep_step()
+        # A stream is opened before any sweep page: a fresh start's sweep then covers the
+        # sweeps of the partitions acquired meanwhile, which are not run twice.
+        opening = self.stream and not self._open
+        busy = (yield from self._stream_step(now)) if opening else False
+        busy = (yield from self._sweep_step()) or busy
         if self.stream:
-            busy = (yield from self._stream_step(now)) or busy
+            if not opening:
+                busy = (yield from self._stream_step(now)) or busy
             yield from self.checkpoint(now)
         # The outbox backlog is measured in the database (dispatch.backlog.BacklogMonitor);
         # self.queue holds only what this instance has in hand (queued()).
@@ -400,7 +405,25 @@ class DispatchEngine:
         if any(s.gate is None and s.older_than is not None for s in self.sweeps):
             return
         older_than = self._clock() - timedelta(seconds=self.config.grace)
-        self.sweeps.append(Sweep(scope, older_than))
+        self._add_sweep(Sweep(scope, older_than))
+
+    def _add_sweep(self, sweep: Sweep) -> None:
+        """Queue ``sweep``, unless a queued one covers it; drop the queued ones it covers.
+
+        A sweep without grace covers another within its scope: from its first page, if it
+        has not fetched one yet, or wholly once queued, since it starts from the first
+        document. A gated sweep is never dropped (its gate would never open). At start an
+        instance acquires its first share as well as sweeping what it owns: without this,
+        the same documents were swept twice, the second time after the first was logged as
+        done.
+        """
+        for queued in self.sweeps:
+            if sweep.gate is None and not queued.pages and queued.covers(sweep.scope):
+                return
+        kept = [q for q in self.sweeps if q.gate is not None or not sweep.covers(q.scope)]
+        if len(kept) < len(self.sweeps):
+            self.sweeps = deque(kept)
+        self.sweeps.append(sweep)
 
     def _sweep_step(self) -> Generator[EngineOp, Any, bool]:
         if not self.sweeps or self.queue.backlog() >= self.config.max_backlog:
@@ -508,7 +531,7 @@ class DispatchEngine:
                     sorted(exc.partitions),
                     exc,
                 )
-                self.sweeps.append(Sweep(exc.partitions, None))
+                self._add_sweep(Sweep(exc.partitions, None))
                 return True
             log.warning("stream_lost error=%r; sweeping and restarting the stream", exc)
             self._resume, self._open = None, False
@@ -579,7 +602,7 @@ class DispatchEngine:
         gate = Gate()
         self.tracker.reset(marker, gate)
         self._resume = marker
-        self.sweeps.append(Sweep(self.ownership.owned(), None, gate))
+        self._add_sweep(Sweep(self.ownership.owned(), None, gate))
 
     def _stream_failed(self, exc: StoreError, now: float) -> None:
         self._open = False

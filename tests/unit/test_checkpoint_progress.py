@@ -207,6 +207,7 @@ def test_the_engine_checkpoint_passes_every_mark_within_a_few_intervals(
     for _ in range(20):
         stepper.step()
     for _ in range(8):
+        world.write(f"mark{len(world.backend.changes)}", "m")  # each mark is past the last
         mark, marked_at = len(world.backend.changes), stepper.step_no
         while world.checkpoints.saved() < mark:
             assert stepper.step_no - marked_at < STEPS_BOUND, (
@@ -248,6 +249,7 @@ def test_a_long_sweep_does_not_keep_the_stream_unread(seed: int) -> None:
         stepper.step()
     assert stepper.engine.sweeps
     for _ in range(4):
+        world.write(f"mark{len(world.backend.changes)}", "m")  # each mark is past the last
         mark, marked_at = len(world.backend.changes), stepper.step_no
         while world.checkpoints.saved() < mark:
             assert stepper.step_no - marked_at < STEPS_BOUND, (

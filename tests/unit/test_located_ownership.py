@@ -19,7 +19,7 @@ from docoutbox.dispatch.engine import (
 )
 from docoutbox.dispatch.ownership import Scope
 from docoutbox.dispatch.ports import ChangeEvent
-from docoutbox.errors import ChangeStreamLost
+from docoutbox.errors import ChangeStreamLost, TransientStoreError
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import Document
 
@@ -170,6 +170,12 @@ def test_a_wholly_lost_stream_still_restarts() -> None:
 
     turn(e, reply)
     turn(e, reply)
-    ops = turn(e, lambda op: {"p": 9} if isinstance(op, StartMarker) else [])
+
+    def restart(op: Any) -> Any:
+        if isinstance(op, FindPending):
+            return TransientStoreError("down")  # the sweep stays queued
+        return {"p": 9} if isinstance(op, StartMarker) else []
+
+    ops = turn(e, restart)
     assert any(isinstance(op, StartMarker) for op in ops)
     assert [s.gate is not None for s in e.sweeps] == [True]
