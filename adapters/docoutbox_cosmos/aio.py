@@ -100,7 +100,7 @@ async def connect_dispatch_async(
     database: str,
     container: str,
     *,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     checkpoints: str = "docoutbox_checkpoints",
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",

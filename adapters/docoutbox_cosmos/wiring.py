@@ -56,9 +56,11 @@ def open_client(endpoint: str, key: str, **options: Any) -> Any:
         raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
 
 
-def base_options(timeout: float) -> dict[str, Any]:
-    """Client options of the dispatcher: fail fast on an unreachable account."""
-    return {"connection_timeout": max(1, int(timeout)), "retry_total": 1}
+def base_options(timeout: float | None) -> dict[str, Any]:
+    """Client options of the dispatcher: fail fast on an unreachable account (within
+    ``timeout`` seconds; None: 5)."""
+    seconds = 5.0 if timeout is None else timeout
+    return {"connection_timeout": max(1, int(seconds)), "retry_total": 1}
 
 
 def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def connect_dispatch(
     database: str,
     container: str,
     *,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     checkpoints: str = "docoutbox_checkpoints",
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,31 @@ from docoutbox_mongo.coordination import (
     MongoLeaseTable,
 )
 from docoutbox_mongo.errors import translated
+
+#: Seconds to reach the server when neither the caller nor the URI says.
+DEFAULT_TIMEOUT = 5.0
+
+
+def client_options(uri: str, timeout: float | None, appname: str) -> dict[str, Any]:
+    """Keyword options for a client of ``uri``.
+
+    pymongo lets keywords override the URI's options, so only what the caller asked for
+    (``timeout``, in seconds) or what the URI leaves unset is passed: a URI's
+    ``serverSelectionTimeoutMS``, ``connectTimeoutMS`` and ``appName`` are kept.
+    """
+    given = {
+        part.split("=", 1)[0].strip().lower()
+        for part in re.split("[&;]", uri.partition("?")[2])
+        if part
+    }
+    options: dict[str, Any] = {"uuidRepresentation": "standard"}
+    ms = max(1, int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1000))
+    for name in ("serverSelectionTimeoutMS", "connectTimeoutMS"):
+        if timeout is not None or name.lower() not in given:
+            options[name] = ms
+    if "appname" not in given:
+        options["appname"] = appname
+    return options
 
 
 @dataclass
@@ -39,13 +65,14 @@ def connect_dispatch(
     db: str,
     collection: str,
     *,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     checkpoints: str = "docoutbox_checkpoints",
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",
     group: str | None = None,
 ) -> MongoDispatchTarget:
-    """Open a client and check the server answers within ``timeout`` seconds.
+    """Open a client and check the server answers within ``timeout`` seconds (None: the
+    URI's ``serverSelectionTimeoutMS``, else :data:`DEFAULT_TIMEOUT`).
 
     Raises :class:`~docoutbox.errors.StoreError` for a bad URI or an unreachable server.
     """
@@ -71,20 +98,14 @@ def connect_cli(args: Any) -> MongoDispatchTarget:
 
 
 def connect_database(
-    uri: str, db: str, *, timeout: float = 5.0, appname: str = "docoutbox"
+    uri: str, db: str, *, timeout: float | None = None, appname: str = "docoutbox"
 ) -> tuple[Any, Any]:
     """A client and its database ``db``, once the server answered a ping within
-    ``timeout`` seconds. Raises :class:`~docoutbox.errors.StoreError` otherwise."""
-    ms = max(1, int(timeout * 1000))
+    ``timeout`` seconds (see :func:`client_options`). Raises
+    :class:`~docoutbox.errors.StoreError` otherwise."""
     try:
         with translated():
-            client: Any = MongoClient(
-                uri,
-                serverSelectionTimeoutMS=ms,
-                connectTimeoutMS=ms,
-                uuidRepresentation="standard",
-                appname=appname,
-            )
+            client: Any = MongoClient(uri, **client_options(uri, timeout, appname))
     except ValueError as exc:  # pymongo reports some malformed URIs as plain ValueError
         raise PermanentStoreError(f"invalid MongoDB URI: {exc}") from exc
     try:
@@ -126,20 +147,14 @@ async def connect_dispatch_async(
     collection: str,
     *,
     driver: str = "pymongo",
-    timeout: float = 5.0,
+    timeout: float | None = None,
     checkpoints: str = "docoutbox_checkpoints",
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",
     group: str | None = None,
 ) -> AsyncMongoDispatchTarget:
     """Like :func:`connect_dispatch`, on ``pymongo.AsyncMongoClient`` or Motor (``driver``)."""
-    ms = max(1, int(timeout * 1000))
-    options: dict[str, Any] = {
-        "serverSelectionTimeoutMS": ms,
-        "connectTimeoutMS": ms,
-        "uuidRepresentation": "standard",
-        "appname": "docoutbox-dispatch",
-    }
+    options = client_options(uri, timeout, "docoutbox-dispatch")
     try:
         with translated():
             if driver == "motor":

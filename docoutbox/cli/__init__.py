@@ -38,6 +38,7 @@ from docoutbox.cli.options import (
     GRACE,
     INTERVAL,
     PARTITIONS,
+    SERVER_TIMEOUT_HELP,
     TIMEOUT,
     name_problem,
 )
@@ -220,9 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
     d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
-    d.add_argument(
-        "--server-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the server"
-    )
+    d.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
     )
@@ -369,7 +368,7 @@ def _dispatch(
             "with a local emulator only, and --cosmos-ca-file anywhere else",
             where,
         )
-    log.debug("connecting %s=%s timeout=%ss", kind, where, args.server_timeout)
+    log.debug("connecting %s=%s timeout_s=%s", kind, where, args.server_timeout)
     try:
         target = wiring.connect_cli(args)
     except DocOutboxError as exc:

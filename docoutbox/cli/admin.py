@@ -25,7 +25,7 @@ from typing import Any
 
 from docoutbox.cli import logs
 from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import COLLECTION, DATABASE, LIMIT, TIMEOUT
+from docoutbox.cli.options import COLLECTION, DATABASE, LIMIT, SERVER_TIMEOUT_HELP, TIMEOUT
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
 Runner = Callable[[argparse.Namespace], int]
@@ -55,7 +55,7 @@ def _connection(parser: argparse.ArgumentParser, *, collection: bool | None) -> 
     parser.add_argument(
         "--leases", default="docoutbox_leases", type=COLLECTION, help="lease collection"
     )
-    parser.add_argument("--server-timeout", type=TIMEOUT, default=5.0, help="seconds")
+    parser.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

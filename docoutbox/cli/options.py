@@ -92,6 +92,10 @@ INTERVAL = number(float, 0, strict=True, high=MAX_INTERVAL)
 GRACE = number(float, 0, high=MAX_INTERVAL)
 #: Seconds to wait for a server or a broker.
 TIMEOUT = number(float, 0, strict=True, high=MAX_TIMEOUT)
+SERVER_TIMEOUT_HELP = (
+    "seconds to reach the server (default: the MongoDB URI's serverSelectionTimeoutMS "
+    "and connectTimeoutMS, else 5)"
+)
 #: The stores' ``StoreConfig.partitions``: the same bounds.
 PARTITIONS = number(int, 1, high=MAX_PARTITIONS)
 #: A ``--limit`` (0: no limit); a server counts in 64-bit integers.
