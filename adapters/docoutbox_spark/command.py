@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from docoutbox.cli import logs
-from docoutbox.cli.options import AT_LEAST_ONE, NON_NEGATIVE, PARTITIONS, number
+from docoutbox.cli.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    PARTITIONS,
+    add_cosmos_options,
+    number,
+)
 from docoutbox.errors import DocOutboxError
 
 EXIT_FINDINGS = 3
@@ -77,28 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI)",
     )
-    p.add_argument(
-        "--cosmos-endpoint",
-        default=env("COSMOS_ENDPOINT"),
-        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
-    )
-    p.add_argument(
-        "--cosmos-key",
-        default=env("COSMOS_KEY"),
-        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
-    )
-    p.add_argument(
-        "--cosmos-ca-file",
-        metavar="PEM",
-        default=env("COSMOS_CA_FILE"),
-        help="trust the certificate(s) in this PEM file for an https Cosmos DB endpoint "
-        "(or COSMOS_CA_FILE)",
-    )
-    p.add_argument(
-        "--cosmos-insecure",
-        action="store_true",
-        help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only)",
-    )
+    add_cosmos_options(p)
     p.add_argument("--db", "--database", dest="db")
     p.add_argument(
         "--collection", "--container", dest="collection", help="the producer (aggregate) collection"

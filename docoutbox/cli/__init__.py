@@ -40,6 +40,8 @@ from docoutbox.cli.options import (
     PARTITIONS,
     SERVER_TIMEOUT_HELP,
     TIMEOUT,
+    add_cosmos_options,
+    connection_problem,
     name_problem,
 )
 from docoutbox.codec import WireFormat, encode_entry
@@ -128,29 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    d.add_argument(
-        "--cosmos-endpoint",
-        default=env("COSMOS_ENDPOINT"),
-        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
-    )
-    d.add_argument(
-        "--cosmos-key",
-        default=env("COSMOS_KEY"),
-        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
-    )
-    d.add_argument(
-        "--cosmos-ca-file",
-        metavar="PEM",
-        default=env("COSMOS_CA_FILE"),
-        help="trust the certificate(s) in this PEM file for an https Cosmos DB endpoint with a "
-        "self-signed or private-CA certificate, such as the emulator's (or COSMOS_CA_FILE)",
-    )
-    d.add_argument(
-        "--cosmos-insecure",
-        action="store_true",
-        help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
-        "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
-    )
+    add_cosmos_options(d)
     d.add_argument("--db", "--database", dest="db", type=ANY_DATABASE)
     d.add_argument("--collection", "--container", dest="collection", type=ANY_COLLECTION)
     d.add_argument(
@@ -259,12 +239,9 @@ def _fail(message: str, secrets: Sequence[str], code: int = 1) -> int:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if args.cosmos_endpoint and args.mongo_uri:
-        return "give either --mongo-uri or --cosmos-endpoint, not both"
-    if args.cosmos_endpoint and not args.cosmos_key:
-        return "--cosmos-endpoint needs --cosmos-key (or COSMOS_KEY)"
-    if not args.mongo_uri and not args.cosmos_endpoint:
-        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
+    problem = connection_problem(args)
+    if problem is not None:
+        return problem
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
     store = "cosmos" if args.cosmos_endpoint else "mongo"
@@ -275,12 +252,6 @@ def _check(args: argparse.Namespace) -> str | None:
         problem = name_problem(text, what, store)
         if problem is not None:
             return f"{option}: {problem}"
-    if (args.cosmos_ca_file or args.cosmos_insecure) and not args.cosmos_endpoint:
-        return "--cosmos-ca-file and --cosmos-insecure apply to --cosmos-endpoint only"
-    if args.cosmos_ca_file and args.cosmos_insecure:
-        return "give either --cosmos-ca-file or --cosmos-insecure, not both"
-    if args.cosmos_ca_file and not os.path.isfile(args.cosmos_ca_file):
-        return f"--cosmos-ca-file: no such file: {args.cosmos_ca_file}"
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)

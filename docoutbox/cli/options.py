@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Any
 
 from docoutbox.retry import MAX_COUNT
@@ -106,3 +107,49 @@ COLLECTION = name("collection")
 #: store is known.
 ANY_DATABASE = name("database", None)
 ANY_COLLECTION = name("collection", None)
+
+
+def add_cosmos_options(parser: argparse.ArgumentParser) -> None:
+    """``--cosmos-endpoint``, ``--cosmos-key``, ``--cosmos-ca-file`` and
+    ``--cosmos-insecure``, each defaulting to its environment variable."""
+    env = os.environ.get
+    parser.add_argument(
+        "--cosmos-endpoint",
+        default=env("COSMOS_ENDPOINT"),
+        help="Cosmos DB account endpoint (or COSMOS_ENDPOINT), instead of --mongo-uri",
+    )
+    parser.add_argument(
+        "--cosmos-key",
+        default=env("COSMOS_KEY"),
+        help="Cosmos DB account key (or COSMOS_KEY, which keeps it out of the process list)",
+    )
+    parser.add_argument(
+        "--cosmos-ca-file",
+        metavar="PEM",
+        default=env("COSMOS_CA_FILE"),
+        help="trust the certificate(s) in this PEM file for an https Cosmos DB endpoint with a "
+        "self-signed or private-CA certificate, such as the emulator's (or COSMOS_CA_FILE)",
+    )
+    parser.add_argument(
+        "--cosmos-insecure",
+        action="store_true",
+        help="do NOT verify the Cosmos DB endpoint's certificate (local emulators only: the "
+        "key and the data can be read by anyone on the path); prefer --cosmos-ca-file",
+    )
+
+
+def connection_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--mongo-uri`` and the Cosmos DB options together, or None."""
+    if args.cosmos_endpoint and args.mongo_uri:
+        return "give either --mongo-uri or --cosmos-endpoint, not both"
+    if args.cosmos_endpoint and not args.cosmos_key:
+        return "--cosmos-endpoint needs --cosmos-key (or COSMOS_KEY)"
+    if not args.mongo_uri and not args.cosmos_endpoint:
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
+    if (args.cosmos_ca_file or args.cosmos_insecure) and not args.cosmos_endpoint:
+        return "--cosmos-ca-file and --cosmos-insecure apply to --cosmos-endpoint only"
+    if args.cosmos_ca_file and args.cosmos_insecure:
+        return "give either --cosmos-ca-file or --cosmos-insecure, not both"
+    if args.cosmos_ca_file and not os.path.isfile(args.cosmos_ca_file):
+        return f"--cosmos-ca-file: no such file: {args.cosmos_ca_file}"
+    return None
