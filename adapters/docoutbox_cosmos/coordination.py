@@ -201,7 +201,9 @@ class CosmosLeaseTable(GroupItems):
     def read(self) -> LeaseView:
         return LeaseView(*self._read_group())
 
-    def _lease(self, partition: int, owner: str, expires_at: datetime) -> dict[str, Any]:
+    def _lease(
+        self, partition: int, owner: str, now: datetime, expires_at: datetime
+    ) -> dict[str, Any]:
         return {
             "id": self._lease_id(partition),
             "group": self.group,
@@ -209,12 +211,13 @@ class CosmosLeaseTable(GroupItems):
             "partition": partition,
             "owner": owner,
             "expires_at": format_time(expires_at),
+            "acquired_at": format_time(now),  # acquired, never renewed, by acquire()
             "timestamp": format_time(utcnow()),
         }
 
     def acquire(self, partition: int, owner: str, now: datetime, expires_at: datetime) -> bool:
         item_id = self._lease_id(partition)
-        body = self._lease(partition, owner, expires_at)
+        body = self._lease(partition, owner, now, expires_at)
         with translated():
             try:
                 current = self.container.read_item(item_id, partition_key=item_id)

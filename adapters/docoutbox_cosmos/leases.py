@@ -14,7 +14,7 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
   the container changes nothing here: a feed range is a span of effective partition
   keys, which the SDK reads across the children of a split range.
 - ``{id: "<group>/range/<i>", kind: "lease", partition: i, range, owner, expires_at,
-  timestamp, continuation}``: one lease per feed range. ``continuation`` is where the
+  acquired_at, timestamp, continuation}``: one lease per feed range. ``continuation`` is where the
   range's change feed resumes (the checkpoint, advanced only past completed events, I5);
   a lease gets one at its first acquisition ("now": the acquiring dispatcher sweeps the
   range). A lease acquired with a continuation needs no sweep (:meth:`resumes`): the
@@ -224,6 +224,7 @@ class CosmosFeedRangeLeases(GroupItems):
                 "range": ranges[partition],
                 "owner": owner,
                 "expires_at": format_time(expires_at),
+                "acquired_at": format_time(now),
                 "timestamp": format_time(utcnow()),
                 "continuation": continuation,
             }

@@ -39,6 +39,8 @@ from typing import Any
 from pymongo import ASCENDING
 
 from docoutbox.dispatch.backlog import OutboxStats, summarize
+from docoutbox.dispatch.lease_rows import LeaseRow
+from docoutbox.dispatch.lease_rows import lease_rows as rows_of
 from docoutbox.errors import InvalidInput, NotFound
 from docoutbox.model import OutboxMessage
 from docoutbox.store.document import utcnow
@@ -182,51 +184,11 @@ class DeadLetterAdmin:
             return int(self.dead_letters.delete_many(query).deleted_count)
 
 
-@dataclass(frozen=True)
-class LeaseRow:
-    group: str
-    partition: int | None  # None for a member heartbeat
-    owner: str
-    since: datetime | None
-    expires_at: datetime | None
-    expired: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "partition": self.partition,
-            "owner": self.owner,
-            "since": self.since.isoformat() if self.since else None,
-            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
-            "expired": self.expired,
-        }
-
-
 def lease_rows(
     collection: Any, group: str | None = None, now: datetime | None = None
 ) -> list[LeaseRow]:
     """Every lease and member heartbeat (of ``group``, or of all groups), partition order."""
-    now = now or utcnow()
     query: dict[str, Any] = {} if group is None else {"group": group}
     with translated():
         docs = list(collection.find(query))
-    rows = []
-    for doc in docs:
-        kind, owner = doc.get("kind"), doc.get("owner")
-        if kind not in ("lease", "member") or not isinstance(owner, str):
-            continue
-        expires = _aware(doc.get("expires_at"))
-        since = _aware(doc.get("acquired_at") if kind == "lease" else doc.get("joined_at"))
-        partition = doc.get("partition") if kind == "lease" else None
-        rows.append(
-            LeaseRow(
-                group=str(doc.get("group")),
-                partition=partition if isinstance(partition, int) else None,
-                owner=owner,
-                since=since,
-                expires_at=expires,
-                expired=expires is not None and expires < now,
-            )
-        )
-    rows.sort(key=lambda r: (r.group, r.partition is None, r.partition or 0, r.owner))
-    return rows
+    return rows_of(docs, now or utcnow(), _aware)

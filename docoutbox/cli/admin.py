@@ -1,4 +1,7 @@
-"""Operating commands on MongoDB: ``outbox stats``, ``dead-letters ...`` and ``leases``.
+"""Operating commands: ``outbox stats``, ``dead-letters ...`` and ``leases``.
+
+``outbox stats`` and ``leases`` read MongoDB (``--mongo-uri``) or Cosmos DB
+(``--cosmos-endpoint``); ``dead-letters`` reads and repairs MongoDB.
 
 - ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
   partition and per type (``--json`` for machines);
@@ -25,35 +28,58 @@ from typing import Any
 
 from docoutbox.cli import logs
 from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import COLLECTION, DATABASE, LIMIT, SERVER_TIMEOUT_HELP, TIMEOUT
+from docoutbox.cli.options import (
+    ANY_COLLECTION,
+    ANY_DATABASE,
+    COLLECTION,
+    DATABASE,
+    LIMIT,
+    SERVER_TIMEOUT_HELP,
+    TIMEOUT,
+    add_cosmos_options,
+    connection_problem,
+    name_problem,
+)
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
 Runner = Callable[[argparse.Namespace], int]
 
 
-def _connection(parser: argparse.ArgumentParser, *, collection: bool | None) -> None:
+def _connection(
+    parser: argparse.ArgumentParser, *, collection: bool | None, cosmos: bool = False
+) -> None:
+    """The store options; with ``cosmos``, Cosmos DB's too (names are then checked once
+    the store is known)."""
     env = os.environ.get
     parser.add_argument(
         "--mongo-uri",
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    parser.add_argument("--db", required=True, type=DATABASE, help="database")
+    if cosmos:
+        add_cosmos_options(parser)
+    database, container = (ANY_DATABASE, ANY_COLLECTION) if cosmos else (DATABASE, COLLECTION)
+    parser.add_argument(
+        "--db", "--database", dest="db", required=True, type=database, help="database"
+    )
     if collection is not None:
         parser.add_argument(
             "--collection",
+            "--container",
+            dest="collection",
             required=collection,
-            type=COLLECTION,
-            help="the aggregates' collection (replaying outbox entries needs it)",
+            type=container,
+            help="the aggregates' collection"
+            + ("" if collection else " (replaying outbox entries needs it)"),
         )
     parser.add_argument(
         "--dead-letters",
         default="docoutbox_dead_letters",
-        type=COLLECTION,
+        type=container,
         help="dead-letter collection",
     )
     parser.add_argument(
-        "--leases", default="docoutbox_leases", type=COLLECTION, help="lease collection"
+        "--leases", default="docoutbox_leases", type=container, help="lease collection"
     )
     parser.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -68,7 +94,7 @@ def add_commands(sub: Any) -> None:
         help="pending entries and aggregates, oldest age, per partition and type",
         formatter_class=Formatter,
     )
-    _connection(stats, collection=True)
+    _connection(stats, collection=True, cosmos=True)
     stats.set_defaults(run=_stats)
 
     dl = sub.add_parser(
@@ -111,7 +137,7 @@ def add_commands(sub: Any) -> None:
     leases = sub.add_parser(
         "leases", help="partition owners, since when", formatter_class=Formatter
     )
-    _connection(leases, collection=None)
+    _connection(leases, collection=None, cosmos=True)
     leases.add_argument("--group", help="only this lease group (default: every group)")
     leases.set_defaults(run=_leases)
 
@@ -137,28 +163,80 @@ def _fail(message: str, secrets: Sequence[str], code: int = 1, limit: int = 500)
     return code
 
 
-def _run(args: argparse.Namespace, body: Callable[[Any, list[str]], int]) -> int:
+def _run(args: argparse.Namespace, body: Callable[[Any, Any], int]) -> int:
+    """Connect to the store the arguments name, then ``body(database, admin)``:
+    ``database[name]`` is a collection (MongoDB) or a container (Cosmos DB), ``admin``
+    the adapter's ``admin`` module."""
+    cosmos_key = getattr(args, "cosmos_key", None)
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(getattr(args, "rabbitmq_url", None))
-    if not args.mongo_uri:
-        return _fail("--mongo-uri (or DOCOUTBOX_MONGO_URI) is required", secrets, code=2)
+    secrets += [cosmos_key] if cosmos_key else []
+    store = "cosmos" if getattr(args, "cosmos_endpoint", None) else "mongo"
+    problem = _problem(args, store)
+    if problem is not None:
+        return _fail(problem, secrets, code=2)
     try:
-        from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
-            connect_database,
-        )
+        client, database, admin = _connect(args, store)
     except ImportError as exc:
-        return _fail(f"the MongoDB adapter is not installed ({exc})", secrets)
-    try:
-        client, database = connect_database(args.mongo_uri, args.db, timeout=args.server_timeout)
+        label, extra = ("Cosmos DB", "cosmos") if store == "cosmos" else ("MongoDB", "mongodb")
+        return _fail(
+            f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
+            secrets,
+        )
     except DocOutboxError as exc:
-        return _fail(f"cannot use MongoDB: {exc}", secrets)
+        return _fail(
+            f"cannot use {'Cosmos DB' if store == 'cosmos' else 'MongoDB'}: {exc}", secrets
+        )
     try:
-        return body(database, secrets)
+        return body(database, admin)
     except InvalidInput as exc:
         return _fail(str(exc), secrets, code=2)
     except (NotFound, DocOutboxError) as exc:
         return _fail(str(exc), secrets)
     finally:
         client.close()
+
+
+def _problem(args: argparse.Namespace, store: str) -> str | None:
+    """What is wrong with the store options and names (the store is known by now)."""
+    if hasattr(args, "cosmos_endpoint"):
+        problem = connection_problem(args)
+        if problem is not None:
+            return problem
+    elif not args.mongo_uri:
+        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required"
+    names = {"db": "database", "collection": "collection"}
+    names |= {"dead_letters": "collection", "leases": "collection"}
+    for option, what in names.items():
+        text = getattr(args, option, None)
+        problem = None if text is None else name_problem(text, what, store)
+        if problem is not None:
+            return f"--{option.replace('_', '-')}: {problem}"
+    return None
+
+
+def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:
+    """The client, the database and the adapter's ``admin`` module of ``store``."""
+    if store == "cosmos":
+        from docoutbox_cosmos import admin  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox_cosmos.wiring import (  # type: ignore[import-not-found, unused-ignore]
+            cli_tls_options,
+        )
+
+        client, database = admin.connect_database(
+            args.cosmos_endpoint,
+            args.cosmos_key,
+            args.db,
+            timeout=args.server_timeout,
+            client_options=cli_tls_options(args),
+        )
+        return client, database, admin
+    from docoutbox_mongo import admin  # type: ignore[import-not-found, unused-ignore, no-redef]
+    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+        connect_database,
+    )
+
+    client, database = connect_database(args.mongo_uri, args.db, timeout=args.server_timeout)
+    return client, database, admin
 
 
 def _print_json(value: Any) -> None:
@@ -172,10 +250,8 @@ def _json_default(value: Any) -> Any:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    def body(database: Any, secrets: list[str]) -> int:
-        from docoutbox_mongo.admin import outbox_stats  # type: ignore[import-not-found, unused-ignore]
-
-        stats = outbox_stats(database[args.collection])
+    def body(database: Any, admin: Any) -> int:
+        stats = admin.outbox_stats(database[args.collection])
         if args.json:
             _print_json(stats.to_json())
             return 0
@@ -198,11 +274,9 @@ def _table(title: str, buckets: dict[Any, Any]) -> None:
         print(f"{key!s:<24} {bucket.entries:>8} {bucket.aggregates:>10} {bucket.oldest_age:>10.1f}")
 
 
-def _admin(args: argparse.Namespace, database: Any) -> Any:
-    from docoutbox_mongo.admin import DeadLetterAdmin  # type: ignore[import-not-found, unused-ignore]
-
+def _dead_letters(args: argparse.Namespace, database: Any, admin: Any) -> Any:
     collection = getattr(args, "collection", None)
-    return DeadLetterAdmin(
+    return admin.DeadLetterAdmin(
         database[args.dead_letters], database[collection] if collection else None
     )
 
@@ -224,8 +298,8 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    def body(database: Any, secrets: list[str]) -> int:
-        admin = _admin(args, database)
+    def body(database: Any, admin: Any) -> int:
+        admin = _dead_letters(args, database, admin)
         rows = [_summary(doc) for doc in admin.listing(args.limit)]
         if args.json:
             _print_json(rows)
@@ -246,17 +320,17 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    def body(database: Any, secrets: list[str]) -> int:
-        _print_json(_admin(args, database).get(args.id))
+    def body(database: Any, admin: Any) -> int:
+        _print_json(_dead_letters(args, database, admin).get(args.id))
         return 0
 
     return _run(args, body)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    def body(database: Any, secrets: list[str]) -> int:
+    def body(database: Any, admin: Any) -> int:
         republish = _republisher(args.rabbitmq_url) if args.rabbitmq_url else None
-        done = _admin(args, database).replay(args.ids, republish)
+        done = _dead_letters(args, database, admin).replay(args.ids, republish)
         for item in done:
             if args.json:
                 continue
@@ -284,8 +358,8 @@ def _purge(args: argparse.Namespace) -> int:
         what = f"{len(args.ids)} dead letter(s)" if args.ids else "every dead letter"
         return _fail(f"purge deletes {what}; add --yes to confirm (nothing deleted)", [], 2)
 
-    def body(database: Any, secrets: list[str]) -> int:
-        count = _admin(args, database).purge(args.ids)
+    def body(database: Any, admin: Any) -> int:
+        count = _dead_letters(args, database, admin).purge(args.ids)
         print(f"purged {count} dead letter(s)")
         return 0
 
@@ -293,10 +367,8 @@ def _purge(args: argparse.Namespace) -> int:
 
 
 def _leases(args: argparse.Namespace) -> int:
-    def body(database: Any, secrets: list[str]) -> int:
-        from docoutbox_mongo.admin import lease_rows  # type: ignore[import-not-found, unused-ignore]
-
-        rows = lease_rows(database[args.leases], args.group)
+    def body(database: Any, admin: Any) -> int:
+        rows = admin.lease_rows(database[args.leases], args.group)
         if args.json:
             _print_json([row.to_json() for row in rows])
             return 0
