@@ -1,21 +1,33 @@
-"""Operating the outbox on Cosmos DB: backlog figures and leases, as on MongoDB.
+"""Operating the outbox on Cosmos DB: backlog figures, dead letters and leases, as on
+MongoDB.
 
-Used by ``docoutbox outbox stats`` and ``docoutbox leases`` with ``--cosmos-endpoint``,
-and usable directly.
+Used by the ``docoutbox outbox``, ``docoutbox dead-letters`` and ``docoutbox leases``
+commands with ``--cosmos-endpoint``, and usable directly. Dead letters are listed,
+replayed and purged as :mod:`docoutbox.dispatch.replay` says, here over containers: a
+replay appends the entry with one patch, conditional on no pending entry having its
+``seq``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
+from azure.cosmos import exceptions as cosmos_errors
+
+from docoutbox.dispatch import replay
 from docoutbox.dispatch.backlog import OutboxStats, probe_backend
 from docoutbox.dispatch.lease_rows import LeaseRow
 from docoutbox.dispatch.lease_rows import lease_rows as rows_of
+from docoutbox.dispatch.replay import GONE
+from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.backend import CosmosBackend
-from docoutbox_cosmos.coordination import _expiry
-from docoutbox_cosmos.errors import translated
+from docoutbox_cosmos.coordination import _expiry, dead_letter_item_id
+from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.items import ItemCodec, parse_time, to_json
 from docoutbox_cosmos.wiring import base_options, open_client
 
 
@@ -38,6 +50,107 @@ def lease_rows(
             container.query_items(query, parameters=parameters, enable_cross_partition_query=True)
         )
     return rows_of(items, now or utcnow(), _expiry)
+
+
+#: The fields of a dead-letter item shown as they are.
+_SHOWN = ("aggregate_id", "entry", "error", "attempts", "origin", "queue", "body")
+
+
+class CosmosDeadLetterStore:
+    """The dead letters of one container, and the aggregates' container to replay into
+    (see :mod:`docoutbox.dispatch.replay`)."""
+
+    def __init__(
+        self, dead_letters: Any, aggregates: Any | None = None, codec: ItemCodec | None = None
+    ) -> None:
+        self.container = dead_letters
+        self.items = aggregates
+        self.aggregates = None if aggregates is None else str(aggregates.id)
+        self.codec = codec or ItemCodec()
+
+    @staticmethod
+    def _shown(item: dict[str, Any]) -> dict[str, Any]:
+        doc = {"_id": item.get("entry_id", item.get("id"))}
+        doc |= {key: item[key] for key in _SHOWN if key in item}
+        doc["quarantined_at"] = parse_time(item.get("quarantined_at"))
+        return doc
+
+    def _query(self, sql: str) -> Any:
+        return self.container.query_items(sql, enable_cross_partition_query=True)
+
+    def listing(self, limit: int) -> list[dict[str, Any]]:
+        with translated():
+            items = self._query("SELECT * FROM c ORDER BY c.quarantined_at")
+            return [self._shown(item) for item in islice(items, limit or None)]
+
+    def count(self) -> int:
+        with translated():
+            return int(next(iter(self._query("SELECT VALUE COUNT(1) FROM c")), 0))
+
+    def find(self, dead_letter_id: str) -> dict[str, Any] | None:
+        item_id = dead_letter_item_id(dead_letter_id)
+        with translated():
+            try:
+                item = self.container.read_item(item_id, partition_key=item_id)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                return None
+        return self._shown(item)
+
+    def delete(self, ids: Sequence[str] | None) -> int:
+        with translated():
+            if ids is None:
+                item_ids = [row["id"] for row in self._query("SELECT c.id FROM c")]
+            else:
+                item_ids = [dead_letter_item_id(name) for name in ids]
+            deleted = 0
+            for item_id in item_ids:
+                try:
+                    self.container.delete_item(item_id, partition_key=item_id)
+                except cosmos_errors.CosmosHttpResponseError as exc:
+                    if refusal(exc) is not Refusal.MISSING:
+                        raise
+                    continue  # deleted meanwhile
+                deleted += 1
+        return deleted
+
+    def aggregate_type(self, aggregate_id: AggregateId) -> object:
+        assert self.items is not None
+        item_id, key = self.codec.key(aggregate_id)
+        with translated(aggregate_id):
+            try:
+                item = self.items.read_item(item_id, partition_key=key)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+                return GONE
+        return item.get("type")
+
+    def append(self, aggregate_id: AggregateId, entry: dict[str, Any]) -> bool:
+        assert self.items is not None
+        item_id, key = self.codec.key(aggregate_id)
+        pending = f'FROM c WHERE NOT ARRAY_CONTAINS(c.outbox, {{"seq": {int(entry["seq"])}}}, true)'
+        with translated(aggregate_id):
+            try:
+                self.items.patch_item(
+                    item_id,
+                    partition_key=key,
+                    patch_operations=[{"op": "add", "path": "/outbox/-", "value": to_json(entry)}],
+                    filter_predicate=pending,
+                )
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.STALE:
+                    raise
+                return False  # an entry with that seq is pending
+        return True
+
+
+class DeadLetterAdmin(replay.DeadLetterAdmin):
+    """List, show, replay and purge the dead letters of one database."""
+
+    def __init__(self, dead_letters: Any, aggregates: Any | None = None) -> None:
+        super().__init__(CosmosDeadLetterStore(dead_letters, aggregates))
 
 
 class CosmosDatabase:

@@ -54,6 +54,12 @@ def checkpoint_item(name: str, position: Position) -> dict[str, Any]:
     return body
 
 
+def dead_letter_item_id(entry_id: str) -> str:
+    """The item ID of the dead letter of the entry ``entry_id`` (entry IDs may hold
+    characters Cosmos DB refuses in item IDs, and be longer)."""
+    return encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32])
+
+
 def dead_letter_item(
     aggregate_id: AggregateId, entry: dict[str, Any], error: str, attempts: int
 ) -> dict[str, Any]:
@@ -64,7 +70,7 @@ def dead_letter_item(
         digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
         entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
     return {
-        "id": encode_id(hashlib.sha256(entry_id.encode()).hexdigest()[:32]),
+        "id": dead_letter_item_id(entry_id),
         "entry_id": entry_id,
         "aggregate_id": aggregate_id,
         "entry": to_json(entry),

@@ -1,7 +1,7 @@
 """Operating commands: ``outbox stats``, ``dead-letters ...`` and ``leases``.
 
-``outbox stats`` and ``leases`` read MongoDB (``--mongo-uri``) or Cosmos DB
-(``--cosmos-endpoint``); ``dead-letters`` reads and repairs MongoDB.
+Each works on MongoDB (``--mongo-uri``) or Cosmos DB (``--cosmos-endpoint``), through the
+adapter's ``admin`` module.
 
 - ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
   partition and per type (``--json`` for machines);
@@ -105,11 +105,11 @@ def add_commands(sub: Any) -> None:
     )
     dsub = dl.add_subparsers(dest="dead_letters_command", required=True)
     listing = dsub.add_parser("list", help="dead letters, oldest first", formatter_class=Formatter)
-    _connection(listing, collection=None)
+    _connection(listing, collection=None, cosmos=True)
     listing.add_argument("--limit", type=LIMIT, default=100, help="at most this many (0: all)")
     listing.set_defaults(run=_list)
     show = dsub.add_parser("show", help="one dead letter in full", formatter_class=Formatter)
-    _connection(show, collection=None)
+    _connection(show, collection=None, cosmos=True)
     show.add_argument("id", help="dead letter ID (the entry's ID)")
     show.set_defaults(run=_show)
     replay = dsub.add_parser(
@@ -118,7 +118,7 @@ def add_commands(sub: Any) -> None:
         description=_REPLAY,
         formatter_class=Formatter,
     )
-    _connection(replay, collection=False)
+    _connection(replay, collection=False, cosmos=True)
     replay.add_argument("ids", nargs="+", metavar="ID", help="dead letter IDs")
     replay.add_argument(
         "--rabbitmq-url",
@@ -129,7 +129,7 @@ def add_commands(sub: Any) -> None:
     purge = dsub.add_parser(
         "purge", help="delete dead letters (all, or the IDs given)", formatter_class=Formatter
     )
-    _connection(purge, collection=None)
+    _connection(purge, collection=None, cosmos=True)
     purge.add_argument("ids", nargs="*", metavar="ID", help="only these (default: all)")
     purge.add_argument("--yes", action="store_true", help="really delete")
     purge.set_defaults(run=_purge)

@@ -1,9 +1,11 @@
-"""``docoutbox outbox stats`` and ``docoutbox leases`` on Cosmos DB (``--cosmos-endpoint``):
-the same figures and rows as on MongoDB, read from the containers."""
+"""``docoutbox outbox stats``, ``docoutbox dead-letters`` and ``docoutbox leases`` on
+Cosmos DB (``--cosmos-endpoint``): the same figures, rows and repairs as on MongoDB, on
+the containers."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -13,11 +15,20 @@ import pytest
 
 from docoutbox import AggregateStore, Message, StoreConfig
 from docoutbox.cli import main
+from docoutbox.dispatch import replay
+from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.ownership import LeaseKeeper
-from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases, CosmosLeaseTable
-from docoutbox_cosmos.admin import lease_rows
-from tests.integration.test_admin import Order, order_handlers
+from docoutbox.testing import MemoryPublisher
+from docoutbox_cosmos import (
+    CosmosBackend,
+    CosmosDeadLetters,
+    CosmosFeedRangeLeases,
+    CosmosLeaseTable,
+)
+from docoutbox_cosmos.admin import CosmosDeadLetterStore, lease_rows
+from docoutbox_cosmos.wiring import connect_dispatch
+from tests.integration.test_admin import Order, Poisonable, order_handlers
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.servers import CosmosAccount
 
@@ -152,13 +163,6 @@ def test_bad_store_options_exit_2(
     assert code == 2 and needle in err and KEY not in err, err
 
 
-def test_dead_letters_stay_on_mongodb(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(
-        capsys, "dead-letters", "list", "--db", "d", "--cosmos-endpoint", "http://h/"
-    )
-    assert code == 2 and "unrecognized arguments: --cosmos-endpoint" in err
-
-
 @pytest.mark.cosmos
 def test_a_numbered_cosmos_lease_records_when_it_was_acquired(database: Any) -> None:
     container = create_container(database, "docoutbox_leases")
@@ -168,3 +172,109 @@ def test_a_numbered_cosmos_lease_records_when_it_was_acquired(database: Any) -> 
     [row] = lease_rows(container, "orders")
     assert (row.partition, row.owner, row.expired) == (3, "inst-b", False)
     assert row.since is not None and abs((row.since - now).total_seconds()) < 0.01
+
+
+def wait_for(check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.cosmos
+def test_an_entry_the_broker_refused_is_listed_replayed_and_published_once(
+    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = account(cosmos_server, database)
+    orders = AggregateStore(CosmosBackend(create_container(database, "orders")), Order)
+    first = Message(id="m1", type="Place", payload={"emit": ["Event"]})
+    orders.handle("o/1", first, order_handlers, create=True)  # "/" is escaped in item IDs
+    second = Message(id="m2", type="Place", payload={"emit": ["Poison", "Event"]})
+    orders.handle("o/1", second, order_handlers)
+    target = connect_dispatch(cosmos_server.endpoint, cosmos_server.key, database.id, "orders")
+    sink = MemoryPublisher()
+    publisher = Poisonable(sink)  # type: ignore[arg-type]
+    config = DispatcherConfig(name="adm", sweep_interval=0.5, grace=0, poll_interval=0.05)
+    dispatcher = Dispatcher(
+        target.backend,
+        publisher,
+        target.dead_letters,
+        source=target.source,
+        checkpoints=target.checkpoints,
+        config=config,
+    )
+    thread = threading.Thread(target=dispatcher.run)
+    thread.start()
+    try:
+        wait_for(lambda: len(sink.ids()) == 2 and not orders.get("o/1").outbox)
+        code, out, err = run(capsys, "dead-letters", "list", *common, "--json")
+        assert code == 0, err
+        (row,) = json.loads(out)
+        assert (row["type"], row["seq"], row["origin"]) == ("Poison", 2, "dispatch")
+        assert row["aggregate_id"] == "o/1" and "Poison refused" in row["error"]
+        poison_id = row["id"]
+        code, out, _ = run(capsys, "dead-letters", "list", *common)
+        assert code == 0 and poison_id in out and "1 dead letter" in out
+        code, out, _ = run(capsys, "dead-letters", "show", *common, poison_id)
+        assert code == 0 and json.loads(out)["entry"]["id"] == poison_id
+
+        code, _, err = run(capsys, "dead-letters", "show", *common, "nope")
+        assert code == 1 and "no dead letter 'nope'" in err
+        replay_args = ("dead-letters", "replay", *common, "--container", "orders")
+        code, _, err = run(capsys, *replay_args, poison_id, "nope")
+        assert code == 1 and "no dead letter 'nope'" in err  # nothing replayed
+        code, _, err = run(capsys, "dead-letters", "purge", *common, poison_id)
+        assert code == 2 and "--yes" in err
+        assert not orders.get("o/1").outbox
+
+        publisher.poisoned = False
+        code, out, err = run(capsys, *replay_args, poison_id)
+        assert code == 0 and f"{poison_id}: re-appended" in out and "seq 2" in out, err
+        wait_for(lambda: len(sink.ids()) == 3 and not orders.get("o/1").outbox)
+        code, out, _ = run(capsys, "dead-letters", "list", *common, "--json")
+        assert code == 0 and json.loads(out) == []
+        assert orders.get("o/1").version == 2  # a replay never bumps the version
+    finally:
+        dispatcher.stop()
+        thread.join()
+        target.close()
+    replayed = sink.published[-1]
+    assert (replayed.type, replayed.seq) == ("Poison", 2)
+    assert replayed.headers["docoutbox-replay-of"] == poison_id
+    assert [e.seq for e in sink.published] == [1, 3, 2]  # each once; the gap filled
+
+
+@pytest.mark.cosmos
+def test_a_replay_where_the_seq_is_pending_appends_nothing(database: Any) -> None:
+    orders = AggregateStore(CosmosBackend(create_container(database, "orders")), Order)
+    placed = Message(id="m", type="Place", payload={"emit": ["A"]})
+    orders.handle("o1", placed, order_handlers, create=True)
+    store = CosmosDeadLetterStore(
+        create_container(database, "dead"), database.get_container_client("orders")
+    )
+    pending = orders.get("o1").outbox[0].model_dump(mode="json")
+    assert not store.append("o1", {**pending, "id": "other"})
+    assert store.append("o1", {**pending, "id": "other", "seq": 7})
+    assert [(e.id, e.seq) for e in orders.get("o1").outbox] == [(pending["id"], 1), ("other", 7)]
+    assert store.aggregate_type("o1") == "Order"
+    assert store.aggregate_type("gone") is replay.GONE
+
+
+@pytest.mark.cosmos
+def test_purge_deletes_the_named_or_every_dead_letter(
+    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = CosmosDeadLetters(create_container(database, "docoutbox_dead_letters"))
+    for n in range(3):
+        entry = {"id": f"e/{n}", "type": "T", "seq": n + 1, "aggregate_id": "a"}
+        dead.put("a", entry, "refused", 1)
+        time.sleep(0.002)  # quarantined_at is kept to the millisecond
+    common = account(cosmos_server, database)
+    code, out, _ = run(capsys, "dead-letters", "list", *common, "--limit", "2", "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == ["e/0", "e/1"]  # oldest first
+    code, out, _ = run(capsys, "dead-letters", "purge", *common, "e/1", "--yes")
+    assert code == 0 and "purged 1 dead letter(s)" in out
+    code, out, _ = run(capsys, "dead-letters", "purge", *common, "--yes")
+    assert code == 0 and "purged 2 dead letter(s)" in out
+    code, out, _ = run(capsys, "dead-letters", "list", *common)
+    assert code == 0 and out.startswith("0 dead letter(s)")

@@ -1,0 +1,170 @@
+"""Dead letters, listed, shown, replayed and purged over any store
+(:class:`DeadLetterStore`): the ``docoutbox dead-letters`` commands.
+
+Dead letters live in one collection or container whatever put them there: ``origin:
+"dispatch"`` (or none) for entries the dispatcher quarantined, ``origin: "consume"`` (with
+``queue`` and the raw ``body``) for deliveries a consumer rejected. A store shows each as
+a mapping with ``_id`` (the entry's ID), ``aggregate_id``, ``entry``, ``error``,
+``attempts`` and ``quarantined_at``.
+
+Replay, rule: a replay never changes ``version`` and never reorders an aggregate's
+pending entries.
+
+- A dispatcher dead letter is re-appended to its aggregate's outbox with its ``seq`` and a
+  new ID (``<old id>~r<random>``, the old one in the ``docoutbox-replay-of`` header):
+  dispatchers remember the IDs they trimmed and never publish one again. The dispatcher
+  publishes pending entries in ``seq`` order, so the replayed entry goes out before any
+  entry of that aggregate still pending; receivers using exact de-duplication
+  ``(source, seq)`` see the gap its quarantine left filled (and recognise it if the
+  original did arrive). The append is conditional on no entry with that ``seq`` being
+  pending, and never touches ``version`` or ``outbox_seq``, so it cannot fail or be
+  undone by a concurrent commit. The dead letter is deleted after the append: a crash in
+  between leaves both, and a second replay is then a no-op while the first copy is
+  pending.
+- A consumer dead letter is published again, body unchanged, to the queue it came from
+  (``republish``), then deleted.
+
+Every ID is checked before anything changes: an unknown ID, a malformed entry, an
+aggregate that no longer exists (or is of another type) fails the whole request.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from docoutbox.errors import InvalidInput, NotFound
+from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.store.document import utcnow
+
+#: Publishes a raw body to a queue (consumer dead letters).
+Republish = Callable[[str, bytes], None]
+
+#: What :meth:`DeadLetterStore.aggregate_type` answers for an aggregate that is gone.
+GONE = object()
+
+
+class DeadLetterStore(Protocol):
+    #: Where the aggregates are (a collection or container name), None if not given.
+    aggregates: str | None
+
+    def listing(self, limit: int) -> list[dict[str, Any]]:
+        """The dead letters, oldest first; at most ``limit`` (0: all)."""
+        ...
+
+    def count(self) -> int: ...
+
+    def find(self, dead_letter_id: str) -> dict[str, Any] | None: ...
+
+    def delete(self, ids: Sequence[str] | None) -> int:
+        """Delete those dead letters (None: all of them); how many went."""
+        ...
+
+    def aggregate_type(self, aggregate_id: AggregateId) -> object:
+        """The stored ``type`` of the aggregate (None if it has none), or :data:`GONE`."""
+        ...
+
+    def append(self, aggregate_id: AggregateId, entry: dict[str, Any]) -> bool:
+        """Append ``entry`` to the aggregate's outbox unless an entry with its ``seq`` is
+        pending, without touching ``version``; whether it was appended."""
+        ...
+
+
+@dataclass(frozen=True)
+class Replayed:
+    id: str
+    action: str  # "re-appended", "already pending", "republished"
+    where: str
+
+
+class DeadLetterAdmin:
+    """List, show, replay and purge the dead letters of one store."""
+
+    def __init__(self, store: DeadLetterStore) -> None:
+        self.store = store
+
+    def listing(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.listing(limit)
+
+    def count(self) -> int:
+        return self.store.count()
+
+    def get(self, dead_letter_id: str) -> dict[str, Any]:
+        doc = self.store.find(dead_letter_id)
+        if doc is None:
+            raise NotFound(f"no dead letter {dead_letter_id!r}")
+        return doc
+
+    def _check(self, doc: Mapping[str, Any], republish: Republish | None) -> None:
+        name = doc["_id"]
+        if doc.get("origin") == "consume":
+            if republish is None:
+                raise InvalidInput(
+                    f"dead letter {name!r} was rejected by a consumer of queue "
+                    f"{doc.get('queue')!r}: replaying it needs a broker (--rabbitmq-url)"
+                )
+            if not isinstance(doc.get("body"), str | bytes) or not doc.get("queue"):
+                raise InvalidInput(f"dead letter {name!r} has no body or queue to replay")
+            return
+        where = self.store.aggregates
+        if where is None:
+            raise InvalidInput(
+                f"dead letter {name!r} belongs to an outbox: name its collection (--collection)"
+            )
+        try:
+            entry = OutboxMessage.parse(doc.get("entry"))
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"dead letter {name!r} holds a malformed entry and cannot be replayed "
+                f"(purge it once handled): {exc}"
+            ) from exc
+        kind = self.store.aggregate_type(entry.aggregate_id)
+        if kind is GONE:
+            raise NotFound(
+                f"dead letter {name!r}: aggregate {entry.aggregate_id!r} no longer exists in "
+                f"{where!r}; nothing was replayed"
+            )
+        if kind not in (None, entry.aggregate_type):
+            raise InvalidInput(
+                f"dead letter {name!r} belongs to a {entry.aggregate_type} but "
+                f"{entry.aggregate_id!r} in {where!r} is a {kind}; nothing was replayed"
+            )
+
+    def replay(self, ids: Sequence[str], republish: Republish | None = None) -> list[Replayed]:
+        """Replay every dead letter of ``ids``, or none of them (see the module doc)."""
+        if not ids:
+            raise InvalidInput("name at least one dead letter to replay")
+        docs = [self.get(name) for name in dict.fromkeys(ids)]
+        for doc in docs:
+            self._check(doc, republish)
+        return [self._replay(doc, republish) for doc in docs]
+
+    def _replay(self, doc: Mapping[str, Any], republish: Republish | None) -> Replayed:
+        name = doc["_id"]
+        if doc.get("origin") == "consume":
+            assert republish is not None
+            body = doc["body"]
+            republish(doc["queue"], body.encode() if isinstance(body, str) else body)
+            self.store.delete([name])
+            return Replayed(name, "republished", f"queue {doc['queue']}")
+        entry = dict(doc["entry"])
+        headers = dict(entry.get("headers") or {})
+        headers["docoutbox-replay-of"] = str(entry["id"])
+        headers["docoutbox-replayed-at"] = utcnow().isoformat()
+        new_id = f"{entry['id']}~r{uuid.uuid4().hex[:8]}"
+        entry.update(id=new_id, attempts=0, last_error=None, headers=headers)
+        aggregate_id = entry["aggregate_id"]
+        appended = self.store.append(aggregate_id, entry)
+        self.store.delete([name])
+        where = f"{self.store.aggregates}/{aggregate_id!r} seq {entry['seq']}"
+        if appended:
+            return Replayed(name, "re-appended", f"{where} as {new_id}")
+        return Replayed(name, "already pending", where)
+
+    def purge(self, ids: Sequence[str] = ()) -> int:
+        """Delete the named dead letters (all of them if none is named); how many went."""
+        for name in ids:
+            self.get(name)  # unknown IDs fail before anything is deleted
+        return self.store.delete(list(ids) if ids else None)
