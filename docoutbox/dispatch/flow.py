@@ -72,7 +72,7 @@ class DispatchPolicy:
 
     def __post_init__(self) -> None:
         check_int("DispatchPolicy.max_attempts", self.max_attempts, 1, MAX_COUNT)
-        check_int("DispatchPolicy.trim_every", self.trim_every, 1)
+        check_int("DispatchPolicy.trim_every", self.trim_every, 1, MAX_COUNT)
         check_seconds("DispatchPolicy.base_delay", self.base_delay)
         check_seconds("DispatchPolicy.max_delay", self.max_delay)
 

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from docoutbox.dispatch.ports import Publisher
 from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.retry import check_int, check_seconds
+from docoutbox.retry import MAX_COUNT, check_int, check_seconds
 from docoutbox.store.api import AggregateStore
 from docoutbox.store.core import Outcome
 from docoutbox.store.document import utcnow
@@ -234,8 +234,8 @@ class ImmediateDispatcher:
                 f"ImmediateDispatcher needs an AggregateStore, got {type(store).__name__}"
             )
         _check_publisher(publisher)
-        check_int("ImmediateDispatcher.max_queue", max_queue, 0)
-        check_int("ImmediateDispatcher.max_batch", max_batch, 1)
+        check_int("ImmediateDispatcher.max_queue", max_queue, 0, MAX_COUNT)
+        check_int("ImmediateDispatcher.max_batch", max_batch, 1, MAX_COUNT)
         self.store = store
         self.publisher = publisher
         self.claims = claims or Claims()

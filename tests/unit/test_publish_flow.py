@@ -135,6 +135,7 @@ def test_failed_attempts_are_recorded_and_survive_a_restart() -> None:
         {"max_attempts": 2.5},
         {"max_attempts": "3"},
         {"trim_every": 0},
+        {"trim_every": 2**31},
         {"base_delay": float("nan")},
         {"max_delay": -1.0},
         {"max_delay": float("inf")},
