@@ -202,12 +202,16 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
     moments: list[str] = []
     kills: list[tuple[int, set[int], datetime]] = []  # pid, partitions held, when
     fleet = [launch() for _ in range(INSTANCES if leased else 0)]
+    planned = KILLS_LEASED if leased else KILLS
     try:
-        for _ in range(KILLS_LEASED if leased else KILLS):
+        for kill in range(planned):
             before = len(receiver.deliveries)
             if not leased:
                 fleet.append(launch())
-            if rng.random() < 0.25:
+            # At least half the kills aim at publishing (checked below): one in four aims
+            # at start-up only while enough kills are left for that.
+            short = planned // 2 - moments.count("publishing")
+            if planned - kill > short and rng.random() < 0.25:
                 moments.append("starting")  # importing, connecting, opening the stream
                 time.sleep(rng.uniform(0.05, 1.5))
             else:
@@ -290,10 +294,9 @@ def test_kill_9_at_random_moments_loses_nothing_and_applies_once(
             }
         ),
     )
-    planned = KILLS_LEASED if leased else KILLS
     assert len(pending_at_kill) == planned
-    # The run must really have killed dispatchers in the middle of publishing: with the
-    # seeded draws about three kills in four aim there; each must have seen deliveries.
+    # The run must really have killed dispatchers in the middle of publishing: about three
+    # kills in four aim there, at least half; each must have seen deliveries.
     assert moments.count("no-delivery") == 0, moments
     assert moments.count("publishing") >= planned // 2, moments
     assert moments.count("publishing") + moments.count("starting") == planned
