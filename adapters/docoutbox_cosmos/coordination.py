@@ -157,15 +157,26 @@ class GroupItems:
         return leases, members
 
     def join(self, owner: str, expires_at: datetime) -> None:
-        body = {
-            "id": self._member_id(owner),
-            "group": self.group,
-            "kind": "member",
-            "owner": owner,
-            "expires_at": format_time(expires_at),
-        }
+        """Refresh ``owner``'s member record (one patch), or create it with ``joined_at``."""
+        item_id = self._member_id(owner)
+        expiry = format_time(expires_at)
+        refresh = [{"op": "set", "path": "/expires_at", "value": expiry}]
+        body = {"id": item_id, "group": self.group, "kind": "member", "owner": owner}
+        body |= {"expires_at": expiry, "joined_at": format_time(utcnow())}
         with translated():
-            self.container.upsert_item(body)
+            try:
+                self.container.patch_item(item_id, partition_key=item_id, patch_operations=refresh)
+                return
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.MISSING:
+                    raise
+            try:
+                self.container.create_item(body)
+            except cosmos_errors.CosmosHttpResponseError as exc:
+                if refusal(exc) is not Refusal.EXISTS:
+                    raise
+                # Created meanwhile (a create whose reply was lost, retried): refresh it.
+                self.container.patch_item(item_id, partition_key=item_id, patch_operations=refresh)
 
     def leave(self, owner: str) -> None:
         item_id = self._member_id(owner)

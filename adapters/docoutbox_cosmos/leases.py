@@ -19,8 +19,8 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
   a lease gets one at its first acquisition ("now": the acquiring dispatcher sweeps the
   range). A lease acquired with a continuation needs no sweep (:meth:`resumes`): the
   new owner's feed starts where the previous ones finished their work.
-- ``{id: "<group>/member/<owner>", kind: "member", owner, expires_at}``: live instances,
-  for the fair share (:func:`docoutbox.dispatch.leases.plan_leases`).
+- ``{id: "<group>/member/<owner>", kind: "member", owner, expires_at, joined_at}``: live
+  instances, for the fair share (:func:`docoutbox.dispatch.leases.plan_leases`).
 
 :class:`CosmosFeedRangeLeases` is the lease table (planned and heartbeated by the core's
 :class:`~docoutbox.dispatch.ownership.LeaseKeeper`), the dispatcher's

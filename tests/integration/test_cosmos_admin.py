@@ -115,7 +115,7 @@ def test_leases_show_each_feed_range_owner_and_since(
         leases = [r for r in rows if r["partition"] is not None]
         assert [r["partition"] for r in leases] == list(range(table.partitions))
         assert {r["owner"] for r in rows} == {"inst-a"} and {r["group"] for r in rows} == {"orders"}
-        assert all(r["since"] and not r["expired"] for r in leases)  # acquired_at, stored
+        assert all(r["since"] and not r["expired"] for r in rows)  # acquired_at, joined_at
         assert [r["partition"] for r in rows if r not in leases] == [None]  # its member row
         code, out, _ = run(capsys, "leases", *account(cosmos_server, database), "--group", "x")
         assert code == 0 and out.strip() == "no leases"
