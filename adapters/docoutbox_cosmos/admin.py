@@ -25,7 +25,12 @@ from docoutbox.dispatch.replay import GONE
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.backend import CosmosBackend
-from docoutbox_cosmos.coordination import _expiry, dead_letter_item_id
+from docoutbox_cosmos.coordination import (
+    _expiry,
+    dead_letter_item_id,
+    delete_if_present,
+    read_or_none,
+)
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, parse_time, to_json
 from docoutbox_cosmos.wiring import base_options, open_client
@@ -88,15 +93,9 @@ class CosmosDeadLetterStore:
             return int(next(iter(self._query("SELECT VALUE COUNT(1) FROM c")), 0))
 
     def find(self, dead_letter_id: str) -> dict[str, Any] | None:
-        item_id = dead_letter_item_id(dead_letter_id)
         with translated():
-            try:
-                item = self.container.read_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
-                return None
-        return self._shown(item)
+            item = read_or_none(self.container, dead_letter_item_id(dead_letter_id))
+        return None if item is None else self._shown(item)
 
     def delete(self, ids: Sequence[str] | None) -> int:
         with translated():
@@ -104,28 +103,15 @@ class CosmosDeadLetterStore:
                 item_ids = [row["id"] for row in self._query("SELECT c.id FROM c")]
             else:
                 item_ids = [dead_letter_item_id(name) for name in ids]
-            deleted = 0
-            for item_id in item_ids:
-                try:
-                    self.container.delete_item(item_id, partition_key=item_id)
-                except cosmos_errors.CosmosHttpResponseError as exc:
-                    if refusal(exc) is not Refusal.MISSING:
-                        raise
-                    continue  # deleted meanwhile
-                deleted += 1
-        return deleted
+            # An item deleted meanwhile is not counted.
+            return sum(delete_if_present(self.container, item_id) for item_id in item_ids)
 
     def aggregate_type(self, aggregate_id: AggregateId) -> object:
         assert self.items is not None
         item_id, key = self.codec.key(aggregate_id)
         with translated(aggregate_id):
-            try:
-                item = self.items.read_item(item_id, partition_key=key)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
-                return GONE
-        return item.get("type")
+            item = read_or_none(self.items, item_id, key)
+        return GONE if item is None else item.get("type")
 
     def append(self, aggregate_id: AggregateId, entry: dict[str, Any]) -> bool:
         assert self.items is not None

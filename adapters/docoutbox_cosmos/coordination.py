@@ -41,6 +41,28 @@ _FREE = datetime(1970, 1, 1, tzinfo=UTC)
 RENEW_CONCURRENCY = 8
 
 
+def read_or_none(container: Any, item_id: str, partition_key: str | None = None) -> Any:
+    """The item, or None where there is none (404); any other error is raised."""
+    try:
+        key = item_id if partition_key is None else partition_key
+        return container.read_item(item_id, partition_key=key)
+    except cosmos_errors.CosmosHttpResponseError as exc:
+        if refusal(exc) is not Refusal.MISSING:
+            raise
+        return None
+
+
+def delete_if_present(container: Any, item_id: str) -> bool:
+    """Delete the item (partitioned on ``/id``); False where there was none (404)."""
+    try:
+        container.delete_item(item_id, partition_key=item_id)
+    except cosmos_errors.CosmosHttpResponseError as exc:
+        if refusal(exc) is not Refusal.MISSING:
+            raise
+        return False
+    return True
+
+
 def _expiry(value: object) -> datetime | None:
     parsed = parse_time(value)
     return parsed if isinstance(parsed, datetime) else None
@@ -85,15 +107,9 @@ class CosmosCheckpoints:
         self.container = container
 
     def load(self, name: str) -> Position | None:
-        item_id = encode_id(name)
         with translated():
-            try:
-                item = self.container.read_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
-                return None
-        return item.get("position")
+            item = read_or_none(self.container, encode_id(name))
+        return None if item is None else item.get("position")
 
     def save(self, name: str, position: Position) -> None:
         with translated():
@@ -179,13 +195,8 @@ class GroupItems:
                 self.container.patch_item(item_id, partition_key=item_id, patch_operations=refresh)
 
     def leave(self, owner: str) -> None:
-        item_id = self._member_id(owner)
         with translated():
-            try:
-                self.container.delete_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
+            delete_if_present(self.container, self._member_id(owner))
 
     @staticmethod
     def _renew_each(
@@ -236,11 +247,8 @@ class CosmosLeaseTable(GroupItems):
         item_id = self._lease_id(partition)
         body = self._lease(partition, owner, now, expires_at)
         with translated():
-            try:
-                current = self.container.read_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
+            current = read_or_none(self.container, item_id)
+            if current is None:
                 try:
                     self.container.create_item(body)
                 except cosmos_errors.CosmosHttpResponseError as race:

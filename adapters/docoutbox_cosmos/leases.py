@@ -52,7 +52,7 @@ from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
-from docoutbox_cosmos.coordination import _FREE, GroupItems, _expiry
+from docoutbox_cosmos.coordination import _FREE, GroupItems, _expiry, read_or_none
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, encode_id, format_time
 
@@ -202,12 +202,7 @@ class CosmosFeedRangeLeases(GroupItems):
             return False
         item_id = self._lease_id(partition)
         with self._lock_of(partition), translated():
-            try:
-                current = self.container.read_item(item_id, partition_key=item_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) is not Refusal.MISSING:
-                    raise
-                current = None
+            current = read_or_none(self.container, item_id)
             if current is not None:
                 expires = _expiry(current.get("expires_at")) or _FREE
                 if current.get("owner") not in (owner, None) and expires >= now:
@@ -313,11 +308,7 @@ class CosmosFeedRangeLeases(GroupItems):
                         raise
                     current = None
                     if kind is Refusal.STALE:
-                        try:
-                            current = self.container.read_item(item_id, partition_key=item_id)
-                        except cosmos_errors.CosmosHttpResponseError as gone:
-                            if refusal(gone) is not Refusal.MISSING:
-                                raise
+                        current = read_or_none(self.container, item_id)
                     with self._lock:
                         if current is not None and current.get("owner") == owner:
                             self._held[partition] = (owner, current["_etag"])
