@@ -42,7 +42,7 @@ from docoutbox.cli.options import (
     TIMEOUT,
     add_cosmos_options,
     connection_problem,
-    name_problem,
+    names_problem,
 )
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
@@ -245,13 +245,9 @@ def _check(args: argparse.Namespace) -> str | None:
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
     store = "cosmos" if args.cosmos_endpoint else "mongo"
-    for option, what, text in (
-        ("--db", "database", args.db),
-        ("--collection", "collection", args.collection),
-    ):
-        problem = name_problem(text, what, store)
-        if problem is not None:
-            return f"{option}: {problem}"
+    problem = names_problem(args, store, {"db": "database", "collection": "collection"})
+    if problem is not None:
+        return problem
     if not args.no_leases:
         try:
             LeaseTiming(ttl=args.lease_ttl)

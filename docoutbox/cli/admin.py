@@ -31,36 +31,30 @@ from docoutbox.cli.help import Formatter
 from docoutbox.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
-    COLLECTION,
-    DATABASE,
     LIMIT,
     SERVER_TIMEOUT_HELP,
     TIMEOUT,
     add_cosmos_options,
     connection_problem,
-    name_problem,
+    names_problem,
 )
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
 Runner = Callable[[argparse.Namespace], int]
 
 
-def _connection(
-    parser: argparse.ArgumentParser, *, collection: bool | None, cosmos: bool = False
-) -> None:
-    """The store options; with ``cosmos``, Cosmos DB's too (names are then checked once
-    the store is known)."""
+def _connection(parser: argparse.ArgumentParser, *, collection: bool | None) -> None:
+    """The store options, MongoDB's and Cosmos DB's (names are checked once the store is
+    known)."""
     env = os.environ.get
     parser.add_argument(
         "--mongo-uri",
         default=env("DOCOUTBOX_MONGO_URI"),
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
-    if cosmos:
-        add_cosmos_options(parser)
-    database, container = (ANY_DATABASE, ANY_COLLECTION) if cosmos else (DATABASE, COLLECTION)
+    add_cosmos_options(parser)
     parser.add_argument(
-        "--db", "--database", dest="db", required=True, type=database, help="database"
+        "--db", "--database", dest="db", required=True, type=ANY_DATABASE, help="database"
     )
     if collection is not None:
         parser.add_argument(
@@ -68,18 +62,18 @@ def _connection(
             "--container",
             dest="collection",
             required=collection,
-            type=container,
+            type=ANY_COLLECTION,
             help="the aggregates' collection"
             + ("" if collection else " (replaying outbox entries needs it)"),
         )
     parser.add_argument(
         "--dead-letters",
         default="docoutbox_dead_letters",
-        type=container,
+        type=ANY_COLLECTION,
         help="dead-letter collection",
     )
     parser.add_argument(
-        "--leases", default="docoutbox_leases", type=container, help="lease collection"
+        "--leases", default="docoutbox_leases", type=ANY_COLLECTION, help="lease collection"
     )
     parser.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -94,7 +88,7 @@ def add_commands(sub: Any) -> None:
         help="pending entries and aggregates, oldest age, per partition and type",
         formatter_class=Formatter,
     )
-    _connection(stats, collection=True, cosmos=True)
+    _connection(stats, collection=True)
     stats.set_defaults(run=_stats)
 
     dl = sub.add_parser(
@@ -105,11 +99,11 @@ def add_commands(sub: Any) -> None:
     )
     dsub = dl.add_subparsers(dest="dead_letters_command", required=True)
     listing = dsub.add_parser("list", help="dead letters, oldest first", formatter_class=Formatter)
-    _connection(listing, collection=None, cosmos=True)
+    _connection(listing, collection=None)
     listing.add_argument("--limit", type=LIMIT, default=100, help="at most this many (0: all)")
     listing.set_defaults(run=_list)
     show = dsub.add_parser("show", help="one dead letter in full", formatter_class=Formatter)
-    _connection(show, collection=None, cosmos=True)
+    _connection(show, collection=None)
     show.add_argument("id", help="dead letter ID (the entry's ID)")
     show.set_defaults(run=_show)
     replay = dsub.add_parser(
@@ -118,7 +112,7 @@ def add_commands(sub: Any) -> None:
         description=_REPLAY,
         formatter_class=Formatter,
     )
-    _connection(replay, collection=False, cosmos=True)
+    _connection(replay, collection=False)
     replay.add_argument("ids", nargs="+", metavar="ID", help="dead letter IDs")
     replay.add_argument(
         "--rabbitmq-url",
@@ -129,7 +123,7 @@ def add_commands(sub: Any) -> None:
     purge = dsub.add_parser(
         "purge", help="delete dead letters (all, or the IDs given)", formatter_class=Formatter
     )
-    _connection(purge, collection=None, cosmos=True)
+    _connection(purge, collection=None)
     purge.add_argument("ids", nargs="*", metavar="ID", help="only these (default: all)")
     purge.add_argument("--yes", action="store_true", help="really delete")
     purge.set_defaults(run=_purge)
@@ -137,7 +131,7 @@ def add_commands(sub: Any) -> None:
     leases = sub.add_parser(
         "leases", help="partition owners, since when", formatter_class=Formatter
     )
-    _connection(leases, collection=None, cosmos=True)
+    _connection(leases, collection=None)
     leases.add_argument("--group", help="only this lease group (default: every group)")
     leases.set_defaults(run=_leases)
 
@@ -167,25 +161,22 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], int]) -> int:
     """Connect to the store the arguments name, then ``body(database, admin)``:
     ``database[name]`` is a collection (MongoDB) or a container (Cosmos DB), ``admin``
     the adapter's ``admin`` module."""
-    cosmos_key = getattr(args, "cosmos_key", None)
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(getattr(args, "rabbitmq_url", None))
-    secrets += [cosmos_key] if cosmos_key else []
-    store = "cosmos" if getattr(args, "cosmos_endpoint", None) else "mongo"
+    secrets += [args.cosmos_key] if args.cosmos_key else []
+    store = "cosmos" if args.cosmos_endpoint else "mongo"
+    label, extra = ("Cosmos DB", "cosmos") if store == "cosmos" else ("MongoDB", "mongodb")
     problem = _problem(args, store)
     if problem is not None:
         return _fail(problem, secrets, code=2)
     try:
         client, database, admin = _connect(args, store)
     except ImportError as exc:
-        label, extra = ("Cosmos DB", "cosmos") if store == "cosmos" else ("MongoDB", "mongodb")
         return _fail(
             f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
             secrets,
         )
     except DocOutboxError as exc:
-        return _fail(
-            f"cannot use {'Cosmos DB' if store == 'cosmos' else 'MongoDB'}: {exc}", secrets
-        )
+        return _fail(f"cannot use {label}: {exc}", secrets)
     try:
         return body(database, admin)
     except InvalidInput as exc:
@@ -196,22 +187,14 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], int]) -> int:
         client.close()
 
 
+#: The arguments that name a database or a collection (container).
+_NAMES = {"db": "database", "collection": "collection"}
+_NAMES |= {"dead_letters": "collection", "leases": "collection"}
+
+
 def _problem(args: argparse.Namespace, store: str) -> str | None:
     """What is wrong with the store options and names (the store is known by now)."""
-    if hasattr(args, "cosmos_endpoint"):
-        problem = connection_problem(args)
-        if problem is not None:
-            return problem
-    elif not args.mongo_uri:
-        return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required"
-    names = {"db": "database", "collection": "collection"}
-    names |= {"dead_letters": "collection", "leases": "collection"}
-    for option, what in names.items():
-        text = getattr(args, option, None)
-        problem = None if text is None else name_problem(text, what, store)
-        if problem is not None:
-            return f"--{option.replace('_', '-')}: {problem}"
-    return None
+    return connection_problem(args) or names_problem(args, store, _NAMES)
 
 
 def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:

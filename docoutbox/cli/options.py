@@ -70,6 +70,17 @@ def name_problem(text: str, what: str, store: str | None = "mongo") -> str | Non
     return None
 
 
+def names_problem(args: argparse.Namespace, store: str, names: dict[str, str]) -> str | None:
+    """The first of ``names`` (argument -> "database" or "collection") given a value
+    ``store`` cannot use, as an error line naming its option; None if all can be used."""
+    for option, what in names.items():
+        text = getattr(args, option, None)
+        problem = None if text is None else name_problem(text, what, store)
+        if problem is not None:
+            return f"--{option.replace('_', '-')}: {problem}"
+    return None
+
+
 def name(what: str, store: str | None = "mongo") -> Any:
     """An argparse ``type`` for a database or collection name of ``store`` (None: the
     store is not known yet; the command checks the rest with :func:`name_problem`)."""
