@@ -7,7 +7,11 @@ an outbox of messages not yet published; handling a message is one conditional w
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
-from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
+from docoutbox.dispatch.immediate import (
+    AsyncImmediateDispatcher,
+    ImmediateDispatcher,
+    SettledPublisher,
+)
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
@@ -66,6 +70,7 @@ __all__ = [
     "AsyncCheckpoints",
     "AsyncDeadLetters",
     "AsyncDispatcher",
+    "AsyncImmediateDispatcher",
     "AsyncLocalPublisher",
     "AsyncPublisher",
     "AsyncStoreBackend",

@@ -6,7 +6,9 @@ regular :class:`~docoutbox.dispatch.dispatcher.Dispatcher` find it (I1); nothing
 acknowledged or trimmed that was not published first.
 
 How it goes: the store calls :meth:`ImmediateDispatcher.offer` with every outcome that
-added entries; a worker thread publishes them and trims them at once. Per aggregate it
+added entries; a worker thread publishes them and trims them at once.
+:class:`AsyncImmediateDispatcher` does the same for an async store, with a task on the
+event loop; both drive one sans-IO flow (``_Immediate._work``). Per aggregate it
 publishes in ``seq`` order (I4): it remembers the last ``seq`` it finished, and when a
 commit's first entry does not follow it (a commit of another process, an entry left by a
 crash, a failed publish), it reloads the document and publishes every pending entry below
@@ -24,21 +26,32 @@ before the immediate path has trimmed it; wrap the other process's publisher wit
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from docoutbox.dispatch.ports import Publisher
+from docoutbox.dispatch.claims import (
+    AsyncGuardedPublisher,
+    Claims,
+    GuardedPublisher,
+    WaitClaim,
+    claimed_publish,
+)
+from docoutbox.dispatch.flow import Publish
+from docoutbox.dispatch.ports import AsyncPublisher, Publisher
+from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.retry import MAX_COUNT, check_int, check_seconds
-from docoutbox.store.api import AggregateStore
+from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome
 from docoutbox.store.document import utcnow
 from docoutbox.store.ports import StoreBackend
@@ -48,110 +61,30 @@ log = logging.getLogger("docoutbox.immediate")
 _STOP = object()
 
 
-class Claims:
-    """Which entries this process has published, is publishing, or has queued, by ID.
+@dataclass(frozen=True)
+class Reload:
+    """Load the aggregate: its pending entries below a commit's first seq go first."""
 
-    The immediate path *reserves* a commit's entries when they are offered, so the other
-    path waits for it instead of racing it; a reservation ends when the immediate path
-    publishes the entry, fails to, or gives it up.
-
-    Bounded: the newest ``size`` published IDs are remembered (an entry older than that
-    is long trimmed, or will be published again at worst: at least once still holds).
-    """
-
-    def __init__(self, size: int = 100_000) -> None:
-        self._size = size
-        self._done: OrderedDict[str, None] = OrderedDict()
-        self._inflight: dict[str, threading.Event] = {}
-        self._reserved: set[str] = set()
-        self._lock = threading.Lock()
-
-    def reserve(self, entry_ids: Iterable[str]) -> None:
-        with self._lock:
-            for entry_id in entry_ids:
-                if entry_id not in self._done and entry_id not in self._inflight:
-                    self._inflight[entry_id] = threading.Event()
-                    self._reserved.add(entry_id)
-
-    def release(self, entry_ids: Iterable[str]) -> None:
-        """End the reservations still held on ``entry_ids`` (nothing was published)."""
-        for entry_id in entry_ids:
-            with self._lock:
-                held = entry_id in self._reserved
-            if held:
-                self.finish(entry_id, False)
-
-    def claim(
-        self, entry_id: str, *, reserved: bool = False
-    ) -> Literal["mine", "done"] | threading.Event:
-        """ "mine": publish it, then :meth:`finish`; "done": already published; an
-        Event: another path is publishing it (or has it queued), wait and claim again.
-        ``reserved``: the caller is the path that reserved the entry."""
-        with self._lock:
-            if entry_id in self._done:
-                return "done"
-            busy = self._inflight.get(entry_id)
-            if busy is None:
-                self._inflight[entry_id] = threading.Event()
-                return "mine"
-            if reserved and entry_id in self._reserved:
-                self._reserved.discard(entry_id)
-                return "mine"
-            return busy
-
-    def finish(self, entry_id: str, published: bool) -> None:
-        with self._lock:
-            event = self._inflight.pop(entry_id, None)
-            self._reserved.discard(entry_id)
-            if published:
-                self._done[entry_id] = None
-                while len(self._done) > self._size:
-                    self._done.popitem(last=False)
-        if event is not None:
-            event.set()
-
-    def publish(
-        self,
-        publisher: Publisher,
-        entry: OutboxMessage,
-        *,
-        reserved: bool = False,
-        wait: float = 30.0,
-    ) -> bool:
-        """Publish ``entry`` unless this process already did; True if *we* published it.
-
-        Raises what the publisher raises. While another path holds the claim, waits for
-        it (at most ``wait`` seconds each time, then publishes anyway: at least once).
-        """
-        while True:
-            claim = self.claim(entry.id, reserved=reserved)
-            if claim == "done":
-                return False
-            if isinstance(claim, threading.Event):
-                if claim.wait(wait):
-                    continue
-                publisher.publish(entry)
-                return True
-            try:
-                publisher.publish(entry)
-            except BaseException:
-                self.finish(entry.id, False)
-                raise
-            self.finish(entry.id, True)
-            return True
+    aggregate_id: AggregateId
 
 
-class GuardedPublisher:
-    """A publisher that skips entries this process's other path has published already."""
+@dataclass(frozen=True)
+class Trim:
+    """Remove the published entries from the aggregate's outbox."""
 
-    def __init__(self, publisher: Publisher, claims: Claims) -> None:
-        self.publisher = publisher
-        self.claims = claims
-        self.skipped = 0
+    aggregate_id: AggregateId
+    entry_ids: list[str]
 
-    def publish(self, entry: OutboxMessage) -> None:
-        if not self.claims.publish(self.publisher, entry):
-            self.skipped += 1
+
+ImmediateOp = Publish | WaitClaim | Reload | Trim
+
+
+@dataclass(frozen=True)
+class Drained:
+    """A mark queued by ``drain()``: ``reached`` is called once everything before it was
+    handled."""
+
+    reached: Callable[[], None]
 
 
 def _check_publisher(publisher: object) -> None:
@@ -211,8 +144,103 @@ class ImmediateStats:
     errors: list[str] = field(default_factory=list)
 
 
-class ImmediateDispatcher:
-    """Publishes and trims a sync store's new entries right after each commit.
+class _Immediate:
+    """What both drivers share: the claims, the counts, the last seq per aggregate, and
+    the flow that handles one batch of queued commits."""
+
+    def __init__(self, claims: Claims | None, max_queue: int, max_batch: int) -> None:
+        cls = type(self).__name__
+        check_int(f"{cls}.max_queue", max_queue, 0, MAX_COUNT)
+        check_int(f"{cls}.max_batch", max_batch, 1, MAX_COUNT)
+        self.claims = claims or Claims()
+        self.stats = ImmediateStats()
+        #: Queued commits the worker takes at once (one trim per aggregate among them).
+        self.max_batch = max_batch
+        #: The last seq published per aggregate (the most recently active ones).
+        self._upto: OrderedDict[AggregateId, int] = OrderedDict()
+        self._upto_size = 100_000
+
+    def _offered(self, outcome: Outcome[Any]) -> tuple[AggregateId, tuple[OutboxMessage, ...]]:
+        """Count and reserve a commit's new entries: the item to queue."""
+        self.stats.offered += len(outcome.entries)
+        entries = outcome.emitted
+        self.claims.reserve(e.id for e in entries)
+        return outcome.aggregate_id, entries
+
+    def _refused(self, item: tuple[AggregateId, tuple[OutboxMessage, ...]]) -> None:
+        """The queue is full: the item's entries are left to the safety net."""
+        self.claims.release(e.id for e in item[1])
+        self.stats.deferred += len(item[1])
+
+    def _work(self, batch: list[Any]) -> Generator[ImmediateOp, Any, tuple[bool, list[Drained]]]:
+        """Publish everything queued, per aggregate in seq order, then trim each aggregate
+        once. Returns whether a stop was queued, and the drain marks reached."""
+        stop = False
+        drained: list[Drained] = []
+        work: OrderedDict[AggregateId, dict[str, OutboxMessage]] = OrderedDict()
+        for item in batch:
+            if item is _STOP:
+                stop = True
+            elif isinstance(item, Drained):
+                drained.append(item)
+            else:
+                aggregate_id, entries = item
+                work.setdefault(aggregate_id, {}).update((e.id, e) for e in entries)
+        published: list[tuple[AggregateId, list[str]]] = []
+        for aggregate_id, by_id in work.items():
+            entries = sorted(by_id.values(), key=lambda e: e.seq)
+            done: list[str] = []
+            try:
+                yield from self._publish(aggregate_id, entries, done)
+            except Exception as exc:  # noqa: BLE001 - left pending: the safety net publishes it
+                self._upto.pop(aggregate_id, None)
+                self.stats.errors.append(repr(exc))
+                log.warning("immediate_deferred aggregate=%r error=%r", aggregate_id, exc)
+            finally:
+                self.claims.release(e.id for e in entries)
+            if done:
+                published.append((aggregate_id, done))
+        for aggregate_id, done in published:
+            try:
+                yield Trim(aggregate_id, done)
+            except Exception as exc:  # noqa: BLE001 - published, untrimmed: republished later
+                self.stats.errors.append(repr(exc))
+                log.warning("immediate_trim_failed aggregate=%r error=%r", aggregate_id, exc)
+        while len(self._upto) > self._upto_size:
+            self._upto.popitem(last=False)
+        return stop, drained
+
+    def _publish(
+        self, aggregate_id: AggregateId, entries: list[OutboxMessage], done: list[str]
+    ) -> Generator[ImmediateOp, Any, None]:
+        """Publish ``entries`` after any pending ones below them, appending to ``done``."""
+        upto = self._upto.get(aggregate_id, 0)
+        todo = [e for e in entries if e.seq > upto]
+        if not todo:
+            return
+        if todo[0].seq != upto + 1:
+            self.stats.reloads += 1
+            snapshot = yield Reload(aggregate_id)
+            pending = [] if snapshot is None else list(snapshot.outbox)
+            below = [e for e in pending if e.seq < todo[0].seq]
+            todo = below + todo
+        try:
+            for entry in todo:
+                if (yield from claimed_publish(self.claims, entry, reserved=True, wait=30.0)):
+                    self.stats.published += 1
+                else:
+                    self.stats.skipped += 1
+                done.append(entry.id)
+                self._upto[aggregate_id] = entry.seq
+                self._upto.move_to_end(aggregate_id)
+        except Exception:
+            self.stats.deferred += len(todo) - len(done)
+            raise
+
+
+class ImmediateDispatcher(_Immediate):
+    """Publishes and trims a sync store's new entries right after each commit, on a
+    worker thread.
 
     >>> immediate = ImmediateDispatcher(store, publisher).start()
     >>> dispatcher = Dispatcher(backend, immediate.guard(publisher), dead_letters, ...)
@@ -234,18 +262,10 @@ class ImmediateDispatcher:
                 f"ImmediateDispatcher needs an AggregateStore, got {type(store).__name__}"
             )
         _check_publisher(publisher)
-        check_int("ImmediateDispatcher.max_queue", max_queue, 0, MAX_COUNT)
-        check_int("ImmediateDispatcher.max_batch", max_batch, 1, MAX_COUNT)
+        super().__init__(claims, max_queue, max_batch)
         self.store = store
         self.publisher = publisher
-        self.claims = claims or Claims()
-        self.stats = ImmediateStats()
-        #: Queued commits the worker takes at once (one trim per aggregate among them).
-        self.max_batch = max_batch
         self._queue: queue.Queue[Any] = queue.Queue(max_queue)
-        #: The last seq published per aggregate (the most recently active ones).
-        self._upto: OrderedDict[AggregateId, int] = OrderedDict()
-        self._upto_size = 100_000
         self._thread: threading.Thread | None = None
 
     def guard(self, publisher: Publisher) -> GuardedPublisher:
@@ -273,19 +293,16 @@ class ImmediateDispatcher:
 
     def offer(self, outcome: Outcome[Any]) -> None:
         """Queue a commit's new entries; called by the store after the commit."""
-        self.stats.offered += len(outcome.entries)
-        entries = outcome.emitted
-        self.claims.reserve(e.id for e in entries)
+        item = self._offered(outcome)
         try:
-            self._queue.put_nowait((outcome.aggregate_id, entries))
+            self._queue.put_nowait(item)
         except queue.Full:
-            self.claims.release(e.id for e in entries)
-            self.stats.deferred += len(entries)
+            self._refused(item)
 
     def drain(self) -> None:
         """Wait until everything offered so far has been handled (for tests and shutdown)."""
         done = threading.Event()
-        self._queue.put(done)
+        self._queue.put(Drained(done.set))
         done.wait()
 
     def _run(self) -> None:
@@ -296,72 +313,112 @@ class ImmediateDispatcher:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            if self._work(batch):
+            stop, drained = drive(self._work(batch), self._perform)
+            for mark in drained:
+                mark.reached()
+            if stop:
                 return
 
-    def _work(self, batch: list[Any]) -> bool:
-        """Publish everything queued, per aggregate in seq order, then trim each aggregate
-        once. True when a stop was queued."""
-        stop = False
-        drained: list[threading.Event] = []
-        work: OrderedDict[AggregateId, dict[str, OutboxMessage]] = OrderedDict()
-        for item in batch:
-            if item is _STOP:
-                stop = True
-            elif isinstance(item, threading.Event):
-                drained.append(item)
-            else:
-                aggregate_id, entries = item
-                work.setdefault(aggregate_id, {}).update((e.id, e) for e in entries)
-        published: list[tuple[AggregateId, list[str]]] = []
-        for aggregate_id, by_id in work.items():
-            entries = sorted(by_id.values(), key=lambda e: e.seq)
-            done: list[str] = []
-            try:
-                self._publish(aggregate_id, entries, done)
-            except Exception as exc:  # noqa: BLE001 - left pending: the safety net publishes it
-                self._upto.pop(aggregate_id, None)
-                self.stats.errors.append(repr(exc))
-                log.warning("immediate_deferred aggregate=%r error=%r", aggregate_id, exc)
-            finally:
-                self.claims.release(e.id for e in entries)
-            if done:
-                published.append((aggregate_id, done))
-        for aggregate_id, done in published:
-            try:
-                self.store.trim(aggregate_id, done)
-            except Exception as exc:  # noqa: BLE001 - published, untrimmed: republished later
-                self.stats.errors.append(repr(exc))
-                log.warning("immediate_trim_failed aggregate=%r error=%r", aggregate_id, exc)
-        while len(self._upto) > self._upto_size:
-            self._upto.popitem(last=False)
-        for event in drained:
-            event.set()
-        return stop
+    def _perform(self, op: ImmediateOp) -> Any:
+        if isinstance(op, Publish):
+            return self.publisher.publish(op.entry)
+        if isinstance(op, WaitClaim):
+            return op.event.wait(op.timeout)
+        if isinstance(op, Reload):
+            return self.store.load(op.aggregate_id)
+        return self.store.trim(op.aggregate_id, op.entry_ids)
 
-    def _publish(
-        self, aggregate_id: AggregateId, entries: list[OutboxMessage], done: list[str]
+
+class AsyncImmediateDispatcher(_Immediate):
+    """The asyncio twin of :class:`ImmediateDispatcher`, for an
+    :class:`~docoutbox.AsyncAggregateStore` and an async publisher: the worker is a task
+    on the running event loop.
+
+    >>> immediate = await AsyncImmediateDispatcher(store, publisher).start()
+    >>> dispatcher = AsyncDispatcher(backend, immediate.guard(publisher), dead_letters, ...)
+    >>> ...
+    >>> await immediate.stop()
+    """
+
+    def __init__(
+        self,
+        store: AsyncAggregateStore[Any],
+        publisher: AsyncPublisher,
+        *,
+        claims: Claims | None = None,
+        max_queue: int = 10_000,
+        max_batch: int = 256,
     ) -> None:
-        """Publish ``entries`` after any pending ones below them, appending to ``done``."""
-        upto = self._upto.get(aggregate_id, 0)
-        todo = [e for e in entries if e.seq > upto]
-        if not todo:
+        if not isinstance(store, AsyncAggregateStore):
+            raise InvalidConfig(
+                f"AsyncImmediateDispatcher needs an AsyncAggregateStore, got {type(store).__name__}"
+            )
+        if not inspect.iscoroutinefunction(getattr(publisher, "publish", None)):
+            raise InvalidConfig(
+                "AsyncImmediateDispatcher needs a publisher with an async publish method "
+                f"(in_thread() makes one of a sync publisher), got {type(publisher).__name__}"
+            )
+        super().__init__(claims, max_queue, max_batch)
+        self.store = store
+        self.publisher = publisher
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(max_queue)
+        self._task: asyncio.Task[None] | None = None
+
+    def guard(self, publisher: AsyncPublisher) -> AsyncGuardedPublisher:
+        """``publisher`` for the regular dispatcher, sharing this path's claims."""
+        return AsyncGuardedPublisher(publisher, self.claims)
+
+    async def start(self) -> AsyncImmediateDispatcher:
+        """Attach to the store and start the worker task on the running loop."""
+        if self._task is not None:
+            return self
+        self.store.commit_listeners.append(self.offer)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Detach, finish what is queued, and stop the worker."""
+        if self._task is None:
             return
-        if todo[0].seq != upto + 1:
-            self.stats.reloads += 1
-            snapshot = self.store.load(aggregate_id)
-            pending = [] if snapshot is None else list(snapshot.outbox)
-            below = [e for e in pending if e.seq < todo[0].seq]
-            todo = below + todo
+        if self.offer in self.store.commit_listeners:
+            self.store.commit_listeners.remove(self.offer)
+        task, self._task = self._task, None
+        await self._queue.put(_STOP)
+        await asyncio.wait_for(task, timeout)
+
+    def offer(self, outcome: Outcome[Any]) -> None:
+        """Queue a commit's new entries; called by the store (on the loop) after the commit."""
+        item = self._offered(outcome)
         try:
-            for entry in todo:
-                if self.claims.publish(self.publisher, entry, reserved=True):
-                    self.stats.published += 1
-                else:
-                    self.stats.skipped += 1
-                done.append(entry.id)
-                self._upto[aggregate_id] = entry.seq
-                self._upto.move_to_end(aggregate_id)
-        except Exception:
-            self.stats.deferred += len(todo) - len(done)
-            raise
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self._refused(item)
+
+    async def drain(self) -> None:
+        """Wait until everything offered so far has been handled (for tests and shutdown)."""
+        done = asyncio.Event()
+        await self._queue.put(Drained(done.set))
+        await done.wait()
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            stop, drained = await drive_async(self._work(batch), self._perform)
+            for mark in drained:
+                mark.reached()
+            if stop:
+                return
+
+    async def _perform(self, op: ImmediateOp) -> Any:
+        if isinstance(op, Publish):
+            return await self.publisher.publish(op.entry)
+        if isinstance(op, WaitClaim):
+            return await asyncio.to_thread(op.event.wait, op.timeout)
+        if isinstance(op, Reload):
+            return await self.store.load(op.aggregate_id)
+        return await self.store.trim(op.aggregate_id, op.entry_ids)

@@ -11,6 +11,7 @@ EXPECTED = {
     "Aggregate",
     "AggregateStore",
     "AsyncAggregateStore",
+    "AsyncImmediateDispatcher",
     "AsyncLocalPublisher",
     "AsyncStoreBackend",
     "BatchOutcome",

@@ -1,0 +1,222 @@
+"""Immediate dispatch on asyncio: the same rules as the threaded path (test_immediate.py),
+with the worker, the store and the regular dispatcher on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from docoutbox import (
+    AggregateStore,
+    AsyncAggregateStore,
+    AsyncImmediateDispatcher,
+    BrokerUnavailable,
+    InvalidConfig,
+    OutboxMessage,
+    in_thread,
+)
+from docoutbox.dispatch.aio import AsyncDispatcher
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+from docoutbox.testing.memory import AsyncMemoryBackend
+from docoutbox.testing.publisher import AsyncMemoryPublisher
+from tests.unit.test_immediate import FAST, committed_ids, in_seq_order, pending
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def wait() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+def start_dispatcher(backend: MemoryBackend, publisher: Any) -> tuple[AsyncDispatcher, Any]:
+    """The regular dispatcher (stream and sweep) on the running loop."""
+    dispatcher = AsyncDispatcher(
+        AsyncMemoryBackend(backend),
+        publisher,
+        in_thread(MemoryDeadLetters()),
+        source=in_thread(MemoryChangeSource(backend)),
+        checkpoints=in_thread(MemoryCheckpoints()),
+        config=FAST,
+    )
+    return dispatcher, asyncio.get_running_loop().create_task(dispatcher.run())
+
+
+def test_entries_are_published_and_trimmed_right_after_the_commit() -> None:
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher)).start()
+        for i in range(20):
+            await store.handle(
+                f"a{i % 3}", add_msg(f"m{i}", emits=2), counter_handlers, create=True
+            )
+        await immediate.drain()
+        await immediate.stop()
+        assert immediate.stats.published == 40 and immediate.stats.reloads == 0
+
+    run(main)
+    assert sorted(publisher.ids()) == sorted(committed_ids(backend))
+    assert len(publisher.ids()) == 40
+    assert pending(backend) == 0
+    assert in_seq_order(publisher.published)
+
+
+def test_a_failed_publish_is_left_to_the_safety_net_in_order() -> None:
+    backend = MemoryBackend()
+    broken = {"on": True}
+    publisher = MemoryPublisher(
+        fail=lambda e: BrokerUnavailable("down") if broken["on"] and e.seq == 3 else None
+    )
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher)).start()
+        for i in range(6):
+            await store.handle("a", add_msg(f"m{i}"), counter_handlers, create=True)
+        await immediate.drain()
+        # seq 3 failed: the immediate path stopped for "a" and left 3.. pending.
+        assert [e.seq for e in publisher.published] == [1, 2]
+        assert immediate.stats.deferred >= 1 and pending(backend) == 4
+        broken["on"] = False
+        dispatcher, task = start_dispatcher(
+            backend, immediate.guard(AsyncMemoryPublisher(publisher))
+        )
+        await until(lambda: pending(backend) == 0)
+        dispatcher.stop()
+        await task
+        # A new commit after the failure: the immediate path reloads and keeps seq order.
+        await store.handle("a", add_msg("m6"), counter_handlers)
+        await immediate.drain()
+        await immediate.stop()
+        assert immediate.stats.reloads == 1
+
+    run(main)
+    assert [e.seq for e in publisher.published] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_both_paths_on_one_loop_publish_each_entry_once() -> None:
+    """The regular dispatcher waits for the immediate path's claims without blocking the
+    loop that path runs on: blocking it would stall both paths, then publish twice."""
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    class Slow(AsyncMemoryPublisher):
+        """The immediate path's broker: slow enough that the stream sees its entries."""
+
+        async def publish(self, entry: OutboxMessage) -> None:
+            await asyncio.sleep(0.002)
+            await super().publish(entry)
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, Slow(publisher)).start()
+        guarded = immediate.guard(AsyncMemoryPublisher(publisher))
+        dispatcher, task = start_dispatcher(backend, guarded)
+
+        async def produce(w: int) -> None:
+            for i in range(40):
+                await store.handle(f"a{w}", add_msg(f"w{w}-{i}"), counter_handlers, create=True)
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(produce(w) for w in range(4)))
+        await immediate.drain()
+        assert immediate.stats.published > 0 and guarded.skipped > 0  # both paths met
+        await until(lambda: pending(backend) == 0)
+        dispatcher.stop()
+        await task
+        await immediate.stop()
+
+    run(main)
+    counts = Tally(publisher.ids())
+    assert set(counts) == committed_ids(backend)
+    assert max(counts.values()) == 1
+    assert in_seq_order(publisher.published)
+
+
+def test_a_full_queue_leaves_the_commits_to_the_safety_net() -> None:
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher), max_queue=2)
+        await immediate.start()
+        # The worker task does not run between these commits: the queue holds two.
+        for i in range(5):
+            await store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+        assert immediate.stats.deferred == 3
+        await immediate.drain()
+        await immediate.stop()
+
+    run(main)
+    assert len(publisher.ids()) == 2
+    assert pending(backend) == 3  # still in their documents: nothing is lost
+
+
+def test_stop_finishes_what_is_queued() -> None:
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher)).start()
+        for i in range(10):
+            await store.handle("a", add_msg(f"m{i}"), counter_handlers, create=True)
+        await immediate.stop()
+        await store.handle("a", add_msg("late"), counter_handlers)  # detached: not offered
+
+    run(main)
+    assert [e.seq for e in publisher.published] == list(range(1, 11))
+    assert pending(backend) == 1
+
+
+class SyncPublisher:
+    def publish(self, entry: OutboxMessage) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda store, pub: AsyncImmediateDispatcher(AggregateStore(MemoryBackend(), Counter), pub),
+        lambda store, pub: AsyncImmediateDispatcher(store, SyncPublisher()),
+        lambda store, pub: AsyncImmediateDispatcher(store, None),
+        lambda store, pub: AsyncImmediateDispatcher(store, pub, max_batch=0),
+        lambda store, pub: AsyncImmediateDispatcher(store, pub, max_queue=-1),
+        lambda store, pub: AsyncImmediateDispatcher(store, pub, max_queue=2**31),
+    ],
+    ids=["sync-store", "sync-publisher", "no-publisher", "batch-0", "queue-neg", "queue-huge"],
+)
+def test_async_immediate_dispatch_refuses_arguments_it_cannot_use(build: Any) -> None:
+    store = AsyncAggregateStore(AsyncMemoryBackend(), Counter)
+    with pytest.raises(InvalidConfig):
+        build(store, AsyncMemoryPublisher())
+
+
+def test_a_sync_publisher_in_a_thread_is_accepted() -> None:
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, in_thread(publisher)).start()
+        await store.handle("a", add_msg("m1"), counter_handlers, create=True)
+        await immediate.drain()
+        await immediate.stop()
+
+    run(main)
+    assert len(publisher.ids()) == 1 and pending(backend) == 0
