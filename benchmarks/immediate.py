@@ -21,7 +21,8 @@ from typing import Any
 from benchmarks.common import Scale, Table, connect, median, percentile
 from benchmarks.dispatch import LIVE_DENSITY, POLL, TIMEOUT, TimedPublisher, Workbench
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
+from docoutbox.dispatch.immediate import ImmediateDispatcher
+from docoutbox.dispatch.settled import SettledPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_mongo import MongoBackend, MongoChangeSource

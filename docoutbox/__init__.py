@@ -7,11 +7,7 @@ an outbox of messages not yet published; handling a message is one conditional w
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
-from docoutbox.dispatch.immediate import (
-    AsyncImmediateDispatcher,
-    ImmediateDispatcher,
-    SettledPublisher,
-)
+from docoutbox.dispatch.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.dispatch.leases import LeaseTiming
 from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
 from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
@@ -28,6 +24,7 @@ from docoutbox.dispatch.ports import (
     LeaseTable,
     Publisher,
 )
+from docoutbox.dispatch.settled import AsyncSettledPublisher, SettledPublisher
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
@@ -73,6 +70,7 @@ __all__ = [
     "AsyncImmediateDispatcher",
     "AsyncLocalPublisher",
     "AsyncPublisher",
+    "AsyncSettledPublisher",
     "AsyncStoreBackend",
     "BatchOutcome",
     "BrokerUnavailable",

@@ -21,7 +21,7 @@ dispatcher's publisher with :meth:`ImmediateDispatcher.guard`, and an entry is p
 by whichever path claims it first; the other waits for the outcome and, on success, only
 trims. Across processes the two paths race for every entry the change stream reports
 before the immediate path has trimmed it; wrap the other process's publisher with
-:class:`SettledPublisher` to let young entries settle first.
+:class:`~docoutbox.dispatch.settled.SettledPublisher` to let young entries settle first.
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ import inspect
 import logging
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from docoutbox.dispatch.claims import (
@@ -46,15 +44,13 @@ from docoutbox.dispatch.claims import (
     claimed_publish,
 )
 from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.ports import AsyncPublisher, Publisher
+from docoutbox.dispatch.ports import AsyncPublisher, Publisher, check_publisher
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.retry import MAX_COUNT, check_int, check_seconds
+from docoutbox.retry import MAX_COUNT, check_int
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome
-from docoutbox.store.document import utcnow
-from docoutbox.store.ports import StoreBackend
 
 log = logging.getLogger("docoutbox.immediate")
 
@@ -85,50 +81,6 @@ class Drained:
     handled."""
 
     reached: Callable[[], None]
-
-
-def _check_publisher(publisher: object) -> None:
-    if not callable(getattr(publisher, "publish", None)):
-        raise InvalidConfig(f"a publisher needs a publish method, got {type(publisher).__name__}")
-
-
-class SettledPublisher:
-    """For a dispatcher in another process than the immediate path: an entry younger than
-    ``settle`` seconds is published only once it is that old and still pending.
-
-    An entry gone from its document was trimmed, and a trim follows a publish (I3), so it
-    counts as published. Costs one load per young entry, and ``settle`` seconds of latency
-    on the safety net (which then only carries what the immediate path failed to do).
-    ``created_at`` comes from the producer's clock: keep ``settle`` well above clock skew.
-    """
-
-    def __init__(
-        self,
-        publisher: Publisher,
-        backend: StoreBackend,
-        settle: float = 0.5,
-        *,
-        clock: Callable[[], datetime] = utcnow,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        _check_publisher(publisher)
-        self.publisher = publisher
-        self.backend = backend
-        self.settle = check_seconds("SettledPublisher.settle", settle)
-        self._clock = clock
-        self._sleep = sleep
-        self.skipped = 0
-
-    def publish(self, entry: OutboxMessage) -> None:
-        age = (self._clock() - entry.created_at).total_seconds()
-        if age < self.settle:
-            self._sleep(self.settle - age)
-            doc = self.backend.load(entry.aggregate_id)
-            outbox = (doc or {}).get("outbox") or ()
-            if not any(e.get("id") == entry.id for e in outbox):
-                self.skipped += 1
-                return
-        self.publisher.publish(entry)
 
 
 @dataclass
@@ -261,7 +213,7 @@ class ImmediateDispatcher(_Immediate):
             raise InvalidConfig(
                 f"ImmediateDispatcher needs an AggregateStore, got {type(store).__name__}"
             )
-        _check_publisher(publisher)
+        check_publisher(publisher)
         super().__init__(claims, max_queue, max_batch)
         self.store = store
         self.publisher = publisher

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.document import Document
 
@@ -184,3 +185,9 @@ class AsyncCheckpoints(Protocol):
     async def load(self, name: str) -> Position | None: ...
 
     async def save(self, name: str, position: Position) -> None: ...
+
+
+def check_publisher(publisher: object) -> None:
+    """:class:`~docoutbox.errors.InvalidConfig` unless ``publisher`` has a ``publish``."""
+    if not callable(getattr(publisher, "publish", None)):
+        raise InvalidConfig(f"a publisher needs a publish method, got {type(publisher).__name__}")

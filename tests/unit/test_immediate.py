@@ -14,8 +14,9 @@ import pytest
 from docoutbox import AggregateStore, BrokerUnavailable, InvalidConfig, OutboxMessage
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.immediate import ImmediateDispatcher, SettledPublisher
+from docoutbox.dispatch.immediate import ImmediateDispatcher
 from docoutbox.dispatch.scheduler import Backoff
+from docoutbox.dispatch.settled import SettledPublisher
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
@@ -179,7 +180,7 @@ def test_both_paths_in_one_process_publish_each_entry_once() -> None:
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
     from datetime import timedelta
 
-    from docoutbox.dispatch.immediate import SettledPublisher
+    from docoutbox.dispatch.settled import SettledPublisher
     from docoutbox.store.document import utcnow
 
     backend = MemoryBackend()

@@ -14,6 +14,7 @@ from docoutbox import (
     AggregateStore,
     AsyncAggregateStore,
     AsyncImmediateDispatcher,
+    AsyncSettledPublisher,
     BrokerUnavailable,
     InvalidConfig,
     OutboxMessage,
@@ -184,6 +185,41 @@ def test_stop_finishes_what_is_queued() -> None:
     assert pending(backend) == 1
 
 
+def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
+    from datetime import timedelta
+
+    from docoutbox.store.document import utcnow
+
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
+    store.trim("a", [first.id])  # the immediate path published and trimmed it
+    inner = MemoryPublisher()
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async def main() -> None:
+        settled = AsyncSettledPublisher(
+            AsyncMemoryPublisher(inner), AsyncMemoryBackend(backend), 0.5, sleep=sleep
+        )
+        await settled.publish(first)
+        await settled.publish(second)
+        assert inner.ids() == [second.id] and settled.skipped == 1
+        assert len(slept) == 2 and all(0 < s <= 0.5 for s in slept)
+        old = AsyncSettledPublisher(
+            AsyncMemoryPublisher(inner),
+            AsyncMemoryBackend(backend),
+            0.5,
+            clock=lambda: utcnow() + timedelta(seconds=5),
+        )
+        await old.publish(first)  # old enough: published without a look (at least once)
+        assert inner.ids() == [second.id, first.id] and len(slept) == 2
+
+    run(main)
+
+
 class SyncPublisher:
     def publish(self, entry: OutboxMessage) -> None:
         return None
@@ -198,8 +234,21 @@ class SyncPublisher:
         lambda store, pub: AsyncImmediateDispatcher(store, pub, max_batch=0),
         lambda store, pub: AsyncImmediateDispatcher(store, pub, max_queue=-1),
         lambda store, pub: AsyncImmediateDispatcher(store, pub, max_queue=2**31),
+        lambda store, pub: AsyncSettledPublisher(SyncPublisher(), AsyncMemoryBackend()),
+        lambda store, pub: AsyncSettledPublisher(pub, AsyncMemoryBackend(), float("nan")),
+        lambda store, pub: AsyncSettledPublisher(pub, AsyncMemoryBackend(), -1.0),
     ],
-    ids=["sync-store", "sync-publisher", "no-publisher", "batch-0", "queue-neg", "queue-huge"],
+    ids=[
+        "sync-store",
+        "sync-publisher",
+        "no-publisher",
+        "batch-0",
+        "queue-neg",
+        "queue-huge",
+        "settled-sync-publisher",
+        "settle-nan",
+        "settle-negative",
+    ],
 )
 def test_async_immediate_dispatch_refuses_arguments_it_cannot_use(build: Any) -> None:
     store = AsyncAggregateStore(AsyncMemoryBackend(), Counter)

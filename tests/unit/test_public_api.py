@@ -13,6 +13,7 @@ EXPECTED = {
     "AsyncAggregateStore",
     "AsyncImmediateDispatcher",
     "AsyncLocalPublisher",
+    "AsyncSettledPublisher",
     "AsyncStoreBackend",
     "BatchOutcome",
     "ConcurrencyConflict",
