@@ -27,12 +27,13 @@ before the immediate path has trimmed it; wrap the other process's publisher wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,15 @@ class Trim:
 
 
 ImmediateOp = Publish | WaitClaim | Reload | Trim
+
+
+def _emptied(get_nowait: Callable[[], Any], empty: type[Exception]) -> Iterator[Any]:
+    """Every item still in a queue, taken without waiting."""
+    while True:
+        try:
+            yield get_nowait()
+        except empty:
+            return
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,15 @@ class _Immediate:
         """The queue is full: the item's entries are left to the safety net."""
         self.claims.release(e.id for e in item[1])
         self.stats.deferred += len(item[1])
+
+    def _abandon(self, items: Iterable[Any]) -> None:
+        """What a stopped or dead worker left queued: its entries stay pending for the
+        safety net, with their claims released (the other path would wait for them)."""
+        for item in items:
+            if isinstance(item, Drained):
+                item.reached()
+            elif item is not _STOP:
+                self._refused(item)
 
     def _work(self, batch: list[Any]) -> Generator[ImmediateOp, Any, tuple[bool, list[Drained]]]:
         """Publish everything queued, per aggregate in seq order, then trim each aggregate
@@ -239,9 +258,13 @@ class ImmediateDispatcher(_Immediate):
             return
         if self.offer in self.store.commit_listeners:
             self.store.commit_listeners.remove(self.offer)
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread.is_alive():
+            with contextlib.suppress(queue.Full):  # a stuck worker: it keeps what it has
+                self._queue.put(_STOP, timeout=timeout)
+            thread.join(timeout)
+        if not thread.is_alive():
+            self._abandon(_emptied(self._queue.get_nowait, queue.Empty))
 
     def offer(self, outcome: Outcome[Any]) -> None:
         """Queue a commit's new entries; called by the store after the commit."""
@@ -335,8 +358,14 @@ class AsyncImmediateDispatcher(_Immediate):
         if self.offer in self.store.commit_listeners:
             self.store.commit_listeners.remove(self.offer)
         task, self._task = self._task, None
-        await self._queue.put(_STOP)
-        await asyncio.wait_for(task, timeout)
+        if not task.done():
+            with contextlib.suppress(TimeoutError):  # a stuck worker: it keeps what it has
+                await asyncio.wait_for(self._queue.put(_STOP), timeout)
+            await asyncio.wait([task], timeout=timeout)
+        if task.done():
+            self._abandon(_emptied(self._queue.get_nowait, asyncio.QueueEmpty))
+            if not task.cancelled() and task.exception() is not None:
+                log.error("immediate_worker_failed error=%r", task.exception())
 
     def offer(self, outcome: Outcome[Any]) -> None:
         """Queue a commit's new entries; called by the store (on the loop) after the commit."""

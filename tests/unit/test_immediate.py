@@ -242,3 +242,41 @@ def test_immediate_dispatch_refuses_arguments_it_cannot_use(build: Any) -> None:
     store = AggregateStore(MemoryBackend(), Counter)
     with pytest.raises(InvalidConfig):
         build(store, MemoryPublisher())
+
+
+class Fatal(BaseException):
+    """Not an Exception: it kills the immediate path's worker."""
+
+
+def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dead worker's queue is full: stop() returns at once, and the claims of what it
+    held are released, so the regular dispatcher publishes those entries without waiting."""
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Counter)
+    publisher = MemoryPublisher()
+    calls: list[str] = []
+
+    class Deadly(MemoryPublisher):
+        def publish(self, entry: OutboxMessage) -> None:
+            calls.append(entry.id)
+            raise Fatal
+
+    immediate = ImmediateDispatcher(store, Deadly(), max_queue=2).start()
+    store.handle("a0", add_msg("m0"), counter_handlers, create=True)
+    wait_until(lambda: bool(calls))
+    time.sleep(0.05)  # the worker is gone
+    for i in range(1, 4):
+        store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+    began = time.monotonic()
+    immediate.stop(timeout=5)
+    assert time.monotonic() - began < 2
+    assert immediate.stats.deferred == 3  # one refused (queue full), two abandoned
+    dispatcher = run_dispatcher(backend, immediate.guard(publisher), stream=False)
+    began = time.monotonic()
+    wait_until(lambda: pending(backend) == 0)
+    dispatcher.stop()
+    assert time.monotonic() - began < 5, "the dispatcher waited for stale claims"
+    assert sorted(publisher.ids()) == sorted(committed_ids(backend))

@@ -269,3 +269,36 @@ def test_a_sync_publisher_in_a_thread_is_accepted() -> None:
 
     run(main)
     assert len(publisher.ids()) == 1 and pending(backend) == 0
+
+
+def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tests.unit.test_immediate import Fatal
+
+    backend = MemoryBackend()
+    publisher = MemoryPublisher()
+
+    class Deadly(AsyncMemoryPublisher):
+        async def publish(self, entry: OutboxMessage) -> None:
+            raise Fatal
+
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        immediate = await AsyncImmediateDispatcher(store, Deadly(), max_queue=2).start()
+        await store.handle("a0", add_msg("m0"), counter_handlers, create=True)
+        await asyncio.sleep(0.05)  # the worker task died on its first publish
+        for i in range(1, 4):
+            await store.handle(f"a{i}", add_msg(f"m{i}"), counter_handlers, create=True)
+        await asyncio.wait_for(immediate.stop(timeout=5), 2)
+        assert immediate.stats.deferred == 3  # one refused (queue full), two abandoned
+        dispatcher, task = start_dispatcher(
+            backend, immediate.guard(AsyncMemoryPublisher(publisher))
+        )
+        await until(lambda: pending(backend) == 0, timeout=5)
+        dispatcher.stop()
+        await task
+
+    run(main)
+    assert sorted(publisher.ids()) == sorted(committed_ids(backend))
+    assert "immediate_worker_failed" in caplog.text
