@@ -275,7 +275,10 @@ class ImmediateDispatcher(_Immediate):
             self._refused(item)
 
     def drain(self) -> None:
-        """Wait until everything offered so far has been handled (for tests and shutdown)."""
+        """Wait until everything offered so far has been handled (for tests and shutdown).
+        Returns at once when the worker is not running."""
+        if self._thread is None or not self._thread.is_alive():
+            return
         done = threading.Event()
         self._queue.put(Drained(done.set))
         done.wait()
@@ -376,7 +379,10 @@ class AsyncImmediateDispatcher(_Immediate):
             self._refused(item)
 
     async def drain(self) -> None:
-        """Wait until everything offered so far has been handled (for tests and shutdown)."""
+        """Wait until everything offered so far has been handled (for tests and shutdown).
+        Returns at once when the worker is not running."""
+        if self._task is None or self._task.done():
+            return
         done = asyncio.Event()
         await self._queue.put(Drained(done.set))
         await done.wait()

@@ -280,3 +280,20 @@ def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     dispatcher.stop()
     assert time.monotonic() - began < 5, "the dispatcher waited for stale claims"
     assert sorted(publisher.ids()) == sorted(committed_ids(backend))
+
+
+def test_drain_without_a_running_worker_returns() -> None:
+    store = AggregateStore(MemoryBackend(), Counter)
+    immediate = ImmediateDispatcher(store, MemoryPublisher())
+
+    def returns(call: Callable[[], None]) -> bool:
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(2)
+        return not thread.is_alive()
+
+    assert returns(immediate.drain)  # never started
+    assert immediate.start() is immediate.start()
+    immediate.stop()
+    immediate.stop()
+    assert returns(immediate.drain)  # stopped

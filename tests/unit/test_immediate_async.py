@@ -302,3 +302,16 @@ def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     run(main)
     assert sorted(publisher.ids()) == sorted(committed_ids(backend))
     assert "immediate_worker_failed" in caplog.text
+
+
+def test_drain_without_a_running_worker_returns() -> None:
+    async def main() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(), Counter)
+        immediate = AsyncImmediateDispatcher(store, AsyncMemoryPublisher())
+        await asyncio.wait_for(immediate.drain(), 1)  # never started
+        assert await immediate.start() is await immediate.start()
+        await immediate.stop()
+        await immediate.stop()
+        await asyncio.wait_for(immediate.drain(), 1)  # stopped
+
+    run(main)
