@@ -9,23 +9,39 @@ Variants, each with a producer committing at a fixed pace while the readers run:
   claims);
 - immediate, two processes: the same, but the dispatcher does not share the claims, as
   when it runs in another process: both paths race for every entry.
+
+The asyncio variants do the same on one event loop: an :class:`AsyncAggregateStore` on
+pymongo's ``AsyncMongoClient``, the :class:`AsyncDispatcher` alone or beside an
+:class:`AsyncImmediateDispatcher`; their latencies are compared with the asyncio stream
+only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
 from typing import Any
 
+from pymongo import AsyncMongoClient
+
 from benchmarks.common import Scale, Table, connect, median, percentile
 from benchmarks.dispatch import LIVE_DENSITY, POLL, TIMEOUT, TimedPublisher, Workbench
+from benchmarks.workload import Account, handlers
+from docoutbox import AsyncAggregateStore, in_thread
+from docoutbox.dispatch.aio import AsyncDispatcher
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.immediate import ImmediateDispatcher
+from docoutbox.dispatch.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.dispatch.settled import SettledPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints
-from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_mongo import MongoBackend, MongoChangeSource
+from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters
+from docoutbox_mongo import (
+    AsyncMongoBackend,
+    AsyncMongoChangeSource,
+    MongoBackend,
+    MongoChangeSource,
+)
 
 SETTLE = 0.5
 KINDS = (
@@ -33,6 +49,8 @@ KINDS = (
     "immediate, one process",
     "immediate, two processes",
     "immediate, two processes, settled",
+    "asyncio: stream only",
+    "asyncio: immediate, one process",
 )
 
 
@@ -48,6 +66,9 @@ def live(client: Any, entries: int, pace: float, kind: str) -> tuple[list[float]
     """Latencies (s) from commit to first publish, and duplicate publishes per entry."""
     bench = Workbench(client, entries, LIVE_DENSITY)
     publisher = TimedPublisher()
+    if kind.startswith("asyncio"):
+        asyncio.run(_live_async(bench, publisher, entries, pace, kind.endswith("one process")))
+        return _checked(bench, publisher, kind)
     immediate = None
     dispatch_publisher: Any = publisher
     if kind != "stream only":
@@ -81,6 +102,59 @@ def live(client: Any, entries: int, pace: float, kind: str) -> tuple[list[float]
     thread.join(TIMEOUT)
     if immediate is not None:
         immediate.stop()
+    return _checked(bench, publisher, kind)
+
+
+async def _live_async(
+    bench: Workbench, publisher: TimedPublisher, entries: int, pace: float, immediate: bool
+) -> None:
+    """The asyncio variants: producer, immediate path and dispatcher on one loop."""
+    client: Any = AsyncMongoClient(
+        "mongodb://{}:{}".format(*bench.coll.database.client.address),
+        uuidRepresentation="standard",
+    )
+    coll = client[bench.coll.database.name][bench.coll.name]
+    store = AsyncAggregateStore(AsyncMongoBackend(coll), Account)
+    fast: Any = None
+    dispatch_publisher: Any = AsyncMemoryPublisher(publisher)
+    if immediate:
+        fast = await AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher)).start()
+        dispatch_publisher = fast.guard(AsyncMemoryPublisher(publisher))
+    checkpoints = MemoryCheckpoints()
+    config = DispatcherConfig(name="bench")
+    checkpoints.save(config.name, {"start_at": bench.start})
+    dispatcher = AsyncDispatcher(
+        AsyncMongoBackend(coll),
+        dispatch_publisher,
+        in_thread(MemoryDeadLetters()),
+        source=AsyncMongoChangeSource(coll),
+        checkpoints=in_thread(checkpoints),
+        config=config,
+    )
+    task = asyncio.get_running_loop().create_task(dispatcher.run())
+    await asyncio.to_thread(dispatcher.started.wait, TIMEOUT)
+    await asyncio.sleep(0.2)
+    began = time.perf_counter()
+    for index, (account, message) in enumerate(bench.feed.take(entries)):
+        delay = began + index / pace - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        outcome = await store.handle(account, message, handlers)
+        bench.committed[outcome.emitted[0].id] = time.perf_counter()
+    deadline = time.monotonic() + TIMEOUT
+    while len(publisher.at) < entries or await coll.count_documents({"outbox.0": {"$exists": 1}}):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the readers did not finish in time")
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.2)  # let a racing path finish what it started
+    dispatcher.stop()
+    await task
+    if fast is not None:
+        await fast.stop()
+    await client.close()
+
+
+def _checked(bench: Workbench, publisher: TimedPublisher, kind: str) -> tuple[list[float], float]:
     counts = Counter(publisher.ids())
     if set(counts) != set(bench.committed):
         raise AssertionError(f"{kind}: published {len(counts)} of {len(bench.committed)}")
@@ -117,8 +191,8 @@ def run(uri: str, scale: Scale) -> Table:
         )
         for kind, runs in latencies.items()
     }
-    base = stats["stream only"]
     for kind in KINDS:
+        base = stats["asyncio: stream only" if kind.startswith("asyncio") else "stream only"]
         p50, p99 = stats[kind]
         dups = median(duplicates[kind])
         table.add(kind, p50, p99, f"{p50 / base[0]:.2f}x", f"{p99 / base[1]:.2f}x", f"{dups:.2%}")
@@ -133,5 +207,8 @@ def run(uri: str, scale: Scale) -> Table:
         f"process's publisher in SettledPublisher({SETTLE} s): young entries are published "
         "only if still pending once that old.",
         "Every entry is checked published at least once, and nothing is left pending.",
+        "asyncio: the same on one event loop (AsyncAggregateStore on pymongo's "
+        "AsyncMongoClient, AsyncDispatcher, AsyncImmediateDispatcher with guard); its "
+        "ratios are against the asyncio stream only.",
     ]
     return table

@@ -30,3 +30,4 @@ def test_immediate_benchmark_publishes_everything(mongo_uri: str) -> None:
 
     table = immediate.run(mongo_uri, Scale.quick())
     assert table.figures["immediate, one process"]["duplicates_per_message"] == 0
+    assert table.figures["asyncio: immediate, one process"]["duplicates_per_message"] == 0
