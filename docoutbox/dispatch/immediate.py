@@ -49,7 +49,7 @@ from docoutbox.dispatch.ports import AsyncPublisher, Publisher, check_publisher
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.retry import MAX_COUNT, check_int
+from docoutbox.retry import MAX_COUNT, check_int, check_seconds
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome
 
@@ -253,7 +253,9 @@ class ImmediateDispatcher(_Immediate):
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Detach, finish what is queued, and stop the worker."""
+        """Detach, finish what is queued, and stop the worker (waiting at most about
+        ``timeout`` seconds for it)."""
+        timeout = check_seconds("ImmediateDispatcher.stop timeout", timeout)
         if self._thread is None:
             return
         if self.offer in self.store.commit_listeners:
@@ -355,7 +357,9 @@ class AsyncImmediateDispatcher(_Immediate):
         return self
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Detach, finish what is queued, and stop the worker."""
+        """Detach, finish what is queued, and stop the worker (waiting at most about
+        ``timeout`` seconds for it)."""
+        timeout = check_seconds("AsyncImmediateDispatcher.stop timeout", timeout)
         if self._task is None:
             return
         if self.offer in self.store.commit_listeners:

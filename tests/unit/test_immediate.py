@@ -282,7 +282,7 @@ def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     assert sorted(publisher.ids()) == sorted(committed_ids(backend))
 
 
-def test_drain_without_a_running_worker_returns() -> None:
+def test_drain_without_a_running_worker_returns_and_stop_checks_its_timeout() -> None:
     store = AggregateStore(MemoryBackend(), Counter)
     immediate = ImmediateDispatcher(store, MemoryPublisher())
 
@@ -294,6 +294,10 @@ def test_drain_without_a_running_worker_returns() -> None:
 
     assert returns(immediate.drain)  # never started
     assert immediate.start() is immediate.start()
+    for bad in (float("nan"), -1.0, "1"):
+        with pytest.raises(InvalidConfig):
+            immediate.stop(timeout=bad)  # type: ignore[arg-type]
+    assert store.commit_listeners == [immediate.offer]  # a refused stop changes nothing
     immediate.stop()
     immediate.stop()
     assert returns(immediate.drain)  # stopped

@@ -304,12 +304,16 @@ def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     assert "immediate_worker_failed" in caplog.text
 
 
-def test_drain_without_a_running_worker_returns() -> None:
+def test_drain_without_a_running_worker_returns_and_stop_checks_its_timeout() -> None:
     async def main() -> None:
         store = AsyncAggregateStore(AsyncMemoryBackend(), Counter)
         immediate = AsyncImmediateDispatcher(store, AsyncMemoryPublisher())
         await asyncio.wait_for(immediate.drain(), 1)  # never started
         assert await immediate.start() is await immediate.start()
+        for bad in (float("nan"), -1.0, "1"):
+            with pytest.raises(InvalidConfig):
+                await immediate.stop(timeout=bad)  # type: ignore[arg-type]
+        assert store.commit_listeners == [immediate.offer]  # a refused stop changes nothing
         await immediate.stop()
         await immediate.stop()
         await asyncio.wait_for(immediate.drain(), 1)  # stopped
