@@ -319,3 +319,39 @@ def test_drain_without_a_running_worker_returns_and_stop_checks_its_timeout() ->
         await asyncio.wait_for(immediate.drain(), 1)  # stopped
 
     run(main)
+
+
+def test_a_crash_of_the_immediate_path_loses_nothing() -> None:
+    """The event loop ends while entries wait for the immediate path (its worker task is
+    cancelled mid-publish): a new process's dispatcher publishes every committed entry."""
+    backend = MemoryBackend()
+    dying, publisher = MemoryPublisher(), MemoryPublisher()
+
+    class Stuck(AsyncMemoryPublisher):
+        """Publishes 10 entries, then never returns."""
+
+        async def publish(self, entry: OutboxMessage) -> None:
+            if len(self.sync.published) >= 10:
+                await asyncio.Event().wait()
+            await super().publish(entry)
+
+    async def doomed() -> None:
+        store = AsyncAggregateStore(AsyncMemoryBackend(backend), Counter)
+        await AsyncImmediateDispatcher(store, Stuck(dying)).start()
+        for i in range(60):
+            await store.handle(f"a{i % 4}", add_msg(f"m{i}"), counter_handlers, create=True)
+        await until(lambda: len(dying.published) == 10)
+        # Returning ends the loop: asyncio.run cancels the worker, as a crash would stop it.
+
+    run(doomed)
+    # Its batch was never trimmed: the 10 it published are published again (at least once).
+    assert pending(backend) == 60
+
+    async def restarted() -> None:
+        dispatcher, task = start_dispatcher(backend, AsyncMemoryPublisher(publisher))
+        await until(lambda: pending(backend) == 0)
+        dispatcher.stop()
+        await task
+
+    run(restarted)
+    assert committed_ids(backend) == set(dying.ids()) | set(publisher.ids())
