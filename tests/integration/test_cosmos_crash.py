@@ -120,6 +120,8 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
     try:
         expected = producers.expected()
         applied = receiver.wait_for(expected, timeout=120, also=lambda: not producers.pending())
+        for instance in instances:
+            instance.wait_started()  # the last one restarted: SIGTERM before that kills it
         codes = [instance.stop() for instance in instances]
         assert codes == [0, 0], [i.output() for i in instances]
     finally:
