@@ -278,12 +278,19 @@ class ImmediateDispatcher(_Immediate):
 
     def drain(self) -> None:
         """Wait until everything offered so far has been handled (for tests and shutdown).
-        Returns at once when the worker is not running."""
-        if self._thread is None or not self._thread.is_alive():
-            return
+        Returns at once when the worker is not running, and as soon as it dies."""
+        thread = self._thread
         done = threading.Event()
-        self._queue.put(Drained(done.set))
-        done.wait()
+        queued = False
+        while thread is not None and thread.is_alive():
+            if not queued:
+                try:
+                    self._queue.put(Drained(done.set), timeout=0.05)
+                except queue.Full:
+                    continue
+                queued = True
+            if done.wait(0.05):
+                return
 
     def _run(self) -> None:
         while True:
@@ -384,12 +391,21 @@ class AsyncImmediateDispatcher(_Immediate):
 
     async def drain(self) -> None:
         """Wait until everything offered so far has been handled (for tests and shutdown).
-        Returns at once when the worker is not running."""
-        if self._task is None or self._task.done():
+        Returns at once when the worker is not running, and as soon as it dies."""
+        task = self._task
+        if task is None or task.done():
             return
         done = asyncio.Event()
-        await self._queue.put(Drained(done.set))
-        await done.wait()
+
+        async def reached() -> None:
+            await self._queue.put(Drained(done.set))
+            await done.wait()
+
+        waiter = asyncio.ensure_future(reached())
+        try:
+            await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
 
     async def _run(self) -> None:
         while True:

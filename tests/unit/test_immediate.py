@@ -301,3 +301,24 @@ def test_drain_without_a_running_worker_returns_and_stop_checks_its_timeout() ->
     immediate.stop()
     immediate.stop()
     assert returns(immediate.drain)  # stopped
+
+
+def test_drain_returns_when_the_worker_dies_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    gate = threading.Event()
+
+    class Deadly(MemoryPublisher):
+        def publish(self, entry: OutboxMessage) -> None:
+            gate.wait(10)
+            raise Fatal
+
+    store = AggregateStore(MemoryBackend(), Counter)
+    immediate = ImmediateDispatcher(store, Deadly()).start()
+    store.handle("a", add_msg("m0"), counter_handlers, create=True)
+    waiting = threading.Thread(target=immediate.drain, daemon=True)
+    waiting.start()
+    time.sleep(0.1)  # the drain mark is queued behind the commit being published
+    gate.set()  # the worker dies on that publish
+    waiting.join(2)
+    assert not waiting.is_alive()
+    immediate.stop()

@@ -355,3 +355,26 @@ def test_a_crash_of_the_immediate_path_loses_nothing() -> None:
 
     run(restarted)
     assert committed_ids(backend) == set(dying.ids()) | set(publisher.ids())
+
+
+def test_drain_returns_when_the_worker_dies_meanwhile() -> None:
+    from tests.unit.test_immediate import Fatal
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        class Deadly(AsyncMemoryPublisher):
+            async def publish(self, entry: OutboxMessage) -> None:
+                await gate.wait()
+                raise Fatal
+
+        store = AsyncAggregateStore(AsyncMemoryBackend(), Counter)
+        immediate = await AsyncImmediateDispatcher(store, Deadly()).start()
+        await store.handle("a", add_msg("m0"), counter_handlers, create=True)
+        waiting = asyncio.ensure_future(immediate.drain())
+        await asyncio.sleep(0.05)  # the drain mark is queued behind the commit
+        gate.set()  # the worker dies on that publish
+        await asyncio.wait_for(waiting, 2)
+        await immediate.stop()
+
+    run(main)
