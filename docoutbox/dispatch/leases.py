@@ -4,7 +4,8 @@ Several dispatcher instances share the partitions of one collection. Each one he
 a membership record, renews the leases it holds, and, from one :class:`LeaseView`, plans
 its next step with :func:`plan_leases`:
 
-- live instances are the unexpired members, the owners of unexpired leases, and itself;
+- live instances are itself and those that renewed a member record or a lease lately
+  (the keeper counts one live while it misses at most one heartbeat in a row);
 - each one is owed ``floor(P / live)`` partitions and may hold ``ceil(P / live)``
   (:func:`shares`), so a settled group splits 4 partitions over 3 instances 2/1/1 and 16
   over 3 6/5/5, as Azure's change feed processor does;
@@ -113,9 +114,11 @@ def victim(counts: Mapping[str, int]) -> str | None:
     return max(counts, key=lambda owner: (counts[owner], owner)) if counts else None
 
 
-def live_owners(view: LeaseView, me: str, now: datetime) -> set[str]:
-    owners = {owner for owner, expires in view.members.items() if expires > now}
-    owners |= {owner for owner, expires in view.leases.values() if expires > now}
+def live_owners(view: LeaseView, me: str, fresh_after: datetime) -> set[str]:
+    """The instances that renewed a member record or a lease lately: one of their
+    expiries is after ``fresh_after``."""
+    owners = {owner for owner, expires in view.members.items() if expires > fresh_after}
+    owners |= {owner for owner, expires in view.leases.values() if expires > fresh_after}
     owners.add(me)
     return owners
 
@@ -138,9 +141,18 @@ def plan_leases(
     now: datetime,
     held: Collection[int],
     rng: random.Random,
+    fresh_after: datetime | None = None,
 ) -> LeasePlan:
-    """Decide what to keep, release and acquire; see the module docstring."""
-    live = live_owners(view, me, now)
+    """Decide what to keep, release and acquire; see the module docstring.
+
+    ``fresh_after`` (default ``now``): an instance counts as live only if one of its
+    expiries is later. An instance renews every heartbeat, each time to ``ttl`` ahead, so
+    ``now + ttl - 2.5 heartbeats`` leaves out an instance that missed two heartbeats in a
+    row: it died, and its leases, still unexpired, will not be renewed. Left in, it
+    lowered every share until its last lease expired, so the partitions of an instance
+    that died shortly before it waited that long for a taker.
+    """
+    live = live_owners(view, me, now if fresh_after is None else max(now, fresh_after))
     counts = dict.fromkeys(live, 0)
     taken: set[int] = set()
     for p, (owner, expires) in view.leases.items():
@@ -161,7 +173,7 @@ def plan_leases(
     absent = [p for p in range(partitions) if p not in view.leases]
     rng.shuffle(expired)
     rng.shuffle(absent)
-    short = sum(max(0, floor - n) for owner, n in counts.items() if owner != me)
+    short = sum(max(0, floor - n) for owner, n in counts.items() if owner != me and owner in live)
     first = (expired + absent)[: max(0, floor - len(keep))]  # up to floor: anything free
     spare = max(0, len(absent) - len(set(first) & set(absent)) - short)
     rest = [p for p in expired if p not in first] + [p for p in absent if p not in first][:spare]

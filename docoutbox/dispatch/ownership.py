@@ -225,8 +225,16 @@ class LeaseKeeper:
         if held:
             self.table.renew(held, self.owner, expires)
         view = self.table.read()
+        # Live: renewed within the last two and a half heartbeats (see plan_leases).
+        fresh = self.timing.ttl - 2.5 * self.timing.heartbeat
         plan = plan_leases(
-            view, me=self.owner, partitions=self.partitions, now=now, held=held, rng=self._rng
+            view,
+            me=self.owner,
+            partitions=self.partitions,
+            now=now,
+            held=held,
+            rng=self._rng,
+            fresh_after=now + timedelta(seconds=fresh),
         )
         with self._cond:
             for p in plan.lost:

@@ -166,6 +166,53 @@ def test_a_crashed_keepers_partitions_move_after_expiry_not_before() -> None:
     assert b.owned() == frozenset(range(16))
 
 
+def test_an_instance_that_missed_two_heartbeats_no_longer_lowers_the_shares() -> None:
+    # b's leases are still unexpired, but it renewed nothing for two heartbeats and more
+    # (the keeper's fresh_after is now + ttl - 2.5 heartbeats): it died.
+    stale = NOW + timedelta(seconds=1)
+    leases = {p: ("a", LATER) for p in range(5)} | {p: ("b", stale) for p in range(5, 10)}
+    leases |= {p: ("c", PAST) for p in range(10, 16)}  # c died first: expired
+    view = LeaseView(leases, {"a": LATER, "b": stale})
+    counted = plan(view, held=tuple(range(5)))
+    # a and b live: a may hold 8, so it takes 3 of c's 6 (at random).
+    assert len(counted.acquire) == 3 and set(counted.acquire) <= set(range(10, 16))
+    fresh = plan_leases(
+        view,
+        me="a",
+        partitions=16,
+        now=NOW,
+        held=tuple(range(5)),
+        rng=random.Random(1),
+        fresh_after=NOW + timedelta(seconds=2),
+    )
+    assert fresh.acquire == tuple(range(10, 16))  # a alone is live: all of c's
+    assert fresh.release == () and fresh.keep == tuple(range(5))
+
+
+def test_a_crashed_keepers_partitions_go_at_expiry_though_another_died_after_it() -> None:
+    """Two instances die one heartbeat apart: the first one's partitions are taken when
+    its leases expire, not when the second one's do."""
+    table, clock = MemoryLeaseTable(), Clock()
+    a, b, c = (keeper(table, name, clock) for name in "abc")
+    for _ in range(6):
+        for k in (a, b, c):
+            k.tick()
+        clock.t += 1
+    a.tick()  # t=6: a's last heartbeat (its leases expire at t=10)
+    b.tick()
+    c.tick()
+    held_a = a.owned()
+    assert held_a
+    for t in (7, 8, 9):
+        clock.t = t
+        if t == 7:
+            b.tick()  # b's last heartbeat (its leases expire at t=11)
+        c.tick()
+    clock.t = 10.01
+    c.tick()
+    assert held_a <= (c.owned() or frozenset())
+
+
 def test_validity_ends_margin_before_expiry_without_renewal() -> None:
     table, clock = MemoryLeaseTable(), Clock()
     a = keeper(table, "a", clock, partitions=2)
