@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import queue
 import threading
@@ -340,11 +339,7 @@ class AsyncImmediateDispatcher(_Immediate):
             raise InvalidConfig(
                 f"AsyncImmediateDispatcher needs an AsyncAggregateStore, got {type(store).__name__}"
             )
-        if not inspect.iscoroutinefunction(getattr(publisher, "publish", None)):
-            raise InvalidConfig(
-                "AsyncImmediateDispatcher needs a publisher with an async publish method "
-                f"(in_thread() makes one of a sync publisher), got {type(publisher).__name__}"
-            )
+        check_publisher(publisher, asynchronous=True)
         super().__init__(claims, max_queue, max_batch)
         self.store = store
         self.publisher = publisher

@@ -4,6 +4,7 @@ checkpoints and lease tables. Adapters perform I/O; they decide nothing.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -187,7 +188,14 @@ class AsyncCheckpoints(Protocol):
     async def save(self, name: str, position: Position) -> None: ...
 
 
-def check_publisher(publisher: object) -> None:
-    """:class:`~docoutbox.errors.InvalidConfig` unless ``publisher`` has a ``publish``."""
-    if not callable(getattr(publisher, "publish", None)):
-        raise InvalidConfig(f"a publisher needs a publish method, got {type(publisher).__name__}")
+def check_publisher(publisher: object, *, asynchronous: bool = False) -> None:
+    """:class:`~docoutbox.errors.InvalidConfig` unless ``publisher`` has a ``publish``
+    method, a coroutine function when ``asynchronous``."""
+    publish, name = getattr(publisher, "publish", None), type(publisher).__name__
+    if not callable(publish):
+        raise InvalidConfig(f"a publisher needs a publish method, got {name}")
+    if asynchronous and not inspect.iscoroutinefunction(publish):
+        raise InvalidConfig(
+            "an async publisher needs an async publish method (in_thread() makes one of a "
+            f"sync publisher), got {name}"
+        )

@@ -11,7 +11,6 @@ the safety net (which then only carries what the immediate path failed to do).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime
@@ -20,7 +19,6 @@ from typing import Any
 from docoutbox.dispatch.flow import Publish
 from docoutbox.dispatch.ports import AsyncPublisher, Publisher, check_publisher
 from docoutbox.drive import drive, drive_async
-from docoutbox.errors import InvalidConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import check_seconds
 from docoutbox.store.core import Load, Sleep
@@ -91,11 +89,7 @@ class AsyncSettledPublisher:
         clock: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if not inspect.iscoroutinefunction(getattr(publisher, "publish", None)):
-            raise InvalidConfig(
-                "AsyncSettledPublisher needs a publisher with an async publish method, "
-                f"got {type(publisher).__name__}"
-            )
+        check_publisher(publisher, asynchronous=True)
         self.publisher = publisher
         self.backend = backend
         self.settle = check_seconds("AsyncSettledPublisher.settle", settle)
