@@ -142,9 +142,9 @@ class _Immediate:
             elif item is not _STOP:
                 self._refused(item)
 
-    def _work(self, batch: list[Any]) -> Generator[ImmediateOp, Any, tuple[bool, list[Drained]]]:
+    def _work(self, batch: list[Any]) -> Generator[ImmediateOp, Any, bool]:
         """Publish everything queued, per aggregate in seq order, then trim each aggregate
-        once. Returns whether a stop was queued, and the drain marks reached."""
+        once, then reach the batch's drain marks. Returns whether a stop was queued."""
         stop = False
         drained: list[Drained] = []
         work: OrderedDict[AggregateId, dict[str, OutboxMessage]] = OrderedDict()
@@ -178,7 +178,9 @@ class _Immediate:
                 log.warning("immediate_trim_failed aggregate=%r error=%r", aggregate_id, exc)
         while len(self._upto) > self._upto_size:
             self._upto.popitem(last=False)
-        return stop, drained
+        for mark in drained:
+            mark.reached()
+        return stop
 
     def _publish(
         self, aggregate_id: AggregateId, entries: list[OutboxMessage], done: list[str]
@@ -299,10 +301,7 @@ class ImmediateDispatcher(_Immediate):
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop, drained = drive(self._work(batch), self._perform)
-            for mark in drained:
-                mark.reached()
-            if stop:
+            if drive(self._work(batch), self._perform):
                 return
 
     def _perform(self, op: ImmediateOp) -> Any:
@@ -410,10 +409,7 @@ class AsyncImmediateDispatcher(_Immediate):
                     batch.append(self._queue.get_nowait())
                 except asyncio.QueueEmpty:
                     break
-            stop, drained = await drive_async(self._work(batch), self._perform)
-            for mark in drained:
-                mark.reached()
-            if stop:
+            if await drive_async(self._work(batch), self._perform):
                 return
 
     async def _perform(self, op: ImmediateOp) -> Any:
