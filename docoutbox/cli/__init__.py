@@ -39,10 +39,13 @@ from docoutbox.cli.options import (
     INTERVAL,
     PARTITIONS,
     SERVER_TIMEOUT_HELP,
+    STORES,
     TIMEOUT,
+    adapter_missing,
     add_cosmos_options,
     connection_problem,
     names_problem,
+    store_of,
 )
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
@@ -244,8 +247,7 @@ def _check(args: argparse.Namespace) -> str | None:
         return problem
     if not args.db or not args.collection:
         return "--db (--database) and --collection (--container) are required"
-    store = "cosmos" if args.cosmos_endpoint else "mongo"
-    problem = names_problem(args, store, {"db": "database", "collection": "collection"})
+    problem = names_problem(args, store_of(args), {"db": "database", "collection": "collection"})
     if problem is not None:
         return problem
     if not args.no_leases:
@@ -318,15 +320,12 @@ def _dispatch(
     stopping: threading.Event,
     running: list[Any],
 ) -> int:
-    kind = "cosmos" if args.cosmos_endpoint else "mongo"
-    label, extra = ("Cosmos DB", "cosmos") if kind == "cosmos" else ("MongoDB", "mongodb")
+    kind = store_of(args)
+    label = STORES[kind][0]
     try:
         wiring = importlib.import_module(f"docoutbox_{kind}.wiring")
     except ImportError as exc:
-        return _fail(
-            f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
-            secrets,
-        )
+        return _fail(adapter_missing(kind, exc), secrets)
     where = logs.mask(args.cosmos_endpoint or args.mongo_uri, secrets)
     if kind == "cosmos" and args.cosmos_insecure:
         log.warning(
@@ -461,7 +460,7 @@ def _dispatch_async(
 ) -> int:
     """The same dispatch on asyncio: async store ports (pymongo's AsyncMongoClient or
     azure.cosmos.aio), the sync publisher in threads."""
-    label = "Cosmos DB" if args.cosmos_endpoint else "MongoDB"
+    label = STORES[store_of(args)][0]
 
     async def main() -> None:
         if args.cosmos_endpoint:

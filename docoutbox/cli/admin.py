@@ -33,10 +33,13 @@ from docoutbox.cli.options import (
     ANY_DATABASE,
     LIMIT,
     SERVER_TIMEOUT_HELP,
+    STORES,
     TIMEOUT,
+    adapter_missing,
     add_cosmos_options,
     connection_problem,
     names_problem,
+    store_of,
 )
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
@@ -163,20 +166,16 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], int]) -> int:
     the adapter's ``admin`` module."""
     secrets = logs.secrets_of(args.mongo_uri) + logs.secrets_of(getattr(args, "rabbitmq_url", None))
     secrets += [args.cosmos_key] if args.cosmos_key else []
-    store = "cosmos" if args.cosmos_endpoint else "mongo"
-    label, extra = ("Cosmos DB", "cosmos") if store == "cosmos" else ("MongoDB", "mongodb")
+    store = store_of(args)
     problem = _problem(args, store)
     if problem is not None:
         return _fail(problem, secrets, code=2)
     try:
         client, database, admin = _connect(args, store)
     except ImportError as exc:
-        return _fail(
-            f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'",
-            secrets,
-        )
+        return _fail(adapter_missing(store, exc), secrets)
     except DocOutboxError as exc:
-        return _fail(f"cannot use {label}: {exc}", secrets)
+        return _fail(f"cannot use {STORES[store][0]}: {exc}", secrets)
     try:
         return body(database, admin)
     except InvalidInput as exc:

@@ -164,3 +164,18 @@ def connection_problem(args: argparse.Namespace) -> str | None:
     if args.cosmos_ca_file and not os.path.isfile(args.cosmos_ca_file):
         return f"--cosmos-ca-file: no such file: {args.cosmos_ca_file}"
     return None
+
+
+#: Each store's name in messages, and the extra that installs its adapter.
+STORES = {"mongo": ("MongoDB", "mongodb"), "cosmos": ("Cosmos DB", "cosmos")}
+
+
+def store_of(args: argparse.Namespace) -> str:
+    """The store the connection options name: "cosmos" or "mongo"."""
+    return "cosmos" if args.cosmos_endpoint else "mongo"
+
+
+def adapter_missing(store: str, exc: ImportError) -> str:
+    """The error line for a store whose adapter cannot be imported."""
+    label, extra = STORES[store]
+    return f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'"
