@@ -17,7 +17,7 @@ from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter
 from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.metrics import CountingMetrics
+from docoutbox.dispatch.metrics import CountingMetrics, NullMetrics
 from docoutbox.dispatch.ownership import SoleOwner
 from docoutbox.dispatch.ports import Position
 from docoutbox.errors import (
@@ -160,6 +160,27 @@ def test_stream_events_are_published_in_seq_order_trimmed_and_checkpointed(
     harness.stop()
     assert published_seqs(harness.publisher.published) == harness.emitted()
     assert harness.metrics.totals().published == 60
+
+
+class LagRecorder(NullMetrics):
+    """Keeps only the lags: a subclass of the metrics that keep nothing."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+
+    def published(self, entry: OutboxMessage, lag: float) -> None:
+        self.lags.append(lag)
+
+
+def test_a_subclass_of_null_metrics_is_given_each_publish_and_its_lag(harness: Harness) -> None:
+    # The engine skips the lag (a clock read per entry) for NullMetrics itself only.
+    recorder = harness.metrics = LagRecorder()  # type: ignore[assignment]
+    harness.start()
+    for i in range(4):
+        harness.write(f"a{i}", f"m{i}")
+    wait_until(lambda: len(recorder.lags) == 4)
+    harness.stop()
+    assert all(0 <= lag < 10 for lag in recorder.lags)
 
 
 class OrderCheckingCheckpoints(MemoryCheckpoints):
