@@ -190,7 +190,7 @@ def _groups(backend: Any) -> bool:
 class _Queued:
     """A plan waiting in a group writer, and how its writer learns the outcome."""
 
-    __slots__ = ("done", "error", "lead", "plan", "result")
+    __slots__ = ("done", "error", "lead", "plan", "result", "waiter")
 
     def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
@@ -199,6 +199,8 @@ class _Queued:
         self.done = False
         #: Handed the next round: this writer writes what queued up meanwhile.
         self.lead = False
+        #: On a writer's first plan, while the writer waits for a round: what wakes it.
+        self.waiter: threading.Condition | None = None
 
     def outcome(self) -> bool | Exception:
         return self.error if self.error is not None else self.result
@@ -270,7 +272,7 @@ class GroupWriter(_Rounds):
 
     def __init__(self, backend: Any, *, direct_workers: int = 16) -> None:
         super().__init__(backend)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._direct_workers = direct_workers
         self._pool: ThreadPoolExecutor | None = None
 
@@ -282,11 +284,14 @@ class GroupWriter(_Rounds):
             return self._write_each(plans)
         items = [_Queued(plan) for plan in plans]
         first = items[0]
-        with self._cond:
+        with self._lock:
             self._queue.extend(items)
             if self._writing:
-                # All of them go out in the round that takes the first.
-                self._cond.wait_for(lambda: first.done or first.lead)
+                # All of them go out in the round that takes the first. Each waiting
+                # writer has its own condition: a round wakes only its own writers and
+                # the next leader, not every writer queued behind it.
+                first.waiter = threading.Condition(self._lock)
+                first.waiter.wait_for(lambda: first.done or first.lead)
                 if first.done:
                     return [item.outcome() for item in items]
             batch = self._begin_round()
@@ -297,9 +302,13 @@ class GroupWriter(_Rounds):
             if not isinstance(exc, Exception):
                 raise
         finally:
-            with self._cond:
+            with self._lock:
                 self._hand_over()
-                self._cond.notify_all()
+                for item in batch:
+                    if item.waiter is not None:
+                        item.waiter.notify()
+                if self._queue and self._queue[0].waiter is not None:
+                    self._queue[0].waiter.notify()
         return [item.outcome() for item in items]
 
     def _write_each(self, plans: Sequence[WritePlan]) -> list[bool | Exception]:
