@@ -110,6 +110,14 @@ class Workbench:
         time.sleep(max(0.0, second - time.time()))
         self.start = Timestamp(second, 0)
 
+    def resumed(self, name: str = "bench") -> tuple[DispatcherConfig, MemoryCheckpoints]:
+        """A dispatcher configuration named ``name``, and checkpoints that resume it at the
+        start point."""
+        config = DispatcherConfig(name=name)
+        checkpoints = MemoryCheckpoints()
+        checkpoints.save(name, {"start_at": self.start})
+        return config, checkpoints
+
     def produce(self, count: int, pace: float = 0.0) -> None:
         """Commit ``count`` messages, one emitted entry each; ``pace`` msgs/s (0: flat out)."""
         began = time.perf_counter()
@@ -206,9 +214,7 @@ class DispatchReader:
     ) -> None:
         self.bench = bench
         self.publisher = TimedPublisher()
-        checkpoints = MemoryCheckpoints()
-        config = DispatcherConfig(name="bench")
-        checkpoints.save(config.name, {"start_at": bench.start})
+        config, checkpoints = bench.resumed()
         self.dispatcher: Dispatcher | AsyncDispatcher
         if kind == "async":
             self._run_async(config, checkpoints, listeners)

@@ -31,10 +31,9 @@ from benchmarks.dispatch import LIVE_DENSITY, POLL, TIMEOUT, TimedPublisher, Wor
 from benchmarks.workload import Account, handlers
 from docoutbox import AsyncAggregateStore, in_thread
 from docoutbox.dispatch.aio import AsyncDispatcher
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.dispatch.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.dispatch.settled import SettledPublisher
-from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters
 from docoutbox_mongo import (
     AsyncMongoBackend,
@@ -77,9 +76,7 @@ def live(client: Any, entries: int, pace: float, kind: str) -> tuple[list[float]
             dispatch_publisher = immediate.guard(publisher)
         elif kind.endswith("settled"):
             dispatch_publisher = SettledPublisher(publisher, MongoBackend(bench.coll), SETTLE)
-    checkpoints = MemoryCheckpoints()
-    config = DispatcherConfig(name="bench")
-    checkpoints.save(config.name, {"start_at": bench.start})
+    config, checkpoints = bench.resumed()
     dispatcher = Dispatcher(
         MongoBackend(bench.coll),
         dispatch_publisher,
@@ -120,9 +117,7 @@ async def _live_async(
     if immediate:
         fast = await AsyncImmediateDispatcher(store, AsyncMemoryPublisher(publisher)).start()
         dispatch_publisher = fast.guard(AsyncMemoryPublisher(publisher))
-    checkpoints = MemoryCheckpoints()
-    config = DispatcherConfig(name="bench")
-    checkpoints.save(config.name, {"start_at": bench.start})
+    config, checkpoints = bench.resumed()
     dispatcher = AsyncDispatcher(
         AsyncMongoBackend(coll),
         dispatch_publisher,

@@ -28,9 +28,8 @@ from typing import Any
 
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
 from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait
-from docoutbox import Dispatcher, DispatcherConfig, OutboxMessage
+from docoutbox import Dispatcher, OutboxMessage
 from docoutbox.codec import encode_entry
-from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import KafkaPublisher, headers_for
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
@@ -136,9 +135,7 @@ class KafkaDispatch(DispatchReader):
     def __init__(self, bench: Workbench, publisher: CountingKafka) -> None:
         self.bench = bench
         self.kafka = publisher
-        checkpoints = MemoryCheckpoints()
-        config = DispatcherConfig(name="bench")
-        checkpoints.save(config.name, {"start_at": bench.start})
+        config, checkpoints = bench.resumed()
         self.dispatcher = Dispatcher(
             MongoBackend(bench.coll),
             publisher,

@@ -39,10 +39,9 @@ from benchmarks.dispatch import TIMEOUT, TimedPublisher, Workbench, _wait
 from benchmarks.store import Variant, _store_handle, _trimmer
 from benchmarks.workload import Account, Feed, account_ids, create_accounts, handlers
 from docoutbox import AggregateStore, StoreConfig
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.dispatcher import Dispatcher
 from docoutbox.observability.otel import OtelStoreObserver, TracingPublisher
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
-from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox_mongo import MongoBackend, MongoChangeSource
 
 
@@ -103,9 +102,7 @@ def _drain(client: Any, entries: int, tracing: TracerProvider | None) -> float:
     bench.produce(entries)
     timed = TimedPublisher()
     publisher: Any = timed if tracing is None else TracingPublisher(timed, tracer_provider=tracing)
-    checkpoints = MemoryCheckpoints()
-    config = DispatcherConfig(name="bench-tracing")
-    checkpoints.save(config.name, {"start_at": bench.start})
+    config, checkpoints = bench.resumed("bench-tracing")
     dispatcher = Dispatcher(
         MongoBackend(bench.coll),
         publisher,
