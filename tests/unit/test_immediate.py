@@ -48,6 +48,15 @@ def committed_ids(backend: MemoryBackend) -> set[str]:
     return {e["id"] for doc in backend.changes for e in doc.get("outbox") or []}
 
 
+def one_trimmed_one_pending(backend: MemoryBackend) -> tuple[OutboxMessage, OutboxMessage]:
+    """Two young entries of one commit: the first published and trimmed by the immediate
+    path, the second still pending."""
+    store = AggregateStore(backend, Counter)
+    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
+    store.trim("a", [first.id])
+    return first, second
+
+
 def in_seq_order(entries: list[OutboxMessage]) -> bool:
     """Per aggregate, the first publish of each entry comes in seq order (I4)."""
     firsts: dict[Any, list[int]] = {}
@@ -180,13 +189,10 @@ def test_both_paths_in_one_process_publish_each_entry_once() -> None:
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
     from datetime import timedelta
 
-    from docoutbox.dispatch.settled import SettledPublisher
     from docoutbox.store.document import utcnow
 
     backend = MemoryBackend()
-    store = AggregateStore(backend, Counter)
-    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
-    store.trim("a", [first.id])  # the immediate path published and trimmed it
+    first, second = one_trimmed_one_pending(backend)
     inner = MemoryPublisher()
     slept: list[float] = []
     settled = SettledPublisher(inner, backend, 0.5, sleep=slept.append)

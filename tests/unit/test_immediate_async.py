@@ -26,7 +26,13 @@ from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
 from docoutbox.testing.memory import AsyncMemoryBackend
 from docoutbox.testing.publisher import AsyncMemoryPublisher
-from tests.unit.test_immediate import FAST, committed_ids, in_seq_order, pending
+from tests.unit.test_immediate import (
+    FAST,
+    committed_ids,
+    in_seq_order,
+    one_trimmed_one_pending,
+    pending,
+)
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
@@ -191,9 +197,7 @@ def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> N
     from docoutbox.store.document import utcnow
 
     backend = MemoryBackend()
-    store = AggregateStore(backend, Counter)
-    first, second = store.handle("a", add_msg("m1", emits=2), counter_handlers, create=True).emitted
-    store.trim("a", [first.id])  # the immediate path published and trimmed it
+    first, second = one_trimmed_one_pending(backend)
     inner = MemoryPublisher()
     slept: list[float] = []
 
