@@ -67,6 +67,9 @@ OPTIONAL: dict[str, Bench] = {
     "cosmos_drain_aio": cosmos_aio.drain_bench,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+#: Where a --quick run writes by default: its figures mean nothing, so it never replaces
+#: the recorded ones.
+QUICK_OUT = Path(__file__).resolve().parent / "results-quick.json"
 
 
 def machine() -> dict[str, Any]:
@@ -116,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", choices=[*BENCHMARKS, *OPTIONAL], default=list(BENCHMARKS)
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results JSON file (default: {DEFAULT_OUT.name}, with --quick {QUICK_OUT.name})",
+    )
     args = parser.parse_args(argv)
+    out: Path = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
     scale = Scale.quick() if args.quick else Scale()
     results: dict[str, Any] = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -139,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         results["benchmarks"][name] = table.to_json()
         print(table.to_markdown() + "\n", flush=True)
     results["seconds"]["total"] = round(time.perf_counter() - began, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(merged(args.out, results), indent=2, default=str) + "\n")
-    print(f"[bench] done in {results['seconds']['total']:.0f} s; wrote {args.out}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged(out, results), indent=2, default=str) + "\n")
+    print(f"[bench] done in {results['seconds']['total']:.0f} s; wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -131,6 +131,21 @@ def test_runner_writes_results(
     assert results["machine"]["cpus"] >= 1
 
 
+def test_a_quick_run_leaves_the_recorded_results_alone(
+    mongo_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmarks.__main__ as runner
+
+    monkeypatch.setenv("MONGODB_URI", mongo_uri)
+    recorded, quick = tmp_path / "results.json", tmp_path / "results-quick.json"
+    monkeypatch.setattr(runner, "DEFAULT_OUT", recorded)
+    monkeypatch.setattr(runner, "QUICK_OUT", quick, raising=False)
+    recorded.write_text('{"quick": false, "benchmarks": {"raw": {"rows": ["recorded"]}}}')
+    assert main(["--quick", "--only", "structure"]) == 0
+    assert json.loads(recorded.read_text())["benchmarks"] == {"raw": {"rows": ["recorded"]}}
+    assert set(json.loads(quick.read_text())["benchmarks"]) == {"structure"}
+
+
 def test_a_run_of_some_benchmarks_keeps_the_others_results(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     out.write_text(
