@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import benchmarks.__main__ as runner
 from benchmarks import dispatch, memory, store, structure, tracing
 from benchmarks.__main__ import main, merged
 from benchmarks.common import Scale, Table, paired_ratio, percentile
@@ -134,12 +135,10 @@ def test_runner_writes_results(
 def test_a_quick_run_leaves_the_recorded_results_alone(
     mongo_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import benchmarks.__main__ as runner
-
     monkeypatch.setenv("MONGODB_URI", mongo_uri)
     recorded, quick = tmp_path / "results.json", tmp_path / "results-quick.json"
     monkeypatch.setattr(runner, "DEFAULT_OUT", recorded)
-    monkeypatch.setattr(runner, "QUICK_OUT", quick, raising=False)
+    monkeypatch.setattr(runner, "QUICK_OUT", quick)
     recorded.write_text('{"quick": false, "benchmarks": {"raw": {"rows": ["recorded"]}}}')
     assert main(["--quick", "--only", "structure"]) == 0
     assert json.loads(recorded.read_text())["benchmarks"] == {"raw": {"rows": ["recorded"]}}
