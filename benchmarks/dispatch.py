@@ -405,8 +405,7 @@ def round_trips(client: Any, uri: str, entries: int, per_aggregate: int, kind: s
     counter = CommandCounter()
     counting = connect(uri, counter)
     try:
-        bench = Workbench(client, entries, per_aggregate)
-        bench.produce(entries)
+        bench = backlog(client, entries, per_aggregate)
         reader = DispatchReader(bench, kind, client=counting, listeners=(counter,))
         with counter.counting() as tally:
             reader.start()

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any
 
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
-from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait
+from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait, backlog
 from docoutbox import Dispatcher, OutboxMessage
 from docoutbox.codec import encode_entry
 from docoutbox.testing.publisher import MemoryDeadLetters
@@ -166,8 +166,7 @@ def dispatcher(
 ) -> float:
     """Dispatch ``entries`` fresh commits to Kafka (or to memory when ``sink`` is None);
     an empty ``sink`` receives the published entries."""
-    bench = Workbench(client, entries, DENSITY)
-    bench.produce(entries)
+    bench = backlog(client, entries, DENSITY)
     kafka = CountingKafka(bootstrap, topic) if sink is not None else None
     if kafka is not None:
         _warm(kafka._current(), topic)

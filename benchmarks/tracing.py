@@ -35,7 +35,7 @@ from benchmarks.common import (
     ratio_range,
     timed_rate,
 )
-from benchmarks.dispatch import TIMEOUT, TimedPublisher, Workbench, _wait
+from benchmarks.dispatch import TIMEOUT, TimedPublisher, _wait, backlog
 from benchmarks.store import Variant, _store_handle, _trimmer
 from benchmarks.workload import Account, Feed, account_ids, create_accounts, handlers
 from docoutbox import AggregateStore, StoreConfig
@@ -98,8 +98,7 @@ def _handle_ratio(
 
 
 def _drain(client: Any, entries: int, tracing: TracerProvider | None) -> float:
-    bench = Workbench(client, entries, 1)
-    bench.produce(entries)
+    bench = backlog(client, entries, 1)
     timed = TimedPublisher()
     publisher: Any = timed if tracing is None else TracingPublisher(timed, tracer_provider=tracing)
     config, checkpoints = bench.resumed("bench-tracing")
