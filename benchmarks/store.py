@@ -253,8 +253,8 @@ RAW_ROUNDS = 3
 def versus_raw(uri: str, scale: Scale) -> Table:
     """Benchmark 3: docoutbox against the same update written by hand.
 
-    Three times the usual rounds: a round takes a fraction of a second, and the spread
-    between rounds on a shared server is wider than the gap being measured.
+    ``RAW_ROUNDS`` times the usual rounds: a round takes a fraction of a second, and the
+    spread between rounds on a shared server is wider than the gap being measured.
     """
     scale = replace(scale, rounds=scale.rounds * RAW_ROUNDS)
     client = connect(uri)
