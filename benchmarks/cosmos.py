@@ -44,7 +44,7 @@ from azure.cosmos import exceptions as cosmos_errors
 from benchmarks.common import Scale, Table, median, paired_ratio, ratio_range
 from benchmarks.workload import Account, Doc, Feed, account_ids, handlers
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.store.document import new_document
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters

@@ -9,7 +9,7 @@ Run with ``python -m benchmarks.cosmos --only handle-aio drain-aio`` (or
    the same write (read, then one patch guarded by ``version``; cached: the patch alone),
    messages one after the other, interleaved rounds, paired ratios; round trips and
    request units per message counted from every HTTP response;
-2. **dispatch drain**: :class:`~docoutbox.dispatch.aio.AsyncDispatcher` (with
+2. **dispatch drain**: :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` (with
    :class:`~docoutbox_cosmos.AsyncCosmosChangeSource`, counting publisher, trims) vs a raw
    ``azure.cosmos.aio`` read of the same change feed, in entries per second.
 
@@ -43,9 +43,9 @@ from benchmarks.cosmos import (
 )
 from benchmarks.workload import Account, Doc, Feed, handlers
 from docoutbox import AsyncAggregateStore, InboxPolicy, StoreConfig
-from docoutbox.dispatch.aio import AsyncDispatcher
-from docoutbox.dispatch.engine import DispatcherConfig
-from docoutbox.dispatch.ports import Position
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox.dispatch.engine.loop import DispatcherConfig
+from docoutbox.ports.dispatch import Position
 from docoutbox_cosmos import AsyncCosmosBackend, AsyncCosmosChangeSource, CosmosChangeSource
 from tests.support.servers import CosmosAccount
 

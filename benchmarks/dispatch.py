@@ -46,8 +46,8 @@ from benchmarks.common import (
 )
 from benchmarks.workload import Account, Feed, account_ids, handlers, make_store
 from docoutbox import OutboxMessage
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.store.document import new_document, partition_of
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints

@@ -30,10 +30,10 @@ from benchmarks.common import Scale, Table, connect, median, percentile
 from benchmarks.dispatch import LIVE_DENSITY, POLL, TIMEOUT, TimedPublisher, Workbench
 from benchmarks.workload import Account, handlers
 from docoutbox import AsyncAggregateStore, in_thread
-from docoutbox.dispatch.aio import AsyncDispatcher
-from docoutbox.dispatch.dispatcher import Dispatcher
-from docoutbox.dispatch.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
-from docoutbox.dispatch.settled import SettledPublisher
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox.dispatch.drivers.threads import Dispatcher
+from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
+from docoutbox.dispatch.extras.settled import SettledPublisher
 from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters
 from docoutbox_mongo import (
     AsyncMongoBackend,

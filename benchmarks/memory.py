@@ -6,7 +6,7 @@ its own Python process, which reports its peak RSS growth: ``VmHWM`` (reset thro
 
 - raw cursor (baseline): iterate ``find({"outbox.0": {"$exists": true}})``;
 - ``AggregateStore.pending()``: the store's paged iterator, parsing every entry;
-- dispatcher sweep: a :class:`~docoutbox.dispatch.dispatcher.Dispatcher` without a change stream
+- dispatcher sweep: a :class:`~docoutbox.Dispatcher` without a change stream
   publishes and trims everything (runs last: it empties the backlog);
 - load everything: ``list(find(...))``, the reference for what not streaming costs.
 """
@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.common import Scale, Table, connect, new_collection
 from benchmarks.workload import Account
 from docoutbox import AggregateStore
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_mongo import MongoBackend
 

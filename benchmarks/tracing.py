@@ -39,7 +39,7 @@ from benchmarks.dispatch import TIMEOUT, TimedPublisher, _wait, backlog
 from benchmarks.store import Variant, _store_handle, _trimmer
 from benchmarks.workload import Account, Feed, account_ids, create_accounts, handlers
 from docoutbox import AggregateStore, StoreConfig
-from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.observability.otel import OtelStoreObserver, TracingPublisher
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox_mongo import MongoBackend, MongoChangeSource

@@ -4,27 +4,15 @@ Each aggregate is one document carrying its state, an inbox of processed message
 an outbox of messages not yet published; handling a message is one conditional write.
 """
 
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy, DispatchResult
-from docoutbox.dispatch.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.local import AsyncLocalPublisher, LocalPublisher, Route
-from docoutbox.dispatch.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
-from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.dispatch.ports import (
-    AsyncChangeSource,
-    AsyncCheckpoints,
-    AsyncDeadLetters,
-    AsyncPublisher,
-    ChangeEvent,
-    ChangeSource,
-    Checkpoints,
-    DeadLetters,
-    LeaseTable,
-    Publisher,
-)
-from docoutbox.dispatch.settled import AsyncSettledPublisher, SettledPublisher
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy, DispatchResult
+from docoutbox.dispatch.engine.leases import LeaseTiming
+from docoutbox.dispatch.engine.metrics import CountingMetrics, LoggingMetrics, Metrics, NullMetrics
+from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
+from docoutbox.dispatch.extras.local import AsyncLocalPublisher, LocalPublisher, Route
+from docoutbox.dispatch.extras.settled import AsyncSettledPublisher, SettledPublisher
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
@@ -50,12 +38,24 @@ from docoutbox.errors import (
 )
 from docoutbox.handlers import Decision, Handler, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
+from docoutbox.ports.dispatch import (
+    AsyncChangeSource,
+    AsyncCheckpoints,
+    AsyncDeadLetters,
+    AsyncPublisher,
+    ChangeEvent,
+    ChangeSource,
+    Checkpoints,
+    DeadLetters,
+    LeaseTable,
+    Publisher,
+)
+from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.batch import BatchOutcome, Failed
 from docoutbox.store.core import Created, Outcome, Status, StoreConfig
 from docoutbox.store.document import Snapshot, partition_of
-from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ MongoDB.
 
 Used by the ``docoutbox outbox``, ``docoutbox dead-letters`` and ``docoutbox leases``
 commands with ``--cosmos-endpoint``, and usable directly. Dead letters are listed,
-replayed and purged as :mod:`docoutbox.dispatch.replay` says, here over containers: a
+replayed and purged as :mod:`docoutbox.dispatch.tools.replay` says, here over containers: a
 replay appends the entry with one patch, conditional on no pending entry having its
 ``seq``.
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 from azure.cosmos import exceptions as cosmos_errors
 
-from docoutbox.dispatch import replay
-from docoutbox.dispatch.backlog import OutboxStats, probe_backend
-from docoutbox.dispatch.lease_rows import LeaseRow
-from docoutbox.dispatch.lease_rows import lease_rows as rows_of
-from docoutbox.dispatch.replay import GONE
+from docoutbox.dispatch.engine.backlog import OutboxStats, probe_backend
+from docoutbox.dispatch.tools import replay
+from docoutbox.dispatch.tools.lease_rows import LeaseRow
+from docoutbox.dispatch.tools.lease_rows import lease_rows as rows_of
+from docoutbox.dispatch.tools.replay import GONE
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.backend import CosmosBackend
@@ -63,7 +63,7 @@ _SHOWN = ("aggregate_id", "entry", "error", "attempts", "origin", "queue", "body
 
 class CosmosDeadLetterStore:
     """The dead letters of one container, and the aggregates' container to replay into
-    (see :mod:`docoutbox.dispatch.replay`)."""
+    (see :mod:`docoutbox.dispatch.tools.replay`)."""
 
     def __init__(
         self, dead_letters: Any, aggregates: Any | None = None, codec: ItemCodec | None = None

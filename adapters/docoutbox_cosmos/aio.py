@@ -31,7 +31,7 @@ from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 
 @dataclass
 class AsyncCosmosDispatchTarget:
-    """What an :class:`~docoutbox.dispatch.aio.AsyncDispatcher` needs from one account."""
+    """What an :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` needs from one account."""
 
     client: Any
     lease_client: Any

@@ -35,8 +35,8 @@ from collections.abc import Hashable, Mapping
 from itertools import pairwise
 from typing import Any
 
-from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.ports.dispatch import ChangeEvent, Position
 from docoutbox.store.document import REVISION, Document
 from docoutbox_cosmos.errors import translated, translated_feed
 from docoutbox_cosmos.items import ItemCodec
@@ -186,7 +186,7 @@ class _FeedReader:
     @staticmethod
     def merge_positions(latest: Position, held: Mapping[Hashable, Position]) -> Position:
         """``latest``, with each feed range in ``held`` (a lane: see
-        :class:`~docoutbox.dispatch.ports.ChangeEvent`) at the continuation, and holding,
+        :class:`~docoutbox.ports.dispatch.ChangeEvent`) at the continuation, and holding,
         that ``held`` gives for it. A range whose held position does not name it is left
         out: its continuation is not saved this time."""
         ranges = dict(latest["ranges"])

@@ -30,8 +30,8 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.cosmos import exceptions as cosmos_errors
 
-from docoutbox.dispatch.ports import LeaseView, Position
 from docoutbox.model import AggregateId
+from docoutbox.ports.dispatch import LeaseView, Position
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import encode_id, format_time, literal, parse_time, to_json

@@ -10,7 +10,7 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
 
 - ``{id: "<group>/ranges", kind: "ranges", ranges: [feed range, ...]}``: the feed ranges
   leased, fixed when the group is first used, in EPK order. Partition ``i`` of the
-  :class:`~docoutbox.dispatch.ports.LeaseTable` port is ``ranges[i]``. A later split of
+  :class:`~docoutbox.ports.dispatch.LeaseTable` port is ``ranges[i]``. A later split of
   the container changes nothing here: a feed range is a span of effective partition
   keys, which the SDK reads across the children of a split range.
 - ``{id: "<group>/range/<i>", kind: "lease", partition: i, range, owner, expires_at,
@@ -20,17 +20,17 @@ Items of one lease ``group`` in the lease container (partitioned on ``/id``):
   range). A lease acquired with a continuation needs no sweep (:meth:`resumes`): the
   new owner's feed starts where the previous ones finished their work.
 - ``{id: "<group>/member/<owner>", kind: "member", owner, expires_at, joined_at}``: live
-  instances, for the fair share (:func:`docoutbox.dispatch.leases.plan_leases`).
+  instances, for the fair share (:func:`docoutbox.dispatch.engine.leases.plan_leases`).
 
 :class:`CosmosFeedRangeLeases` is the lease table (planned and heartbeated by the core's
-:class:`~docoutbox.dispatch.ownership.LeaseKeeper`), the dispatcher's
-:class:`~docoutbox.dispatch.ports.Checkpoints` (continuations go into the leases held),
+:class:`~docoutbox.dispatch.drivers.ownership.LeaseKeeper`), the dispatcher's
+:class:`~docoutbox.ports.dispatch.Checkpoints` (continuations go into the leases held),
 and the ``locate`` that maps a document to its range. :class:`LeasedChangeSource` reads
 the change feed of the ranges held, each from its lease's continuation.
 
 Rule kept for that continuation (so that skipping the sweep loses nothing): it is written
 only while the holder says the range is checkpointable (usable without a break since it
-was acquired: see :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`), only
+was acquired: see :meth:`~docoutbox.dispatch.drivers.ownership.LeaseKeeper.checkpointable`), only
 from positions read under the current acquisition (each acquisition is a new *holding*,
 recorded in the positions :class:`LeasedChangeSource` makes), and never again in a
 holding whose feed restarted from now (its events were left to a sweep).
@@ -48,8 +48,8 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.cosmos import exceptions as cosmos_errors
 
-from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost, PermanentStoreError, StoreError
+from docoutbox.ports.dispatch import ChangeEvent, LeaseView, Position
 from docoutbox.store.document import ID, Document, utcnow
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
 from docoutbox_cosmos.coordination import _FREE, GroupItems, _expiry, read_or_none
@@ -260,7 +260,7 @@ class CosmosFeedRangeLeases(GroupItems):
         self, checkpointable: Callable[[int], bool], usable: Callable[[int], bool]
     ) -> None:
         """Write a range's continuation only while ``checkpointable(partition)`` (the
-        holder's :meth:`~docoutbox.dispatch.ownership.LeaseKeeper.checkpointable`); read a
+        holder's :meth:`~docoutbox.dispatch.drivers.ownership.LeaseKeeper.checkpointable`); read a
         range acquired only once ``usable(partition)`` (the holder works in it)."""
         self._checkpointable = checkpointable
         self._usable = usable

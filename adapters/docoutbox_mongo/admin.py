@@ -2,7 +2,7 @@
 
 Used by the ``docoutbox outbox``, ``docoutbox dead-letters`` and ``docoutbox leases``
 commands, and usable directly. Dead letters are listed, replayed and purged as
-:mod:`docoutbox.dispatch.replay` says, here over a collection.
+:mod:`docoutbox.dispatch.tools.replay` says, here over a collection.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 from pymongo import ASCENDING
 
-from docoutbox.dispatch import replay
-from docoutbox.dispatch.backlog import OutboxStats, summarize
-from docoutbox.dispatch.lease_rows import LeaseRow
-from docoutbox.dispatch.lease_rows import lease_rows as rows_of
-from docoutbox.dispatch.replay import GONE
+from docoutbox.dispatch.engine.backlog import OutboxStats, summarize
+from docoutbox.dispatch.tools import replay
+from docoutbox.dispatch.tools.lease_rows import LeaseRow
+from docoutbox.dispatch.tools.lease_rows import lease_rows as rows_of
+from docoutbox.dispatch.tools.replay import GONE
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_mongo.errors import translated
@@ -41,7 +41,7 @@ def outbox_stats(collection: Any, now: datetime | None = None) -> OutboxStats:
 
 class MongoDeadLetterStore:
     """The dead letters of one collection, and the aggregates' collection to replay into
-    (see :mod:`docoutbox.dispatch.replay`)."""
+    (see :mod:`docoutbox.dispatch.tools.replay`)."""
 
     def __init__(self, dead_letters: Any, aggregates: Any | None = None) -> None:
         self.dead_letters = dead_letters

@@ -1,4 +1,4 @@
-"""A MongoDB change stream as a :class:`docoutbox.dispatch.ports.ChangeSource`.
+"""A MongoDB change stream as a :class:`docoutbox.ports.dispatch.ChangeSource`.
 
 The stream watches inserts, updates and replaces whose looked-up document still has a
 pending entry (``fullDocument.outbox.0``), and keeps of each event only its resume token,
@@ -28,8 +28,8 @@ from typing import Any
 
 from bson import Timestamp
 
-from docoutbox.dispatch.ports import ChangeEvent, Position
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.ports.dispatch import ChangeEvent, Position
 from docoutbox_mongo.errors import translated, translated_stream
 
 #: What an event keeps of its document: what the dispatcher reads (the aggregate, its

@@ -20,8 +20,8 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from docoutbox.dispatch.ports import LeaseView, Position
 from docoutbox.model import AggregateId
+from docoutbox.ports.dispatch import LeaseView, Position
 from docoutbox.store.document import utcnow
 from docoutbox_mongo.errors import translated
 

@@ -120,7 +120,7 @@ def connect_database(
 
 @dataclass
 class AsyncMongoDispatchTarget:
-    """What an :class:`~docoutbox.dispatch.aio.AsyncDispatcher` needs, on an async client.
+    """What an :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` needs, on an async client.
 
     The lease table stays sync, on its own small client: the lease keeper heartbeats on
     a thread of its own, whatever the event loop is doing.

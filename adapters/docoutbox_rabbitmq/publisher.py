@@ -38,7 +38,7 @@ class _Link:
 
 
 class RabbitPublisher(Routing):
-    """A :class:`docoutbox.dispatch.ports.Publisher` for RabbitMQ: returns only once confirmed.
+    """A :class:`docoutbox.ports.dispatch.Publisher` for RabbitMQ: returns only once confirmed.
 
     Each entry is published persistent, ``mandatory``, to ``exchange`` with routing key
     ``route(entry)`` if given, else the entry's ``destination``, else ``routing_key``, else

@@ -29,15 +29,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from docoutbox.cli import logs
-from docoutbox.cli.options import (
+from docoutbox.errors import DocOutboxError
+from docoutbox_app.cli import logs
+from docoutbox_app.cli.options import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     PARTITIONS,
     add_cosmos_options,
     number,
 )
-from docoutbox.errors import DocOutboxError
 
 EXIT_FINDINGS = 3
 #: Spark refuses a driver heap under 450 MiB ("Insufficient driver memory").

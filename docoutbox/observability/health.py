@@ -8,7 +8,7 @@
   measurement;
 - ``/metrics``: whatever ``exposition`` returns (Prometheus text format).
 
-:class:`Health` is also a :class:`~docoutbox.dispatch.metrics.Metrics`, so it learns the
+:class:`Health` is also a :class:`~docoutbox.dispatch.engine.metrics.Metrics`, so it learns the
 broker's state from the publishes themselves (a health check must not use the publisher's
 connections, which belong to the worker threads). Standard library only.
 """
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from docoutbox.dispatch.backlog import BacklogMonitor
-from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.drivers.ownership import Ownership
+from docoutbox.dispatch.engine.backlog import BacklogMonitor
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import AggregateId, OutboxMessage
 
@@ -34,8 +34,8 @@ Exposition = Callable[[], tuple[bytes, str]]
 
 class Observed(Protocol):
     """What health reads of a dispatcher: the threaded
-    :class:`~docoutbox.dispatch.dispatcher.Dispatcher` and the asyncio
-    :class:`~docoutbox.dispatch.aio.AsyncDispatcher` both have it."""
+    :class:`~docoutbox.dispatch.drivers.threads.Dispatcher` and the asyncio
+    :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` both have it."""
 
     started: threading.Event
     ownership: Ownership

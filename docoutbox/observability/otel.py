@@ -42,9 +42,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "docoutbox.observability.otel needs OpenTelemetry: pip install 'docoutbox[otel]'"
     ) from exc
 
-from docoutbox.dispatch.backlog import OutboxStats
-from docoutbox.dispatch.ports import AsyncPublisher, Publisher
+from docoutbox.dispatch.engine.backlog import OutboxStats
 from docoutbox.model import AggregateId, Message, OutboxMessage
+from docoutbox.ports.dispatch import AsyncPublisher, Publisher
 
 SCOPE = "docoutbox"
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -158,7 +158,7 @@ class _PublishSpans:
 
 
 class TracingPublisher:
-    """A :class:`~docoutbox.dispatch.ports.Publisher` that publishes in a span."""
+    """A :class:`~docoutbox.ports.dispatch.Publisher` that publishes in a span."""
 
     def __init__(
         self,
@@ -201,10 +201,10 @@ class AsyncTracingPublisher:
 
 
 class OtelMetrics:
-    """The dispatcher's :class:`~docoutbox.dispatch.metrics.Metrics` through an OTel meter.
+    """The dispatcher's :class:`~docoutbox.dispatch.engine.metrics.Metrics` through an OTel meter.
 
     Gauges (depth, aggregates, oldest age) report the last backlog measurement
-    (:class:`~docoutbox.dispatch.backlog.BacklogMonitor`).
+    (:class:`~docoutbox.dispatch.engine.backlog.BacklogMonitor`).
     """
 
     def __init__(self, *, meter_provider: otel_metrics.MeterProvider | None = None) -> None:

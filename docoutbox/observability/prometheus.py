@@ -1,8 +1,8 @@
 """Prometheus metrics for the dispatcher and the stores (``docoutbox[prometheus]``).
 
-:class:`PrometheusMetrics` is a dispatcher :class:`~docoutbox.dispatch.metrics.Metrics`;
+:class:`PrometheusMetrics` is a dispatcher :class:`~docoutbox.dispatch.engine.metrics.Metrics`;
 the ``docoutbox_outbox_*`` gauges are the outbox backlog as last measured in the database
-by a :class:`~docoutbox.dispatch.backlog.BacklogMonitor` (never the dispatcher's in-memory
+by a :class:`~docoutbox.dispatch.engine.backlog.BacklogMonitor` (never the dispatcher's in-memory
 queue, which is ``docoutbox_dispatcher_queued``). :class:`PrometheusStoreObserver` counts
 store conflicts and retries in the processes that handle messages.
 """
@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'docoutbox[prometheus]'"
     ) from exc
 
-from docoutbox.dispatch.backlog import OutboxStats
+from docoutbox.dispatch.engine.backlog import OutboxStats
 from docoutbox.model import AggregateId, Message, OutboxMessage
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)

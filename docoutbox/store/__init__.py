@@ -8,5 +8,5 @@ write per message.
 - :mod:`~docoutbox.store.core`: the store's logic as sans-IO generator flows;
 - :mod:`~docoutbox.store.api`: :class:`AggregateStore` and :class:`AsyncAggregateStore`,
   thin drivers of those flows;
-- :mod:`~docoutbox.store.ports`: what a store adapter provides.
+- :mod:`~docoutbox.ports.store`: what a store adapter provides.
 """

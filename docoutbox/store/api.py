@@ -27,6 +27,7 @@ from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
+from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
     Core,
@@ -41,7 +42,6 @@ from docoutbox.store.core import (
 )
 from docoutbox.store.document import Snapshot
 from docoutbox.store.group import Coalescer, handle_async, handle_sync
-from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Collection
 from datetime import datetime
 
-from docoutbox.dispatch.ports import ChangeEvent, LeaseView, Position
 from docoutbox.errors import ChangeStreamLost
+from docoutbox.ports.dispatch import ChangeEvent, LeaseView, Position
 from docoutbox.testing.memory import MemoryBackend
 
 

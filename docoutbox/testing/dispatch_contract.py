@@ -3,18 +3,18 @@
 Reuse them for your own adapter by subclassing and providing the fixture each names:
 
 - :class:`ChangeSourceContract`: ``change_source``, a ``(source, backend)`` pair: a
-  :class:`~docoutbox.dispatch.ports.ChangeSource` over one fresh, empty collection and the
-  :class:`~docoutbox.store.ports.StoreBackend` writing to that collection;
+  :class:`~docoutbox.ports.dispatch.ChangeSource` over one fresh, empty collection and the
+  :class:`~docoutbox.ports.store.StoreBackend` writing to that collection;
 - :class:`CheckpointsContract`: ``checkpoints``, fresh
-  :class:`~docoutbox.dispatch.ports.Checkpoints`;
+  :class:`~docoutbox.ports.dispatch.Checkpoints`;
 - :class:`LeaseTableContract`: ``lease_table``, a fresh
-  :class:`~docoutbox.dispatch.ports.LeaseTable` group;
+  :class:`~docoutbox.ports.dispatch.LeaseTable` group;
 - :class:`DeadLettersContract`: ``dead_letters``, a ``(port, count)`` pair, ``count()``
   being how many entries the store holds;
 - :class:`PublisherContract`: ``publisher``, a ``(port, received)`` pair, ``received()``
   the IDs of the entries the broker accepted so far, in order.
 
-Async ports (:class:`~docoutbox.dispatch.ports.AsyncChangeSource` and the other twins)
+Async ports (:class:`~docoutbox.ports.dispatch.AsyncChangeSource` and the other twins)
 run the same tests wrapped in :class:`~docoutbox.testing.blocking.BlockingStore`, which
 works for any object with coroutine methods.
 """
@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.model import OutboxMessage
+from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.api import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 

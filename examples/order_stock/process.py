@@ -1,5 +1,5 @@
 """An order and stock process that runs with no broker: entries move between aggregates
-of two collections of one database through :class:`~docoutbox.dispatch.local.LocalPublisher`.
+of two collections of one database through :class:`~docoutbox.dispatch.extras.local.LocalPublisher`.
 
 - ``PlaceOrder`` (from outside) on an Order emits ``ReserveStock`` to ``Stock/<sku>`` per
   line;
@@ -29,7 +29,7 @@ from docoutbox import (
     StoreConfig,
     emit,
 )
-from docoutbox.dispatch.local import LocalPublisher, Route
+from docoutbox.dispatch.extras.local import LocalPublisher, Route
 
 
 class Order(Aggregate):

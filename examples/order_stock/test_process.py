@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from docoutbox import BrokerUnavailable, Message, OutboxMessage, TransientStoreError
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.local import LocalPublisher
-from docoutbox.dispatch.scheduler import Backoff
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.scheduler import Backoff
+from docoutbox.dispatch.extras.local import LocalPublisher
 from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints

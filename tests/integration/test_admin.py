@@ -18,13 +18,13 @@ import pytest
 from pydantic import Field
 
 from docoutbox import AggregateStore, Decision, Handlers, InboxPolicy, Message, StoreConfig, emit
-from docoutbox.cli import main
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import PermanentPublishError
 from docoutbox.model import Aggregate, OutboxMessage
 from docoutbox.receive import HandlerRetry
+from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend, MongoDeadLetters, MongoLeaseTable
 from docoutbox_mongo.wiring import connect_dispatch
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher

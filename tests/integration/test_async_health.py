@@ -28,7 +28,7 @@ KEY_ENV = "COSMOS_KEY"
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "docoutbox", "dispatch", *args],
+        [sys.executable, "-m", "docoutbox_app", "dispatch", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

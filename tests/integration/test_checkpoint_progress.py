@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from docoutbox import OutboxMessage
-from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.errors import PublishError
 from docoutbox.testing import MemoryPublisher
 from tests.integration.test_cosmos_leases import LeaseEnv

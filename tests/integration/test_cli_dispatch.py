@@ -13,8 +13,8 @@ import pytest
 from pymongo import MongoClient
 
 from docoutbox import AggregateStore
-from docoutbox.cli import main
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend
 from tests.support.processes import CliProcess
 

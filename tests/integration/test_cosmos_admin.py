@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, Message, StoreConfig
-from docoutbox.cli import main
-from docoutbox.dispatch import replay
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.leases import LeaseTiming
+from docoutbox.dispatch.tools import replay
 from docoutbox.testing import MemoryPublisher
+from docoutbox_app.cli import main
 from docoutbox_cosmos import (
     CosmosBackend,
     CosmosDeadLetters,

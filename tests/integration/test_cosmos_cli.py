@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.cli import main
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_app.cli import main
 from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess

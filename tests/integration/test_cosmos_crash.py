@@ -1,6 +1,6 @@
 """kill -9 one of two leased dispatcher processes on Cosmos DB, again and again.
 
-Two ``python -m docoutbox dispatch --cosmos-endpoint ...`` instances share the producers'
+Two ``python -m docoutbox_app dispatch --cosmos-endpoint ...`` instances share the producers'
 container through feed-range leases in a Cosmos lease container (one lease per feed range,
 carrying its continuation). While producers keep committing, one instance at a time is
 killed with SIGKILL (no checkpoint, leases left to expire) and restarted; the survivor
@@ -45,7 +45,7 @@ LEASE_TTL = 5.0
 
 
 class Instance(CliProcess):
-    """``python -m docoutbox dispatch`` on Cosmos DB, the key in the environment."""
+    """``python -m docoutbox_app dispatch`` on Cosmos DB, the key in the environment."""
 
     def __init__(self, account: CosmosAccount, database: str, url: str, exchange: str) -> None:
         super().__init__(

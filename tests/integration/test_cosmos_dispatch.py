@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox_cosmos import CosmosBackend, connect_dispatch
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.cosmos import all_items, create_container, scratch_database

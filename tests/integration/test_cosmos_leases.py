@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.aio import AsyncDispatcher
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
 from docoutbox_cosmos import (
     CosmosBackend,

@@ -1,6 +1,6 @@
 """kill -9 the dispatcher at random moments while producers keep committing.
 
-The dispatcher runs as ``python -m docoutbox dispatch --publisher rabbitmq`` and is killed
+The dispatcher runs as ``python -m docoutbox_app dispatch --publisher rabbitmq`` and is killed
 with SIGKILL (no shutdown, no checkpoint) at least 20 times, each time restarted after a
 short random pause. Then the last instance drains and stops on SIGTERM. Three variants:
 one threaded instance without leases; and, threaded or ``--async``, three leased
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.testing import MemoryBackend
 from docoutbox_mongo import MongoBackend
 from tests.support.e2e import Sandbox
@@ -61,7 +61,7 @@ TRIM_EVERY = DispatchPolicy().trim_every
 
 
 class DispatcherProcess(CliProcess):
-    """``python -m docoutbox dispatch`` on the wire server."""
+    """``python -m docoutbox_app dispatch`` on the wire server."""
 
     def __init__(
         self,

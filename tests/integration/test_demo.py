@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from tests.support.processes import CliProcess
 
 SMALL = ["--wallets", "5", "--credits", "8", "--timeout", "60"]

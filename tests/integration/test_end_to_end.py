@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.wiring import connect_dispatch, connect_dispatch_async

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import TransientStoreError
 from docoutbox_mongo import MongoLeaseTable
 from tests.support.backends import DispatchEnv, OverlapDetector, dispatch_env_of, owned, wait_until

@@ -61,7 +61,7 @@ def test_scraped_backlog_matches_the_database(mongo: Any, mongo_uri: str) -> Non
     orders = AggregateStore(MongoBackend(mongo["orders"]), Order, StoreConfig(partitions=4))
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "docoutbox", "dispatch",
+            sys.executable, "-m", "docoutbox_app", "dispatch",
             "--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "orders",
             "--partitions", "4", "--lease-ttl", "3", "--poll-interval", "3600",
             "--publisher", "stdout",
@@ -148,7 +148,7 @@ def test_scraped_backlog_matches_the_database(mongo: Any, mongo_uri: str) -> Non
 def test_bad_observability_settings_are_refused(
     mongo: Any, mongo_uri: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from docoutbox.cli import main
+    from docoutbox_app.cli import main
 
     args = ["dispatch", "--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "c"]
     args += ["--publisher", "stdout"]

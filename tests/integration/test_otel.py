@@ -22,8 +22,8 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
-from docoutbox.dispatch.backlog import BacklogMonitor
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.backlog import BacklogMonitor
 from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.admin import outbox_stats

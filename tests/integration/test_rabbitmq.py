@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
-from docoutbox.dispatch.ports import Publisher
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
+from docoutbox.ports.dispatch import Publisher
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import (
     Sandbox,

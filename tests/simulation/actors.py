@@ -20,15 +20,15 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, Field
 
 from docoutbox.codec import decode_entry
-from docoutbox.dispatch.engine import EngineOp
-from docoutbox.dispatch.flow import DispatchPolicy
+from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.loop import EngineOp
 from docoutbox.errors import StoreError
 from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
+from docoutbox.ports.store import StoreBackend
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.batch import BatchCore, Failed, Item
 from docoutbox.store.core import Core, Op, Status, StoreConfig
-from docoutbox.store.ports import StoreBackend
 from tests.simulation.schedule import Schedule
 
 M = TypeVar("M", bound=BaseModel)

@@ -1,6 +1,6 @@
 """The simulation's driver of the library's dispatch engine.
 
-The dispatcher process is :class:`docoutbox.dispatch.engine.DispatchEngine` itself, with
+The dispatcher process is :class:`docoutbox.dispatch.engine.loop.DispatchEngine` itself, with
 the simulated clock and a seeded ``rng``; this module only performs its operations, as
 the threaded and asyncio drivers do, one operation per simulation step:
 
@@ -8,7 +8,7 @@ the threaded and asyncio drivers do, one operation per simulation step:
   batches of aggregate runs are tasks; each step advances one task picked at random, so
   runs of several aggregates interleave with each other and with the control loop (at
   most ``concurrency`` batches of at most ``run_batch`` runs at once, both chosen per
-  incarnation); a batch's :class:`~docoutbox.dispatch.engine.TrimRound` is performed as
+  incarnation); a batch's :class:`~docoutbox.dispatch.engine.loop.TrimRound` is performed as
   one write per trim, each a step;
 - a task's :class:`~docoutbox.store.core.Sleep` parks only that task;
 - an error the world injects is thrown into the task at its ``yield``, so the engine
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.drivers import batches
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, TrimRound
-from docoutbox.dispatch.metrics import NullMetrics
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
+from docoutbox.dispatch.drivers.operations import batches
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, TrimRound
+from docoutbox.dispatch.engine.metrics import NullMetrics
+from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.errors import StoreError
 from docoutbox.retry import Backoff
 from docoutbox.store.core import Sleep, Write

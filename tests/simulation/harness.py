@@ -25,8 +25,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from docoutbox.errors import DocOutboxError
+from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.ports import StoreBackend
 from tests.simulation import actors
 from tests.simulation.actors import Env, Idle, Process, Receive, SimOp
 from tests.simulation.dispatcher import dispatcher

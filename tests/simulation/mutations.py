@@ -28,8 +28,8 @@ from dataclasses import replace
 from typing import Any
 from unittest import mock
 
-from docoutbox.dispatch import checkpoint as tracking
-from docoutbox.dispatch import flow as dispatch
+from docoutbox.dispatch.engine import checkpoint as tracking
+from docoutbox.dispatch.engine import flow as dispatch
 from docoutbox.store import batch
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from docoutbox.ports.store import StoreBackend
 from docoutbox.store.document import Document
-from docoutbox.store.ports import StoreBackend
 from docoutbox.testing import MemoryBackend
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from docoutbox.codec import decode_entry
-from docoutbox.dispatch.flow import Publish, Quarantine
+from docoutbox.dispatch.engine.flow import Publish, Quarantine
 from docoutbox.store.core import FindPending, Load, Sleep, Write
 from docoutbox.store.plans import CommitPlan, FailurePlan, InsertPlan, TrimPlan
 from tests.simulation.actors import Ack, Command, Nack, Receive

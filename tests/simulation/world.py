@@ -13,7 +13,8 @@ from collections import Counter
 from typing import Any
 
 from docoutbox.codec import encode_entry
-from docoutbox.dispatch.engine import (
+from docoutbox.dispatch.engine.flow import Publish, Quarantine
+from docoutbox.dispatch.engine.loop import (
     CloseStream,
     LoadCheckpoint,
     OpenStream,
@@ -21,8 +22,6 @@ from docoutbox.dispatch.engine import (
     SaveCheckpoint,
     StartMarker,
 )
-from docoutbox.dispatch.flow import Publish, Quarantine
-from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
@@ -31,10 +30,11 @@ from docoutbox.errors import (
     TransientStoreError,
 )
 from docoutbox.model import Message, OutboxMessage
+from docoutbox.ports.dispatch import ChangeEvent
+from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, InsertPlan, TrimPlan, WritePlan
-from docoutbox.store.ports import StoreBackend
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from tests.simulation.actors import (
     COMMANDS,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from docoutbox_spark.report import BAD, BAR, GOOD, write_html
 from tests.conftest import missing
 from tests.spark import planted

@@ -120,7 +120,7 @@ def test_audit_and_export_read_cosmos_from_the_command_line(
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from docoutbox.cli import main
+    from docoutbox_app.cli import main
     from tests.spark.test_cli import PLANTED_ARGS
 
     producer = containers[0]
@@ -156,7 +156,7 @@ def test_audit_and_export_read_cosmos_from_the_command_line(
 def test_cosmos_reader_arguments_are_checked(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from docoutbox.cli import main
+    from docoutbox_app.cli import main
 
     monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
     monkeypatch.delenv("COSMOS_KEY", raising=False)

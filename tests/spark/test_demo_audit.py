@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from tests.spark.conftest import JARS
 
 

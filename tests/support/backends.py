@@ -20,10 +20,10 @@ from typing import Any, ClassVar
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage, RetryPolicy, StoreConfig
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.ownership import Ownership
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.ownership import Ownership
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.retry import Backoff
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

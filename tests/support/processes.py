@@ -1,4 +1,4 @@
-"""``python -m docoutbox ...`` as a subprocess, with its output in a temporary file or in
+"""``python -m docoutbox_app ...`` as a subprocess, with its output in a temporary file or in
 pipes the test reads line by line."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class CliProcess:
         self.log: IO[bytes] | None = None if pipes else tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         sink: Any = subprocess.PIPE if pipes else self.log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "docoutbox", *args],
+            [sys.executable, "-m", "docoutbox_app", *args],
             cwd=REPO_ROOT,
             stdin=subprocess.DEVNULL,
             stdout=sink,

@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher
-from docoutbox.dispatch.drivers import Ports
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
-from docoutbox.dispatch.ownership import Ownership, SoleOwner
-from docoutbox.dispatch.ports import Position
-from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.operations import Ports
+from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.threads import Dispatcher
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
+from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot
 from docoutbox.drive import drive
+from docoutbox.ports.dispatch import Position
 from docoutbox.store.core import Sleep
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 
 COSMOS = ["--cosmos-endpoint", "https://localhost:1", "--cosmos-key", "a2V5"]
 

@@ -475,7 +475,7 @@ def test_a_stale_outbox_hint_costs_a_read_never_a_wrong_removal() -> None:
 
 
 def test_the_dispatch_flow_hints_the_outbox_left_after_each_partial_trim() -> None:
-    from docoutbox.dispatch.flow import DispatchPolicy, Publish, dispatch_document
+    from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
 
     entry = {
         "type": "T",
@@ -536,7 +536,7 @@ def test_over_ten_entries_chain_each_patch_on_the_etag_the_last_one_returned() -
 
 
 def test_the_change_feed_copy_carries_its_etag_and_the_flow_hints_it_once() -> None:
-    from docoutbox.dispatch.flow import DispatchPolicy, dispatch_document
+    from docoutbox.dispatch.engine.flow import DispatchPolicy, dispatch_document
     from docoutbox.store.document import REVISION
 
     entry = {

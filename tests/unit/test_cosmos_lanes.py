@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from docoutbox.dispatch.checkpoint import LanedTracker
-from docoutbox.dispatch.dispatcher import Dispatcher
+from docoutbox.dispatch.drivers.threads import Dispatcher
+from docoutbox.dispatch.engine.checkpoint import LanedTracker
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosChangeSource
 from tests.unit.test_cosmos_feed_memory import POSITION, RANGE, AsyncPager, Container, Pager

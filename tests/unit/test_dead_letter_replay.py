@@ -1,4 +1,4 @@
-"""The replay rules of ``docoutbox dead-letters`` (docoutbox.dispatch.replay), on a store
+"""The replay rules of ``docoutbox dead-letters`` (docoutbox.dispatch.tools.replay), on a store
 kept in dicts: every ID is checked before anything changes, a replay keeps the entry's
 seq under a new ID, and never appends over a pending entry with that seq."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.replay import GONE, DeadLetterAdmin, Replayed
+from docoutbox.dispatch.tools.replay import GONE, DeadLetterAdmin, Replayed
 from docoutbox.errors import InvalidInput, NotFound
 from docoutbox.model import AggregateId
 

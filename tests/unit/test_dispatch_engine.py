@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter
-from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.metrics import CountingMetrics, NullMetrics
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.ports import Position
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.metrics import CountingMetrics, NullMetrics
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
     PermanentPublishError,
     PublishError,
 )
+from docoutbox.ports.dispatch import Position
 from docoutbox.retry import Backoff
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

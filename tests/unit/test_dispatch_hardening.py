@@ -10,8 +10,8 @@ import time
 import pytest
 
 from docoutbox import OutboxMessage
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.ownership import SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.testing import MemoryPublisher
 from tests.unit.test_dispatch_engine import FAST, Harness, wait_until

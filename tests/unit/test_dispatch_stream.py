@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.checkpoint import Sweep
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.ports import ChangeEvent
-from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.checkpoint import Sweep
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PollChanges
+from docoutbox.dispatch.engine.scheduler import RunOutcome
+from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import REVISION
 from docoutbox_mongo.changes import MongoChangeSource

@@ -8,13 +8,13 @@ import logging
 import pytest
 from bson import Timestamp
 
-from docoutbox.cli.logs import MaskingFilter, configure, mask, secrets_of
-from docoutbox.dispatch.checkpoint import Gate, PositionTracker
-from docoutbox.dispatch.dispatcher import event_target
-from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome
+from docoutbox.dispatch.drivers.threads import event_target
+from docoutbox.dispatch.engine.checkpoint import Gate, PositionTracker
+from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.retry import Backoff
 from docoutbox.store.document import partition_of
+from docoutbox_app.cli.logs import MaskingFilter, configure, mask, secrets_of
 from docoutbox_mongo.changes import stream_args
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.scheduler import RunOutcome
-from docoutbox.dispatch.trimmed import PER_AGGREGATE, TrimmedIds, aggregates_in_flight
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
+from docoutbox.dispatch.engine.scheduler import RunOutcome
+from docoutbox.dispatch.engine.trimmed import PER_AGGREGATE, TrimmedIds, aggregates_in_flight
 from docoutbox.store.document import REVISION
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

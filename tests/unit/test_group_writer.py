@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter
+from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter
 from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

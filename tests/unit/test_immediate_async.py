@@ -20,7 +20,7 @@ from docoutbox import (
     OutboxMessage,
     in_thread,
 )
-from docoutbox.dispatch.aio import AsyncDispatcher
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.checkpoint import Gate, LanedTracker, PositionTracker
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, PollChanges
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.ports import ChangeEvent
-from docoutbox.dispatch.scheduler import RunOutcome
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.checkpoint import Gate, LanedTracker, PositionTracker
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PollChanges
+from docoutbox.dispatch.engine.scheduler import RunOutcome
+from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.dispatch import MemoryChangeSource
 

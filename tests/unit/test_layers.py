@@ -13,7 +13,7 @@ from pathlib import Path
 import docoutbox
 
 ROOT = Path(docoutbox.__file__).parent
-LAYERS = {"store": 1, "dispatch": 2, "receive": 3, "testing": 3, "observability": 3, "cli": 4}
+LAYERS = {"store": 1, "ports": 1, "dispatch": 2, "receive": 3, "testing": 3, "observability": 3, "cli": 4}
 
 
 def _module_name(path: Path) -> str:
@@ -78,4 +78,4 @@ def test_layers_are_checked() -> None:
     graph = _graph()
     assert "docoutbox.store.core" in graph
     assert "docoutbox.store.document" in graph["docoutbox.store.core"]
-    assert _layer("docoutbox.dispatch.flow") > _layer("docoutbox.store.core")
+    assert _layer("docoutbox.dispatch.engine.flow") > _layer("docoutbox.store.core")

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from docoutbox.dispatch.leases import LeaseTiming, plan_leases, shares, victim
-from docoutbox.dispatch.ownership import LeaseKeeper
-from docoutbox.dispatch.ports import LeaseView
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.engine.leases import LeaseTiming, plan_leases, shares, victim
+from docoutbox.ports.dispatch import LeaseView
 from docoutbox.testing.dispatch import MemoryLeaseTable
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from docoutbox import AggregateStore
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.engine import event_target, partition_mismatch
-from docoutbox.dispatch.leases import LeaseTiming, dead_members
-from docoutbox.dispatch.ownership import LeaseKeeper
-from docoutbox.dispatch.ports import LeaseView
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.leases import LeaseTiming, dead_members
+from docoutbox.dispatch.engine.loop import event_target, partition_mismatch
 from docoutbox.errors import PartitionMismatch
+from docoutbox.ports.dispatch import LeaseView
 from docoutbox.store.core import StoreConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

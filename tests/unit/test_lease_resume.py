@@ -9,9 +9,9 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.engine.leases import LeaseTiming
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
 from docoutbox.store.core import FindPending
 from docoutbox.testing.dispatch import MemoryLeaseTable
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from docoutbox.dispatch.leases import LeaseTiming, fair_share, plan_leases
-from docoutbox.dispatch.ownership import LeaseKeeper
-from docoutbox.dispatch.ports import LeaseView
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper
+from docoutbox.dispatch.engine.leases import LeaseTiming, fair_share, plan_leases
 from docoutbox.errors import InvalidConfig
+from docoutbox.ports.dispatch import LeaseView
 from docoutbox.testing.dispatch import MemoryLeaseTable
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.engine import (
+from docoutbox.dispatch.drivers.ownership import Scope
+from docoutbox.dispatch.engine.loop import (
     DispatchEngine,
     DispatcherConfig,
     LoadCheckpoint,
@@ -17,9 +18,8 @@ from docoutbox.dispatch.engine import (
     PollChanges,
     StartMarker,
 )
-from docoutbox.dispatch.ownership import Scope
-from docoutbox.dispatch.ports import ChangeEvent
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
+from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import Document
 

@@ -69,7 +69,7 @@ def test_the_cli_waits_as_long_as_the_uri_says_unless_told(extra: list[str], see
     uri = UNREACHABLE + "?serverSelectionTimeoutMS=300"
     command = ["outbox", "stats", "--mongo-uri", uri, "--db", "x", "--collection", "y"]
     done = subprocess.run(
-        [sys.executable, "-m", "docoutbox", *command, *extra],
+        [sys.executable, "-m", "docoutbox_app", *command, *extra],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -18,9 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from docoutbox import AggregateStore, AsyncAggregateStore, Message, StoreConfig, emit
-from docoutbox.cli import logs
 from docoutbox.codec import decode_message, encode_entry
-from docoutbox.dispatch.backlog import (
+from docoutbox.dispatch.engine.backlog import (
     BacklogMonitor,
     Fanout,
     OutboxStats,
@@ -37,6 +36,7 @@ from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, Tracing
 from docoutbox.observability.prometheus import PrometheusMetrics, PrometheusStoreObserver
 from docoutbox.receive import Action, HandlerRetry, receive_retrying
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryPublisher
+from docoutbox_app.cli import logs
 
 
 class Box(Aggregate):

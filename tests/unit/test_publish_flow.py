@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
+from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidConfig,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.drivers import AsyncGroupWriter, GroupWriter, batches
-from docoutbox.dispatch.engine import DispatchEngine, DispatcherConfig, TrimRound
-from docoutbox.dispatch.flow import DispatchPolicy, Publish
-from docoutbox.dispatch.ownership import SoleOwner
-from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
+from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter, batches
+from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, TrimRound
+from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
 from docoutbox.errors import InvalidConfig, StoreError, TransientStoreError
 from docoutbox.store.core import Write

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.engine import (
+from docoutbox.dispatch.engine.loop import (
     DispatchEngine,
     DispatcherConfig,
     OpenStream,

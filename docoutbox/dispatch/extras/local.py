@@ -121,7 +121,7 @@ class _Router:
 
 
 class LocalPublisher(_Router):
-    """A :class:`~docoutbox.dispatch.ports.Publisher` that delivers by ``store.handle``.
+    """A :class:`~docoutbox.ports.dispatch.Publisher` that delivers by ``store.handle``.
 
     >>> publisher = LocalPublisher({"Stock": Route(stock_store, stock_handlers)})
     >>> Dispatcher(order_backend, publisher, dead_letters, ...)

@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from docoutbox.cli import logs
-from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import (
+from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
+from docoutbox_app.cli import logs
+from docoutbox_app.cli.help import Formatter
+from docoutbox_app.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
     LIMIT,
@@ -41,7 +42,6 @@ from docoutbox.cli.options import (
     names_problem,
     store_of,
 )
-from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 
 Runner = Callable[[argparse.Namespace], int]
 

@@ -2,7 +2,7 @@
 group commit that writes the trims of concurrent runs in one round trip.
 
 :class:`Ports` and :class:`AsyncPorts` bundle what a driver talks to; their ``perform``
-carries out one :data:`~docoutbox.dispatch.engine.EngineOp`. Drivers add only their own
+carries out one :data:`~docoutbox.dispatch.engine.loop.EngineOp`. Drivers add only their own
 concerns (stopping during a sleep, abandoning work after a crash).
 """
 
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.engine import (
+from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.engine.flow import Publish, Quarantine
+from docoutbox.dispatch.engine.loop import (
     CloseStream,
     DispatchEngine,
     DispatcherConfig,
@@ -30,10 +32,10 @@ from docoutbox.dispatch.engine import (
     SaveCheckpoint,
     StartMarker,
 )
-from docoutbox.dispatch.flow import Publish, Quarantine
-from docoutbox.dispatch.metrics import Metrics
-from docoutbox.dispatch.ownership import Ownership, SoleOwner
-from docoutbox.dispatch.ports import (
+from docoutbox.dispatch.engine.metrics import Metrics
+from docoutbox.dispatch.engine.scheduler import RunSlot
+from docoutbox.errors import InvalidConfig, StoreError
+from docoutbox.ports.dispatch import (
     AsyncChangeSource,
     AsyncCheckpoints,
     AsyncDeadLetters,
@@ -43,12 +45,10 @@ from docoutbox.dispatch.ports import (
     DeadLetters,
     Publisher,
 )
-from docoutbox.dispatch.scheduler import RunSlot
-from docoutbox.errors import InvalidConfig, StoreError
+from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
-from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 #: The methods a dispatcher calls on each of its ports (sync or async alike).
 _PORT_METHODS = {
@@ -161,7 +161,7 @@ class AsyncPorts:
 
 def write_many(backend: Any, plans: Sequence[WritePlan]) -> list[bool]:
     """``backend.write_many(plans)`` where the backend has it (one round trip), else one
-    :meth:`~docoutbox.store.ports.StoreBackend.write` per plan."""
+    :meth:`~docoutbox.ports.store.StoreBackend.write` per plan."""
     many = getattr(backend, "write_many", None)
     if callable(many):
         results: list[bool] = many(plans)

@@ -1,6 +1,6 @@
 """The threaded dispatcher: turns committed outbox entries into confirmed publishes, then trims.
 
-A thin driver of :class:`~docoutbox.dispatch.engine.DispatchEngine`: the calling thread
+A thin driver of :class:`~docoutbox.dispatch.engine.loop.DispatchEngine`: the calling thread
 runs the control loop (sweeps, stream, checkpoint), a pool of ``concurrency`` threads runs
 batches of aggregate runs (concurrent across aggregates, serial per aggregate).
 
@@ -17,16 +17,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from docoutbox.dispatch.drivers import GroupWriter, Ports, batches, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound, event_target
-from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.metrics import Metrics
-from docoutbox.dispatch.ownership import Ownership, SoleOwner
-from docoutbox.dispatch.ports import ChangeSource, Checkpoints, DeadLetters, Publisher
-from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
+from docoutbox.dispatch.drivers.operations import GroupWriter, Ports, batches, wall_clock_engine
+from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.engine.flow import Publish
+from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound, event_target
+from docoutbox.dispatch.engine.metrics import Metrics
+from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
+from docoutbox.ports.dispatch import ChangeSource, Checkpoints, DeadLetters, Publisher
+from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.ports import StoreBackend
 
 __all__ = ["Dispatcher", "DispatcherConfig", "event_target"]
 

@@ -1,5 +1,5 @@
 """Settled publishers: for a dispatcher in another process than the immediate path
-(:mod:`docoutbox.dispatch.immediate`), an entry younger than ``settle`` seconds is
+(:mod:`docoutbox.dispatch.extras.immediate`), an entry younger than ``settle`` seconds is
 published only once it is that old and still pending.
 
 An entry gone from its document was trimmed, and a trim follows a publish (I3), so it
@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime
 from typing import Any
 
-from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.ports import AsyncPublisher, Publisher, check_publisher
+from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.drive import drive, drive_async
 from docoutbox.model import OutboxMessage
+from docoutbox.ports.dispatch import AsyncPublisher, Publisher, check_publisher
+from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.retry import check_seconds
 from docoutbox.store.core import Load, Sleep
 from docoutbox.store.document import utcnow
-from docoutbox.store.ports import AsyncStoreBackend, StoreBackend
 
 SettleOp = Sleep | Load | Publish
 
@@ -78,7 +78,7 @@ class SettledPublisher:
 
 class AsyncSettledPublisher:
     """The async twin of :class:`SettledPublisher`, for an
-    :class:`~docoutbox.dispatch.aio.AsyncDispatcher`."""
+    :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher`."""
 
     def __init__(
         self,

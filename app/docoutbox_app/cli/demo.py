@@ -22,15 +22,15 @@ from typing import Any
 from pydantic import BaseModel, PositiveInt
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, InboxPolicy, Message, emit
-from docoutbox.cli import logs
-from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import DATABASE, TIMEOUT, number
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.errors import DocOutboxError, InvalidInput
 from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.core import StoreConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
+from docoutbox_app.cli import logs
+from docoutbox_app.cli.help import Formatter
+from docoutbox_app.cli.options import DATABASE, TIMEOUT, number
 
 
 class Wallet(Aggregate):

@@ -1,8 +1,8 @@
 """Which partitions this dispatcher instance may touch, right now.
 
 :class:`SoleOwner` owns every partition (a single instance). :class:`LeaseKeeper` holds
-partition leases in a :class:`~docoutbox.dispatch.ports.LeaseTable`, renewed by a heartbeat
-thread and planned by :func:`docoutbox.dispatch.leases.plan_leases`.
+partition leases in a :class:`~docoutbox.ports.dispatch.LeaseTable`, renewed by a heartbeat
+thread and planned by :func:`docoutbox.dispatch.engine.leases.plan_leases`.
 
 Workers bracket their work on an aggregate with ``enter``/``leave`` and check ``valid``
 before every publish and trim. A partition being handed over takes no new work, but the
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from docoutbox.dispatch.leases import LeaseTiming, dead_members, plan_leases
-from docoutbox.dispatch.ports import LeaseTable, LeaseView
+from docoutbox.dispatch.engine.leases import LeaseTiming, dead_members, plan_leases
 from docoutbox.errors import DocOutboxError
+from docoutbox.ports.dispatch import LeaseTable, LeaseView
 from docoutbox.store.document import Document, utcnow
 
 log = logging.getLogger("docoutbox.leases")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from docoutbox.cli.options import INTERVAL
-from docoutbox.dispatch.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
-from docoutbox.dispatch.metrics import Metrics
+from docoutbox.dispatch.engine.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
+from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.observability.health import Endpoint, Health, Observed
+from docoutbox_app.cli.options import INTERVAL
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ PER_AGGREGATE = 1_000
 
 
 class Sizes(Protocol):
-    """The counts of a :class:`~docoutbox.dispatch.engine.DispatcherConfig` that bound
+    """The counts of a :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig` that bound
     what is in flight."""
 
     @property

@@ -1,5 +1,5 @@
 """Claims: in one process, the immediate path and the regular dispatcher publish each
-entry once between them (see :mod:`docoutbox.dispatch.immediate`).
+entry once between them (see :mod:`docoutbox.dispatch.extras.immediate`).
 
 Whoever claims an entry first publishes it; the other path waits for the outcome and,
 on success, does not publish it again. :func:`claimed_publish` is that rule as a sans-IO
@@ -16,10 +16,10 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.ports import AsyncPublisher, Publisher
+from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.drive import drive, drive_async
 from docoutbox.model import OutboxMessage
+from docoutbox.ports.dispatch import AsyncPublisher, Publisher
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ class GuardedPublisher:
 
 class AsyncGuardedPublisher:
     """The async twin of :class:`GuardedPublisher`, for an
-    :class:`~docoutbox.dispatch.aio.AsyncDispatcher`."""
+    :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher`."""
 
     def __init__(self, publisher: AsyncPublisher, claims: Claims) -> None:
         self.publisher = publisher

@@ -8,16 +8,16 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
   every partition acquired, in full when the stream position is lost), fetch one sweep
   page (taking turns with stream reads, so a long sweep never keeps the stream unread
   and the checkpoint still), poll the change stream (opening it from the checkpoint, or
-  fresh behind a :class:`~docoutbox.dispatch.checkpoint.Gate`; paced: not while a round
+  fresh behind a :class:`~docoutbox.dispatch.engine.checkpoint.Gate`; paced: not while a round
   of runs waits for workers, and once drained only every ``poll_interval``), and save
   the checkpoint behind the completed prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
   this instance trimmed since are left out) or load it, then publish its pending
-  entries in ``seq`` order with :func:`~docoutbox.dispatch.flow.dispatch_document` (I4),
+  entries in ``seq`` order with :func:`~docoutbox.dispatch.engine.flow.dispatch_document` (I4),
   trimming what was published, as long as its partition is held.
 
-Which runs may begin is the :class:`~docoutbox.dispatch.scheduler.AggregateQueue`'s call
+Which runs may begin is the :class:`~docoutbox.dispatch.engine.scheduler.AggregateQueue`'s call
 (:meth:`DispatchEngine.start_runs`); the driver runs them, concurrently or not, and
 reports each back with :meth:`DispatchEngine.finish`. Time (``monotonic`` and ``clock``)
 and randomness (``rng``) are injected, so a driver may be a deterministic simulation.
@@ -35,8 +35,9 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.backlog import stream_lag
-from docoutbox.dispatch.checkpoint import (
+from docoutbox.dispatch.drivers.ownership import Ownership
+from docoutbox.dispatch.engine.backlog import stream_lag
+from docoutbox.dispatch.engine.checkpoint import (
     Done,
     Gate,
     LanedTracker,
@@ -45,18 +46,16 @@ from docoutbox.dispatch.checkpoint import (
     Sweep,
     always_done,
 )
-from docoutbox.dispatch.flow import (
+from docoutbox.dispatch.engine.flow import (
     DispatchPolicy,
     DispatchResult,
     Publish,
     Quarantine,
     dispatch_document,
 )
-from docoutbox.dispatch.metrics import Metrics, NullMetrics
-from docoutbox.dispatch.ownership import Ownership
-from docoutbox.dispatch.ports import ChangeEvent, Position
-from docoutbox.dispatch.scheduler import AggregateQueue, RunOutcome, RunSlot
-from docoutbox.dispatch.trimmed import TrimmedIds
+from docoutbox.dispatch.engine.metrics import Metrics, NullMetrics
+from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot
+from docoutbox.dispatch.engine.trimmed import TrimmedIds
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
@@ -64,6 +63,7 @@ from docoutbox.errors import (
     StoreError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.ports.dispatch import ChangeEvent, Position
 from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
@@ -141,7 +141,7 @@ class OpenStream:
 
 @dataclass(frozen=True)
 class PollChanges:
-    """:meth:`ChangeSource.poll`: a list of :class:`~docoutbox.dispatch.ports.ChangeEvent`."""
+    """:meth:`ChangeSource.poll`: a list of :class:`~docoutbox.ports.dispatch.ChangeEvent`."""
 
     max_events: int
 

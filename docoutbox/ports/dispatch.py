@@ -63,7 +63,7 @@ class ChangeEvent:
     ``lane``: for a source made of independent streams (Cosmos DB feed ranges), the one
     this event came from. With a ``merge_positions`` method on the source, an unfinished
     event then holds back the checkpoint of its own lane only
-    (:class:`~docoutbox.dispatch.checkpoint.LanedTracker`).
+    (:class:`~docoutbox.dispatch.engine.checkpoint.LanedTracker`).
     """
 
     position: Position

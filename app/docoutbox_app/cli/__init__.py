@@ -2,10 +2,10 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
-- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox.cli.demo`);
+- ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox_app.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
-  repair the outbox (:mod:`docoutbox.cli.admin`);
-- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox.cli.audit`).
+  repair the outbox (:mod:`docoutbox_app.cli.admin`);
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox_app.cli.audit`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
@@ -29,9 +29,17 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from docoutbox.cli import admin, audit, logs, observe
-from docoutbox.cli.help import Formatter
-from docoutbox.cli.options import (
+from docoutbox.codec import WireFormat, encode_entry
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.leases import LeaseTiming
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
+from docoutbox.model import OutboxMessage
+from docoutbox_app.cli import admin, audit, logs, observe
+from docoutbox_app.cli.help import Formatter
+from docoutbox_app.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
     AT_LEAST_ONE,
@@ -47,16 +55,8 @@ from docoutbox.cli.options import (
     names_problem,
     store_of,
 )
-from docoutbox.codec import WireFormat, encode_entry
-from docoutbox.dispatch.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.flow import DispatchPolicy
-from docoutbox.dispatch.leases import LeaseTiming
-from docoutbox.dispatch.ownership import LeaseKeeper, Ownership, SoleOwner
-from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
-from docoutbox.model import OutboxMessage
 
-log = logging.getLogger("docoutbox.cli")
+log = logging.getLogger("docoutbox_app.cli")
 
 
 class CountingPublisher:
@@ -218,7 +218,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        from docoutbox.cli import demo
+        from docoutbox_app.cli import demo
 
         code: int = demo.main(args_list[1:])
         return code
@@ -518,7 +518,7 @@ def _dispatch_async(
 
 def _backlog_probe(target: Any) -> Any:
     if not hasattr(target.backend, "collection"):  # not MongoDB: page through find_pending
-        from docoutbox.dispatch.backlog import probe_backend
+        from docoutbox.dispatch.engine.backlog import probe_backend
 
         return probe_backend(target.backend)
     from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]

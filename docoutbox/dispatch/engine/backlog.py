@@ -7,7 +7,7 @@ documents wait.
 - :class:`OutboxStats`: pending entries and aggregates, the oldest entry's age, per
   partition and per type. :func:`summarize` computes it from documents (pure);
 - :class:`BacklogProbe`: anything that can measure it (:func:`probe_backend` pages through
-  any :class:`~docoutbox.store.ports.StoreBackend`; adapters offer cheaper projections);
+  any :class:`~docoutbox.ports.store.StoreBackend`; adapters offer cheaper projections);
 - :class:`BacklogMonitor`: measures every ``interval`` seconds on its own thread and hands
   the figures to the metrics (``backlog(aggregates)``, and ``outbox(stats)`` where the
   metrics have it);
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from docoutbox.dispatch.metrics import CountingMetrics, Metrics
+from docoutbox.dispatch.engine.metrics import CountingMetrics, Metrics
 from docoutbox.errors import StoreError
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.ports.store import StoreBackend
 from docoutbox.store.document import ID, Document, utcnow
-from docoutbox.store.ports import StoreBackend
 
 log = logging.getLogger("docoutbox.metrics")
 

@@ -1,17 +1,17 @@
-"""The asyncio dispatcher: the same engine as :class:`~docoutbox.dispatch.dispatcher.Dispatcher`.
+"""The asyncio dispatcher: the same engine as :class:`~docoutbox.Dispatcher`.
 
-A thin driver of :class:`~docoutbox.dispatch.engine.DispatchEngine` on an event loop: the
+A thin driver of :class:`~docoutbox.dispatch.engine.loop.DispatchEngine` on an event loop: the
 control loop runs in :meth:`AsyncDispatcher.run`, batches of aggregate runs in tasks (at
 most ``concurrency`` at once, serial per aggregate). Its ports are async
-(:class:`~docoutbox.store.ports.AsyncStoreBackend`,
-:class:`~docoutbox.dispatch.ports.AsyncPublisher`,
-:class:`~docoutbox.dispatch.ports.AsyncDeadLetters`,
-:class:`~docoutbox.dispatch.ports.AsyncChangeSource`,
-:class:`~docoutbox.dispatch.ports.AsyncCheckpoints`); :func:`in_thread` turns a sync port
+(:class:`~docoutbox.ports.store.AsyncStoreBackend`,
+:class:`~docoutbox.ports.dispatch.AsyncPublisher`,
+:class:`~docoutbox.ports.dispatch.AsyncDeadLetters`,
+:class:`~docoutbox.ports.dispatch.AsyncChangeSource`,
+:class:`~docoutbox.ports.dispatch.AsyncCheckpoints`); :func:`in_thread` turns a sync port
 into an async one where a driver has no async API.
 
-Leases stay with the :class:`~docoutbox.dispatch.ownership.LeaseKeeper`, whose heartbeat
-runs on its own thread against a sync :class:`~docoutbox.dispatch.ports.LeaseTable`:
+Leases stay with the :class:`~docoutbox.dispatch.drivers.ownership.LeaseKeeper`, whose heartbeat
+runs on its own thread against a sync :class:`~docoutbox.ports.dispatch.LeaseTable`:
 renewing must not depend on how busy the event loop is.
 """
 
@@ -26,21 +26,26 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from docoutbox.dispatch.drivers import AsyncGroupWriter, AsyncPorts, batches, wall_clock_engine
-from docoutbox.dispatch.engine import DispatcherConfig, EngineOp, TrimRound
-from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.metrics import Metrics
-from docoutbox.dispatch.ownership import Ownership, SoleOwner
-from docoutbox.dispatch.ports import (
+from docoutbox.dispatch.drivers.operations import (
+    AsyncGroupWriter,
+    AsyncPorts,
+    batches,
+    wall_clock_engine,
+)
+from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.engine.flow import Publish
+from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound
+from docoutbox.dispatch.engine.metrics import Metrics
+from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
+from docoutbox.drive import Abandoned, drive_async
+from docoutbox.ports.dispatch import (
     AsyncChangeSource,
     AsyncCheckpoints,
     AsyncDeadLetters,
     AsyncPublisher,
 )
-from docoutbox.dispatch.scheduler import RunOutcome, RunSlot
-from docoutbox.drive import Abandoned, drive_async
+from docoutbox.ports.store import AsyncStoreBackend
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.ports import AsyncStoreBackend
 
 log = logging.getLogger("docoutbox.dispatcher")
 
@@ -50,7 +55,7 @@ class InThread:
     the pure functions of :data:`PURE`, called as they are."""
 
     #: Methods that do no I/O: a change source's ``merge_positions`` (see
-    #: :class:`~docoutbox.dispatch.ports.ChangeEvent`).
+    #: :class:`~docoutbox.ports.dispatch.ChangeEvent`).
     PURE = frozenset({"merge_positions"})
 
     def __init__(self, port: Any) -> None:

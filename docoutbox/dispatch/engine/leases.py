@@ -20,7 +20,7 @@ its next step with :func:`plan_leases`:
   names the same one from the same view) hands one lease over: one per heartbeat, and
   the needy one acquires it once it is free. A steal is a hand-over, not an overwrite,
   so the partition is never worked on by two instances at once (the work inside it
-  finishes first, see :class:`~docoutbox.dispatch.ownership.LeaseKeeper`).
+  finishes first, see :class:`~docoutbox.dispatch.drivers.ownership.LeaseKeeper`).
 
 A group where every instance holds ``floor`` or ``ceil`` and nothing is free is settled:
 nobody is short, so no lease moves (no thrashing). Each hand-over moves a lease from an
@@ -36,8 +36,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from docoutbox.dispatch.ports import LeaseView
 from docoutbox.errors import InvalidConfig
+from docoutbox.ports.dispatch import LeaseView
 from docoutbox.retry import check_seconds
 
 #: The longest lease a dispatcher takes, in seconds (a day): its TTL is the failover

@@ -2,7 +2,7 @@
 
 Rule: the immediate path is a shortcut, never the only way out. An entry it cannot
 publish stays pending in its document, where the change stream and the sweep of the
-regular :class:`~docoutbox.dispatch.dispatcher.Dispatcher` find it (I1); nothing is
+regular :class:`~docoutbox.dispatch.drivers.threads.Dispatcher` find it (I1); nothing is
 acknowledged or trimmed that was not published first.
 
 How it goes: the store calls :meth:`ImmediateDispatcher.offer` with every outcome that
@@ -21,7 +21,7 @@ dispatcher's publisher with :meth:`ImmediateDispatcher.guard`, and an entry is p
 by whichever path claims it first; the other waits for the outcome and, on success, only
 trims. Across processes the two paths race for every entry the change stream reports
 before the immediate path has trimmed it; wrap the other process's publisher with
-:class:`~docoutbox.dispatch.settled.SettledPublisher` to let young entries settle first.
+:class:`~docoutbox.dispatch.extras.settled.SettledPublisher` to let young entries settle first.
 """
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from docoutbox.dispatch.claims import (
+from docoutbox.dispatch.engine.flow import Publish
+from docoutbox.dispatch.extras.claims import (
     AsyncGuardedPublisher,
     Claims,
     GuardedPublisher,
     WaitClaim,
     claimed_publish,
 )
-from docoutbox.dispatch.flow import Publish
-from docoutbox.dispatch.ports import AsyncPublisher, Publisher, check_publisher
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.ports.dispatch import AsyncPublisher, Publisher, check_publisher
 from docoutbox.retry import MAX_COUNT, check_int, check_seconds
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome

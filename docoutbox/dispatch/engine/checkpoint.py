@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import count, islice
 
-from docoutbox.dispatch.flow import checkpoint_after
-from docoutbox.dispatch.ports import Position
+from docoutbox.dispatch.engine.flow import checkpoint_after
 from docoutbox.model import AggregateId
+from docoutbox.ports.dispatch import Position
 
 Done = Callable[[], bool]
 

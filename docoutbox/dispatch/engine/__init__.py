@@ -1,0 +1,13 @@
+"""The pure dispatch engine: no threads, no asyncio, no I/O; time and randomness injected.
+
+- :mod:`~docoutbox.dispatch.engine.loop`: the one dispatch loop (:class:`DispatchEngine`):
+  sweeps, the stream, checkpoints and runs, as operations a driver performs;
+- :mod:`~docoutbox.dispatch.engine.flow`: one aggregate's publish-then-trim flow;
+- :mod:`~docoutbox.dispatch.engine.scheduler`: which aggregate runs are due;
+- :mod:`~docoutbox.dispatch.engine.checkpoint`: how far the checkpoint may move (I5);
+- :mod:`~docoutbox.dispatch.engine.leases`: pure lease planning (keep, give up, take);
+- :mod:`~docoutbox.dispatch.engine.trimmed`: what was trimmed lately, so an older copy is
+  not published again;
+- :mod:`~docoutbox.dispatch.engine.backlog`: the pending backlog, measured;
+- :mod:`~docoutbox.dispatch.engine.metrics`: the metrics hooks the engine calls.
+"""

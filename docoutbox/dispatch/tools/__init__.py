@@ -1,0 +1,5 @@
+"""Operator tools over any store, used by the operator commands.
+
+- :mod:`~docoutbox.dispatch.tools.replay`: dead letters listed, shown, replayed, purged;
+- :mod:`~docoutbox.dispatch.tools.lease_rows`: who holds which partition.
+"""
