@@ -25,7 +25,7 @@ Span attributes follow the messaging semantic conventions (``messaging.system``,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from docoutbox.dispatch.engine.backlog import OutboxStats
 from docoutbox.model import AggregateId, Message, OutboxMessage
-from docoutbox.ports.dispatch import AsyncPublisher, Publisher
+from docoutbox.ports.dispatch import AsyncPublisher, Closeable, Publisher
 
 SCOPE = "docoutbox"
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -176,9 +176,8 @@ class TracingPublisher:
             self.inner.publish(traced)
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        if isinstance(self.inner, Closeable):
+            self.inner.close()
 
 
 class AsyncTracingPublisher:
@@ -226,19 +225,19 @@ class OtelMetrics:
         )
         meter.create_observable_gauge(
             "docoutbox.outbox.depth",
-            [self._observe("entries")],
+            [self._observe(lambda stats: stats.entries)],
             unit="{message}",
             description="Pending outbox entries in the database",
         )
         meter.create_observable_gauge(
             "docoutbox.outbox.aggregates",
-            [self._observe("aggregates")],
+            [self._observe(lambda stats: stats.aggregates)],
             unit="{aggregate}",
             description="Aggregates with pending outbox entries",
         )
         meter.create_observable_gauge(
             "docoutbox.outbox.oldest_age",
-            [self._observe("oldest_age")],
+            [self._observe(lambda stats: stats.oldest_age)],
             unit="s",
             description="Age of the oldest pending entry",
         )
@@ -249,11 +248,11 @@ class OtelMetrics:
             description="From a document's commit to the dispatcher seeing its change event",
         )
 
-    def _observe(self, name: str) -> Any:
+    def _observe(self, figure: Callable[[OutboxStats], float]) -> Any:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             with self._lock:
                 stats = self._stats
-            return [] if stats is None else [Observation(getattr(stats, name))]
+            return [] if stats is None else [Observation(figure(stats))]
 
         return callback
 

@@ -5,7 +5,7 @@ checkpoints and lease tables. Adapters perform I/O; they decide nothing.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -123,17 +123,9 @@ class LeaseTable(Protocol):
     Every write is conditional; a lost race is reported as False, never as an error.
 
     Partitions are, by default, the numbers stored on the documents
-    (``StoreConfig.partitions``). A table whose partitions are something else (Cosmos DB
-    feed ranges) also defines ``locate(document) -> int``, the partition a document
-    belongs to; the dispatcher then uses it for every event and sweep.
-
-    A table that stores each partition's stream position with its lease (Cosmos DB feed
-    ranges) may also define ``resumes(partition) -> bool``, asked right after a
-    successful ``acquire``: True when the partition resumes from such a stored position,
-    so the new owner needs no sweep of it; and ``guard_checkpoints(check, usable)``, given
-    the holder's ``check(partition) -> bool``, which the table asks before storing a
-    partition's position (a holder that may have passed events over must not store it),
-    and ``usable(partition) -> bool``, whether the holder works in it (yet).
+    (``StoreConfig.partitions``). Tables whose partitions are something else implement
+    :class:`LocatedLeases` as well; tables that keep stream positions with their leases,
+    :class:`PositionedLeases`.
     """
 
     def read(self) -> LeaseView: ...
@@ -155,6 +147,59 @@ class LeaseTable(Protocol):
     def release(self, partition: int, owner: str) -> None:
         """Give ``partition`` up if ``owner`` holds it."""
         ...
+
+
+#: A set of partitions to sweep; None means every document, whatever its partition.
+Scope = frozenset[int] | None
+
+
+@runtime_checkable
+class Ownership(Protocol):
+    """Which partitions this dispatcher instance may touch, right now (see
+    :mod:`docoutbox.dispatch.drivers.ownership`)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, *, release: bool = True) -> None: ...
+
+    def owned(self) -> Scope:
+        """The partitions currently held (None: all of them)."""
+        ...
+
+    def enter(self, partition: int) -> bool:
+        """Start work in ``partition``; False (and no work) if it is not held."""
+        ...
+
+    def leave(self, partition: int) -> None: ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether work inside ``partition`` may still publish or trim."""
+        ...
+
+    def take_acquired(self) -> list[Scope]:
+        """Scopes gained since the last call, to be swept without grace (see
+        :class:`ResumingOwnership`)."""
+        ...
+
+
+@runtime_checkable
+class LocatedOwnership(Protocol):
+    """Optional: an :class:`Ownership` that says itself which partition a document
+    belongs to (Cosmos DB feed ranges), rather than the partition stored on it.
+
+    ``locator()`` is that mapping, or None when the stored partition is the one.
+    """
+
+    def locator(self) -> Callable[[Document], int] | None: ...
+
+
+@runtime_checkable
+class ResumingOwnership(Protocol):
+    """Optional: an :class:`Ownership` whose gained scopes may resume from positions
+    stored with their leases: ``resumes(scope)`` is then True, the stream covers them and
+    no sweep is needed (without it, every scope gained is swept)."""
+
+    def resumes(self, scope: Scope) -> bool: ...
 
 
 @runtime_checkable
@@ -188,13 +233,80 @@ class AsyncCheckpoints(Protocol):
     async def save(self, name: str, position: Position) -> None: ...
 
 
+@runtime_checkable
+class LanedSource(Protocol):
+    """Optional: a :class:`ChangeSource` made of independent lanes (Cosmos DB feed ranges).
+
+    Its events carry their ``lane``. ``merge_positions(latest, held)`` is ``latest`` with
+    each lane in ``held`` at the position ``held`` gives for it: an unfinished event then
+    holds back the checkpoint of its own lane only
+    (:class:`~docoutbox.dispatch.engine.checkpoint.LanedTracker`). It is pure and sync, on
+    an async source too.
+    """
+
+    def merge_positions(self, latest: Position, held: Mapping[Hashable, Position]) -> Position: ...
+
+
+@runtime_checkable
+class LocatedLeases(Protocol):
+    """Optional: a :class:`LeaseTable` whose partitions are not the numbers stored on the
+    documents (Cosmos DB feed ranges).
+
+    ``partitions`` is how many the group has; ``locate(document)`` the one a document
+    belongs to. The dispatcher then uses it for every event and sweep.
+    """
+
+    @property
+    def partitions(self) -> int: ...
+
+    def locate(self, document: Document) -> int: ...
+
+
+@runtime_checkable
+class PositionedLeases(Protocol):
+    """Optional: a :class:`LeaseTable` that stores each partition's stream position with
+    its lease (Cosmos DB feed ranges carrying their continuations).
+
+    - ``resumes(partition)``, asked right after a successful ``acquire``: True when the
+      partition resumes from such a stored position, so the new owner needs no sweep of it;
+    - ``guard_checkpoints(check, usable)``: given the holder's ``check(partition)``, which
+      the table asks before storing a partition's position (a holder that may have passed
+      events over must not store it), and ``usable(partition)``, whether the holder works
+      in it (yet).
+    """
+
+    def resumes(self, partition: int) -> bool: ...
+
+    def guard_checkpoints(
+        self, check: Callable[[int], bool], usable: Callable[[int], bool]
+    ) -> None: ...
+
+
+@runtime_checkable
+class StreamLeases(Protocol):
+    """Optional: a :class:`LeaseTable` with its own change stream per partition (Cosmos
+    DB feed ranges): ``leased_ports()`` is the change source that reads only the held
+    partitions, and the checkpoints that store their positions in the leases. Leased
+    instances use those instead of the kit's own source and checkpoints."""
+
+    def leased_ports(self) -> tuple[ChangeSource, Checkpoints]: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """Optional: a port that holds a connection to release (``close``)."""
+
+    def close(self) -> None: ...
+
+
 def check_publisher(publisher: object, *, asynchronous: bool = False) -> None:
-    """:class:`~docoutbox.errors.InvalidConfig` unless ``publisher`` has a ``publish``
-    method, a coroutine function when ``asynchronous``."""
-    publish, name = getattr(publisher, "publish", None), type(publisher).__name__
-    if not callable(publish):
+    """:class:`~docoutbox.errors.InvalidConfig` unless ``publisher`` is a
+    :class:`Publisher` (an :class:`AsyncPublisher` with a coroutine ``publish`` when
+    ``asynchronous``)."""
+    name = type(publisher).__name__
+    if not isinstance(publisher, Publisher | AsyncPublisher) or not callable(publisher.publish):
         raise InvalidConfig(f"a publisher needs a publish method, got {name}")
-    if asynchronous and not inspect.iscoroutinefunction(publish):
+    if asynchronous and not inspect.iscoroutinefunction(publisher.publish):
         raise InvalidConfig(
             "an async publisher needs an async publish method (in_thread() makes one of a "
             f"sync publisher), got {name}"

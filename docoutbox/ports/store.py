@@ -6,13 +6,32 @@ lives in :mod:`docoutbox.store.core` and is driven against either twin.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from docoutbox.model import AggregateId
 from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
+
+
+@runtime_checkable
+class DispatchBackend(Protocol):
+    """What a dispatcher uses of a :class:`StoreBackend`: ``load``, ``write`` and
+    ``find_pending`` (sync or async alike)."""
+
+    def load(self, aggregate_id: AggregateId) -> Any: ...
+
+    def write(self, plan: WritePlan) -> Any: ...
+
+    def find_pending(
+        self,
+        *,
+        after: AggregateId | None,
+        limit: int,
+        older_than: datetime | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> Any: ...
 
 
 @runtime_checkable
@@ -80,3 +99,22 @@ class AsyncStoreBackend(Protocol):
     ) -> list[Document]: ...
 
     async def ensure_indexes(self) -> None: ...
+
+
+@runtime_checkable
+class BatchWriter(Protocol):
+    """Optional: a :class:`StoreBackend` that writes several plans in one round trip.
+
+    ``write_many`` returns one result per plan, in order, each as :meth:`StoreBackend.write`
+    would. The dispatcher groups the trims of concurrent runs through it; without it, each
+    run writes its own trim.
+    """
+
+    def write_many(self, plans: Sequence[WritePlan]) -> list[bool]: ...
+
+
+@runtime_checkable
+class AsyncBatchWriter(Protocol):
+    """The async twin of :class:`BatchWriter`."""
+
+    async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]: ...

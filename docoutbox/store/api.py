@@ -101,15 +101,16 @@ def _check_store_arguments(backend: object, model: object, config: object) -> No
         raise InvalidConfig(f"model must be a pydantic model class, got {model!r}")
     if config is not None and not isinstance(config, StoreConfig):
         raise InvalidConfig(f"config must be a StoreConfig, got {type(config).__name__}")
-    if not all(hasattr(backend, name) for name in ("document_size", "max_document_bytes")):
+    if not isinstance(backend, StoreBackend | AsyncStoreBackend):
         raise InvalidConfig(f"backend must be a store backend, got {type(backend).__name__}")
 
 
 def _check_driver(backend: object, *, asynchronous: bool) -> None:
     """A sync store over an async backend (or the reverse) failed on its first call with
     an AttributeError or TypeError from deep inside the flow."""
-    load = getattr(backend, "load", None)
-    if load is None or inspect.iscoroutinefunction(load) == asynchronous:
+    if not isinstance(backend, StoreBackend | AsyncStoreBackend):
+        return  # refused by _check_store_arguments
+    if inspect.iscoroutinefunction(backend.load) == asynchronous:
         return
     name = type(backend).__name__
     if asynchronous:

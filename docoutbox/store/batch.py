@@ -330,12 +330,10 @@ class BatchCore(Generic[S]):
         self, snapshot: Snapshot[S], message: Message, decision: Decision[S]
     ) -> tuple[CommitPlan, list[dict[str, Any]]]:
         config = self.core.config
-        # The store's own check of a handler's state, where the core has one: exactly the
-        # model, storable, and readable back; its stored form then goes into the plan.
-        check = getattr(self.core, "_state_document", None)
+        # The store's own check of a handler's state: exactly the model, storable, and
+        # readable back; its stored form then goes into the plan.
         extra: dict[str, Any] = {}
-        if check is not None:
-            extra["state"], _ = check(decision.state, InvalidHandlerResult)
+        extra["state"], _ = self.core._state_document(decision.state, InvalidHandlerResult)
         try:
             return plan_commit(
                 snapshot,

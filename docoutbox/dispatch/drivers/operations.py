@@ -13,13 +13,13 @@ import inspect
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish, Quarantine
 from docoutbox.dispatch.engine.loop import (
     CloseStream,
@@ -43,35 +43,49 @@ from docoutbox.ports.dispatch import (
     ChangeSource,
     Checkpoints,
     DeadLetters,
+    LanedSource,
+    Ownership,
     Publisher,
 )
-from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
+from docoutbox.ports.store import (
+    AsyncBatchWriter,
+    AsyncStoreBackend,
+    BatchWriter,
+    DispatchBackend,
+    StoreBackend,
+)
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
 
-#: The methods a dispatcher calls on each of its ports (sync or async alike).
-_PORT_METHODS = {
-    "backend": ("load", "write", "find_pending"),
-    "publisher": ("publish",),
-    "dead_letters": ("put",),
-    "source": ("start_marker", "open", "poll", "close"),
-    "checkpoints": ("load", "save"),
+#: What a dispatcher calls on each of its ports (sync or async alike): the Protocols of
+#: the sync and async twins share their method names.
+_PORT_CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
+    "backend": ((DispatchBackend,), "load(), write(), find_pending()"),
+    "publisher": ((Publisher, AsyncPublisher), "publish()"),
+    "dead_letters": ((DeadLetters, AsyncDeadLetters), "put()"),
+    "source": ((ChangeSource, AsyncChangeSource), "start_marker(), open(), poll(), close()"),
+    "checkpoints": ((Checkpoints, AsyncCheckpoints), "load(), save()"),
 }
 
 
 def check_ports(ports: Ports | AsyncPorts) -> None:
     """:class:`InvalidConfig` for a port that lacks a method the dispatcher calls (say, a
     ``None`` publisher), instead of an ``AttributeError`` on its first run."""
-    for name, methods in _PORT_METHODS.items():
-        port = getattr(ports, name)
+    given = {
+        "backend": ports.backend,
+        "publisher": ports.publisher,
+        "dead_letters": ports.dead_letters,
+        "source": ports.source,
+        "checkpoints": ports.checkpoints,
+    }
+    for name, (protocols, methods) in _PORT_CHECKS.items():
+        port = given[name]
         if port is None and name in ("source", "checkpoints"):
             continue  # optional: polling mode, no checkpoint
-        missing = [m for m in methods if not callable(getattr(port, m, None))]
-        if missing:
+        if not isinstance(port, protocols):
             raise InvalidConfig(
-                f"the dispatcher's {name} must have {', '.join(f'{m}()' for m in missing)}: "
-                f"got {type(port).__name__}"
+                f"the dispatcher's {name} must have {methods}: got {type(port).__name__}"
             )
 
 
@@ -159,34 +173,6 @@ class AsyncPorts:
         raise TypeError(f"not a dispatch operation: {op!r}")
 
 
-def write_many(backend: Any, plans: Sequence[WritePlan]) -> list[bool]:
-    """``backend.write_many(plans)`` where the backend has it (one round trip), else one
-    :meth:`~docoutbox.ports.store.StoreBackend.write` per plan."""
-    many = getattr(backend, "write_many", None)
-    if callable(many):
-        results: list[bool] = many(plans)
-        return results
-    return [backend.write(plan) for plan in plans]
-
-
-async def write_many_async(backend: Any, plans: Sequence[WritePlan]) -> list[bool]:
-    """The async twin of :func:`write_many`."""
-    many = getattr(backend, "write_many", None)
-    if callable(many):
-        results: list[bool] = await many(plans)
-        return results
-    return [await backend.write(plan) for plan in plans]
-
-
-def _groups(backend: Any) -> bool:
-    """Whether ``backend`` writes several plans in one round trip (``write_many``).
-
-    Without it, grouping would only queue each run's trim behind the others': each run
-    writes its own, concurrently (Cosmos DB has no multi-item write across partitions).
-    """
-    return callable(getattr(backend, "write_many", None))
-
-
 class _Queued:
     """A plan waiting in a group writer, and how its writer learns the outcome."""
 
@@ -237,8 +223,13 @@ class _Rounds:
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
-        #: Without ``write_many``, each plan is written on its own, concurrently.
-        self._direct = not _groups(backend)
+        #: One round trip for several plans (:class:`BatchWriter`). Without it, grouping
+        #: would only queue each run's trim behind the others': each plan is written on
+        #: its own, concurrently (Cosmos DB has no multi-item write across partitions).
+        self._many: Callable[[Sequence[WritePlan]], Any] | None = (
+            backend.write_many if isinstance(backend, BatchWriter | AsyncBatchWriter) else None
+        )
+        self._direct = self._many is None
         self._queue: list[_Queued] = []
         self._writing = False
         #: Round trips made, and plans written: ``plans / batches`` is the batching gain.
@@ -264,7 +255,7 @@ class GroupWriter(_Rounds):
     """Trims of concurrent runs, written together: a group commit.
 
     A writer that finds no round in flight leads one: it writes everything queued in one
-    :func:`write_many`. Writers arriving meanwhile queue up; when the round ends, the
+    ``write_many``. Writers arriving meanwhile queue up; when the round ends, the
     first of them leads the next round and the leader returns at once: no writer waits
     for rounds after its own. A backend without ``write_many`` gets each plan written on
     its own, concurrently (``direct_workers`` threads).
@@ -296,7 +287,7 @@ class GroupWriter(_Rounds):
                     return [item.outcome() for item in items]
             batch = self._begin_round()
         try:
-            _record(batch, write_many(self._backend, [i.plan for i in batch]))
+            _record(batch, self._many([i.plan for i in batch]))  # type: ignore[misc]
         except BaseException as exc:
             _fail(batch, exc)
             if not isinstance(exc, Exception):
@@ -355,7 +346,7 @@ class AsyncGroupWriter(_Rounds):
                 return [item.outcome() for item in items]
         batch = self._begin_round()
         try:
-            _record(batch, await write_many_async(self._backend, [i.plan for i in batch]))
+            _record(batch, await self._many([i.plan for i in batch]))  # type: ignore[misc]
         except BaseException as exc:
             _fail(batch, exc)
             if not isinstance(exc, Exception):
@@ -398,9 +389,9 @@ def wall_clock_engine(
         raise InvalidConfig(f"config must be a DispatcherConfig, got {type(config).__name__}")
     if config is None:
         config = DispatcherConfig() if stream else DispatcherConfig.polling()
-    merge = getattr(source, "merge_positions", None)
-    if not callable(merge) or inspect.iscoroutinefunction(merge):
-        merge = None  # one lane: the engine calls merge_positions in its own loop
+    merge = source.merge_positions if isinstance(source, LanedSource) else None
+    if inspect.iscoroutinefunction(merge):
+        merge = None  # the engine calls merge_positions in its own loop: it must be sync
     return DispatchEngine(
         config,
         ownership or SoleOwner(),

@@ -28,46 +28,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from docoutbox.dispatch.engine.leases import LeaseTiming, dead_members, plan_leases
 from docoutbox.errors import DocOutboxError
-from docoutbox.ports.dispatch import LeaseTable, LeaseView
+from docoutbox.ports.dispatch import (
+    LeaseTable,
+    LeaseView,
+    LocatedLeases,
+    PositionedLeases,
+    Scope,
+)
 from docoutbox.store.document import Document, utcnow
 
 log = logging.getLogger("docoutbox.leases")
-
-#: A set of partitions to sweep; None means every document, whatever its partition.
-Scope = frozenset[int] | None
-
-
-class Ownership(Protocol):
-    def start(self) -> None: ...
-
-    def stop(self, *, release: bool = True) -> None: ...
-
-    def owned(self) -> Scope:
-        """The partitions currently held (None: all of them)."""
-        ...
-
-    def enter(self, partition: int) -> bool:
-        """Start work in ``partition``; False (and no work) if it is not held."""
-        ...
-
-    def leave(self, partition: int) -> None: ...
-
-    def valid(self, partition: int) -> bool:
-        """Whether work inside ``partition`` may still publish or trim."""
-        ...
-
-    def take_acquired(self) -> list[Scope]:
-        """Scopes gained since the last call, to be swept without grace.
-
-        An ownership may also define ``resumes(scope) -> bool``: True for a scope gained
-        whose partitions resume from a position stored with their leases, so that the
-        stream covers them and no sweep is needed (default: every scope is swept).
-        """
-        ...
 
 
 class SoleOwner:
@@ -115,11 +88,11 @@ class LeaseKeeper:
     ) -> None:
         self.table = table
         self.partitions = partitions
-        #: The table's own document-to-partition mapping, if it has one (see LeaseTable).
-        self.locate: Callable[[Document], int] | None = getattr(table, "locate", None)
+        #: The table's own document-to-partition mapping, if it has one.
+        self._locate = table.locate if isinstance(table, LocatedLeases) else None
         #: Whether a partition just acquired resumes from a position stored with its
-        #: lease, if the table can tell (see LeaseTable).
-        self._stored: Callable[[int], bool] | None = getattr(table, "resumes", None)
+        #: lease, if the table can tell.
+        self._stored = table.resumes if isinstance(table, PositionedLeases) else None
         self.owner = owner
         self.timing = timing or LeaseTiming()
         self._clock = clock
@@ -138,9 +111,8 @@ class LeaseKeeper:
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_wait = self.timing.heartbeat
-        guard = getattr(table, "guard_checkpoints", None)
-        if callable(guard):
-            guard(self.checkpointable, self.valid)
+        if isinstance(table, PositionedLeases):
+            table.guard_checkpoints(self.checkpointable, self.valid)
 
     # -- what workers see -------------------------------------------------------------
 
@@ -180,6 +152,11 @@ class LeaseKeeper:
             gained, self._gained = self._gained, set()
             resumed, self._reported = self._reported, set()
         return [frozenset(s) for s in (gained, resumed) if s]
+
+    def locator(self) -> Callable[[Document], int] | None:
+        """The lease table's document-to-partition mapping (:class:`LocatedLeases`), or
+        None: the partition stored on each document."""
+        return self._locate
 
     def resumes(self, scope: Scope) -> bool:
         """Whether every partition of ``scope`` (gained) resumes from the position stored

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from docoutbox.dispatch.engine.metrics import CountingMetrics, Metrics
+from docoutbox.dispatch.engine.metrics import CountingMetrics, Metrics, StreamLagMetrics
 from docoutbox.errors import StoreError
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.ports.store import StoreBackend
@@ -158,6 +158,7 @@ def probe_backend(backend: StoreBackend, page: int = 500) -> BacklogProbe:
     return measure
 
 
+@runtime_checkable
 class OutboxMetrics(Protocol):
     """Metrics that take the whole measurement (optional beside :class:`Metrics`)."""
 
@@ -196,9 +197,8 @@ class BacklogMonitor:
         self.failures = 0
         self.last = stats
         for metrics in self.metrics:
-            report: Callable[[OutboxStats], None] | None = getattr(metrics, "outbox", None)
-            if report is not None:
-                report(stats)
+            if isinstance(metrics, OutboxMetrics):
+                metrics.outbox(stats)
             metrics.backlog(stats.aggregates)
         return stats
 
@@ -285,6 +285,8 @@ class Fanout:
 
     def __init__(self, *targets: Metrics) -> None:
         self.targets = targets
+        self._outbox = [t for t in targets if isinstance(t, OutboxMetrics)]
+        self._lag = [t for t in targets if isinstance(t, StreamLagMetrics)]
 
     def published(self, entry: OutboxMessage, lag: float) -> None:
         for target in self.targets:
@@ -303,13 +305,9 @@ class Fanout:
             target.backlog(aggregates)
 
     def outbox(self, stats: OutboxStats) -> None:
-        for target in self.targets:
-            report = getattr(target, "outbox", None)
-            if report is not None:
-                report(stats)
+        for target in self._outbox:
+            target.outbox(stats)
 
     def stream_lag(self, seconds: float) -> None:
-        for target in self.targets:
-            report = getattr(target, "stream_lag", None)
-            if report is not None:
-                report(seconds)
+        for target in self._lag:
+            target.stream_lag(seconds)

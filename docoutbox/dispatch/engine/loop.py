@@ -35,7 +35,6 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.drivers.ownership import Ownership
 from docoutbox.dispatch.engine.backlog import stream_lag
 from docoutbox.dispatch.engine.checkpoint import (
     Done,
@@ -53,7 +52,7 @@ from docoutbox.dispatch.engine.flow import (
     Quarantine,
     dispatch_document,
 )
-from docoutbox.dispatch.engine.metrics import Metrics, NullMetrics
+from docoutbox.dispatch.engine.metrics import Metrics, NullMetrics, StreamLagMetrics
 from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot
 from docoutbox.dispatch.engine.trimmed import TrimmedIds
 from docoutbox.errors import (
@@ -63,7 +62,13 @@ from docoutbox.errors import (
     StoreError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.ports.dispatch import ChangeEvent, Position
+from docoutbox.ports.dispatch import (
+    ChangeEvent,
+    LocatedOwnership,
+    Ownership,
+    Position,
+    ResumingOwnership,
+)
 from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
@@ -313,8 +318,13 @@ class DispatchEngine:
         self.checkpoints = checkpoints
         #: Which ownership partition a document belongs to, when the ownership says so
         #: itself (Cosmos DB feed ranges) rather than by the documents' stored partition.
-        self._locate: Callable[[Document], int] | None = getattr(ownership, "locate", None)
+        self._locate = ownership.locator() if isinstance(ownership, LocatedOwnership) else None
+        #: Whether a scope gained resumes from positions stored with its leases.
+        self._resumes = ownership.resumes if isinstance(ownership, ResumingOwnership) else None
         self.metrics = metrics or NullMetrics()
+        self._lag_report = (
+            self.metrics.stream_lag if isinstance(self.metrics, StreamLagMetrics) else None
+        )
         #: Whether publishes report their lag: not to NullMetrics itself (a subclass may).
         self._timed = type(self.metrics) is not NullMetrics
         self.broker = BrokerState()
@@ -376,8 +386,7 @@ class DispatchEngine:
         now = self._mono()
         for scope in self.ownership.take_acquired():
             self.queue.drop_copies(scope)
-            resumes = getattr(self.ownership, "resumes", None)  # see take_acquired
-            if resumes is None or not resumes(scope):
+            if self._resumes is None or not self._resumes(scope):
                 self._add_sweep(Sweep(scope, None))
         if now >= self._next_sweep:
             self._next_sweep = now + self.config.sweep_interval
@@ -542,7 +551,7 @@ class DispatchEngine:
             self._stream_failed(exc, now)
             return False
         self._paged = False
-        report = getattr(self.metrics, "stream_lag", None)
+        report = self._lag_report
         for event in events:
             if report is not None and event.document is not None:
                 lag = stream_lag(event.document, self._clock())

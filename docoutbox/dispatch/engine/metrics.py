@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from docoutbox.model import AggregateId, OutboxMessage
 
@@ -33,6 +33,14 @@ class Metrics(Protocol):
     def backlog(self, aggregates: int) -> None:
         """How many aggregates are waiting to be dispatched."""
         ...
+
+
+@runtime_checkable
+class StreamLagMetrics(Protocol):
+    """Optional beside :class:`Metrics`: how far behind its commit each change event was
+    seen, in seconds (checked once, when a dispatcher is built)."""
+
+    def stream_lag(self, seconds: float) -> None: ...
 
 
 class NullMetrics:
