@@ -48,7 +48,8 @@ from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.store.document import new_document
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_cosmos import CosmosBackend, CosmosChangeSource
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.items import ItemCodec, format_time
 from tests.support.servers import (
     CosmosAccount,

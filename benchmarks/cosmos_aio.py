@@ -46,7 +46,8 @@ from docoutbox import AsyncAggregateStore, InboxPolicy, StoreConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher
 from docoutbox.dispatch.engine.loop import DispatcherConfig
 from docoutbox.ports.dispatch import Position
-from docoutbox_cosmos import AsyncCosmosBackend, AsyncCosmosChangeSource, CosmosChangeSource
+from docoutbox_cosmos import AsyncCosmosBackend
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 from tests.support.servers import CosmosAccount
 
 

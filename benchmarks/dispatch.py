@@ -52,13 +52,8 @@ from docoutbox.store.document import new_document, partition_of
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_mongo import (
-    AsyncMongoBackend,
-    AsyncMongoChangeSource,
-    MongoBackend,
-    MongoChangeSource,
-)
-from docoutbox_mongo.changes import PIPELINE
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.changes import PIPELINE, AsyncMongoChangeSource, MongoChangeSource
 
 POLL = DispatcherConfig().poll_interval
 TIMEOUT = 300.0

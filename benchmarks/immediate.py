@@ -35,12 +35,8 @@ from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.dispatch.extras.settled import SettledPublisher
 from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters
-from docoutbox_mongo import (
-    AsyncMongoBackend,
-    AsyncMongoChangeSource,
-    MongoBackend,
-    MongoChangeSource,
-)
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
 
 SETTLE = 0.5
 KINDS = (

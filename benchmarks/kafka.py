@@ -31,9 +31,11 @@ from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait, backl
 from docoutbox import Dispatcher, OutboxMessage
 from docoutbox.codec import encode_entry
 from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_kafka import KafkaPublisher, headers_for
+from docoutbox_kafka import KafkaPublisher
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
-from docoutbox_mongo import MongoBackend, MongoChangeSource
+from docoutbox_kafka.records import headers_for
+from docoutbox_mongo import MongoBackend
+from docoutbox_mongo.changes import MongoChangeSource
 from tests.support.kafka import Topics, kafka_available, kafka_bootstrap
 
 DENSITY = 10

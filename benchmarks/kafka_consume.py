@@ -34,8 +34,9 @@ from benchmarks.common import (
 )
 from benchmarks.kafka import broker
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
-from docoutbox_kafka import KafkaConsumer, headers_for
+from docoutbox_kafka import KafkaConsumer
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
+from docoutbox_kafka.records import headers_for
 from docoutbox_mongo import MongoBackend
 from tests.support.e2e import Ledger, by_source, ledger_handlers, make_entry
 from tests.support.kafka import Topics

@@ -42,7 +42,8 @@ from docoutbox import AggregateStore, StoreConfig
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.observability.otel import OtelStoreObserver, TracingPublisher
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
-from docoutbox_mongo import MongoBackend, MongoChangeSource
+from docoutbox_mongo import MongoBackend
+from docoutbox_mongo.changes import MongoChangeSource
 
 
 class DroppingExporter(SpanExporter):

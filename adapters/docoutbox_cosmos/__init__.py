@@ -1,41 +1,33 @@
-"""Azure Cosmos DB adapter for docoutbox: azure-cosmos sync and aio, change feed, leases."""
+"""Azure Cosmos DB adapter for docoutbox: azure-cosmos sync and aio, change feed, leases.
 
-from docoutbox_cosmos.aio import AsyncCosmosDispatchTarget, connect_dispatch_async
-from docoutbox_cosmos.backend import AsyncCosmosBackend, ChargeHook, CosmosBackend
-from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
-from docoutbox_cosmos.coordination import (
-    AsyncCosmosCheckpoints,
-    AsyncCosmosDeadLetters,
-    CosmosCheckpoints,
-    CosmosDeadLetters,
-    CosmosLeaseTable,
-)
+- :mod:`docoutbox_cosmos.backend`: the store backends (:class:`CosmosBackend`,
+  :class:`AsyncCosmosBackend`); :mod:`docoutbox_cosmos.items` and
+  :mod:`docoutbox_cosmos.operations`: documents as items, plans as patches and batches;
+- :mod:`docoutbox_cosmos.changes`: the change feed as a change source;
+- :mod:`docoutbox_cosmos.coordination`: checkpoints, lease items and dead letters;
+  :mod:`docoutbox_cosmos.leases`: one lease per feed range, carrying its continuation;
+- :mod:`docoutbox_cosmos.clients`: sync and aio clients, TLS options, coordination
+  containers;
+- :mod:`docoutbox_cosmos.kit` and :mod:`docoutbox_cosmos.aio`: the kits
+  (:func:`open_kit`, :func:`open_async_kit`) and the ``docoutbox.stores`` adapter;
+- :mod:`docoutbox_cosmos.admin`: backlog, dead letters and lease rows for the operator
+  commands;
+- :mod:`docoutbox_cosmos.errors`: the one translation of SDK errors (by status code).
+"""
+
+from docoutbox_cosmos.aio import AsyncCosmosKit, open_async_kit
+from docoutbox_cosmos.backend import AsyncCosmosBackend, CosmosBackend
+from docoutbox_cosmos.clients import tls_options
 from docoutbox_cosmos.errors import Throttled
-from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, decode_id, encode_id
-from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
-from docoutbox_cosmos.wiring import CosmosDispatchTarget, connect_dispatch, tls_options
+from docoutbox_cosmos.kit import CosmosKit, open_kit
 
 __all__ = [
-    "MAX_ITEM_BYTES",
     "AsyncCosmosBackend",
-    "AsyncCosmosChangeSource",
-    "AsyncCosmosCheckpoints",
-    "AsyncCosmosDeadLetters",
-    "AsyncCosmosDispatchTarget",
-    "ChargeHook",
+    "AsyncCosmosKit",
     "CosmosBackend",
-    "CosmosChangeSource",
-    "CosmosCheckpoints",
-    "CosmosDeadLetters",
-    "CosmosDispatchTarget",
-    "CosmosFeedRangeLeases",
-    "CosmosLeaseTable",
-    "ItemCodec",
-    "LeasedChangeSource",
+    "CosmosKit",
     "Throttled",
-    "connect_dispatch",
-    "connect_dispatch_async",
-    "decode_id",
-    "encode_id",
+    "open_async_kit",
+    "open_kit",
     "tls_options",
 ]

@@ -25,6 +25,7 @@ from docoutbox.dispatch.tools.replay import GONE
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.backend import CosmosBackend
+from docoutbox_cosmos.clients import base_options, open_client
 from docoutbox_cosmos.coordination import (
     _expiry,
     dead_letter_item_id,
@@ -33,7 +34,6 @@ from docoutbox_cosmos.coordination import (
 )
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import ItemCodec, parse_time, to_json
-from docoutbox_cosmos.wiring import base_options, open_client
 
 
 def outbox_stats(container: Any) -> OutboxStats:

@@ -256,6 +256,12 @@ class CosmosFeedRangeLeases(GroupItems):
         with self._lock:
             return partition in self._resumable
 
+    def leased_ports(self) -> tuple[LeasedChangeSource, CosmosFeedRangeLeases]:
+        """The change feed of the ranges held, each from the continuation in its lease,
+        and this table as the checkpoints that keep them (a
+        :class:`~docoutbox.ports.dispatch.StreamLeases`)."""
+        return LeasedChangeSource(self.monitored, self), self
+
     def guard_checkpoints(
         self, checkpointable: Callable[[int], bool], usable: Callable[[int], bool]
     ) -> None:

@@ -1,34 +1,25 @@
-"""MongoDB adapter for docoutbox: pymongo sync, AsyncMongoClient and Motor async."""
+"""MongoDB adapter for docoutbox: pymongo sync, AsyncMongoClient and Motor async.
 
-from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend, bson_size
-from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
-from docoutbox_mongo.coordination import (
-    AsyncMongoCheckpoints,
-    AsyncMongoDeadLetters,
-    MongoCheckpoints,
-    MongoDeadLetters,
-    MongoLeaseTable,
-)
-from docoutbox_mongo.wiring import (
-    AsyncMongoDispatchTarget,
-    MongoDispatchTarget,
-    connect_dispatch,
-    connect_dispatch_async,
-)
+- :mod:`docoutbox_mongo.backend`: the store backends (:class:`MongoBackend`,
+  :class:`AsyncMongoBackend`);
+- :mod:`docoutbox_mongo.plans`: write plans as MongoDB updates;
+- :mod:`docoutbox_mongo.changes`: change streams as change sources;
+- :mod:`docoutbox_mongo.coordination`: checkpoints, leases and dead letters;
+- :mod:`docoutbox_mongo.kit`: the kit (:func:`open_kit`, :func:`open_async_kit`) and the
+  ``docoutbox.stores`` adapter;
+- :mod:`docoutbox_mongo.admin`: backlog figures, dead letters and lease rows for the
+  operator commands;
+- :mod:`docoutbox_mongo.errors`: the one translation of driver errors.
+"""
+
+from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.kit import AsyncMongoKit, MongoKit, open_async_kit, open_kit
 
 __all__ = [
     "AsyncMongoBackend",
-    "AsyncMongoChangeSource",
-    "AsyncMongoCheckpoints",
-    "AsyncMongoDeadLetters",
-    "AsyncMongoDispatchTarget",
+    "AsyncMongoKit",
     "MongoBackend",
-    "MongoChangeSource",
-    "MongoCheckpoints",
-    "MongoDeadLetters",
-    "MongoDispatchTarget",
-    "MongoLeaseTable",
-    "bson_size",
-    "connect_dispatch",
-    "connect_dispatch_async",
+    "MongoKit",
+    "open_async_kit",
+    "open_kit",
 ]

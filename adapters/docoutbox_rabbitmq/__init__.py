@@ -1,21 +1,18 @@
-"""RabbitMQ adapter for docoutbox: a confirming publisher and a consumer that acks after commit."""
+"""RabbitMQ adapter for docoutbox: a confirming publisher and a consumer that acks after
+commit.
 
-from docoutbox.receive import Action, Verdict, receive
-from docoutbox_rabbitmq.amqp import declare, masked, properties_for
+- :mod:`docoutbox_rabbitmq.publisher`: :class:`RabbitPublisher` (pika, publisher confirms);
+- :mod:`docoutbox_rabbitmq.consumer`: :class:`RabbitConsumer` (ack after commit);
+- :mod:`docoutbox_rabbitmq.aio`: the aio-pika twins (``AsyncRabbitPublisher``,
+  ``AsyncRabbitConsumer``);
+- :mod:`docoutbox_rabbitmq.amqp`: message properties, declarations, masked URLs;
+- :mod:`docoutbox_rabbitmq.broker`: the ``docoutbox.brokers`` adapter;
+- :mod:`docoutbox_rabbitmq.replay`: republishing dead letters;
+- :mod:`docoutbox_rabbitmq.errors`: the one translation of pika errors.
+"""
+
+from docoutbox_rabbitmq.amqp import declare
 from docoutbox_rabbitmq.consumer import ConsumerStats, RabbitConsumer
-from docoutbox_rabbitmq.errors import translate, translated
 from docoutbox_rabbitmq.publisher import RabbitPublisher
 
-__all__ = [
-    "Action",
-    "ConsumerStats",
-    "RabbitConsumer",
-    "RabbitPublisher",
-    "Verdict",
-    "declare",
-    "masked",
-    "properties_for",
-    "receive",
-    "translate",
-    "translated",
-]
+__all__ = ["ConsumerStats", "RabbitConsumer", "RabbitPublisher", "declare"]

@@ -54,8 +54,8 @@ def item_size(item: dict[str, Any]) -> int:
 
 def client_options(verify: bool, discovery: bool, ca_file: str | None) -> dict[str, Any]:
     """``CosmosClient`` options: certificate checks as in ``docoutbox dispatch``
-    (:func:`docoutbox_cosmos.wiring.tls_options`), endpoint discovery off for local servers."""
-    from docoutbox_cosmos.wiring import tls_options
+    (:func:`docoutbox_cosmos.kit.tls_options`), endpoint discovery off for local servers."""
+    from docoutbox_cosmos.clients import tls_options
 
     kwargs = tls_options(ca_file, insecure=not verify)
     if not discovery:

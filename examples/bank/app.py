@@ -39,7 +39,7 @@ def cosmos_stores(database: str) -> tuple[AggregateStore[Account], AggregateStor
     from azure.cosmos import PartitionKey
 
     from docoutbox_cosmos import CosmosBackend
-    from docoutbox_cosmos.wiring import open_client
+    from docoutbox_cosmos.clients import open_client
 
     client = open_client(os.environ["COSMOS_ENDPOINT"], os.environ["COSMOS_KEY"])
     db = client.create_database_if_not_exists(database)

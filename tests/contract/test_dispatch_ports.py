@@ -118,7 +118,8 @@ class TestMemoryChangeSource(ChangeSourceContract):
 class TestMongoChangeSource(ChangeSourceContract):
     @pytest.fixture
     def change_source(self, source_dbs: Databases) -> tuple[Any, Any]:
-        from docoutbox_mongo import AsyncMongoChangeSource, MongoBackend, MongoChangeSource
+        from docoutbox_mongo import MongoBackend
+        from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
 
         source = source_dbs.port(MongoChangeSource, AsyncMongoChangeSource, "aggs")
         return source, MongoBackend(source_dbs.sync_db["aggs"])
@@ -154,7 +155,7 @@ class TestMemoryCheckpoints(CheckpointsContract):
 class TestMongoCheckpoints(CheckpointsContract):
     @pytest.fixture
     def checkpoints(self, checkpoint_dbs: Databases) -> Any:
-        from docoutbox_mongo import AsyncMongoCheckpoints, MongoCheckpoints
+        from docoutbox_mongo.coordination import AsyncMongoCheckpoints, MongoCheckpoints
 
         return checkpoint_dbs.port(MongoCheckpoints, AsyncMongoCheckpoints, "checkpoints")
 
@@ -168,7 +169,7 @@ class TestMemoryLeaseTable(LeaseTableContract):
 class TestMongoLeaseTable(LeaseTableContract):
     @pytest.fixture
     def lease_table(self, lease_dbs: Databases) -> Any:
-        from docoutbox_mongo import MongoLeaseTable
+        from docoutbox_mongo.coordination import MongoLeaseTable
 
         return lease_dbs.port(MongoLeaseTable, None, "leases", "group")
 
@@ -183,7 +184,7 @@ class TestMemoryDeadLetters(DeadLettersContract):
 class TestMongoDeadLetters(DeadLettersContract):
     @pytest.fixture
     def dead_letters(self, dead_letter_dbs: Databases) -> tuple[Any, Any]:
-        from docoutbox_mongo import AsyncMongoDeadLetters, MongoDeadLetters
+        from docoutbox_mongo.coordination import AsyncMongoDeadLetters, MongoDeadLetters
 
         port = dead_letter_dbs.port(MongoDeadLetters, AsyncMongoDeadLetters, "dead")
         if dead_letter_dbs.async_db is not None:
@@ -271,7 +272,8 @@ class TestCosmosChangeSource(ChangeSourceContract):
 
     @pytest.fixture
     def change_source(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosBackend, CosmosChangeSource
+        from docoutbox_cosmos import CosmosBackend
+        from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 
         source = cosmos_ports.port(CosmosChangeSource, AsyncCosmosChangeSource, "aggs")
         return source, CosmosBackend(cosmos_ports.db.get_container_client("aggs"))
@@ -285,7 +287,8 @@ class TestCosmosLeasedChangeSource(ChangeSourceContract):
 
     @pytest.fixture
     def change_source(self, cosmos_sync: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases, LeasedChangeSource
+        from docoutbox_cosmos import CosmosBackend
+        from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
 
         aggs = cosmos_sync.container("aggs")
         table = CosmosFeedRangeLeases(cosmos_sync.container("leases"), aggs, "g")
@@ -298,7 +301,7 @@ class TestCosmosLeasedChangeSource(ChangeSourceContract):
 class TestCosmosCheckpoints(CheckpointsContract):
     @pytest.fixture
     def checkpoints(self, cosmos_ports: CosmosPorts) -> Any:
-        from docoutbox_cosmos import AsyncCosmosCheckpoints, CosmosCheckpoints
+        from docoutbox_cosmos.coordination import AsyncCosmosCheckpoints, CosmosCheckpoints
 
         return cosmos_ports.port(CosmosCheckpoints, AsyncCosmosCheckpoints, "checkpoints")
 
@@ -307,7 +310,8 @@ class TestCosmosCheckpoints(CheckpointsContract):
 class TestCosmosLeaseTable(LeaseTableContract):
     @pytest.fixture(params=["feed-ranges", "partition-numbers"])
     def lease_table(self, request: pytest.FixtureRequest, cosmos_sync: CosmosPorts) -> Any:
-        from docoutbox_cosmos import CosmosFeedRangeLeases, CosmosLeaseTable
+        from docoutbox_cosmos.coordination import CosmosLeaseTable
+        from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 
         leases = cosmos_sync.container("leases")
         if request.param == "partition-numbers":
@@ -319,7 +323,7 @@ class TestCosmosLeaseTable(LeaseTableContract):
 class TestCosmosDeadLetters(DeadLettersContract):
     @pytest.fixture
     def dead_letters(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos import AsyncCosmosDeadLetters, CosmosDeadLetters
+        from docoutbox_cosmos.coordination import AsyncCosmosDeadLetters, CosmosDeadLetters
 
         port = cosmos_ports.port(CosmosDeadLetters, AsyncCosmosDeadLetters, "dead")
         container = cosmos_ports.db.get_container_client("dead")

@@ -25,8 +25,9 @@ from docoutbox.errors import PermanentPublishError
 from docoutbox.model import Aggregate, OutboxMessage
 from docoutbox.receive import HandlerRetry
 from docoutbox_app.cli import main
-from docoutbox_mongo import MongoBackend, MongoDeadLetters, MongoLeaseTable
-from docoutbox_mongo.wiring import connect_dispatch
+from docoutbox_mongo import MongoBackend
+from docoutbox_mongo.coordination import MongoDeadLetters, MongoLeaseTable
+from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from tests.support.e2e import Ledger, Sandbox, by_source, record
 
@@ -108,7 +109,7 @@ def test_an_entry_the_broker_refused_is_listed_replayed_and_consumed_once(
         Message(id="m2", type="Place", payload={"emit": ["Poison", "Event"]}),
         order_handlers,
     )
-    target = connect_dispatch(mongo_uri, db, "orders")
+    target = open_kit(mongo_uri, db, "orders")
     publisher = Poisonable(RabbitPublisher(box.url, routing_key=queue))
     dispatcher = Dispatcher(
         target.backend,

@@ -476,12 +476,12 @@ def test_ctrl_c_in_an_operating_command_is_one_line_and_exit_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C while ``outbox stats`` waits for an unreachable server was a traceback."""
-    import docoutbox_mongo.wiring
+    import docoutbox_mongo.kit
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(docoutbox_mongo.wiring, "connect_database", interrupted)
+    monkeypatch.setattr(docoutbox_mongo.kit, "connect_database", interrupted)
     args = ["outbox", "stats", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d"]
     assert main([*args, "--collection", "c"]) == 130
     assert capsys.readouterr().err == "docoutbox: interrupted\n"

@@ -20,14 +20,11 @@ from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.dispatch.tools import replay
 from docoutbox.testing import MemoryPublisher
 from docoutbox_app.cli import main
-from docoutbox_cosmos import (
-    CosmosBackend,
-    CosmosDeadLetters,
-    CosmosFeedRangeLeases,
-    CosmosLeaseTable,
-)
+from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.admin import CosmosDeadLetterStore, lease_rows
-from docoutbox_cosmos.wiring import connect_dispatch
+from docoutbox_cosmos.coordination import CosmosDeadLetters, CosmosLeaseTable
+from docoutbox_cosmos.kit import open_kit
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.integration.test_admin import Order, Poisonable, order_handlers
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.servers import CosmosAccount
@@ -191,7 +188,7 @@ def test_an_entry_the_broker_refused_is_listed_replayed_and_published_once(
     orders.handle("o/1", first, order_handlers, create=True)  # "/" is escaped in item IDs
     second = Message(id="m2", type="Place", payload={"emit": ["Poison", "Event"]})
     orders.handle("o/1", second, order_handlers)
-    target = connect_dispatch(cosmos_server.endpoint, cosmos_server.key, database.id, "orders")
+    target = open_kit(cosmos_server.endpoint, cosmos_server.key, database.id, "orders")
     sink = MemoryPublisher()
     publisher = Poisonable(sink)  # type: ignore[arg-type]
     config = DispatcherConfig(name="adm", sweep_interval=0.5, grace=0, poll_interval=0.05)

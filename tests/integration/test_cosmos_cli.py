@@ -14,7 +14,8 @@ import pytest
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
-from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess
 from tests.support.servers import CosmosAccount

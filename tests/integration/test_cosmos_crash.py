@@ -22,7 +22,8 @@ import pytest
 
 from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
-from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.support.cosmos import all_items, create_container, scratch_database
 from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess

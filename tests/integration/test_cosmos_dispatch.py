@@ -19,12 +19,9 @@ from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
-from docoutbox_cosmos import (
-    CosmosBackend,
-    CosmosChangeSource,
-    CosmosCheckpoints,
-    CosmosLeaseTable,
-)
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.changes import CosmosChangeSource
+from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosLeaseTable
 from tests.support.backends import (
     PATIENT,
     PER_THREAD,

@@ -2,7 +2,7 @@
 
 The same pipeline as ``test_end_to_end.py``, with every aggregate (producers and the
 consumer's ledgers) in Cosmos DB containers, and the dispatcher wired by
-:func:`docoutbox_cosmos.connect_dispatch` as the CLI wires it.
+:func:`docoutbox_cosmos.open_kit` as the CLI wires it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
-from docoutbox_cosmos import CosmosBackend, connect_dispatch
+from docoutbox_cosmos import CosmosBackend, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.cosmos import all_items, create_container, scratch_database
 from tests.support.e2e import Sandbox
@@ -56,7 +56,7 @@ def test_every_message_is_processed_exactly_once_in_order(
         count=PRODUCERS,
         emits=EMITS,
     )
-    target = connect_dispatch(
+    target = open_kit(
         cosmos_server.endpoint,
         cosmos_server.key,
         database.id,

@@ -19,14 +19,11 @@ from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
-from docoutbox_cosmos import (
-    CosmosBackend,
-    CosmosDeadLetters,
-    CosmosFeedRangeLeases,
-    LeasedChangeSource,
-    encode_id,
-)
+from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource, now_token, range_key
+from docoutbox_cosmos.coordination import CosmosDeadLetters
+from docoutbox_cosmos.items import encode_id
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
 from tests.support.backends import (
     CONFIG,
     CosmosBundle,

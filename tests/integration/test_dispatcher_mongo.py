@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from docoutbox.errors import ChangeStreamLost
-from docoutbox_mongo import MongoChangeSource
+from docoutbox_mongo.changes import MongoChangeSource
 from tests.support.backends import DispatchEnv, dispatch_env_of, wait_until
 
 pytestmark = pytest.mark.wire

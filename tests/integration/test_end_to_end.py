@@ -25,7 +25,7 @@ from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
-from docoutbox_mongo.wiring import connect_dispatch, connect_dispatch_async
+from docoutbox_mongo.kit import open_async_kit, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.e2e import (
     Ledger,
@@ -138,7 +138,7 @@ class Pipeline:
         )
         ledgers = AggregateStore(MongoBackend(mongo["ledgers"]), Ledger, RECEIVER_CONFIG)
         self.receiver = broker.receiver(ledgers)
-        self.target = connect_dispatch(mongo_uri, mongo.name, "producers")
+        self.target = open_kit(mongo_uri, mongo.name, "producers")
         self.publisher = broker.publisher(proxy)
         config = DispatcherConfig(name="e2e", concurrency=4, policy=DispatchPolicy())
         self.dispatcher: Dispatcher | AsyncDispatcher
@@ -162,7 +162,7 @@ class Pipeline:
         self._go = threading.Event()
 
         async def main() -> None:
-            ports = await connect_dispatch_async(uri, db, "producers")
+            ports = await open_async_kit(uri, db, "producers")
             made.append(
                 AsyncDispatcher(
                     ports.backend,

@@ -27,12 +27,8 @@ from docoutbox import (
 from docoutbox.testing import MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.publisher import AsyncMemoryPublisher
-from docoutbox_mongo import (
-    AsyncMongoBackend,
-    AsyncMongoChangeSource,
-    MongoBackend,
-    MongoChangeSource,
-)
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
 from tests.unit.test_immediate import FAST, in_seq_order
 
 pytestmark = pytest.mark.wire

@@ -16,7 +16,7 @@ import pytest
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import TransientStoreError
-from docoutbox_mongo import MongoLeaseTable
+from docoutbox_mongo.coordination import MongoLeaseTable
 from tests.support.backends import DispatchEnv, OverlapDetector, dispatch_env_of, owned, wait_until
 
 pytestmark = pytest.mark.wire

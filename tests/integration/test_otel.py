@@ -27,7 +27,7 @@ from docoutbox.dispatch.engine.backlog import BacklogMonitor
 from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.admin import outbox_stats
-from docoutbox_mongo.wiring import connect_dispatch
+from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from tests.integration.test_admin import Order, order_handlers
 from tests.support.e2e import Ledger, Sandbox, by_source, ledger_handlers
@@ -73,7 +73,7 @@ def test_one_trace_from_the_incoming_message_through_commit_publish_and_consume(
     other.handle("o1", Message(id="m2", type="Place"), order_handlers)
     assert orders.handle("o1", Message(id="m3", type="Place"), order_handlers).attempts == 2
 
-    target = connect_dispatch(mongo_uri, mongo.name, "orders")
+    target = open_kit(mongo_uri, mongo.name, "orders")
     dispatch_metrics = OtelMetrics(meter_provider=meters)
     monitor = BacklogMonitor(lambda: outbox_stats(mongo["orders"]), dispatch_metrics)
     assert monitor.measure() is not None

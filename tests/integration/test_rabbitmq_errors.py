@@ -21,8 +21,11 @@ from docoutbox.errors import (
     PublishError,
     TransientStoreError,
 )
+from docoutbox.receive import Action
 from docoutbox.retry import RetryPolicy
-from docoutbox_rabbitmq import Action, RabbitConsumer, masked, translate, translated
+from docoutbox_rabbitmq import RabbitConsumer
+from docoutbox_rabbitmq.aio import translate, translated
+from docoutbox_rabbitmq.amqp import masked
 from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
 
 

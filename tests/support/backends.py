@@ -178,7 +178,8 @@ class MongoBundle(Bundle):
         return MongoBackend(self.coll)
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_mongo import MongoChangeSource, MongoCheckpoints, MongoDeadLetters
+        from docoutbox_mongo.changes import MongoChangeSource
+        from docoutbox_mongo.coordination import MongoCheckpoints, MongoDeadLetters
 
         return Ports(
             self.store_backend(),
@@ -190,12 +191,9 @@ class MongoBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_mongo import (
-            AsyncMongoBackend,
-            AsyncMongoChangeSource,
-            AsyncMongoCheckpoints,
-            AsyncMongoDeadLetters,
-        )
+        from docoutbox_mongo import AsyncMongoBackend
+        from docoutbox_mongo.changes import AsyncMongoChangeSource
+        from docoutbox_mongo.coordination import AsyncMongoCheckpoints, AsyncMongoDeadLetters
 
         client = mongo_async_client(driver, self.uri)
         db = client[self.db.name]
@@ -215,7 +213,7 @@ class MongoBundle(Bundle):
         return ports, close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_mongo import MongoLeaseTable
+        from docoutbox_mongo.coordination import MongoLeaseTable
 
         return MongoLeaseTable(self.db["leases"], group)
 
@@ -290,7 +288,8 @@ class CosmosBundle(Bundle):
         return CosmosBackend(self.coll, on_charge=lambda *c: self.charges.append(c))
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_cosmos import CosmosChangeSource, CosmosCheckpoints, CosmosDeadLetters
+        from docoutbox_cosmos.changes import CosmosChangeSource
+        from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
 
         return Ports(
             self.store_backend(),
@@ -302,12 +301,9 @@ class CosmosBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_cosmos import (
-            AsyncCosmosBackend,
-            AsyncCosmosChangeSource,
-            AsyncCosmosCheckpoints,
-            AsyncCosmosDeadLetters,
-        )
+        from docoutbox_cosmos import AsyncCosmosBackend
+        from docoutbox_cosmos.changes import AsyncCosmosChangeSource
+        from docoutbox_cosmos.coordination import AsyncCosmosCheckpoints, AsyncCosmosDeadLetters
 
         client = self.account.async_client()
         db = client.get_database_client(self.db.id)
@@ -321,7 +317,7 @@ class CosmosBundle(Bundle):
         return ports, client.close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_cosmos import CosmosLeaseTable
+        from docoutbox_cosmos.coordination import CosmosLeaseTable
 
         return CosmosLeaseTable(self.leases, group)
 
@@ -336,7 +332,7 @@ class CosmosBundle(Bundle):
         return {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
 
     def checkpoint(self) -> Any:
-        from docoutbox_cosmos import CosmosCheckpoints
+        from docoutbox_cosmos.coordination import CosmosCheckpoints
 
         return CosmosCheckpoints(self.checkpoints).load(CONFIG.name)
 
@@ -347,7 +343,8 @@ class CosmosBundle(Bundle):
         return self.ports().dead_letters
 
     def damage_checkpoint(self, damage: str) -> None:
-        from docoutbox_cosmos import CosmosCheckpoints, encode_id
+        from docoutbox_cosmos.coordination import CosmosCheckpoints
+        from docoutbox_cosmos.items import encode_id
 
         checkpoints = CosmosCheckpoints(self.checkpoints)
         if damage == "deleted":

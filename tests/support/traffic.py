@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox.receive import Verdict
 from docoutbox.testing.contract import Counter, counter_handlers
-from docoutbox_rabbitmq import RabbitConsumer, Verdict
+from docoutbox_rabbitmq import RabbitConsumer
 from tests.support.e2e import Ledger, by_source, ledger_handlers
 
 #: Receivers de-duplicate exactly, by (source, seq), whatever the number of redeliveries.

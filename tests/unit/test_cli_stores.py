@@ -33,7 +33,7 @@ COSMOS = ["--cosmos-endpoint", "https://localhost:1", "--cosmos-key", "a2V5"]
 def test_a_missing_adapter_is_named_with_its_extra(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for module in ("docoutbox_cosmos", "docoutbox_cosmos.admin", "docoutbox_cosmos.wiring"):
+    for module in ("docoutbox_cosmos", "docoutbox_cosmos.admin", "docoutbox_cosmos.kit"):
         monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
     assert main(argv) == 1
     err = capsys.readouterr().err

@@ -9,7 +9,8 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosBackend, CosmosChangeSource
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 
 RANGE = {"Range": {"min": "", "max": "FF", "isMinInclusive": True, "isMaxInclusive": False}}
 

@@ -10,7 +10,7 @@ from typing import Any
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.checkpoint import LanedTracker
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
-from docoutbox_cosmos import AsyncCosmosChangeSource, CosmosChangeSource
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 from tests.unit.test_cosmos_feed_memory import POSITION, RANGE, AsyncPager, Container, Pager
 
 KEY = next(iter(POSITION["ranges"]))

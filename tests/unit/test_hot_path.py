@@ -14,7 +14,7 @@ from docoutbox import Decision, InvalidHandlerResult, InvalidPayload, emit
 from docoutbox.handlers import check_result
 from docoutbox.store.document import from_millis, utcnow
 from docoutbox.store.plans import appended, kept_window
-from docoutbox_mongo import bson_size
+from docoutbox_mongo.backend import bson_size
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ import pytest
 from pymongo import MongoClient
 
 from docoutbox.errors import StoreError
-from docoutbox_mongo.wiring import client_options, connect_database
+from docoutbox_mongo.kit import client_options, connect_database
 from tests.support.servers import REPO_ROOT
 
 UNREACHABLE = "mongodb://127.0.0.1:1/"

@@ -16,28 +16,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
-import uuid
+import warnings
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.codec import WireFormat, encode_entry
-from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
-from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
-from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.backlog import BacklogProbe, probe_backend
 from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
-from docoutbox.ports.dispatch import Ownership
+from docoutbox.ports.dispatch import Closeable, Publisher
+from docoutbox.ports.kit import (
+    BrokerSettings,
+    MeasuredKit,
+    StoreAdapter,
+    StoreKit,
+    StoreSettings,
+)
+from docoutbox_app import registry
 from docoutbox_app.cli import admin, audit, logs, observe
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
@@ -48,14 +53,17 @@ from docoutbox_app.cli.options import (
     INTERVAL,
     PARTITIONS,
     SERVER_TIMEOUT_HELP,
-    STORES,
     TIMEOUT,
-    adapter_missing,
+    KeyValues,
     add_cosmos_options,
+    add_store_options,
     connection_problem,
+    key_value,
     names_problem,
     store_of,
 )
+from docoutbox_app.registry import AdapterMissing
+from docoutbox_app.wiring import DispatchOptions, build_async_dispatcher, build_dispatcher
 
 log = logging.getLogger("docoutbox_app.cli")
 
@@ -135,14 +143,29 @@ def _parser() -> argparse.ArgumentParser:
         help="MongoDB URI (or DOCOUTBOX_MONGO_URI, which keeps it out of the process list)",
     )
     add_cosmos_options(d)
+    add_store_options(d)
     d.add_argument("--db", "--database", dest="db", type=ANY_DATABASE)
     d.add_argument("--collection", "--container", dest="collection", type=ANY_COLLECTION)
     d.add_argument(
         "--publisher",
         required=True,
-        choices=["stdout", "rabbitmq", "kafka", "memory"],
-        help="where entries go. 'memory' publishes NOWHERE (entries are counted and "
-        "trimmed): demos and tests only, and only with --discard-entries",
+        choices=sorted({"stdout", "memory", *registry.names(registry.BROKERS)}),
+        help="where entries go: a broker adapter registered in the docoutbox.brokers entry "
+        "point group, stdout (JSON lines), or 'memory', which publishes NOWHERE (entries "
+        "are counted and trimmed): demos and tests only, and only with --discard-entries",
+    )
+    d.add_argument(
+        "--broker-url",
+        default=env("DOCOUTBOX_BROKER_URL"),
+        help="the broker's address, for broker adapters other than rabbitmq and kafka (or "
+        "DOCOUTBOX_BROKER_URL)",
+    )
+    d.add_argument(
+        "--broker-option",
+        metavar="KEY=VALUE",
+        type=key_value,
+        action=KeyValues,
+        help="a setting of the broker adapter's own (repeatable)",
     )
     d.add_argument(
         "--discard-entries",
@@ -265,6 +288,8 @@ def _check(args: argparse.Namespace) -> str | None:
             "--publisher memory delivers entries nowhere and trims them; it is for demos and "
             "tests only: add --discard-entries to confirm"
         )
+    if args.publisher not in ("stdout", "memory", "rabbitmq", "kafka") and not args.broker_url:
+        return f"--publisher {args.publisher} needs --broker-url (or DOCOUTBOX_BROKER_URL)"
     if args.publisher == "rabbitmq":
         if not args.rabbitmq_url:
             return "--publisher rabbitmq needs --rabbitmq-url (or DOCOUTBOX_RABBITMQ_URL)"
@@ -315,6 +340,43 @@ def dispatch(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _store_settings(args: argparse.Namespace) -> StoreSettings:
+    """The kit's settings from the command's options (plain values: no adapter reads
+    the command line)."""
+    kind = store_of(args)
+    options: dict[str, str] = {}
+    if kind == "cosmos":
+        url, key = args.cosmos_endpoint, args.cosmos_key
+        if args.cosmos_ca_file:
+            options["ca_file"] = args.cosmos_ca_file
+        if args.cosmos_insecure:
+            options["insecure"] = "1"
+    elif kind == "mongo" and not args.store_url:
+        url, key = args.mongo_uri, None
+    else:
+        url, key = args.store_url, os.environ.get("DOCOUTBOX_STORE_KEY")
+    options.update(args.store_option or {})
+    return StoreSettings(
+        url, args.db, args.collection, key=key, timeout=args.server_timeout, options=options
+    )
+
+
+def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
+    return DispatchOptions(
+        name=name,
+        leases=not args.no_leases,
+        lease_ttl=args.lease_ttl,
+        partitions=args.partitions,
+        concurrency=args.concurrency,
+        run_batch=args.run_batch,
+        max_attempts=args.max_attempts,
+        sweep_interval=args.sweep_interval,
+        grace=args.grace,
+        poll_interval=args.poll_interval,
+        checkpoint_interval=args.checkpoint_interval,
+    )
+
+
 def _dispatch(
     args: argparse.Namespace,
     secrets: Sequence[str],
@@ -322,37 +384,40 @@ def _dispatch(
     running: list[Any],
 ) -> int:
     kind = store_of(args)
-    label = STORES[kind][0]
     try:
-        wiring = importlib.import_module(f"docoutbox_{kind}.wiring")
-    except ImportError as exc:
-        return _fail(adapter_missing(kind, exc), secrets)
-    where = logs.mask(args.cosmos_endpoint or args.mongo_uri, secrets)
-    if kind == "cosmos" and args.cosmos_insecure:
+        adapter = registry.store(kind)
+    except AdapterMissing as exc:
+        return _fail(str(exc), secrets)
+    label = adapter.label
+    settings = _store_settings(args)
+    where = logs.mask(settings.url, secrets)
+    if args.cosmos_insecure:
         log.warning(
             "cosmos_tls_unverified endpoint=%s: --cosmos-insecure: the server's certificate "
             "is NOT checked, so anyone on the path can read the key and the data; use it "
             "with a local emulator only, and --cosmos-ca-file anywhere else",
             where,
         )
+        # Said once, loudly, here; not once per request.
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
     log.debug("connecting %s=%s timeout_s=%s", kind, where, args.server_timeout)
     try:
-        target = wiring.connect_cli(args)
+        kit = adapter.open(settings)
     except DocOutboxError as exc:
         return _fail(f"cannot use {label} at {where}: {_short(exc)}", secrets)
     if stopping.is_set():
-        target.close()
+        kit.close()
         log.info("stopped_before_start")
         return 0
     try:
-        seen = observe.Observability(args, _backlog_probe(target))
+        seen = observe.Observability(args, _backlog_probe(kit))
     except (ImportError, ValueError) as exc:
-        target.close()
+        kit.close()
         return _fail(f"{exc}", secrets, code=2)
     try:
         publisher = _publisher(args)
     except (DocOutboxError, ImportError, ValueError) as exc:
-        target.close()
+        kit.close()
         return _fail(f"cannot create the {args.publisher} publisher: {_short(exc)}", secrets)
     output = publisher if isinstance(publisher, StdoutPublisher) else None
     if output is not None:
@@ -370,39 +435,8 @@ def _dispatch(
         )
     publisher = seen.publisher(publisher, "rabbitmq" if args.publisher == "rabbitmq" else None)
     name = args.name or f"dispatch:{args.db}.{args.collection}"
-    ownership: Ownership = SoleOwner()
-    if not args.no_leases:
-        timing = LeaseTiming(ttl=args.lease_ttl)
-        owner = f"{name}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        leased = getattr(target, "leased", None)
-        if leased is not None:
-            leased()  # Cosmos DB: one lease per feed range, carrying its continuation
-        partitions = getattr(target.leases, "partitions", args.partitions)
-        ownership = LeaseKeeper(target.leases, partitions=partitions, owner=owner, timing=timing)
+    options = _options(args, name)
     polling = args.poll_interval is not None
-    config = DispatcherConfig(
-        name=name,
-        partitions=args.partitions,
-        concurrency=args.concurrency,
-        run_batch=args.run_batch,
-        policy=DispatchPolicy(max_attempts=args.max_attempts),
-        sweep_interval=args.poll_interval if polling else args.sweep_interval,
-        grace=0.0 if polling else args.grace,
-        checkpoint_interval=args.checkpoint_interval,
-    )
-    dispatcher = Dispatcher(
-        target.backend,
-        publisher,
-        target.dead_letters,
-        source=None if polling else target.source,
-        checkpoints=target.checkpoints,
-        ownership=ownership,
-        config=config,
-        metrics=seen.metrics,
-    )
-    running.append(dispatcher)
-    if stopping.is_set():
-        dispatcher.stop()
     log.info(
         "dispatch_starting %s=%s db=%s collection=%s publisher=%s name=%s leases=%s mode=%s",
         kind,
@@ -412,18 +446,22 @@ def _dispatch(
         args.publisher,
         name,
         not args.no_leases,
-        f"polling every {config.sweep_interval}s" if polling else "change-stream",
+        f"polling every {args.poll_interval}s" if polling else "change-stream",
     )
     if args.use_async:
         code = _dispatch_async(
-            args, secrets, wiring, target, publisher, ownership, config, seen, running, stopping
+            args, secrets, adapter, settings, kit, publisher, options, seen, running, stopping
         )
         return _closed(output, secrets) if code == 0 else code
+    dispatcher = build_dispatcher(kit, publisher, options, metrics=seen.metrics)
+    running.append(dispatcher)
+    if stopping.is_set():
+        dispatcher.stop()
     try:
         seen.start(dispatcher)
     except OSError as exc:
         seen.close()
-        target.close()
+        kit.close()
         return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
     if seen.endpoint is not None:
         log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
@@ -432,11 +470,10 @@ def _dispatch(
     except PartitionMismatch as exc:
         return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
     finally:
-        close = getattr(publisher, "close", None)
-        if callable(close):
-            close()
+        if isinstance(publisher, Closeable):
+            publisher.close()
         seen.close()
-        target.close()
+        kit.close()
     return _closed(output, secrets)
 
 
@@ -450,46 +487,27 @@ def _closed(output: StdoutPublisher | None, secrets: Sequence[str]) -> int:
 def _dispatch_async(
     args: argparse.Namespace,
     secrets: Sequence[str],
-    wiring: Any,
-    target: Any,
-    publisher: Any,
-    ownership: Ownership,
-    config: DispatcherConfig,
+    adapter: StoreAdapter,
+    settings: StoreSettings,
+    kit: StoreKit,
+    publisher: Publisher,
+    options: DispatchOptions,
     seen: observe.Observability,
     running: list[Any],
     stopping: threading.Event,
 ) -> int:
-    """The same dispatch on asyncio: async store ports (pymongo's AsyncMongoClient or
-    azure.cosmos.aio), the sync publisher in threads."""
-    label = STORES[store_of(args)][0]
+    """The same dispatch on asyncio: the adapter's async kit (pymongo's AsyncMongoClient
+    or azure.cosmos.aio), the sync publisher in threads. The sync ``kit`` measures the
+    backlog."""
 
     async def main() -> None:
-        if args.cosmos_endpoint:
-            ports = await wiring.connect_cli_async(args)
-        else:
-            ports = await wiring.connect_dispatch_async(
-                args.mongo_uri, args.db, args.collection, timeout=args.server_timeout
-            )
-        source, checkpoints = ports.source, ports.checkpoints
-        if getattr(target, "is_leased", False):
-            # Cosmos DB feed-range leases: the leased feed and the continuations kept in
-            # the leases are sync (the lease keeper heartbeats on its own thread anyway).
-            source, checkpoints = in_thread(target.source), in_thread(target.checkpoints)
-        dispatcher = AsyncDispatcher(
-            ports.backend,
-            in_thread(publisher),
-            ports.dead_letters,
-            source=None if args.poll_interval is not None else source,
-            checkpoints=checkpoints,
-            ownership=ownership,
-            config=config,
-            metrics=seen.metrics,
-        )
-        running[:] = [dispatcher]  # from now on, a signal stops this one
-        seen.attach(dispatcher)
-        if stopping.is_set():
-            dispatcher.stop()
+        ports = await adapter.open_async(settings)
         try:
+            dispatcher = build_async_dispatcher(ports, publisher, options, metrics=seen.metrics)
+            running[:] = [dispatcher]  # from now on, a signal stops this one
+            seen.attach(dispatcher)
+            if stopping.is_set():
+                dispatcher.stop()
             await dispatcher.run()
         finally:
             await ports.close()
@@ -498,7 +516,7 @@ def _dispatch_async(
         seen.start(None)
     except OSError as exc:
         seen.close()
-        target.close()
+        kit.close()
         return _fail(f"cannot serve on port {args.metrics_port}: {exc}", secrets)
     if seen.endpoint is not None:
         log.info("endpoint_serving host=%s port=%d", args.metrics_host, seen.endpoint.port)
@@ -507,71 +525,51 @@ def _dispatch_async(
     except PartitionMismatch as exc:
         return _fail(f"refusing to dispatch: {exc}; pass --partitions to match", secrets)
     except DocOutboxError as exc:
-        return _fail(f"cannot use {label}: {_short(exc)}", secrets)
+        return _fail(f"cannot use {adapter.label}: {_short(exc)}", secrets)
     finally:
-        close = getattr(publisher, "close", None)
-        if callable(close):
-            close()
+        if isinstance(publisher, Closeable):
+            publisher.close()
         seen.close()
-        target.close()
+        kit.close()
     return 0
 
 
-def _backlog_probe(target: Any) -> Any:
-    if not hasattr(target.backend, "collection"):  # not MongoDB: page through find_pending
-        from docoutbox.dispatch.engine.backlog import probe_backend
-
-        return probe_backend(target.backend)
-    from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
-        outbox_stats,
-    )
-
-    collection = target.backend.collection
-    return lambda: outbox_stats(collection)
+def _backlog_probe(kit: StoreKit) -> BacklogProbe:
+    """The kit's own backlog query where it has one, else a walk through
+    ``find_pending``."""
+    if isinstance(kit, MeasuredKit):
+        return kit.outbox_stats
+    return probe_backend(kit.backend)
 
 
-def _publisher(args: argparse.Namespace) -> Any:
+def _publisher(args: argparse.Namespace) -> Publisher:
     if args.publisher == "memory":
         return CountingPublisher()
     if args.publisher == "stdout":
         return StdoutPublisher()
+    wire = WireFormat(args.wire)
     if args.publisher == "kafka":
-        from docoutbox_kafka import (  # type: ignore[import-not-found, unused-ignore]
-            KafkaPublisher,
+        settings = BrokerSettings(
+            args.kafka_bootstrap, args.topic, wire=wire, timeout=args.broker_timeout
         )
-
-        kafka = KafkaPublisher(args.kafka_bootstrap, args.topic, wire=WireFormat(args.wire))
-        try:
-            kafka.check(timeout=args.broker_timeout)
-        except BaseException:
-            kafka.close()
-            raise
-        return kafka
-    from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]
-        RabbitPublisher,
-    )
-
-    url = _with_timeout(args.rabbitmq_url, args.broker_timeout)
-    publisher = RabbitPublisher(
-        url, exchange=args.exchange, routing_key=args.routing_key, wire=WireFormat(args.wire)
-    )
-    try:
-        publisher.check(declare_type=args.declare_exchange)
-    except BaseException:
-        publisher.close()
-        raise
-    return publisher
-
-
-def _with_timeout(url: str, seconds: float) -> str:
-    """``url`` with pika's connection timeouts set, unless the URL sets them itself."""
-    parts = urlsplit(url)
-    query = parts.query
-    for name in ("socket_timeout", "connection_attempts", "blocked_connection_timeout"):
-        if name + "=" in query:
-            return url
-    extra = f"socket_timeout={seconds}&connection_attempts=1"
-    return urlunsplit(parts._replace(query=f"{query}&{extra}" if query else extra))
+    elif args.publisher == "rabbitmq":
+        settings = BrokerSettings(
+            args.rabbitmq_url,
+            args.exchange or None,
+            args.routing_key,
+            wire=wire,
+            timeout=args.broker_timeout,
+            declare=args.declare_exchange,
+        )
+    else:
+        settings = BrokerSettings(
+            args.broker_url,
+            routing_key=args.routing_key,
+            wire=wire,
+            timeout=args.broker_timeout,
+            options=args.broker_option or {},
+        )
+    return registry.broker(args.publisher).publisher(settings)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

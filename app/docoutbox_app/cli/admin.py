@@ -22,9 +22,12 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
+
+from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 from docoutbox_app.cli import logs
@@ -200,20 +203,23 @@ def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:
     """The client, the database and the adapter's ``admin`` module of ``store``."""
     if store == "cosmos":
         from docoutbox_cosmos import admin  # type: ignore[import-not-found, unused-ignore]
-        from docoutbox_cosmos.wiring import (  # type: ignore[import-not-found, unused-ignore]
-            cli_tls_options,
+        from docoutbox_cosmos.clients import (  # type: ignore[import-not-found, unused-ignore]
+            tls_options,
         )
 
+        if args.cosmos_insecure:
+            # Said by the command's warning; not once per request.
+            warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         client, database = admin.connect_database(
             args.cosmos_endpoint,
             args.cosmos_key,
             args.db,
             timeout=args.server_timeout,
-            client_options=cli_tls_options(args),
+            client_options=tls_options(args.cosmos_ca_file, args.cosmos_insecure),
         )
         return client, database, admin
     from docoutbox_mongo import admin  # type: ignore[import-not-found, unused-ignore, no-redef]
-    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+    from docoutbox_mongo.kit import (  # type: ignore[import-not-found, unused-ignore]
         connect_database,
     )
 

@@ -118,10 +118,10 @@ def _stores(
         return MemoryBackend(), MemoryBackend(), None, lambda: None
     from docoutbox_mongo import MongoBackend
     from docoutbox_mongo.errors import translated
-    from docoutbox_mongo.wiring import connect_dispatch
+    from docoutbox_mongo.kit import open_kit
 
     db = name or f"docoutbox_demo_{uuid.uuid4().hex[:8]}"
-    target = connect_dispatch(uri, db, "wallets")
+    target = open_kit(uri, db, "wallets")
     try:
         with translated():
             existing = target.client[db].list_collection_names()

@@ -12,9 +12,12 @@ import math
 import os
 from typing import Any
 
+from docoutbox.ports.kit import name_problem as kit_name_problem
 from docoutbox.retry import MAX_COUNT
 from docoutbox.retry import MAX_SECONDS as MAX_INTERVAL
 from docoutbox.store.core import MAX_PARTITIONS
+from docoutbox_app import registry
+from docoutbox_app.registry import AdapterMissing
 
 #: The longest timeout, in seconds, a command accepts (a day; intervals may be as long as
 #: the Python API allows, MAX_INTERVAL). pymongo refuses timeouts of a billion
@@ -50,24 +53,17 @@ def number(
 
 
 def name_problem(text: str, what: str, store: str | None = "mongo") -> str | None:
-    """Why ``text`` cannot name a ``what`` ("database" or "collection") of ``store``
-    ("mongo" or "cosmos"; None: not known yet, only an empty name or a NUL character is
-    refused), or None."""
-    if store == "cosmos":
-        # Cosmos DB resource IDs: 1-255 characters, none of / \\ # ?, no trailing space.
-        forbidden = "/\\#?"
-        reserved = len(text) > 255 or text.endswith(" ")
-    elif store == "mongo":
-        forbidden = '/\\. "$' if what == "database" else "$"
-        reserved = text.startswith("system.")
-    else:
-        forbidden, reserved = "", False
-    bad = [c for c in forbidden if c in text]
-    if not text or "\x00" in text or bad or reserved:
-        return f"not a usable {what} name: {text!r}" + (
-            f" (it must not contain {''.join(bad)!r})" if bad else ""
-        )
-    return None
+    """Why ``text`` cannot name a ``what`` ("database" or "collection") of ``store`` (an
+    adapter name, by its own rules; None: not known yet, or an adapter that cannot be
+    loaded: only an empty name or a NUL character is refused), or None."""
+    if store is not None:
+        try:
+            adapter = registry.store(store)
+        except AdapterMissing:
+            pass  # reported when the command connects
+        else:
+            return adapter.name_problem(text, what)
+    return kit_name_problem(text, what)
 
 
 def names_problem(args: argparse.Namespace, store: str, names: dict[str, str]) -> str | None:
@@ -150,12 +146,22 @@ def add_cosmos_options(parser: argparse.ArgumentParser) -> None:
 
 
 def connection_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with ``--mongo-uri`` and the Cosmos DB options together, or None."""
+    """What is wrong with the store options together (``--mongo-uri``, the Cosmos DB
+    options, ``--store``/``--store-url``), or None."""
+    store = getattr(args, "store", None)
+    if store not in (None, "mongo", "cosmos"):
+        if not getattr(args, "store_url", None):
+            return f"--store {store} needs --store-url (or DOCOUTBOX_STORE_URL)"
+        if args.cosmos_endpoint:
+            return f"--cosmos-endpoint applies to Cosmos DB, not --store {store}"
+        return None
+    if store == "cosmos" and not args.cosmos_endpoint:
+        return "--store cosmos needs --cosmos-endpoint (or COSMOS_ENDPOINT)"
     if args.cosmos_endpoint and args.mongo_uri:
         return "give either --mongo-uri or --cosmos-endpoint, not both"
     if args.cosmos_endpoint and not args.cosmos_key:
         return "--cosmos-endpoint needs --cosmos-key (or COSMOS_KEY)"
-    if not args.mongo_uri and not args.cosmos_endpoint:
+    if not args.mongo_uri and not args.cosmos_endpoint and not getattr(args, "store_url", None):
         return "--mongo-uri (or DOCOUTBOX_MONGO_URI) is required, or --cosmos-endpoint"
     if (args.cosmos_ca_file or args.cosmos_insecure) and not args.cosmos_endpoint:
         return "--cosmos-ca-file and --cosmos-insecure apply to --cosmos-endpoint only"
@@ -166,16 +172,71 @@ def connection_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-#: Each store's name in messages, and the extra that installs its adapter.
-STORES = {"mongo": ("MongoDB", "mongodb"), "cosmos": ("Cosmos DB", "cosmos")}
-
-
 def store_of(args: argparse.Namespace) -> str:
-    """The store the connection options name: "cosmos" or "mongo"."""
+    """The store adapter the options name: ``--store``, else "cosmos" for
+    ``--cosmos-endpoint``, else "mongo"."""
+    store = getattr(args, "store", None)
+    if store:
+        return str(store)
     return "cosmos" if args.cosmos_endpoint else "mongo"
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """An argparse ``type`` for ``KEY=VALUE`` (an adapter option)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+class KeyValues(argparse.Action):
+    """Collects repeated ``KEY=VALUE`` options into one dict."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        options = dict(getattr(namespace, self.dest, None) or {})
+        key, value = values
+        options[key] = value
+        setattr(namespace, self.dest, options)
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """``--store``, ``--store-url`` and ``--store-option``: any database adapter
+    registered in the ``docoutbox.stores`` entry point group."""
+    env = os.environ.get
+    parser.add_argument(
+        "--store",
+        metavar="NAME",
+        default=env("DOCOUTBOX_STORE"),
+        help="the database adapter, by its registered name (installed: "
+        f"{', '.join(registry.names(registry.STORES)) or 'none'}); default: cosmos with "
+        "--cosmos-endpoint, else mongo",
+    )
+    parser.add_argument(
+        "--store-url",
+        default=env("DOCOUTBOX_STORE_URL"),
+        help="the adapter's address, for adapters other than mongo and cosmos (or "
+        "DOCOUTBOX_STORE_URL; a secret goes in DOCOUTBOX_STORE_KEY)",
+    )
+    parser.add_argument(
+        "--store-option",
+        metavar="KEY=VALUE",
+        type=key_value,
+        action=KeyValues,
+        help="a setting of the adapter's own (repeatable)",
+    )
 
 
 def adapter_missing(store: str, exc: ImportError) -> str:
     """The error line for a store whose adapter cannot be imported."""
-    label, extra = STORES[store]
+    label, extra = STORES.get(store, (store, store))
     return f"the {label} adapter is not installed ({exc}); pip install 'docoutbox[{extra}]'"
+
+
+#: Each built-in store's name in messages, and the extra that installs its adapter.
+STORES = {"mongo": ("MongoDB", "mongodb"), "cosmos": ("Cosmos DB", "cosmos")}

@@ -1,4 +1,6 @@
-"""Connect everything a dispatcher needs from one MongoDB URI (used by the CLI)."""
+"""The MongoDB kit: everything a dispatcher needs from one URI, opened from plain
+arguments (:func:`open_kit`, :func:`open_async_kit`), and :data:`STORE`, the adapter the
+``docoutbox.stores`` entry point names."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from docoutbox.dispatch.engine.backlog import OutboxStats
 from docoutbox.errors import PermanentStoreError
+from docoutbox.ports.kit import StoreSettings, name_problem
+from docoutbox_mongo.admin import outbox_stats
 from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
 from docoutbox_mongo.coordination import (
@@ -48,7 +53,9 @@ def client_options(uri: str, timeout: float | None, appname: str) -> dict[str, A
 
 
 @dataclass
-class MongoDispatchTarget:
+class MongoKit:
+    """A :class:`~docoutbox.ports.kit.StoreKit` on one collection, and its client."""
+
     client: Any
     backend: MongoBackend
     source: MongoChangeSource
@@ -56,11 +63,15 @@ class MongoDispatchTarget:
     leases: MongoLeaseTable
     dead_letters: MongoDeadLetters
 
+    def outbox_stats(self) -> OutboxStats:
+        """The backlog, in one query (a projection of the pending documents)."""
+        return outbox_stats(self.backend.collection)
+
     def close(self) -> None:
         self.client.close()
 
 
-def connect_dispatch(
+def open_kit(
     uri: str,
     db: str,
     collection: str,
@@ -70,7 +81,7 @@ def connect_dispatch(
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",
     group: str | None = None,
-) -> MongoDispatchTarget:
+) -> MongoKit:
     """Open a client and check the server answers within ``timeout`` seconds (None: the
     URI's ``serverSelectionTimeoutMS``, else :data:`DEFAULT_TIMEOUT`).
 
@@ -79,7 +90,7 @@ def connect_dispatch(
     client, database = connect_database(uri, db, timeout=timeout, appname="docoutbox-dispatch")
     try:
         coll = database[collection]
-        return MongoDispatchTarget(
+        return MongoKit(
             client=client,
             backend=MongoBackend(coll),
             source=MongoChangeSource(coll),
@@ -90,11 +101,6 @@ def connect_dispatch(
     except BaseException:
         client.close()
         raise
-
-
-def connect_cli(args: Any) -> MongoDispatchTarget:
-    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
-    return connect_dispatch(args.mongo_uri, args.db, args.collection, timeout=args.server_timeout)
 
 
 def connect_database(
@@ -119,8 +125,8 @@ def connect_database(
 
 
 @dataclass
-class AsyncMongoDispatchTarget:
-    """What an :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` needs, on an async client.
+class AsyncMongoKit:
+    """An :class:`~docoutbox.ports.kit.AsyncStoreKit` on an async client.
 
     The lease table stays sync, on its own small client: the lease keeper heartbeats on
     a thread of its own, whatever the event loop is doing.
@@ -141,7 +147,7 @@ class AsyncMongoDispatchTarget:
         self.lease_client.close()
 
 
-async def connect_dispatch_async(
+async def open_async_kit(
     uri: str,
     db: str,
     collection: str,
@@ -152,8 +158,8 @@ async def connect_dispatch_async(
     leases: str = "docoutbox_leases",
     dead_letters: str = "docoutbox_dead_letters",
     group: str | None = None,
-) -> AsyncMongoDispatchTarget:
-    """Like :func:`connect_dispatch`, on ``pymongo.AsyncMongoClient`` or Motor (``driver``)."""
+) -> AsyncMongoKit:
+    """Like :func:`open_kit`, on ``pymongo.AsyncMongoClient`` or Motor (``driver``)."""
     options = client_options(uri, timeout, "docoutbox-dispatch")
     try:
         with translated():
@@ -174,7 +180,7 @@ async def connect_dispatch_async(
         with translated():
             database = client[db]
             await database.command("ping")
-        return AsyncMongoDispatchTarget(
+        return AsyncMongoKit(
             client=client,
             lease_client=lease_client,
             backend=AsyncMongoBackend(database[collection]),
@@ -189,3 +195,37 @@ async def connect_dispatch_async(
         if inspect.isawaitable(closed):
             await closed
         raise
+
+
+class MongoStore:
+    """The MongoDB adapter (:class:`~docoutbox.ports.kit.StoreAdapter`).
+
+    :class:`~docoutbox.ports.kit.StoreSettings`: ``url`` is the MongoDB URI; option
+    ``driver`` picks the async client (``pymongo``, the default, or ``motor``).
+    """
+
+    label = "MongoDB"
+    extra = "mongodb"
+
+    def open(self, settings: StoreSettings) -> MongoKit:
+        return open_kit(
+            settings.url, settings.database, settings.collection, timeout=settings.timeout
+        )
+
+    async def open_async(self, settings: StoreSettings) -> AsyncMongoKit:
+        return await open_async_kit(
+            settings.url,
+            settings.database,
+            settings.collection,
+            driver=settings.options.get("driver", "pymongo"),
+            timeout=settings.timeout,
+        )
+
+    def name_problem(self, text: str, what: str) -> str | None:
+        """Why ``text`` cannot name a MongoDB ``what`` ("database" or "collection")."""
+        forbidden = '/\\. "$' if what == "database" else "$"
+        return name_problem(text, what, forbidden, reserved=text.startswith("system."))
+
+
+#: The adapter the ``docoutbox.stores`` entry point ``mongo`` names.
+STORE = MongoStore()
