@@ -29,8 +29,8 @@ from pymongo import AsyncMongoClient
 from benchmarks.common import Scale, Table, connect, median, percentile
 from benchmarks.dispatch import LIVE_DENSITY, POLL, TIMEOUT, TimedPublisher, Workbench
 from benchmarks.workload import Account, handlers
-from docoutbox import AsyncAggregateStore, in_thread
-from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox import AsyncAggregateStore
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.dispatch.extras.settled import SettledPublisher

@@ -46,15 +46,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from docoutbox import (
-    Aggregate,
-    AggregateStore,
-    Handlers,
-    InboxPolicy,
-    Message,
-    StoreBackend,
-    StoreConfig,
-)
+from docoutbox import Aggregate, AggregateStore, Handlers, InboxPolicy, Message, StoreConfig
+from docoutbox.ports.store import StoreBackend
 
 KEY_TTL = timedelta(hours=24)
 MAX_KEYS = 200

@@ -25,11 +25,11 @@ from docoutbox import (
     Handlers,
     InboxPolicy,
     Message,
-    StoreBackend,
     StoreConfig,
     emit,
 )
 from docoutbox.dispatch.extras.local import LocalPublisher, Route
+from docoutbox.ports.store import StoreBackend
 
 
 class Order(Aggregate):

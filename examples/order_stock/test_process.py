@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from docoutbox import BrokerUnavailable, Message, OutboxMessage, TransientStoreError
+from docoutbox import Message, OutboxMessage
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.scheduler import Backoff
 from docoutbox.dispatch.extras.local import LocalPublisher
+from docoutbox.errors import BrokerUnavailable, TransientStoreError
 from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
@@ -227,7 +228,7 @@ def test_order_and_stock_without_a_broker_under_faults(
 
 
 def test_an_unroutable_entry_is_refused_permanently() -> None:
-    from docoutbox import PermanentPublishError
+    from docoutbox.errors import PermanentPublishError
 
     orders, stocks = stores(MemoryBackend(), MemoryBackend())
     local = publisher(orders, stocks)
@@ -258,7 +259,8 @@ def test_order_type_names() -> None:
 def test_async_local_publisher_delivers_exactly_once() -> None:
     import asyncio
 
-    from docoutbox import AsyncAggregateStore, AsyncLocalPublisher, InvalidInput, Route
+    from docoutbox import AsyncAggregateStore, InvalidInput
+    from docoutbox.dispatch.extras.local import AsyncLocalPublisher, Route
     from docoutbox.testing import AsyncMemoryBackend
     from examples.order_stock.process import EXACT, stock_handlers
 

@@ -18,19 +18,21 @@ from docoutbox import (
     Aggregate,
     Decision,
     DocOutboxError,
-    DocumentTooLarge,
     InboxPolicy,
-    InvalidAggregateId,
-    InvalidConfig,
-    InvalidHandlerResult,
     InvalidInput,
-    InvalidMessage,
-    InvalidPayload,
     Message,
     RetryPolicy,
     Status,
     StoreConfig,
     emit,
+)
+from docoutbox.errors import (
+    DocumentTooLarge,
+    InvalidAggregateId,
+    InvalidConfig,
+    InvalidHandlerResult,
+    InvalidMessage,
+    InvalidPayload,
 )
 from docoutbox.model import MAX_NESTING
 from docoutbox.store.core import Outcome

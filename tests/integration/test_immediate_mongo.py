@@ -15,15 +15,9 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
-from docoutbox import (
-    AggregateStore,
-    AsyncAggregateStore,
-    AsyncDispatcher,
-    AsyncImmediateDispatcher,
-    Dispatcher,
-    ImmediateDispatcher,
-    in_thread,
-)
+from docoutbox import AggregateStore, AsyncAggregateStore, AsyncDispatcher, Dispatcher
+from docoutbox.dispatch.drivers.aio import in_thread
+from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher, ImmediateDispatcher
 from docoutbox.testing import MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.publisher import AsyncMemoryPublisher

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from docoutbox import Publisher
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
+from docoutbox.ports.dispatch import Publisher
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from tests.support.aio import Blocking
 from tests.support.e2e import make_entry

@@ -10,15 +10,13 @@ import pytest
 from docoutbox import (
     AggregateStore,
     AsyncAggregateStore,
-    DocumentTooLarge,
     InboxPolicy,
     Message,
     RetryPolicy,
     Status,
     StoreConfig,
-    TransientStoreError,
-    UnknownMessageType,
 )
+from docoutbox.errors import DocumentTooLarge, TransientStoreError, UnknownMessageType
 from docoutbox.store.batch import Failed
 from docoutbox.store.plans import CommitPlan, InsertPlan, WritePlan
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend

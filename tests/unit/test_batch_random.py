@@ -9,15 +9,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox import (
-    AggregateStore,
-    InboxPolicy,
-    Message,
-    RetryPolicy,
-    Status,
-    StoreConfig,
-    TransientStoreError,
-)
+from docoutbox import AggregateStore, InboxPolicy, Message, RetryPolicy, Status, StoreConfig
+from docoutbox.errors import TransientStoreError
 from docoutbox.store.batch import Failed
 from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from docoutbox import InvalidConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.errors import InvalidConfig
 from docoutbox.retry import MAX_COUNT
 from docoutbox.store.core import MAX_BATCH
 from docoutbox.testing import (

@@ -7,16 +7,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox import (
-    AggregateStore,
-    DocumentTooLarge,
-    InboxPolicy,
-    Message,
-    RetryPolicy,
-    Status,
-    StoreConfig,
-    TransientStoreError,
-)
+from docoutbox import AggregateStore, InboxPolicy, Message, RetryPolicy, Status, StoreConfig
+from docoutbox.errors import DocumentTooLarge, TransientStoreError
 from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

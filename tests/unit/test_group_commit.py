@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox import (
-    AggregateStore,
-    AsyncAggregateStore,
-    Message,
-    RetryPolicy,
-    StoreConfig,
-    UnknownMessageType,
-)
+from docoutbox import AggregateStore, AsyncAggregateStore, Message, RetryPolicy, StoreConfig
+from docoutbox.errors import UnknownMessageType
 from docoutbox.store.plans import WritePlan
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

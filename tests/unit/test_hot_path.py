@@ -10,7 +10,8 @@ import bson
 import pytest
 from pydantic import BaseModel
 
-from docoutbox import Decision, InvalidHandlerResult, InvalidPayload, emit
+from docoutbox import Decision, emit
+from docoutbox.errors import InvalidHandlerResult, InvalidPayload
 from docoutbox.handlers import check_result
 from docoutbox.store.document import from_millis, utcnow
 from docoutbox.store.plans import appended, kept_window

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore, BrokerUnavailable, InvalidConfig, OutboxMessage
+from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.scheduler import Backoff
 from docoutbox.dispatch.extras.immediate import ImmediateDispatcher
 from docoutbox.dispatch.extras.settled import SettledPublisher
+from docoutbox.errors import BrokerUnavailable, InvalidConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints

@@ -10,17 +10,11 @@ from typing import Any
 
 import pytest
 
-from docoutbox import (
-    AggregateStore,
-    AsyncAggregateStore,
-    AsyncImmediateDispatcher,
-    AsyncSettledPublisher,
-    BrokerUnavailable,
-    InvalidConfig,
-    OutboxMessage,
-    in_thread,
-)
-from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox import AggregateStore, AsyncAggregateStore, OutboxMessage
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
+from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher
+from docoutbox.dispatch.extras.settled import AsyncSettledPublisher
+from docoutbox.errors import BrokerUnavailable, InvalidConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints

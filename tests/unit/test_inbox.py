@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from docoutbox import InboxPolicy, InboxSaturated, Message
+from docoutbox import InboxPolicy, Message
+from docoutbox.errors import InboxSaturated
 from docoutbox.store.inbox import Mark, is_duplicate, record_mark
 
 EXACT = InboxPolicy(window=0, exact=True, max_above=50)

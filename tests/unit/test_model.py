@@ -7,15 +7,8 @@ from datetime import datetime
 import pytest
 from pydantic import BaseModel
 
-from docoutbox import (
-    Aggregate,
-    InvalidAggregateId,
-    InvalidMessage,
-    InvalidPayload,
-    Message,
-    OutboxMessage,
-    emit,
-)
+from docoutbox import Aggregate, Message, OutboxMessage, emit
+from docoutbox.errors import InvalidAggregateId, InvalidMessage, InvalidPayload
 from docoutbox.model import aggregate_type_of, check_aggregate_id
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from pymongo import errors as pm
 
-from docoutbox import DocumentTooLarge, PermanentStoreError, TransientStoreError
+from docoutbox.errors import DocumentTooLarge, PermanentStoreError, TransientStoreError
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import commit_update, failure_update, pending_filter, trim_update

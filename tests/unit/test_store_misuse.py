@@ -8,17 +8,10 @@ from typing import Any
 
 import pytest
 
-from docoutbox import (
-    AggregateStore,
-    AsyncAggregateStore,
-    InvalidConfig,
-    InvalidMessage,
-    LocalPublisher,
-    Message,
-    Route,
-    StoreConfig,
-    partition_of,
-)
+from docoutbox import AggregateStore, AsyncAggregateStore, Message, StoreConfig
+from docoutbox.dispatch.extras.local import LocalPublisher, Route
+from docoutbox.errors import InvalidConfig, InvalidMessage
+from docoutbox.store.document import partition_of
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, counter_handlers
 

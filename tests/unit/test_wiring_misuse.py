@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox import Handlers, InvalidConfig, Message
+from docoutbox import Handlers, Message
+from docoutbox.errors import InvalidConfig
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter
 
