@@ -2,6 +2,21 @@
 
 Each aggregate is one document carrying its state, an inbox of processed message IDs and
 an outbox of messages not yet published; handling a message is one conditional write.
+
+This package re-exports the names a user needs; the rest is imported from its module:
+
+- :mod:`docoutbox.model`: messages, outbox entries, inbox policy, aggregates;
+- :mod:`docoutbox.handlers`: handlers, pure functions from state and message to a decision;
+- :mod:`docoutbox.errors`: the error tree, rooted at :class:`DocOutboxError`;
+- :mod:`docoutbox.retry`: the one backoff policy;
+- :mod:`docoutbox.codec`: the broker body of an entry (plain JSON or a CloudEvent);
+- :mod:`docoutbox.receive`: how received entries are settled (ack after commit);
+- :mod:`docoutbox.drive`: the loop that drives every sans-IO flow;
+- :mod:`docoutbox.store`: the aggregate store;
+- :mod:`docoutbox.dispatch`: the dispatcher;
+- :mod:`docoutbox.ports`: every Protocol an adapter implements;
+- :mod:`docoutbox.observability`: OpenTelemetry, Prometheus and health;
+- :mod:`docoutbox.testing`: memory ports and contract suites for adapters.
 """
 
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher

@@ -1,6 +1,9 @@
 """Every port an adapter implements, sync and async.
 
-- :mod:`~docoutbox.ports.store`: store backends (load, insert, write, find pending);
-- :mod:`~docoutbox.ports.dispatch`: publishers, dead letters, change sources, checkpoints
-  and lease tables.
+- :mod:`~docoutbox.ports.store`: store backends (load, insert, write, find pending) and
+  the optional batch writer;
+- :mod:`~docoutbox.ports.dispatch`: publishers, dead letters, change sources, checkpoints,
+  lease tables and ownership, with their optional capabilities;
+- :mod:`~docoutbox.ports.kit`: kits (every port of one database, from plain settings) and
+  the store and broker adapters the entry points name.
 """

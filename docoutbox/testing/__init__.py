@@ -1,4 +1,16 @@
-"""Test doubles and contract suites that users can reuse for their own adapters."""
+"""Test doubles and contract suites that users can reuse for their own adapters.
+
+- :mod:`docoutbox.testing.memory`: in-memory store backends;
+- :mod:`docoutbox.testing.publisher`: an in-memory publisher and dead letters;
+- :mod:`docoutbox.testing.dispatch`: an in-memory change source, checkpoints, lease table;
+- :mod:`docoutbox.testing.contract`: the store contract suite (``StoreContract``);
+- :mod:`docoutbox.testing.batch_contract`: the batch-handling contract suite;
+- :mod:`docoutbox.testing.dispatch_contract`: contract suites for change sources,
+  checkpoints, lease tables, dead letters and publishers;
+- :mod:`docoutbox.testing.blocking`: a sync store over an async one;
+- :mod:`docoutbox.testing.process`: a test server run as a child process;
+- :mod:`docoutbox.testing.mongo_server`: the MongoDB wire-protocol test server.
+"""
 
 from typing import TYPE_CHECKING, Any
 

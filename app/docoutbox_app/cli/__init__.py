@@ -1,11 +1,15 @@
 """The ``docoutbox`` command.
 
-- ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
+- ``docoutbox dispatch``: publish the outbox entries of one collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox_app.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
   repair the outbox (:mod:`docoutbox_app.cli.admin`);
 - ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox_app.cli.audit`).
+
+Its modules: :mod:`docoutbox_app.cli.options` (argument types and store options),
+:mod:`docoutbox_app.cli.help` (the help formatter), :mod:`docoutbox_app.cli.logs` (log
+set-up, masked secrets), :mod:`docoutbox_app.cli.observe` (progress, metrics, health).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
