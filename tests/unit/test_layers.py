@@ -29,8 +29,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+#: Kits bundle the ports of every layer below the dispatcher's: they sit at its layer.
+SUBLAYERS = {"ports.kit": 2}
+
+
 def _layer(module: str) -> int:
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in SUBLAYERS:
+        return SUBLAYERS[".".join(parts[1:3])]
     return LAYERS.get(parts[1], 0) if len(parts) > 1 else 5
 
 
