@@ -33,7 +33,7 @@ from docoutbox_mongo import (
     MongoBackend,
     MongoChangeSource,
 )
-from tests.unit.test_immediate import FAST, in_seq_order
+from tests.integration.test_immediate import FAST, in_seq_order
 
 pytestmark = pytest.mark.wire
 
