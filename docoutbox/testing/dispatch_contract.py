@@ -13,8 +13,8 @@ Reuse them for your own adapter by subclassing and providing the fixture each na
   being how many entries the store holds;
 - :class:`PublisherContract`: ``publisher``, a ``(port, received)`` pair, ``received()``
   the IDs of the entries the broker accepted so far, in order, read back from the broker;
-- :class:`RoutingPublisherContract`: the same fixture, for a publisher whose broker
-  refuses destinations it does not know.
+- :class:`BrokerPublisherContract`: the same, and ``unreachable_publisher``, for a
+  publisher whose broker refuses destinations it does not know and can be away.
 
 Async ports (:class:`~docoutbox.ports.dispatch.AsyncChangeSource` and the other twins)
 run the same tests wrapped in :class:`~docoutbox.testing.blocking.BlockingStore`, which
@@ -232,12 +232,18 @@ class PublisherContract:
         assert received() == [e.id for e in entries]
 
 
-class RoutingPublisherContract(PublisherContract):
-    """A publisher whose broker refuses destinations it does not know (RabbitMQ returns an
-    unroutable ``mandatory`` message, Kafka has no such topic, the local publisher has no
-    such route): such an entry never returns normally, and the publisher keeps working.
-    A publisher that takes every destination (an in-memory one) runs
-    :class:`PublisherContract` only.
+class BrokerPublisherContract(PublisherContract):
+    """A publisher in front of a real broker (or store) that can refuse or be away.
+
+    - An entry for a destination the broker does not know (RabbitMQ returns an unroutable
+      ``mandatory`` message, Kafka has no such topic, the local publisher has no such
+      route) never returns normally, and the publisher keeps working.
+    - A broker that cannot be reached raises
+      :class:`~docoutbox.errors.BrokerUnavailable`, which never counts against an entry.
+
+    Besides ``publisher``, a subclass provides ``unreachable_publisher``: a publisher of
+    the same kind whose broker cannot be reached. A publisher that takes every destination
+    and is never away (an in-memory one) runs :class:`PublisherContract` only.
     """
 
     def test_an_entry_for_an_unknown_destination_raises_and_the_next_one_goes_through(
@@ -251,6 +257,12 @@ class RoutingPublisherContract(PublisherContract):
         port.publish(kept)
         _wait_for(received, 1)
         assert received() == [kept.id]
+
+    def test_an_unreachable_broker_raises_broker_unavailable(
+        self, unreachable_publisher: Any
+    ) -> None:
+        with pytest.raises(BrokerUnavailable):
+            unreachable_publisher.publish(_fresh("p-held", 1, "d"))
 
 
 def _fresh(entry_id: str, seq: int, destination: str) -> OutboxMessage:

@@ -1,6 +1,7 @@
 """Every real publisher runs the publisher contract on its real broker:
-:class:`~docoutbox.testing.dispatch_contract.RoutingPublisherContract` (accepted entries
-are received in order; an unknown destination is refused and the publisher keeps working)
+:class:`~docoutbox.testing.dispatch_contract.BrokerPublisherContract` (accepted entries
+are received in order; an unknown destination is refused and the publisher keeps working;
+an unreachable broker raises ``BrokerUnavailable``)
 for RabbitMQ (pika and aio-pika), Kafka (sync and asyncio) and the local publisher (sync
 and async, into an aggregate of a memory store).
 
@@ -13,6 +14,7 @@ any other destination is one the broker does not know.
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,12 +24,22 @@ from pydantic import Field
 
 from docoutbox import AggregateStore, AsyncAggregateStore, Message
 from docoutbox.dispatch.extras.local import AsyncLocalPublisher, LocalPublisher, Route
+from docoutbox.errors import TransientStoreError
 from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, OutboxMessage
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.blocking import BlockingStore
-from docoutbox.testing.dispatch_contract import RoutingPublisherContract
+from docoutbox.testing.dispatch_contract import BrokerPublisherContract
 from tests.support.aio import Blocking
+
+
+def closed_port() -> int:
+    """A local TCP port where nothing listens (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
 
 # -- RabbitMQ ----------------------------------------------------------------------------
 
@@ -56,11 +68,31 @@ def rabbit_publisher(request: pytest.FixtureRequest, box: Any) -> Iterator[tuple
     port.close()
 
 
+@pytest.fixture
+def unreachable_rabbit(rabbit_publisher: tuple[Any, Any]) -> Iterator[Any]:
+    """A publisher of the same client to a port where no broker listens."""
+    from docoutbox_rabbitmq import RabbitPublisher
+    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+
+    url = f"amqp://guest:guest@127.0.0.1:{closed_port()}/"
+    port: Any = (
+        RabbitPublisher(url)
+        if isinstance(rabbit_publisher[0], RabbitPublisher)
+        else Blocking(AsyncRabbitPublisher(url, timeout=5))
+    )
+    yield port
+    port.close()
+
+
 @pytest.mark.rabbitmq
-class TestRabbitPublishers(RoutingPublisherContract):
+class TestRabbitPublishers(BrokerPublisherContract):
     @pytest.fixture
     def publisher(self, rabbit_publisher: tuple[Any, Any]) -> tuple[Any, Any]:
         return rabbit_publisher
+
+    @pytest.fixture
+    def unreachable_publisher(self, unreachable_rabbit: Any) -> Any:
+        return unreachable_rabbit
 
 
 # -- Kafka -------------------------------------------------------------------------------
@@ -118,11 +150,31 @@ def kafka_publisher(
     reader.close()
 
 
+@pytest.fixture
+def unreachable_kafka(kafka_publisher: tuple[Any, Any]) -> Iterator[Any]:
+    """A publisher of the same kind bootstrapping from a port where no broker listens; its
+    records time out after two seconds instead of thirty."""
+    from docoutbox_kafka.publisher import AsyncKafkaPublisher, KafkaPublisher
+
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}", "message.timeout.ms": 2000}
+    port: Any = (
+        KafkaPublisher(config, "t")
+        if isinstance(kafka_publisher[0], KafkaPublisher)
+        else Blocking(AsyncKafkaPublisher(config, "t"))
+    )
+    yield port
+    port.close()
+
+
 @pytest.mark.kafka
-class TestKafkaPublishers(RoutingPublisherContract):
+class TestKafkaPublishers(BrokerPublisherContract):
     @pytest.fixture
     def publisher(self, kafka_publisher: tuple[Any, Any]) -> tuple[Any, Any]:
         return kafka_publisher
+
+    @pytest.fixture
+    def unreachable_publisher(self, unreachable_kafka: Any) -> Any:
+        return unreachable_kafka
 
 
 # -- The local publisher -----------------------------------------------------------------
@@ -163,7 +215,34 @@ def local_publisher(
     return port, received
 
 
-class TestLocalPublishers(RoutingPublisherContract):
+class Away(MemoryBackend):
+    """A receiving store that cannot be reached: every read and write times out."""
+
+    def load(self, aggregate_id: Any) -> Any:
+        raise TransientStoreError("the receiving store timed out")
+
+    def write(self, plan: Any) -> bool:
+        raise TransientStoreError("the receiving store timed out")
+
+
+@pytest.fixture
+def unreachable_local(
+    local_publisher: tuple[Any, Any], event_loop_: asyncio.AbstractEventLoop
+) -> Any:
+    """A local publisher of the same kind whose receiving store is away."""
+    if isinstance(local_publisher[0], LocalPublisher):
+        route = Route(AggregateStore(Away(), Inbox), inbox_handlers, aggregate_id=lambda _: "r")
+        return LocalPublisher({"d": route})
+    store = AsyncAggregateStore(AsyncMemoryBackend(Away()), Inbox)
+    aroute = Route(store, inbox_handlers, aggregate_id=lambda _: "r")
+    return BlockingStore(AsyncLocalPublisher({"d": aroute}), event_loop_)
+
+
+class TestLocalPublishers(BrokerPublisherContract):
     @pytest.fixture
     def publisher(self, local_publisher: tuple[Any, Any]) -> tuple[Any, Any]:
         return local_publisher
+
+    @pytest.fixture
+    def unreachable_publisher(self, unreachable_local: Any) -> Any:
+        return unreachable_local
