@@ -82,6 +82,33 @@ def cosmos_server() -> Iterator[CosmosAccount]:
         yield server.account()
 
 
+@pytest.fixture
+def box() -> Iterator[Any]:
+    """A private RabbitMQ exchange and queues, deleted afterwards."""
+    from tests.support.e2e import require_rabbitmq, sandbox
+
+    with sandbox(require_rabbitmq()) as created:
+        yield created
+
+
+@pytest.fixture(scope="session")
+def kafka() -> str:
+    """The bootstrap servers of the shared test Kafka broker."""
+    from tests.support.kafka import require_kafka
+
+    return require_kafka()
+
+
+@pytest.fixture
+def topics(kafka: str) -> Iterator[Any]:
+    """Private Kafka topics, deleted afterwards."""
+    from tests.support.kafka import Topics
+
+    created = Topics(kafka)
+    yield created
+    created.close()
+
+
 def server_uri(kind: str, request: pytest.FixtureRequest) -> str:
     if kind == "uri":
         assert MONGODB_URI

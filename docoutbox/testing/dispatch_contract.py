@@ -12,7 +12,9 @@ Reuse them for your own adapter by subclassing and providing the fixture each na
 - :class:`DeadLettersContract`: ``dead_letters``, a ``(port, count)`` pair, ``count()``
   being how many entries the store holds;
 - :class:`PublisherContract`: ``publisher``, a ``(port, received)`` pair, ``received()``
-  the IDs of the entries the broker accepted so far, in order.
+  the IDs of the entries the broker accepted so far, in order, read back from the broker;
+- :class:`BrokerPublisherContract`: the same, and ``unreachable_publisher``, for a
+  publisher whose broker refuses destinations it does not know and can be away.
 
 Async ports (:class:`~docoutbox.ports.dispatch.AsyncChangeSource` and the other twins)
 run the same tests wrapped in :class:`~docoutbox.testing.blocking.BlockingStore`, which
@@ -22,16 +24,18 @@ works for any object with coroutine methods.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from docoutbox.errors import ChangeStreamLost
+from docoutbox.errors import BrokerUnavailable, ChangeStreamLost, PublishError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.api import AggregateStore
+from docoutbox.store.document import utcnow
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -211,18 +215,71 @@ class DeadLettersContract:
 
 
 class PublisherContract:
-    """Behaviour every publisher must show: an accepted entry is received, in order."""
+    """Behaviour every publisher must show, on its real broker: an accepted entry is
+    received, in order.
+
+    The fixture ``publisher`` is a ``(port, received)`` pair: entries whose
+    ``destination`` is ``"d"`` go where ``received()`` reads back, from the broker itself,
+    the IDs of the entries it accepted so far, in order.
+    """
 
     def test_accepted_entries_are_received_in_order(self, publisher: tuple[Any, Any]) -> None:
         port, received = publisher
-        entries = [
-            OutboxMessage.parse({**_entry(f"p-{i}"), "seq": i + 1, "destination": "d"})
-            for i in range(5)
-        ]
+        entries = [_fresh(f"p-{i}", i + 1, "d") for i in range(5)]
         for entry in entries:
             port.publish(entry)
-        deadline = time.monotonic() + 10
-        while len(received()) < len(entries):
-            assert time.monotonic() < deadline, received()
-            time.sleep(0.02)
+        _wait_for(received, len(entries))
         assert received() == [e.id for e in entries]
+
+
+class BrokerPublisherContract(PublisherContract):
+    """A publisher in front of a real broker (or store) that can refuse or be away.
+
+    - An entry for a destination the broker does not know (RabbitMQ returns an unroutable
+      ``mandatory`` message, Kafka has no such topic, the local publisher has no such
+      route) never returns normally, and the publisher keeps working.
+    - A broker that cannot be reached raises
+      :class:`~docoutbox.errors.BrokerUnavailable`, which never counts against an entry.
+
+    Besides ``publisher``, a subclass provides ``unreachable_publisher``: a publisher of
+    the same kind whose broker cannot be reached. A publisher that takes every destination
+    and is never away (an in-memory one) runs :class:`PublisherContract` only.
+    """
+
+    def test_an_entry_for_an_unknown_destination_raises_and_the_next_one_goes_through(
+        self, publisher: tuple[Any, Any]
+    ) -> None:
+        port, received = publisher
+        lost = _fresh("p-lost", 1, _unknown_destination())
+        with pytest.raises((PublishError, BrokerUnavailable)):
+            port.publish(lost)
+        kept = _fresh("p-kept", 2, "d")
+        port.publish(kept)
+        _wait_for(received, 1)
+        assert received() == [kept.id]
+
+    def test_an_unreachable_broker_raises_broker_unavailable(
+        self, unreachable_publisher: Any
+    ) -> None:
+        with pytest.raises(BrokerUnavailable):
+            unreachable_publisher.publish(_fresh("p-held", 1, "d"))
+
+
+def _fresh(entry_id: str, seq: int, destination: str) -> OutboxMessage:
+    """An entry created now: a broker may refuse a record timestamp far from its clock
+    (Kafka: ``log.message.timestamp.after.max.ms``, one hour ahead by default)."""
+    fields = {"seq": seq, "destination": destination, "created_at": utcnow()}
+    entry: OutboxMessage = OutboxMessage.parse({**_entry(entry_id), **fields})
+    return entry
+
+
+def _unknown_destination() -> str:
+    return f"dx-nowhere-{uuid.uuid4().hex[:10]}"
+
+
+def _wait_for(received: Callable[[], list[str]], count: int, timeout: float = 15.0) -> None:
+    """Poll ``received()`` until it holds ``count`` IDs (a broker delivers asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while len(received()) < count:
+        assert time.monotonic() < deadline, received()
+        time.sleep(0.02)

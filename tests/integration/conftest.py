@@ -1,5 +1,6 @@
-"""Fixtures shared by the integration tests: RabbitMQ, MongoDB, Kafka, and the bundles
-that run one test on every database backend."""
+"""Fixtures shared by the integration tests: RabbitMQ publishers, MongoDB, and the bundles
+that run one test on every database backend (the broker sandboxes ``box`` and ``topics``
+are in ``tests/conftest.py``, shared with the contract tier)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,9 @@ from tests.support.backends import (
     bundle_of,
     dispatch_env_of,
 )
-from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
 
 #: The RabbitMQ publishers and consumers that share one contract suite.
 RABBITMQ_CLIENTS = ["pika", "aio-pika"]
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    """A private RabbitMQ exchange and queues, deleted afterwards."""
-    with sandbox(require_rabbitmq()) as created:
-        yield created
 
 
 @pytest.fixture
@@ -40,24 +33,6 @@ def mongo(mongo_uri: str) -> Iterator[Any]:
     yield client[name]
     client.drop_database(name)
     client.close()
-
-
-@pytest.fixture(scope="session")
-def kafka() -> str:
-    """The bootstrap servers of the shared test Kafka broker."""
-    from tests.support.kafka import require_kafka
-
-    return require_kafka()
-
-
-@pytest.fixture
-def topics(kafka: str) -> Iterator[Any]:
-    """Private Kafka topics, deleted afterwards."""
-    from tests.support.kafka import Topics
-
-    created = Topics(kafka)
-    yield created
-    created.close()
 
 
 @pytest.fixture(params=RABBITMQ_CLIENTS)

@@ -8,7 +8,8 @@ Traffic goes to a handful of hot aggregates (requests keep arriving while their 
 under way) and to new aggregates. The first start on MongoDB is a fresh start over a
 backlog, so its checkpoint waits behind the gate of a sweep that keeps finding new
 documents. The in-memory twins, with a stronger check, are in
-``tests/unit/test_checkpoint_progress.py``.
+``tests/unit/test_checkpoint_progress.py`` (simulated clock) and
+``tests/integration/test_checkpoint_progress_memory.py`` (threads and asyncio).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.publisher import AsyncMemoryPublisher
 from docoutbox_mongo import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
-from tests.unit.test_immediate import FAST, in_seq_order
+from tests.integration.test_immediate import FAST, in_seq_order
 
 pytestmark = pytest.mark.wire
 

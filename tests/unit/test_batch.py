@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from docoutbox.store.batch import Failed
 from docoutbox.store.plans import CommitPlan, InsertPlan, WritePlan
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from tests.support import loopless
 
 
 class Crash(BaseException):
@@ -250,7 +250,7 @@ def test_async_batch_shares_the_flow() -> None:
         assert result.writes == 1 and all(r.applied for r in result.results)
         assert (await store.get("c1")).state.total == 5
 
-    asyncio.run(main())
+    loopless.run(main())
 
 
 def test_insert_plan_is_used_for_a_new_aggregate() -> None:

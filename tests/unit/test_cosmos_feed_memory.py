@@ -5,12 +5,12 @@ backlog between collections, not what is in hand)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
+from tests.support import loopless
 
 RANGE = {"Range": {"min": "", "max": "FF", "isMinInclusive": True, "isMaxInclusive": False}}
 
@@ -90,7 +90,7 @@ def test_the_async_source_lets_go_of_them_too() -> None:
         await source.open(POSITION)
         return await source.poll(10)
 
-    events = asyncio.run(poll())
+    events = loopless.run(poll())
     assert [e.document["_id"] for e in events if e.document] == ["a0", "a1", "a2"]
     assert all(item == {} for item in container.pagers[0].current_page)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import random
 import string
-import threading
-import time
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -26,7 +24,6 @@ from docoutbox.store.document import ID, new_document
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan, plan_trim
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
-from docoutbox_cosmos.coordination import CosmosLeaseTable
 from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate
 from docoutbox_cosmos.items import (
     DATE_FORMAT,
@@ -398,36 +395,6 @@ def test_json_value_is_to_json_and_skips_the_copy_only_for_json_data() -> None:
         deep = [deep]
     with pytest.raises(RecursionError):  # as to_json, which gets it from json
         json_value(deep)
-
-
-class SlowLeaseContainer:
-    """Answers every patch after a pause, recording how many were in flight at once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.most = 0
-        self.patched: list[str] = []
-
-    def patch_item(self, item: str, **kwargs: Any) -> dict[str, Any]:
-        with self.lock:
-            self.in_flight += 1
-            self.most = max(self.most, self.in_flight)
-        time.sleep(0.05)
-        with self.lock:
-            self.in_flight -= 1
-            self.patched.append(item)
-        if item.endswith("3"):
-            raise http_error(412)  # not ours any more: skipped, not an error
-        return {}
-
-
-def test_lease_renewals_are_sent_concurrently() -> None:
-    container = SlowLeaseContainer()
-    table = CosmosLeaseTable(container, "g")
-    table.renew(range(16), "me", NOW)
-    assert len(container.patched) == 16
-    assert container.most > 1
 
 
 class RecordingContainer(ScriptedContainer):

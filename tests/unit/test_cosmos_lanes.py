@@ -4,13 +4,13 @@ no longer holds back the continuations of the others."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.checkpoint import LanedTracker
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
+from tests.support import loopless
 from tests.unit.test_cosmos_feed_memory import POSITION, RANGE, AsyncPager, Container, Pager
 
 KEY = next(iter(POSITION["ranges"]))
@@ -31,7 +31,7 @@ def test_the_async_sources_events_do_too() -> None:
         await source.open(POSITION)
         return await source.poll(10)
 
-    assert [e.lane for e in asyncio.run(poll())] == [KEY] * 3
+    assert [e.lane for e in loopless.run(poll())] == [KEY] * 3
 
 
 def test_merging_takes_each_held_ranges_continuation_and_holding_from_its_own_position() -> None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from docoutbox import Decision, emit
 from docoutbox.errors import InvalidHandlerResult, InvalidPayload
 from docoutbox.handlers import check_result
-from docoutbox.store.document import from_millis, utcnow
+from docoutbox.store.document import from_millis
 from docoutbox.store.plans import appended, kept_window
 from docoutbox_mongo.backend import bson_size
 
@@ -33,13 +33,6 @@ def test_from_millis_is_exact_for_random_times() -> None:
     for _ in range(200_000):
         millis = rng.randrange(0, 2**32 * 1000)
         assert from_millis(millis) == EPOCH + timedelta(milliseconds=millis)
-
-
-def test_utcnow_is_whole_milliseconds_in_utc() -> None:
-    now = utcnow()
-    assert now.tzinfo is UTC
-    assert now.microsecond % 1000 == 0
-    assert abs(datetime.now(UTC) - now) < timedelta(seconds=5)
 
 
 class Small(BaseModel):

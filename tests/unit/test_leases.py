@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -223,29 +222,6 @@ def test_validity_ends_margin_before_expiry_without_renewal() -> None:
     clock.t = 3.0  # ttl 4 - margin 1
     assert not a.valid(0)
     assert not a.enter(0)
-
-
-def test_a_lease_is_released_only_once_no_worker_is_inside() -> None:
-    table, clock = MemoryLeaseTable(), Clock()
-    a = keeper(table, "a", clock, partitions=2)
-    a.tick()
-    assert a.enter(1)
-    released = threading.Event()
-
-    def stop() -> None:
-        a.stop(release=True)
-        released.set()
-
-    t = threading.Thread(target=stop)
-    t.start()
-    assert not released.wait(0.3)
-    assert table.leases.get(1, ("", NOW))[0] == "a"
-    assert not a.enter(1)  # no new work starts meanwhile,
-    assert a.valid(1)  # but the worker inside may still publish and trim
-    a.leave(1)
-    t.join(5)
-    assert released.is_set()
-    assert table.leases == {} and table.members == {}
 
 
 def test_stop_without_release_keeps_the_leases() -> None:

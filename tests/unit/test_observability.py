@@ -6,12 +6,12 @@ import io
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -28,15 +28,21 @@ from docoutbox.dispatch.engine.backlog import (
     stream_lag,
     summarize,
 )
-from docoutbox.errors import BrokerUnavailable, InvalidMessage, PublishError, TransientStoreError
+from docoutbox.errors import InvalidMessage, PublishError, TransientStoreError
 from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate
-from docoutbox.observability.health import Endpoint, Health
 from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
-from docoutbox.observability.prometheus import PrometheusMetrics, PrometheusStoreObserver
+from docoutbox.observability.prometheus import PrometheusStoreObserver
 from docoutbox.receive import Action, HandlerRetry, receive_retrying
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryPublisher
 from docoutbox_app.cli import logs
+from tests.support import loopless
+
+#: An empty resource: ``Resource.create``, the providers' default, runs its detectors on a
+#: thread pool.
+QUIET = Resource({})
+#: When the figures of a test's measurement were taken.
+MEASURED = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 class Box(Aggregate):
@@ -55,7 +61,7 @@ def put(state: Box, message: Message) -> Decision[Box]:
 
 def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(resource=QUIET)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
 
@@ -78,7 +84,6 @@ def test_each_emitted_entry_carries_the_handling_span_and_own_headers_win() -> N
 
 
 def test_async_store_traces_the_same_way() -> None:
-    import asyncio
 
     provider, exporter = tracer()
     store = AsyncAggregateStore(
@@ -90,14 +95,14 @@ def test_async_store_traces_the_same_way() -> None:
     with provider.get_tracer("t").start_as_current_span("up") as up:
         TraceContextTextMapPropagator().inject(carrier)
     message = Message(id="m1", type="Put", headers=carrier)
-    outcome = asyncio.run(store.handle("b1", message, handlers, create=True))
+    outcome = loopless.run(store.handle("b1", message, handlers, create=True))
     span = next(s for s in exporter.get_finished_spans() if s.name == "process Put")
     assert span.parent is not None and span.parent.span_id == up.get_span_context().span_id
     assert f"{span.context.span_id:016x}" in outcome.emitted[0].headers["traceparent"]
 
 
 def test_without_a_span_the_incoming_context_is_passed_on() -> None:
-    observer = OtelStoreObserver(tracer_provider=TracerProvider())
+    observer = OtelStoreObserver(tracer_provider=TracerProvider(resource=QUIET))
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     message = Message(id="m", type="T", headers={"traceparent": parent, "tracestate": "a=1"})
     assert observer.headers(message) == {"traceparent": parent, "tracestate": "a=1"}
@@ -138,7 +143,8 @@ def test_store_conflicts_and_retries_are_counted() -> None:
     registry_observer = PrometheusStoreObserver()
     reader = InMemoryMetricReader()
     otel = OtelStoreObserver(
-        tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader])
+        tracer_provider=TracerProvider(resource=QUIET),
+        meter_provider=MeterProvider(metric_readers=[reader], resource=QUIET),
     )
     backend = MemoryBackend()
     for observer in (registry_observer, otel):
@@ -196,7 +202,7 @@ def test_progress_reports_backlog_rate_and_eta(caplog: pytest.LogCaptureFixture)
     for _ in range(50):
         progress.published(entry, 0.1)
     clock[0] = 10.0
-    now = datetime.now(UTC)
+    now = MEASURED
     stats = OutboxStats(100, 10, 3.0, now, now)
     monitor = BacklogMonitor(lambda: stats, Fanout(progress))
     with caplog.at_level(logging.INFO, "docoutbox.metrics"):
@@ -206,7 +212,7 @@ def test_progress_reports_backlog_rate_and_eta(caplog: pytest.LogCaptureFixture)
 
 
 def test_a_failed_measurement_keeps_the_last_figures() -> None:
-    results: list[Any] = [OutboxStats(1, 1, 0.0, None, datetime.now(UTC))]
+    results: list[Any] = [OutboxStats(1, 1, 0.0, None, MEASURED)]
 
     def probe() -> OutboxStats:
         if not results:
@@ -220,15 +226,15 @@ def test_a_failed_measurement_keeps_the_last_figures() -> None:
 
 
 def test_stream_lag_is_measured_from_the_last_write() -> None:
-    now = datetime.now(UTC)
+    now = MEASURED
     assert stream_lag({"updated_at": now - timedelta(seconds=2)}, now) == 2.0
     assert stream_lag({}, now) is None
 
 
 def test_otel_gauges_report_the_last_measurement() -> None:
     reader = InMemoryMetricReader()
-    metrics = OtelMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
-    metrics.outbox(OutboxStats(12, 4, 7.5, None, datetime.now(UTC)))
+    metrics = OtelMetrics(meter_provider=MeterProvider(metric_readers=[reader], resource=QUIET))
+    metrics.outbox(OutboxStats(12, 4, 7.5, None, MEASURED))
     metrics.stream_lag(0.25)
     data = reader.get_metrics_data()
     assert data is not None
@@ -242,40 +248,6 @@ def test_otel_gauges_report_the_last_measurement() -> None:
     assert values["docoutbox.outbox.aggregates"] == [4]
     assert values["docoutbox.outbox.oldest_age"] == [7.5]
     assert values["docoutbox.stream.lag"] == [0.25]
-
-
-def test_prometheus_exposition_and_the_endpoint() -> None:
-    import urllib.request
-
-    metrics = PrometheusMetrics()
-    metrics.outbox(OutboxStats(5, 2, 1.5, None, datetime.now(UTC)))
-    metrics.watch_queue(lambda: 3)
-    dispatcher = SimpleNamespace(
-        started=SimpleNamespace(is_set=lambda: True),
-        stopping=False,
-        stream_open=True,
-        ownership=SimpleNamespace(owned=lambda: None),
-        queued=lambda: 3,
-    )
-    health = Health(dispatcher)  # type: ignore[arg-type]
-    endpoint = Endpoint(0, health=health, exposition=metrics.exposition).start()
-    try:
-        base = f"http://127.0.0.1:{endpoint.port}"
-        text = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
-        assert "docoutbox_outbox_pending_entries 5.0" in text
-        assert "docoutbox_dispatcher_queued 3.0" in text
-        ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=5).read())
-        assert ready["ready"] and ready["leases"] == "all"
-        store = AggregateStore(MemoryBackend(), Box)
-        entry = store.handle("b", Message(id="m", type="Put"), handlers, create=True).emitted[0]
-        health.failed(entry, BrokerUnavailable("gone"))
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{base}/readyz", timeout=5)
-        assert err.value.code == 503
-        health.published(entry, 0.1)
-        assert urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200
-    finally:
-        endpoint.close()
 
 
 def test_json_logs_are_one_object_per_line_with_fields_and_masked() -> None:

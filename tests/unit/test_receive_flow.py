@@ -4,7 +4,6 @@ back later messages, dead letters, and the same verdicts from the sync and async
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from docoutbox.receive import (
     Verdict,
 )
 from docoutbox.testing import AsyncMemoryBackend
+from tests.support import loopless
 from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
 
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
@@ -166,7 +166,7 @@ def test_the_async_driver_gives_the_same_verdicts(batch: bool) -> None:
     store = AsyncAggregateStore(AsyncMemoryBackend(async_backend), Ledger, EXACT)
     options = Options(create=True, retry=RETRY, keep=True, batch=batch)
     amade = AsyncReceiver(store, failing({2: 99}), by_source, options, keep=keep, sleep=nap)
-    got = asyncio.run(amade.receive(polled))
+    got = loopless.run(amade.receive(polled))
     assert [(v.action, v.attempts, v.kept) for v in got] == [
         (v.action, v.attempts, v.kept) for v in expected
     ]

@@ -3,7 +3,6 @@ one round; one run's failure neither stops nor fails the others."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Generator, Sequence
 from datetime import UTC, datetime
@@ -11,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter, batches
+from docoutbox.dispatch.drivers.operations import GroupWriter, batches
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, TrimRound
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
-from docoutbox.errors import InvalidConfig, StoreError, TransientStoreError
+from docoutbox.errors import InvalidConfig, TransientStoreError
 from docoutbox.store.core import Write
-from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
+from docoutbox.store.plans import WritePlan, plan_trim
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -191,20 +190,6 @@ def test_batches_spread_few_runs_one_per_worker_and_many_over_all_workers() -> N
     assert batches([], 4) == []
 
 
-class OnePerRequest:
-    """A backend without ``write_many``: one plan per request; refuses aggregate ``x``."""
-
-    def __init__(self) -> None:
-        self.written: list[str] = []
-
-    def write(self, plan: WritePlan) -> bool:
-        assert isinstance(plan, TrimPlan)
-        if plan.aggregate_id == "x":
-            raise TransientStoreError("throttled")
-        self.written.append(str(plan.aggregate_id))
-        return True
-
-
 class Grouped:
     def __init__(self) -> None:
         self.rounds: list[int] = []
@@ -219,18 +204,6 @@ def test_write_all_goes_out_in_one_round_and_answers_per_plan() -> None:
     writer = GroupWriter(backend)
     assert writer.write_all([plan_trim(a, ["e"]) for a in "abc"]) == [True, True, True]
     assert backend.rounds == [3]
-
-
-def test_write_all_without_write_many_writes_each_and_keeps_each_error() -> None:
-    backend = OnePerRequest()
-    writer = GroupWriter(backend, direct_workers=2)
-    try:
-        outcomes = writer.write_all([plan_trim(a, ["e"]) for a in "axb"])
-    finally:
-        writer.close()
-    assert outcomes[0] is True and outcomes[2] is True
-    assert isinstance(outcomes[1], StoreError)
-    assert sorted(backend.written) == ["a", "b"]
 
 
 @pytest.mark.parametrize("name", ["partitions", "concurrency", "run_batch", "batch_size"])
@@ -258,27 +231,6 @@ def test_counts_in_the_config_are_ints_of_at_least_one(name: str, value: object)
 def test_the_configs_other_settings_are_checked(name: str, value: object) -> None:
     with pytest.raises(InvalidConfig, match=f"DispatcherConfig.{name}"):
         DispatcherConfig(**{name: value})  # type: ignore[arg-type]
-
-
-def test_async_write_all_without_write_many_caps_the_writes_in_flight() -> None:
-    class Slow:
-        def __init__(self) -> None:
-            self.now = self.most = 0
-
-        async def write(self, plan: WritePlan) -> bool:
-            self.now += 1
-            self.most = max(self.most, self.now)
-            await asyncio.sleep(0.001)
-            self.now -= 1
-            if isinstance(plan, TrimPlan) and plan.aggregate_id == "x":
-                raise TransientStoreError("throttled")
-            return True
-
-    backend = Slow()
-    writer = AsyncGroupWriter(backend, direct_workers=3)
-    outcomes = asyncio.run(writer.write_all([plan_trim(a, ["e"]) for a in "abcxdefgh"]))
-    assert backend.most == 3
-    assert [isinstance(o, StoreError) for o in outcomes] == [False] * 3 + [True] + [False] * 5
 
 
 def test_a_trim_round_that_fails_as_a_whole_retries_each_of_its_runs() -> None:

@@ -3,7 +3,6 @@ written, never a bare TypeError or AttributeError from inside the store."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from docoutbox.errors import InvalidConfig, InvalidMessage
 from docoutbox.store.document import partition_of
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, counter_handlers
+from tests.support import loopless
 
 MESSAGE = Message(id="m-1", type="Add", payload={"n": 1})
 
@@ -47,7 +47,7 @@ def test_an_async_store_refuses_a_handler_that_is_not_callable() -> None:
         with pytest.raises(InvalidMessage, match="sequence of messages"):
             await store.handle_batch("c-1", None, counter_handlers, create=True)  # type: ignore[arg-type]
 
-    asyncio.run(run())
+    loopless.run(run())
     assert backend.sync.changes == []
 
 

@@ -11,8 +11,11 @@ and ``seq``, so receivers may use exact de-duplication (``InboxPolicy(exact=True
 Routing is by ``destination``: ``"<route>/<aggregate id>"`` names a route and the
 receiving aggregate; a bare ``"<route>"`` lets the route compute the aggregate ID from
 the entry. A missing route or a handler that refuses the message is permanent (the
-dispatcher quarantines the entry); a store failure or a receiver that kept conflicting is
-retried.
+dispatcher quarantines the entry). A receiving store that cannot be reached
+(:class:`~docoutbox.errors.TransientStoreError`: a timeout, throttling, a failover) is
+:class:`~docoutbox.errors.BrokerUnavailable`, as a broker that is away: the entry stays
+pending and the attempt does not count against it. Another store failure, or a receiver
+that kept conflicting, is a :class:`~docoutbox.errors.PublishError`, retried.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from docoutbox.errors import (
+    BrokerUnavailable,
     DocOutboxError,
     InvalidConfig,
     InvalidInput,
     PermanentPublishError,
     PublishError,
     StoreError,
+    TransientStoreError,
 )
 from docoutbox.handlers import Handler
 from docoutbox.model import AggregateId, OutboxMessage
@@ -102,6 +107,8 @@ class _Router:
         """The receiver's errors as publish errors: retried, or permanent."""
         try:
             yield
+        except TransientStoreError as exc:
+            raise BrokerUnavailable(f"entry {entry.id}: receiving store away: {exc!r}") from exc
         except StoreError as exc:
             raise PublishError(f"entry {entry.id}: store failed: {exc!r}") from exc
         except DocOutboxError as exc:

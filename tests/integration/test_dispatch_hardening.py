@@ -14,7 +14,7 @@ from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.testing import MemoryPublisher
-from tests.unit.test_dispatch_engine import FAST, Harness, wait_until
+from tests.integration.test_dispatch_engine import FAST, Harness, wait_until
 
 
 def _run(dispatcher: Dispatcher) -> threading.Thread:
