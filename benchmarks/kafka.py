@@ -28,13 +28,13 @@ from typing import Any
 
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
 from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait, backlog
+from benchmarks.servers import Topics, kafka_available, kafka_bootstrap
 from docoutbox import Dispatcher, OutboxMessage
 from docoutbox.codec import encode_entry
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import KafkaPublisher, headers_for
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_mongo import MongoBackend, MongoChangeSource
-from tests.support.kafka import Topics, kafka_available, kafka_bootstrap
 
 DENSITY = 10
 THREADS = 4

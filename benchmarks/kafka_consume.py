@@ -33,12 +33,12 @@ from benchmarks.common import (
     timed_rate,
 )
 from benchmarks.kafka import broker
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.servers import Topics
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox_kafka import KafkaConsumer, headers_for
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_mongo import MongoBackend
-from tests.support.e2e import Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics
 
 ROUNDS = 3
 #: Records per aggregate in each workload.

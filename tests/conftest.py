@@ -18,10 +18,7 @@ from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
-from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
-from docoutbox.testing.blocking import BlockingStore
-from tests.support.servers import (
+from benchmarks.servers import (
     CosmosAccount,
     CosmosServer,
     MongoWireServer,
@@ -29,6 +26,9 @@ from tests.support.servers import (
     cosmos_server_available,
     mongo_wire_server_available,
 )
+from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.blocking import BlockingStore
 
 
 def truthy(value: str | None) -> bool:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from examples.bank import app
-from tests.support.servers import CosmosAccount
 
 
 def check(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,14 +27,9 @@ import pytest
 from azure.core.exceptions import ServiceResponseError
 from azure.cosmos import PartitionKey, exceptions
 
+from benchmarks.servers import COSMOS_DIR, CosmosAccount, CosmosServer, cosmos_server_available
 from tests.conftest import missing
-from tests.support.servers import (
-    COSMOS_DIR,
-    REPO_ROOT,
-    CosmosAccount,
-    CosmosServer,
-    cosmos_server_available,
-)
+from tests.support.servers import REPO_ROOT
 
 pytestmark = pytest.mark.cosmos
 

@@ -53,7 +53,7 @@ def kafka() -> str:
 @pytest.fixture
 def topics(kafka: str) -> Iterator[Any]:
     """Private Kafka topics, deleted afterwards."""
-    from tests.support.kafka import Topics
+    from benchmarks.servers import Topics
 
     created = Topics(kafka)
     yield created

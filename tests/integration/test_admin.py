@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import Field
 
+from benchmarks.ledger import Ledger, by_source, record
 from docoutbox import AggregateStore, Decision, Handlers, InboxPolicy, Message, StoreConfig, emit
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -28,7 +29,7 @@ from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend, MongoDeadLetters, MongoLeaseTable
 from docoutbox_mongo.wiring import connect_dispatch
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
-from tests.support.e2e import Ledger, Sandbox, by_source, record
+from tests.support.e2e import Sandbox
 
 pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 

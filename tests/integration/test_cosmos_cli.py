@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
 from docoutbox_cosmos import CosmosBackend, CosmosFeedRangeLeases
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess
-from tests.support.servers import CosmosAccount
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore
 from docoutbox.errors import DocumentTooLarge, InvalidAggregateId
 from docoutbox.store.plans import plan_trim
@@ -16,7 +17,6 @@ from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend, Throttled
 from tests.support.backends import PATIENT
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount, CosmosServer, cosmos_server_available
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend
 from tests.conftest import missing
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess
-from tests.support.servers import CosmosAccount, CosmosServer, cosmos_server_available
 
 pytestmark = pytest.mark.cosmos
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.ledger import Ledger
 from docoutbox import AggregateStore
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -27,12 +28,7 @@ from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.wiring import connect_dispatch, connect_dispatch_async
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import (
-    Ledger,
-    Sandbox,
-    broker_address,
-    through,
-)
+from tests.support.e2e import Sandbox, broker_address, through
 from tests.support.tcpproxy import TcpProxy
 from tests.support.traffic import (
     RECEIVER_CONFIG,

@@ -12,13 +12,14 @@ from typing import Any
 import jsonschema
 import pytest
 
+from benchmarks.ledger import make_entry
+from benchmarks.servers import Topics
 from docoutbox import Publisher
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from tests.support.aio import Blocking
-from tests.support.e2e import make_entry
-from tests.support.kafka import Topics, proxied_ports
+from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.kafka

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.servers import Topics
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import decode_entry
 from docoutbox.model import OutboxMessage
@@ -20,8 +22,7 @@ from docoutbox.testing import AsyncMemoryBackend, MemoryDeadLetters
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
 from docoutbox_kafka.aio import AsyncKafkaConsumer
 from tests.support.aio import Blocking
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics
+from tests.support.e2e import FaultyBackend
 
 pytestmark = pytest.mark.kafka
 

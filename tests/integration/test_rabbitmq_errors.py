@@ -9,6 +9,7 @@ import pytest
 from pika.adapters.blocking_connection import ReturnedMessage
 from pika.spec import Basic, BasicProperties
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.errors import (
     BrokerUnavailable,
@@ -23,7 +24,7 @@ from docoutbox.errors import (
 )
 from docoutbox.retry import RetryPolicy
 from docoutbox_rabbitmq import Action, RabbitConsumer, masked, translate, translated
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
+from tests.support.e2e import FaultyBackend
 
 
 def returned(code: int) -> ReturnedMessage:

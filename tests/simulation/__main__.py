@@ -89,7 +89,7 @@ def open_client(args: argparse.Namespace, stack: ExitStack) -> Any:
 
     uri = args.uri
     if uri is None:
-        from tests.support.servers import MongoWireServer, mongo_wire_server_available
+        from benchmarks.servers import MongoWireServer, mongo_wire_server_available
 
         reason = mongo_wire_server_available()
         if reason:
@@ -102,12 +102,8 @@ def open_client(args: argparse.Namespace, stack: ExitStack) -> Any:
 
 def open_cosmos(stack: ExitStack) -> Any:
     """A scratch database on the Cosmos account (deleted on exit)."""
+    from benchmarks.servers import CosmosServer, cosmos_account_from_env, cosmos_server_available
     from tests.support.cosmos import scratch_database
-    from tests.support.servers import (
-        CosmosServer,
-        cosmos_account_from_env,
-        cosmos_server_available,
-    )
 
     account = cosmos_account_from_env()
     if account is None:

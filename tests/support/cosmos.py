@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.support.servers import CosmosAccount
+from benchmarks.servers import CosmosAccount
 
 
 def unique(prefix: str) -> str:

@@ -2,7 +2,7 @@
 
 Producers are :class:`~docoutbox.testing.contract.Counter` aggregates: each ``Add``
 command commits ``emits`` outgoing ``Added`` messages. The receiver runs a
-:class:`~docoutbox_rabbitmq.RabbitConsumer` into :class:`~tests.support.e2e.Ledger`
+:class:`~docoutbox_rabbitmq.RabbitConsumer` into :class:`~benchmarks.ledger.Ledger`
 aggregates, one per producer, and records every delivery it settles.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.testing.contract import Counter, counter_handlers
 from docoutbox_rabbitmq import RabbitConsumer, Verdict
-from tests.support.e2e import Ledger, by_source, ledger_handlers
 
 #: Receivers de-duplicate exactly, by (source, seq), whatever the number of redeliveries.
 RECEIVER_CONFIG = StoreConfig(inbox=InboxPolicy(window=0, exact=True))

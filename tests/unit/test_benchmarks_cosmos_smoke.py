@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import cosmos
 from benchmarks.common import Scale
-from tests.support.servers import CosmosAccount
+from benchmarks.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 
