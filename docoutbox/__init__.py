@@ -5,7 +5,7 @@ an outbox of messages not yet published; handling a message is one conditional w
 """
 
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.drivers.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy, DispatchResult
 from docoutbox.dispatch.engine.leases import LeaseTiming
@@ -48,6 +48,7 @@ from docoutbox.ports.dispatch import (
     Checkpoints,
     DeadLetters,
     LeaseTable,
+    Ownership,
     Publisher,
 )
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from docoutbox.dispatch.drivers.ownership import Ownership
 from docoutbox.dispatch.engine.backlog import BacklogMonitor
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.ports.dispatch import Ownership
 
 log = logging.getLogger("docoutbox.health")
 

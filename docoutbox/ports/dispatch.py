@@ -1,5 +1,6 @@
 """What the dispatcher's adapters must provide: publishers, dead letters, change sources,
-checkpoints and lease tables. Adapters perform I/O; they decide nothing.
+checkpoints, lease tables, and the ownership of partitions. Adapters perform I/O; they
+decide nothing.
 """
 
 from __future__ import annotations
@@ -102,6 +103,42 @@ class Checkpoints(Protocol):
     def load(self, name: str) -> Position | None: ...
 
     def save(self, name: str, position: Position) -> None: ...
+
+
+#: A set of partitions to sweep; None means every document, whatever its partition.
+Scope = frozenset[int] | None
+
+
+class Ownership(Protocol):
+    """Which partitions a dispatcher instance may touch, right now
+    (:mod:`docoutbox.dispatch.drivers.ownership`)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, *, release: bool = True) -> None: ...
+
+    def owned(self) -> Scope:
+        """The partitions currently held (None: all of them)."""
+        ...
+
+    def enter(self, partition: int) -> bool:
+        """Start work in ``partition``; False (and no work) if it is not held."""
+        ...
+
+    def leave(self, partition: int) -> None: ...
+
+    def valid(self, partition: int) -> bool:
+        """Whether work inside ``partition`` may still publish or trim."""
+        ...
+
+    def take_acquired(self) -> list[Scope]:
+        """Scopes gained since the last call, to be swept without grace.
+
+        An ownership may also define ``resumes(scope) -> bool``: True for a scope gained
+        whose partitions resume from a position stored with their leases, so that the
+        stream covers them and no sweep is needed (default: every scope is swept).
+        """
+        ...
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import pytest
 
 from docoutbox import AggregateStore, OutboxMessage, RetryPolicy, StoreConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.drivers.ownership import Ownership
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.ports.dispatch import Ownership
 from docoutbox.retry import Backoff
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

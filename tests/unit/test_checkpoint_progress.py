@@ -28,12 +28,12 @@ import pytest
 from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.operations import Ports
-from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
 from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot
 from docoutbox.drive import drive
-from docoutbox.ports.dispatch import Position
+from docoutbox.ports.dispatch import Ownership, Position
 from docoutbox.store.core import Sleep
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.drivers.ownership import Scope
 from docoutbox.dispatch.engine.loop import (
     DispatchEngine,
     DispatcherConfig,
@@ -19,7 +18,7 @@ from docoutbox.dispatch.engine.loop import (
     StartMarker,
 )
 from docoutbox.errors import ChangeStreamLost, TransientStoreError
-from docoutbox.ports.dispatch import ChangeEvent
+from docoutbox.ports.dispatch import ChangeEvent, Scope
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import Document
 

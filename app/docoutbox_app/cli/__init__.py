@@ -31,12 +31,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
-from docoutbox.dispatch.drivers.ownership import LeaseKeeper, Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
+from docoutbox.ports.dispatch import Ownership
 from docoutbox_app.cli import admin, audit, logs, observe
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (

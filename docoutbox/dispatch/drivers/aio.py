@@ -32,7 +32,7 @@ from docoutbox.dispatch.drivers.operations import (
     batches,
     wall_clock_engine,
 )
-from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound
 from docoutbox.dispatch.engine.metrics import Metrics
@@ -43,6 +43,7 @@ from docoutbox.ports.dispatch import (
     AsyncCheckpoints,
     AsyncDeadLetters,
     AsyncPublisher,
+    Ownership,
 )
 from docoutbox.ports.store import AsyncStoreBackend
 from docoutbox.store.core import Sleep, Write

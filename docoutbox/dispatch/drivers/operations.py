@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish, Quarantine
 from docoutbox.dispatch.engine.loop import (
     CloseStream,
@@ -43,6 +43,7 @@ from docoutbox.ports.dispatch import (
     ChangeSource,
     Checkpoints,
     DeadLetters,
+    Ownership,
     Publisher,
 )
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend

@@ -28,46 +28,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from docoutbox.dispatch.engine.leases import LeaseTiming, dead_members, plan_leases
 from docoutbox.errors import DocOutboxError
-from docoutbox.ports.dispatch import LeaseTable, LeaseView
+from docoutbox.ports.dispatch import LeaseTable, LeaseView, Scope
 from docoutbox.store.document import Document, utcnow
 
 log = logging.getLogger("docoutbox.leases")
-
-#: A set of partitions to sweep; None means every document, whatever its partition.
-Scope = frozenset[int] | None
-
-
-class Ownership(Protocol):
-    def start(self) -> None: ...
-
-    def stop(self, *, release: bool = True) -> None: ...
-
-    def owned(self) -> Scope:
-        """The partitions currently held (None: all of them)."""
-        ...
-
-    def enter(self, partition: int) -> bool:
-        """Start work in ``partition``; False (and no work) if it is not held."""
-        ...
-
-    def leave(self, partition: int) -> None: ...
-
-    def valid(self, partition: int) -> bool:
-        """Whether work inside ``partition`` may still publish or trim."""
-        ...
-
-    def take_acquired(self) -> list[Scope]:
-        """Scopes gained since the last call, to be swept without grace.
-
-        An ownership may also define ``resumes(scope) -> bool``: True for a scope gained
-        whose partitions resume from a position stored with their leases, so that the
-        stream covers them and no sweep is needed (default: every scope is swept).
-        """
-        ...
 
 
 class SoleOwner:

@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from docoutbox.dispatch.drivers.operations import GroupWriter, Ports, batches, wall_clock_engine
-from docoutbox.dispatch.drivers.ownership import Ownership, SoleOwner
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound, event_target
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
-from docoutbox.ports.dispatch import ChangeSource, Checkpoints, DeadLetters, Publisher
+from docoutbox.ports.dispatch import ChangeSource, Checkpoints, DeadLetters, Ownership, Publisher
 from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import Sleep, Write
 

@@ -35,7 +35,6 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from docoutbox.dispatch.drivers.ownership import Ownership
 from docoutbox.dispatch.engine.backlog import stream_lag
 from docoutbox.dispatch.engine.checkpoint import (
     Done,
@@ -63,7 +62,7 @@ from docoutbox.errors import (
     StoreError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.ports.dispatch import ChangeEvent, Position
+from docoutbox.ports.dispatch import ChangeEvent, Ownership, Position
 from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
