@@ -5,7 +5,8 @@
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox_app.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
   repair the outbox (:mod:`docoutbox_app.cli.admin`);
-- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox_app.cli.audit`).
+- ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox_app.cli.audit`,
+  the commands themselves in :mod:`docoutbox_app.cli.spark`).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
