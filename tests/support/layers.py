@@ -1,8 +1,9 @@
 """The repository's import graph, read from source (AST only, nothing is imported).
 
 Every ``import`` and ``from ... import`` counts, wherever it sits: module level, inside
-functions and methods, under ``if TYPE_CHECKING:``, in ``try``/``except ImportError``.
-Relative imports are resolved. Only first-party modules are nodes of the graph.
+functions and methods, under ``if TYPE_CHECKING:``, in ``try``/``except ImportError``, and
+so does ``importlib.import_module`` of a literal name. Relative imports are resolved. Only
+first-party modules are nodes of the graph.
 
 Rings, inside out; a module imports its own ring and those inside it, never outward:
 
@@ -150,13 +151,28 @@ def _resolve(name: str, modules: Mapping[str, Path]) -> str | None:
     return name
 
 
+def _loaded_by_name(call: ast.Call) -> str | None:
+    """The literal name of ``importlib.import_module("a.b")`` or ``__import__("a.b")``."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("import_module", "__import__") or not call.args:
+        return None
+    first = call.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 def module_edges(name: str, source: str, modules: Mapping[str, Path], package: bool) -> set[Edge]:
     """The first-party imports of one module's source."""
     edges: set[Edge] = set()
     for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Import | ast.ImportFrom):
+        if isinstance(node, ast.Call):
+            loaded = _loaded_by_name(node)
+            if loaded is None:
+                continue
+            targets = [loaded]
+        elif not isinstance(node, ast.Import | ast.ImportFrom):
             continue
-        if isinstance(node, ast.Import):
+        elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
             # ``from pkg import name``: the submodule when ``name`` is one, else ``pkg``.

@@ -77,9 +77,10 @@ def test_the_walk_sees_every_package_and_module(modules: dict[str, Path], edges:
         assert count >= least, f"{layers.RING_NAMES[ring]}: {count} modules, expected {least}+"
     importers = {e.importer for e in edges}
     assert {name.split(".")[0] for name in importers} == set(layers.RINGS)
-    # Imports inside functions are seen, as are relative ones.
-    assert Edge("docoutbox_cosmos.wiring", "docoutbox_cosmos.aio", 185) in edges
-    assert any(e.importer == "docoutbox_spark.readers" and e.line > 100 for e in edges)
+    # Imports inside functions count (here, one loading an optional SDK on use).
+    pairs = {(e.importer, e.target) for e in edges}
+    assert ("docoutbox_spark.readers", "docoutbox_cosmos.errors") in pairs
+    assert len(edges) >= 1000
 
 
 def _planted(modules: dict[str, Path], name: str, extra: str) -> list[str]:
@@ -130,6 +131,14 @@ def test_relative_imports_are_resolved_and_core_layers_checked(modules: dict[str
     ]
     assert all(w.endswith("a core module reaches up a layer") for w in wrong)
     assert _planted(modules, "docoutbox.dispatch.drivers.threads", "from . import ownership") == []
+
+
+def test_a_module_loaded_by_name_counts(modules: dict[str, Path]) -> None:
+    planted = 'def planted():\n    return importlib.import_module("docoutbox_cosmos.wiring")\n'
+    wrong = _planted(modules, "docoutbox.dispatch.drivers.threads", planted)
+    assert [w.split(" (")[0] for w in wrong] == [
+        "docoutbox.dispatch.drivers.threads -> docoutbox_cosmos.wiring"
+    ]
 
 
 def test_an_adapter_importing_another_adapter_fails(modules: dict[str, Path]) -> None:
