@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.cosmos import exceptions as cosmos_errors
 
 from benchmarks import cosmos_aio
@@ -127,7 +128,6 @@ class RawLoop:
 
 
 def _if_not_modified() -> Any:
-    from azure.core import MatchConditions
 
     return MatchConditions.IfNotModified
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from confluent_kafka import Producer
+
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
 from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait, backlog
 from benchmarks.servers import Topics, kafka_available, kafka_bootstrap
@@ -61,7 +63,6 @@ class CountingKafka(KafkaPublisher):
 def _producer(bootstrap: str, topic: str) -> Any:
     """A connected producer: one record delivered already, so no variant times the
     connection and the idempotent producer's ID request."""
-    from confluent_kafka import Producer
 
     producer = Producer({**DEFAULTS, "bootstrap.servers": bootstrap, **REQUIRED})
     _warm(producer, topic)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from confluent_kafka import Producer
+
 from benchmarks.common import (
     Scale,
     Table,
@@ -36,6 +38,7 @@ from benchmarks.kafka import broker
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from benchmarks.servers import Topics
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
+from docoutbox.codec import encode_entry
 from docoutbox_kafka import KafkaConsumer, headers_for
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_mongo import MongoBackend
@@ -48,9 +51,6 @@ EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
 
 def fill(bootstrap: str, topic: str, records: int, density: int) -> None:
     """Produce ``records`` entries, ``density`` per aggregate, interleaved by seq."""
-    from confluent_kafka import Producer
-
-    from docoutbox.codec import encode_entry
 
     producer = Producer({**DEFAULTS, "bootstrap.servers": bootstrap, **REQUIRED})
     aggregates = max(1, records // density)

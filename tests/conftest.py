@@ -14,9 +14,14 @@ import asyncio
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
+import mongomock
 import pytest
+from mongomock_motor import AsyncMongoMockClient
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from benchmarks.servers import (
     CosmosAccount,
@@ -29,6 +34,9 @@ from benchmarks.servers import (
 from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.blocking import BlockingStore
+from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from tests.support.cosmos import async_container, create_container, scratch_database
 
 
 def truthy(value: str | None) -> bool:
@@ -124,18 +132,9 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         shared = MemoryBackend()
         async_factory = lambda: AsyncMemoryBackend(shared)  # noqa: E731
     elif kind == "mongomock":
-        import mongomock
-
-        from docoutbox_mongo import MongoBackend
-
         collection = mongomock.MongoClient()["docoutbox"][name]
         sync_factory = lambda: MongoBackend(collection)  # noqa: E731
     elif kind.startswith("cosmos-"):
-        from contextlib import ExitStack
-
-        from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
-        from tests.support.cosmos import async_container, create_container, scratch_database
-
         stack = ExitStack()
         closers.append(stack.close)
         database = stack.enter_context(scratch_database(request.getfixturevalue("cosmos_server")))
@@ -150,35 +149,21 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
             closers.insert(0, close)
             async_factory = lambda: AsyncCosmosBackend(proxy)  # noqa: E731
     elif kind == "mongomock-motor":
-        from mongomock_motor import AsyncMongoMockClient
-
-        from docoutbox_mongo import AsyncMongoBackend
-
         mock = AsyncMongoMockClient()["docoutbox"][name]
         async_factory = lambda: AsyncMongoBackend(mock)  # noqa: E731
     else:
         server, flavour = kind.split("-")
         uri = server_uri(server, request)
         if flavour == "sync":
-            from pymongo import MongoClient
-
-            from docoutbox_mongo import MongoBackend
-
             client: Any = MongoClient(uri, uuidRepresentation="standard")
             closers.append(client.close)
             sync_factory = lambda: MongoBackend(client["docoutbox_test"][name])  # noqa: E731
         else:
-            from docoutbox_mongo import AsyncMongoBackend
-
             loop = asyncio.new_event_loop()
             if flavour == "motor":
-                from motor.motor_asyncio import AsyncIOMotorClient
-
                 aclient: Any = AsyncIOMotorClient(uri, io_loop=loop)
                 closers.append(aclient.close)
             else:
-                from pymongo import AsyncMongoClient
-
                 aclient = AsyncMongoClient(uri)
                 closers.append(lambda: loop.run_until_complete(aclient.close()))  # type: ignore[union-attr]
             async_factory = lambda: AsyncMongoBackend(aclient["docoutbox_test"][name])  # noqa: E731

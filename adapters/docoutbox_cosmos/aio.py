@@ -54,7 +54,7 @@ def _transport() -> Any:
     loads as a certificate chain and fails on; the sync transport ignores it. This drops
     that empty pair, nothing else.
     """
-    from azure.core.pipeline.transport import AioHttpTransport
+    from azure.core.pipeline.transport import AioHttpTransport  # noqa: PLC0415
 
     class Transport(AioHttpTransport):  # type: ignore[misc]
         async def send(self, request: Any, **config: Any) -> Any:
@@ -70,7 +70,7 @@ def open_async_client(endpoint: str, key: str, **options: Any) -> Any:
     """An ``azure.cosmos.aio.CosmosClient``, with the same options as
     :func:`~docoutbox_cosmos.wiring.open_client` (the CA file of
     :func:`~docoutbox_cosmos.wiring.tls_options` included)."""
-    from azure.cosmos.aio import CosmosClient
+    from azure.cosmos.aio import CosmosClient  # noqa: PLC0415
 
     if endpoint.startswith("http://"):
         options.setdefault("enable_endpoint_discovery", False)
@@ -111,8 +111,8 @@ async def connect_dispatch_async(
 ) -> AsyncCosmosDispatchTarget:
     """Like :func:`~docoutbox_cosmos.wiring.connect_dispatch`, on ``azure.cosmos.aio``
     (the lease table on a sync client of its own)."""
-    from docoutbox_cosmos.wiring import base_options, open_client
-    from docoutbox_cosmos.wiring import coordination_container as sync_coordination
+    from docoutbox_cosmos.wiring import base_options, open_client  # noqa: PLC0415
+    from docoutbox_cosmos.wiring import coordination_container as sync_coordination  # noqa: PLC0415
 
     options = {**base_options(timeout), **(client_options or {})}
     client = open_async_client(endpoint, key, **options)

@@ -89,7 +89,7 @@ def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str,
         raise PermanentStoreError(f"cannot read the CA file {ca_file!r}: {exc}") from exc
     if b"-----BEGIN CERTIFICATE-----" not in head:
         raise PermanentStoreError(f"the CA file {ca_file!r} holds no PEM certificate")
-    from azure.cosmos.documents import SSLConfiguration
+    from azure.cosmos.documents import SSLConfiguration  # noqa: PLC0415
 
     config = SSLConfiguration()
     config.SSLCaCerts = ca_file
@@ -159,9 +159,9 @@ def cli_tls_options(args: Any) -> dict[str, Any]:
     insecure = bool(getattr(args, "cosmos_insecure", False))
     options = tls_options(getattr(args, "cosmos_ca_file", None), insecure)
     if insecure:
-        import warnings
+        import warnings  # noqa: PLC0415
 
-        from urllib3.exceptions import InsecureRequestWarning
+        from urllib3.exceptions import InsecureRequestWarning  # noqa: PLC0415
 
         # Said once, loudly, by the command; not once per request.
         warnings.filterwarnings("ignore", category=InsecureRequestWarning)
@@ -182,7 +182,7 @@ def connect_cli(args: Any) -> CosmosDispatchTarget:
 
 async def connect_cli_async(args: Any) -> Any:
     """:func:`~docoutbox_cosmos.aio.connect_dispatch_async` from the same arguments."""
-    from docoutbox_cosmos.aio import connect_dispatch_async
+    from docoutbox_cosmos.aio import connect_dispatch_async  # noqa: PLC0415
 
     return await connect_dispatch_async(
         args.cosmos_endpoint,

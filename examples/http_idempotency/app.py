@@ -55,6 +55,7 @@ from docoutbox import (
     StoreBackend,
     StoreConfig,
 )
+from docoutbox.testing import MemoryBackend
 
 KEY_TTL = timedelta(hours=24)
 MAX_KEYS = 200
@@ -213,8 +214,6 @@ def main(argv: list[str]) -> None:  # pragma: no cover - manual entry point
         db: Any = MongoClient(argv[1], serverSelectionTimeoutMS=5000)["payments"]
         backend: StoreBackend = MongoBackend(db["accounts"])
     else:
-        from docoutbox.testing import MemoryBackend
-
         backend = MemoryBackend()
     uvicorn.run(create_app(open_store(backend)), host="127.0.0.1", port=8000)
 

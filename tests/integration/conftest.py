@@ -8,7 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
+from benchmarks.servers import Topics
+from docoutbox_rabbitmq import RabbitPublisher
+from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from tests.support.aio import Blocking
 from tests.support.backends import (
     BACKENDS,
     DISPATCH_DRIVERS,
@@ -18,6 +23,7 @@ from tests.support.backends import (
     dispatch_env_of,
 )
 from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
+from tests.support.kafka import require_kafka
 
 #: The RabbitMQ publishers and consumers that share one contract suite.
 RABBITMQ_CLIENTS = ["pika", "aio-pika"]
@@ -33,8 +39,6 @@ def box() -> Iterator[Sandbox]:
 @pytest.fixture
 def mongo(mongo_uri: str) -> Iterator[Any]:
     """A scratch MongoDB database on the test server, dropped afterwards."""
-    from pymongo import MongoClient
-
     client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
     name = f"it_{uuid.uuid4().hex[:8]}"
     yield client[name]
@@ -45,16 +49,12 @@ def mongo(mongo_uri: str) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def kafka() -> str:
     """The bootstrap servers of the shared test Kafka broker."""
-    from tests.support.kafka import require_kafka
-
     return require_kafka()
 
 
 @pytest.fixture
 def topics(kafka: str) -> Iterator[Any]:
     """Private Kafka topics, deleted afterwards."""
-    from benchmarks.servers import Topics
-
     created = Topics(kafka)
     yield created
     created.close()
@@ -66,10 +66,6 @@ def make_publisher(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     The aio-pika publisher runs on its own event loop.
     """
-    from docoutbox_rabbitmq import RabbitPublisher
-    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
-    from tests.support.aio import Blocking
-
     made: list[Any] = []
 
     def make(url: str, exchange: str = "", **options: Any) -> Any:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pika
 import pytest
 from pydantic import Field
 
@@ -203,7 +204,6 @@ def test_a_delivery_a_consumer_rejected_is_listed_replayed_and_consumed_once(
 
     tallies = AggregateStore(MongoBackend(mongo["tallies"]), Tally)
     body = json.dumps({"id": "plain-1", "type": "Ping", "payload": {"x": 1}, "extra": 0})
-    import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(box.url))
     connection.channel().basic_publish("", queue, body.encode())

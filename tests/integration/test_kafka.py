@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from confluent_kafka import KafkaError
 
 from benchmarks.ledger import make_entry
 from benchmarks.servers import Topics
@@ -269,8 +270,6 @@ def test_wire_formats_match_the_shipped_schemas(
 def test_a_producer_that_failed_fatally_is_replaced(kafka: str, topics: Topics) -> None:
     """After a fatal error (the idempotent producer's state is lost) the next publish runs
     on a new producer instead of failing forever."""
-    from confluent_kafka import KafkaError
-
     topic = topics.create()
     with KafkaPublisher(kafka, topic) as publisher:
         publisher.publish(make_entry(seq=1))

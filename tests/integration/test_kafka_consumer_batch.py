@@ -15,6 +15,7 @@ from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from benchmarks.servers import Topics
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import decode_entry
+from docoutbox.errors import InvalidConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.receive import HandlerRetry
 from docoutbox.retry import RetryPolicy
@@ -215,8 +216,6 @@ def test_without_batch_each_record_is_its_own_write(topic: str, consumer: Any, k
 
 
 def test_a_consumer_without_any_dead_letters_is_refused() -> None:
-    from docoutbox.errors import InvalidConfig
-
     store = AggregateStore(FaultyBackend(), Ledger)
     with pytest.raises(InvalidConfig, match="dead_letter_topic or dead_letters"):
         KafkaConsumer("unused:9092", "t", "g", store, ledger_handlers, aggregate_id_of=by_source)

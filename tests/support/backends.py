@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from docoutbox import AggregateStore, OutboxMessage, RetryPolicy, StoreConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
@@ -27,6 +29,30 @@ from docoutbox.ports.dispatch import Ownership
 from docoutbox.retry import Backoff
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos import (
+    AsyncCosmosBackend,
+    AsyncCosmosChangeSource,
+    AsyncCosmosCheckpoints,
+    AsyncCosmosDeadLetters,
+    CosmosBackend,
+    CosmosChangeSource,
+    CosmosCheckpoints,
+    CosmosDeadLetters,
+    CosmosLeaseTable,
+    encode_id,
+)
+from docoutbox_mongo import (
+    AsyncMongoBackend,
+    AsyncMongoChangeSource,
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
+    MongoBackend,
+    MongoChangeSource,
+    MongoCheckpoints,
+    MongoDeadLetters,
+    MongoLeaseTable,
+)
+from tests.support.cosmos import create_container, scratch_database
 
 CONFIG = DispatcherConfig(
     name="disp",
@@ -162,8 +188,6 @@ class MongoBundle(Bundle):
     }
 
     def __init__(self, uri: str) -> None:
-        from pymongo import MongoClient
-
         self.uri = uri
         self.client: Any = MongoClient(
             uri, uuidRepresentation="standard", maxPoolSize=THREADS * 2 + 4
@@ -173,13 +197,9 @@ class MongoBundle(Bundle):
         super().__init__()
 
     def store_backend(self) -> Any:
-        from docoutbox_mongo import MongoBackend
-
         return MongoBackend(self.coll)
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_mongo import MongoChangeSource, MongoCheckpoints, MongoDeadLetters
-
         return Ports(
             self.store_backend(),
             MongoDeadLetters(self.db["dead"]),
@@ -190,13 +210,6 @@ class MongoBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_mongo import (
-            AsyncMongoBackend,
-            AsyncMongoChangeSource,
-            AsyncMongoCheckpoints,
-            AsyncMongoDeadLetters,
-        )
-
         client = mongo_async_client(driver, self.uri)
         db = client[self.db.name]
         coll = db["aggs"]
@@ -215,8 +228,6 @@ class MongoBundle(Bundle):
         return ports, close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_mongo import MongoLeaseTable
-
         return MongoLeaseTable(self.db["leases"], group)
 
     def pending(self) -> int:
@@ -253,10 +264,7 @@ class MongoBundle(Bundle):
 
 def mongo_async_client(driver: str, uri: str) -> Any:
     if driver == "motor":
-        from motor.motor_asyncio import AsyncIOMotorClient
-
         return AsyncIOMotorClient(uri, uuidRepresentation="standard")
-    from pymongo import AsyncMongoClient
 
     return AsyncMongoClient(uri, uuidRepresentation="standard")
 
@@ -273,8 +281,6 @@ class CosmosBundle(Bundle):
     }
 
     def __init__(self, account: Any) -> None:
-        from tests.support.cosmos import create_container, scratch_database
-
         self.account = account
         self._stack = ExitStack()
         self.db = self._stack.enter_context(scratch_database(account))
@@ -285,13 +291,9 @@ class CosmosBundle(Bundle):
         super().__init__()
 
     def store_backend(self) -> Any:
-        from docoutbox_cosmos import CosmosBackend
-
         return CosmosBackend(self.coll, on_charge=lambda *c: self.charges.append(c))
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_cosmos import CosmosChangeSource, CosmosCheckpoints, CosmosDeadLetters
-
         return Ports(
             self.store_backend(),
             CosmosDeadLetters(self.dead),
@@ -302,13 +304,6 @@ class CosmosBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_cosmos import (
-            AsyncCosmosBackend,
-            AsyncCosmosChangeSource,
-            AsyncCosmosCheckpoints,
-            AsyncCosmosDeadLetters,
-        )
-
         client = self.account.async_client()
         db = client.get_database_client(self.db.id)
         aggs = db.get_container_client(self.coll.id)
@@ -321,8 +316,6 @@ class CosmosBundle(Bundle):
         return ports, client.close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_cosmos import CosmosLeaseTable
-
         return CosmosLeaseTable(self.leases, group)
 
     def _query(self, container: Any, sql: str) -> list[Any]:
@@ -336,8 +329,6 @@ class CosmosBundle(Bundle):
         return {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
 
     def checkpoint(self) -> Any:
-        from docoutbox_cosmos import CosmosCheckpoints
-
         return CosmosCheckpoints(self.checkpoints).load(CONFIG.name)
 
     def dead_items(self) -> list[dict[str, Any]]:
@@ -347,8 +338,6 @@ class CosmosBundle(Bundle):
         return self.ports().dead_letters
 
     def damage_checkpoint(self, damage: str) -> None:
-        from docoutbox_cosmos import CosmosCheckpoints, encode_id
-
         checkpoints = CosmosCheckpoints(self.checkpoints)
         if damage == "deleted":
             item_id = encode_id(CONFIG.name)

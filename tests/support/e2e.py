@@ -9,10 +9,15 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import pika
+import pika.exceptions
+
 from docoutbox.model import AggregateId
 from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
 from docoutbox.testing import MemoryBackend
+from tests.conftest import missing
+from tests.support.servers import rabbitmq_available, rabbitmq_url
 
 
 def unique(prefix: str) -> str:
@@ -23,8 +28,6 @@ class Sandbox:
     """Uniquely named exchanges and queues on a real broker, deleted afterwards."""
 
     def __init__(self, url: str) -> None:
-        import pika
-
         self.url = url
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
@@ -57,9 +60,6 @@ class Sandbox:
     def close(self) -> None:
         """Delete what was declared, on a fresh connection: the first may have been idle
         past its heartbeat while a long test ran."""
-        import pika
-        import pika.exceptions
-
         with contextlib.suppress(pika.exceptions.AMQPError, OSError):
             self.connection.close()
         connection = pika.BlockingConnection(pika.URLParameters(self.url))
@@ -110,9 +110,6 @@ class FaultyBackend(MemoryBackend):
 
 def require_rabbitmq() -> str:
     """The broker URL; skips (or fails under DOCOUTBOX_REQUIRE_SERVERS=1) if unreachable."""
-    from tests.conftest import missing
-    from tests.support.servers import rabbitmq_available, rabbitmq_url
-
     url = rabbitmq_url()
     reason = rabbitmq_available(url)
     if reason:

@@ -18,7 +18,8 @@ from typing import Any
 from benchmarks.ledger import Ledger, by_source, ledger_handlers
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.testing.contract import Counter, counter_handlers
-from docoutbox_rabbitmq import RabbitConsumer, Verdict
+from docoutbox_kafka import KafkaConsumer
+from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher, Verdict
 
 #: Receivers de-duplicate exactly, by (source, seq), whatever the number of redeliveries.
 RECEIVER_CONFIG = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
@@ -209,8 +210,6 @@ class KafkaReceiver(Receiver):
     dead_letters: str = "dx-dead"
 
     def consumer(self, prefetch: int) -> Any:
-        from docoutbox_kafka import KafkaConsumer
-
         def record(verdict: Verdict, kafka_record: Any) -> None:
             position = (int(kafka_record.partition()), int(kafka_record.offset()))
             self.record(verdict, False, position)
@@ -286,8 +285,6 @@ def rabbit_traffic(
     """``count`` producers on the store backend ``producers``, publishing through
     ``exchange`` into ``queue`` (declared here, bound to every key), and a receiver of
     that queue into ledgers on the store backend ``ledgers``."""
-    from docoutbox_rabbitmq import RabbitPublisher
-
     with RabbitPublisher(url, exchange) as setup:
         setup.declare(queues={queue: ["#"]})
     sender = Producers(

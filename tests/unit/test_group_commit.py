@@ -13,6 +13,7 @@ from docoutbox import (
     AggregateStore,
     AsyncAggregateStore,
     Message,
+    NotFound,
     RetryPolicy,
     StoreConfig,
     UnknownMessageType,
@@ -120,8 +121,6 @@ def test_a_failing_handler_raises_only_in_its_caller() -> None:
 
 
 def test_missing_aggregate_raises_not_found_in_group_mode() -> None:
-    from docoutbox import NotFound
-
     store = AggregateStore(MemoryBackend(), Counter, group_commit=True)
     with pytest.raises(NotFound):
         store.handle("nobody", add_msg("m1"), counter_handlers)

@@ -9,13 +9,16 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import mongomock
 import pytest
+from pymongo import MongoClient, monitoring
 
 from docoutbox import AggregateStore
 from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter
 from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_mongo import MongoBackend
 
 
 class SlowBulk:
@@ -148,10 +151,6 @@ def trims(ids: dict[str, list[str]]) -> list[TrimPlan]:
 
 
 def test_mongomock_bulk_write_falls_back_to_one_write_per_plan() -> None:
-    import mongomock
-
-    from docoutbox_mongo import MongoBackend
-
     backend = MongoBackend(mongomock.MongoClient()["t"][uuid.uuid4().hex])
     ids = stored(backend, 3)
     assert backend.write_many(trims(ids)) == [True] * 3
@@ -161,10 +160,6 @@ def test_mongomock_bulk_write_falls_back_to_one_write_per_plan() -> None:
 
 @pytest.mark.wire
 def test_many_trims_are_one_bulk_write_on_the_wire_server(mongo_uri: str) -> None:
-    from pymongo import MongoClient, monitoring
-
-    from docoutbox_mongo import MongoBackend
-
     class Commands(monitoring.CommandListener):
         def __init__(self) -> None:
             self.names: list[str] = []

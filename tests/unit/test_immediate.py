@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.scheduler import Backoff
 from docoutbox.dispatch.extras.immediate import ImmediateDispatcher
 from docoutbox.dispatch.extras.settled import SettledPublisher
+from docoutbox.store.document import utcnow
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
@@ -187,10 +189,6 @@ def test_both_paths_in_one_process_publish_each_entry_once() -> None:
 
 
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
-    from datetime import timedelta
-
-    from docoutbox.store.document import utcnow
-
     backend = MemoryBackend()
     first, second = one_trimmed_one_pending(backend)
     inner = MemoryPublisher()

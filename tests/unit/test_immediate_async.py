@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from docoutbox import (
     in_thread,
 )
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher
+from docoutbox.store.document import utcnow
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
@@ -28,6 +30,7 @@ from docoutbox.testing.memory import AsyncMemoryBackend
 from docoutbox.testing.publisher import AsyncMemoryPublisher
 from tests.unit.test_immediate import (
     FAST,
+    Fatal,
     committed_ids,
     in_seq_order,
     one_trimmed_one_pending,
@@ -192,10 +195,6 @@ def test_stop_finishes_what_is_queued() -> None:
 
 
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
-    from datetime import timedelta
-
-    from docoutbox.store.document import utcnow
-
     backend = MemoryBackend()
     first, second = one_trimmed_one_pending(backend)
     inner = MemoryPublisher()
@@ -278,8 +277,6 @@ def test_a_sync_publisher_in_a_thread_is_accepted() -> None:
 def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tests.unit.test_immediate import Fatal
-
     backend = MemoryBackend()
     publisher = MemoryPublisher()
 
@@ -362,8 +359,6 @@ def test_a_crash_of_the_immediate_path_loses_nothing() -> None:
 
 
 def test_drain_returns_when_the_worker_dies_meanwhile() -> None:
-    from tests.unit.test_immediate import Fatal
-
     async def main() -> None:
         gate = asyncio.Event()
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -34,8 +36,14 @@ from docoutbox.model import Aggregate
 from docoutbox.observability.health import Endpoint, Health
 from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
 from docoutbox.observability.prometheus import PrometheusMetrics, PrometheusStoreObserver
-from docoutbox.receive import Action, HandlerRetry, receive_retrying
-from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryPublisher
+from docoutbox.receive import Action, HandlerRetry, Rejects, receive_retrying
+from docoutbox.testing import (
+    AsyncMemoryBackend,
+    MemoryBackend,
+    MemoryDeadLetters,
+    MemoryPublisher,
+    mongo_server,
+)
 from docoutbox_app.cli import logs
 
 
@@ -78,8 +86,6 @@ def test_each_emitted_entry_carries_the_handling_span_and_own_headers_win() -> N
 
 
 def test_async_store_traces_the_same_way() -> None:
-    import asyncio
-
     provider, exporter = tracer()
     store = AsyncAggregateStore(
         AsyncMemoryBackend(),
@@ -245,8 +251,6 @@ def test_otel_gauges_report_the_last_measurement() -> None:
 
 
 def test_prometheus_exposition_and_the_endpoint() -> None:
-    import urllib.request
-
     metrics = PrometheusMetrics()
     metrics.outbox(OutboxStats(5, 2, 1.5, None, datetime.now(UTC)))
     metrics.watch_queue(lambda: 3)
@@ -334,8 +338,6 @@ def test_a_failing_handler_is_retried_immediately_then_with_backoff() -> None:
 def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
     tmp_path: Any,
 ) -> None:
-    from docoutbox.testing import mongo_server
-
     assert mongo_server.LAUNCHER.is_file() and mongo_server.POM.is_file()
     reason = mongo_server.mongo_wire_server_available(tmp_path)
     assert reason is not None
@@ -345,9 +347,6 @@ def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
 
 
 def test_the_memory_dead_letters_keep_consumer_rejects_too() -> None:
-    from docoutbox.receive import Rejects
-    from docoutbox.testing import MemoryDeadLetters
-
     letters: Rejects = MemoryDeadLetters()
     letters.put(None, {"id": "p1"}, "boom", 3, origin="consume", queue="q", body="{}")
     kept = letters.entries["p1"]  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ stderr, stopped by closing stdin."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -65,8 +66,6 @@ def test_an_unavailable_server_is_not_launched() -> None:
 def test_the_readme_command_for_the_wire_server_runs_without_a_warning() -> None:
     """``python -m docoutbox.testing.mongo_server`` warned (runpy) on every run, because
     importing ``docoutbox.testing`` imported the module it was about to run."""
-    import subprocess
-
     done = subprocess.run(
         [sys.executable, "-W", "error", "-m", "docoutbox.testing.mongo_server", "--help"],
         capture_output=True,

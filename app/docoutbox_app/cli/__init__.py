@@ -106,7 +106,7 @@ class StdoutPublisher:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from docoutbox import __version__
+    from docoutbox import __version__  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="docoutbox",
@@ -220,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        from docoutbox_app.cli import demo
+        from docoutbox_app.cli import demo  # noqa: PLC0415
 
         code: int = demo.main(args_list[1:])
         return code
@@ -520,10 +520,10 @@ def _dispatch_async(
 
 def _backlog_probe(target: Any) -> Any:
     if not hasattr(target.backend, "collection"):  # not MongoDB: page through find_pending
-        from docoutbox.dispatch.engine.backlog import probe_backend
+        from docoutbox.dispatch.engine.backlog import probe_backend  # noqa: PLC0415
 
         return probe_backend(target.backend)
-    from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]
+    from docoutbox_mongo.admin import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
         outbox_stats,
     )
 
@@ -537,7 +537,7 @@ def _publisher(args: argparse.Namespace) -> Any:
     if args.publisher == "stdout":
         return StdoutPublisher()
     if args.publisher == "kafka":
-        from docoutbox_kafka import (  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox_kafka import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
             KafkaPublisher,
         )
 
@@ -548,7 +548,7 @@ def _publisher(args: argparse.Namespace) -> Any:
             kafka.close()
             raise
         return kafka
-    from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]
+    from docoutbox_rabbitmq import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
         RabbitPublisher,
     )
 

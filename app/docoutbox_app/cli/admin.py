@@ -199,8 +199,8 @@ def _problem(args: argparse.Namespace, store: str) -> str | None:
 def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:
     """The client, the database and the adapter's ``admin`` module of ``store``."""
     if store == "cosmos":
-        from docoutbox_cosmos import admin  # type: ignore[import-not-found, unused-ignore]
-        from docoutbox_cosmos.wiring import (  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox_cosmos import admin  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+        from docoutbox_cosmos.wiring import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
             cli_tls_options,
         )
 
@@ -212,8 +212,8 @@ def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:
             client_options=cli_tls_options(args),
         )
         return client, database, admin
-    from docoutbox_mongo import admin  # type: ignore[import-not-found, unused-ignore, no-redef]
-    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]
+    from docoutbox_mongo import admin  # type: ignore[import-not-found, unused-ignore, no-redef]  # noqa: PLC0415
+    from docoutbox_mongo.wiring import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
         connect_database,
     )
 
@@ -326,7 +326,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _republisher(url: str) -> Callable[[str, bytes], None]:
     def republish(queue: str, body: bytes) -> None:
-        from docoutbox_rabbitmq.replay import (  # type: ignore[import-not-found, unused-ignore]
+        from docoutbox_rabbitmq.replay import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
             publish_body,
         )
 
