@@ -18,6 +18,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bson import decode
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
 from benchmarks.common import Scale, Table, connect, mongo_server
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -97,9 +101,6 @@ def generate(db: Any, n: int, batch: int = 5000) -> None:
 
 def pymongo_pass(uri: str, database: str) -> dict[str, Any]:
     """The same figures as the Spark audit, in one Python pass per collection."""
-    from bson import decode
-    from bson.raw_bson import RawBSONDocument
-    from pymongo import MongoClient
 
     client: Any = MongoClient(uri, document_class=RawBSONDocument)
     db = client[database]

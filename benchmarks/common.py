@@ -17,7 +17,7 @@ from typing import Any
 import bson
 from pymongo import MongoClient, monitoring
 
-from tests.support.servers import MongoWireServer, mongo_wire_server_available
+from benchmarks.servers import MongoWireServer, mongo_wire_server_available
 
 DATABASE = "docoutbox_bench"
 

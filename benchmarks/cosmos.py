@@ -23,7 +23,6 @@ keeps the others'.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -32,102 +31,47 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from azure.cosmos import PartitionKey
+from azure.core import MatchConditions
 from azure.cosmos import exceptions as cosmos_errors
 
+from benchmarks import cosmos_aio
 from benchmarks.common import Scale, Table, median, paired_ratio, ratio_range
-from benchmarks.workload import Account, Doc, Feed, account_ids, handlers
+from benchmarks.cosmos_common import (
+    CountingPublisher,
+    FeedCounter,
+    Meter,
+    cosmos_account,
+    deposit,
+    drain_table,
+    fill,
+    guarded_patch,
+    handle_scale,
+    make_accounts,
+    new_container,
+    paired_cell,
+)
+from benchmarks.servers import (
+    CosmosAccount,
+    cosmos_account_from_env,
+)
+from benchmarks.workload import Account, Doc, Feed, handlers
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
-from docoutbox.store.document import new_document
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
-from docoutbox_cosmos.items import ItemCodec, format_time
-from tests.support.servers import (
-    CosmosAccount,
-    CosmosServer,
-    cosmos_account_from_env,
-    cosmos_server_available,
-)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results_cosmos.json"
 #: What ``--only`` selects; ``-aio`` are the ``azure.cosmos.aio`` twins (benchmarks.cosmos_aio).
 NAMES = ["handle", "drain", "memory", "handle-aio", "drain-aio"]
 #: The scale of a full run.
 SCALE = replace(Scale(), messages=150, rounds=21)
-
-
-@contextlib.contextmanager
-def cosmos_account() -> Iterator[CosmosAccount]:
-    account = cosmos_account_from_env()
-    if account is not None:
-        yield account
-        return
-    reason = cosmos_server_available()
-    if reason is not None:
-        raise SystemExit(f"Cosmos DB server unavailable: {reason}")
-    with CosmosServer() as server:
-        yield server.account()
-
-
-@dataclass
-class Meter:
-    """Counts HTTP responses (round trips) and their request charge, thread-safely."""
-
-    responses: int = 0
-    charge: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def hook(self, response: Any) -> None:
-        headers = response.http_response.headers
-        with self.lock:
-            self.responses += 1
-            self.charge += float(headers.get("x-ms-request-charge") or 0.0)
-
-    def on_charge(self, _kind: str, _status: int, charge: float) -> None:
-        with self.lock:
-            self.responses += 1
-            self.charge += charge
-
-    def snapshot(self) -> tuple[int, float]:
-        with self.lock:
-            return self.responses, self.charge
-
-
-class FeedCounter:
-    """A container whose change-feed responses (pages, and 304s) are counted on a meter;
-    everything else goes to the container itself."""
-
-    def __init__(self, container: Any, meter: Meter) -> None:
-        self._container = container
-        self._meter = meter
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._container, name)
-
-    def query_items_change_feed(self, **kwargs: Any) -> Any:
-        hook = kwargs.get("response_hook")
-
-        def counted(headers: Any, result: Any) -> None:
-            with self._meter.lock:
-                self._meter.responses += 1
-                self._meter.charge += float(headers.get("x-ms-request-charge") or 0.0)
-            if hook is not None:
-                hook(headers, result)
-
-        return self._container.query_items_change_feed(**{**kwargs, "response_hook": counted})
-
-
-def _container(database: Any, prefix: str) -> Any:
-    return database.create_container(f"{prefix}_{uuid.uuid4().hex[:8]}", PartitionKey("/id"))
 
 
 class RawLoop:
@@ -184,30 +128,7 @@ class RawLoop:
             return
 
 
-def deposit(item: Doc, message: Doc, window: int) -> tuple[Doc, list[str], str]:
-    """The raw loops' state change: the new state, the inbox window and the time."""
-    state = item["state"]
-    new = {"balance": state["balance"] + message["payload"]["n"]}
-    new["deposits"] = state["deposits"] + 1
-    inbox = [*item["inbox"], message["id"]][-window:]
-    return new, inbox, format_time(datetime.now(UTC))
-
-
-def guarded_patch(item: Doc, new: Doc, inbox: list[str], now: str) -> dict[str, Any]:
-    """``patch_item`` arguments of docoutbox's commit, guarded by the item's version."""
-    ops = [
-        {"op": "set", "path": "/state", "value": new},
-        {"op": "incr", "path": "/version", "value": 1},
-        {"op": "set", "path": "/outbox_seq", "value": item["outbox_seq"]},
-        {"op": "set", "path": "/updated_at", "value": now},
-        {"op": "set", "path": "/inbox", "value": inbox},
-    ]
-    predicate = f"FROM c WHERE c.version = {int(item['version'])}"
-    return {"patch_operations": ops, "filter_predicate": predicate}
-
-
 def _if_not_modified() -> Any:
-    from azure.core import MatchConditions
 
     return MatchConditions.IfNotModified
 
@@ -277,20 +198,6 @@ def _chunk_ratios(candidate: Contestant, baseline: Contestant) -> list[float]:
     ]
 
 
-def _accounts(database: Any, prefix: str, scale: Scale) -> tuple[Any, list[str]]:
-    container = _container(database, prefix)
-    accounts = account_ids(scale.aggregates)
-    setup = AggregateStore(CosmosBackend(container), Account)
-    for account in accounts:
-        setup.create(account, Account())
-    return container, accounts
-
-
-def _cell(samples: dict[str, list[float]], name: str, base: str) -> str:
-    low, high = ratio_range(samples[name], samples[base])
-    return f"{paired_ratio(samples[name], samples[base]):.2f}x ({low:.2f}-{high:.2f})"
-
-
 def _ratio_cell(ratios: list[float]) -> tuple[str, float, list[float]]:
     """``median (IQR)`` of per-round ratios, the median, and the IQR."""
     low, high = ratio_range(ratios, [1.0] * len(ratios))
@@ -321,14 +228,14 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
         ("raw cached replace (ETag)", True, "replace"),
     )
     for name, cached, strategy in raw:
-        container, accounts = _accounts(database, "raw", scale)
+        container, accounts = make_accounts(database, "raw", scale)
         meter = Meter()
         loop = RawLoop(container, meter, window=window, cached=cached, strategy=strategy)
         contestants[name] = Contestant(
             loop.handle, Feed(accounts, emit=False), meter, scale.messages
         )
     for name, cache in (("docoutbox cold (cache off)", 0), ("docoutbox warm (cached)", 1024)):
-        container, accounts = _accounts(database, "dox", scale)
+        container, accounts = make_accounts(database, "dox", scale)
         meter = Meter()
         backend = CosmosBackend(container, on_charge=meter.on_charge)
         store = AggregateStore(backend, Account, StoreConfig(cache_size=cache))
@@ -370,7 +277,7 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
             cold_cell,
             warm_cell,
             1000 * median(c.cpu),
-            _cell(speed, name, base),
+            paired_cell(speed, name, base),
         )
         table.figures[name] = {
             "per_s": median(samples[name]),
@@ -421,15 +328,6 @@ def handle_throughput(database: Any, scale: Scale) -> Table:
     return table
 
 
-#: The handle benchmark's own scale: more, shorter rounds than the other benchmarks'.
-HANDLE_SCALE = {"messages": 100, "rounds": 30}
-
-
-def handle_scale(scale: Scale) -> Scale:
-    """The handle benchmark's scale for a run at ``scale``: a quick run stays quick."""
-    return scale if scale == Scale.quick() else replace(scale, **HANDLE_SCALE)
-
-
 def handle_bench(_uri: str, scale: Scale) -> Table:
     """The handle benchmark alone, on its own account (``scripts/bench --only cosmos_handle``);
     ``_uri`` (a MongoDB server) is not used."""
@@ -440,56 +338,6 @@ def handle_bench(_uri: str, scale: Scale) -> Table:
             return handle_throughput(database, scale)
         finally:
             client.delete_database(database.id)
-
-
-class CountingPublisher:
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def publish(self, entry: Any) -> None:
-        with self._lock:
-            self.count += 1
-
-
-def fill(container: Any, docs: int, per_doc: int, threads: int = 8) -> None:
-    """``docs`` aggregates with ``per_doc`` pending entries each, written in parallel."""
-    codec = ItemCodec()
-    now = datetime.now(UTC)
-
-    def item(index: int) -> Doc:
-        aggregate_id = f"acc-{index:07d}"
-        doc = new_document(aggregate_id, "Account", {"balance": 0, "deposits": 0}, 0, now)
-        doc["outbox"] = [
-            {
-                "id": str(uuid.uuid4()),
-                "type": "Deposited",
-                "payload": {"n": seq},
-                "headers": {},
-                "created_at": now,
-                "seq": seq,
-                "aggregate_id": aggregate_id,
-                "aggregate_type": "Account",
-                "correlation_id": None,
-                "causation_id": None,
-                "destination": None,
-                "attempts": 0,
-                "last_error": None,
-            }
-            for seq in range(1, per_doc + 1)
-        ]
-        doc["outbox_seq"] = per_doc
-        return codec.to_item(doc)
-
-    def work(start: int) -> None:
-        for index in range(start, docs, threads):
-            container.create_item(item(index))
-
-    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
 
 
 def raw_feed_read(container: Any, marker: Any, meter: Meter | None = None) -> int:
@@ -532,50 +380,6 @@ def dispatcher_drain(
         raise AssertionError(f"published {publisher.count}, expected {expected}")
 
 
-def drain_table(
-    key: str,
-    title: str,
-    readers: tuple[str, str],
-    entries: int,
-    raw: tuple[list[float], list[float]],
-    dispatch: tuple[list[float], list[float]],
-) -> Table:
-    """A drain benchmark's table: the raw read's and the dispatcher's rates and requests
-    per round (warm-up left out), as medians, with the paired ratio and its range."""
-    (raw_rates, raw_trips), (dispatch_rates, dispatch_trips) = raw, dispatch
-    raw_req, dispatch_req = median(raw_trips), median(dispatch_trips)
-    raw_label, dispatch_label = readers
-    table = Table(
-        key,
-        title,
-        ["reader", "entries/s", f"vs {raw_label}", "requests", "entries / request"],
-    )
-    table.add(
-        f"{raw_label} (all feed ranges)", median(raw_rates), "1.00x", raw_req, entries / raw_req
-    )
-    ratio = paired_ratio(dispatch_rates, raw_rates)
-    low, high = ratio_range(dispatch_rates, raw_rates)
-    table.add(
-        f"{dispatch_label} (concurrency 8)",
-        median(dispatch_rates),
-        f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
-        dispatch_req,
-        entries / dispatch_req,
-    )
-    table.figures = {
-        "raw_per_s": median(raw_rates),
-        "dispatcher_per_s": median(dispatch_rates),
-        "vs_raw": ratio,
-        "vs_raw_iqr": [low, high],
-        "raw_requests": raw_req,
-        "dispatcher_requests": dispatch_req,
-        "entries_per_request_raw": entries / raw_req,
-        "entries_per_request_dispatcher": entries / dispatch_req,
-        "rounds": len(raw_rates),
-    }
-    return table
-
-
 def drain(database: Any, scale: Scale) -> Table:
     """Benchmark 3: the dispatcher vs a raw change-feed read of the same backlog."""
     per_doc = 10
@@ -583,7 +387,7 @@ def drain(database: Any, scale: Scale) -> Table:
     raw_rates, dispatch_rates = [], []
     raw_trips, dispatch_trips = [], []
     for _ in range(scale.warmup + max(1, scale.rounds // 2)):
-        container = _container(database, "drain")
+        container = new_container(database, "drain")
         marker = CosmosChangeSource(container).start_marker()
         fill(container, docs, per_doc)
         raw_meter, dispatch_meter = Meter(), Meter()
@@ -659,7 +463,7 @@ def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
         ["backlog (entries)", "peak RSS growth (MiB)"],
     )
     for docs in sizes:
-        container = _container(database, "mem")
+        container = new_container(database, "mem")
         marker = CosmosChangeSource(container).start_marker()
         fill(container, docs, per_doc)
         env = {
@@ -686,8 +490,6 @@ def memory(database: Any, account: CosmosAccount, scale: Scale) -> Table:
 
 
 def run(account: CosmosAccount, scale: Scale, only: list[str] | None = None) -> list[Table]:
-    from benchmarks import cosmos_aio  # it builds on this module
-
     tables = []
     with account.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")

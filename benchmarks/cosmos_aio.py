@@ -29,18 +29,21 @@ from typing import Any
 from azure.cosmos import exceptions as cosmos_errors
 
 from benchmarks.common import Scale, Table, interleaved, median, paired_ratio, ratio_range
-from benchmarks.cosmos import (
+from benchmarks.cosmos_common import (
     CountingPublisher,
     FeedCounter,
     Meter,
-    _accounts,
-    _cell,
-    _container,
+    cosmos_account,
     deposit,
     drain_table,
     fill,
     guarded_patch,
+    handle_scale,
+    make_accounts,
+    new_container,
+    paired_cell,
 )
+from benchmarks.servers import CosmosAccount
 from benchmarks.workload import Account, Doc, Feed, handlers
 from docoutbox import AsyncAggregateStore, InboxPolicy, StoreConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher
@@ -48,7 +51,6 @@ from docoutbox.dispatch.engine.loop import DispatcherConfig
 from docoutbox.ports.dispatch import Position
 from docoutbox_cosmos import AsyncCosmosBackend
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
-from tests.support.servers import CosmosAccount
 
 
 class AsyncRawLoop:
@@ -124,7 +126,7 @@ def handle_throughput(database: Any, account: CosmosAccount, scale: Scale) -> Ta
             aio_db = client.get_database_client(database.id)
             contestants: dict[str, AsyncContestant] = {}
             for name, cached in ((RAW_COLD, False), (RAW_CACHED, True)):
-                container, accounts = _accounts(database, "raw", scale)
+                container, accounts = make_accounts(database, "raw", scale)
                 meter = Meter()
                 raw = AsyncRawLoop(
                     aio_db.get_container_client(container.id), meter, window=window, cached=cached
@@ -136,7 +138,7 @@ def handle_throughput(database: Any, account: CosmosAccount, scale: Scale) -> Ta
                 ("docoutbox aio cold (cache off)", 0),
                 ("docoutbox aio warm (cached)", 1024),
             ):
-                container, accounts = _accounts(database, "dox", scale)
+                container, accounts = make_accounts(database, "dox", scale)
                 meter = Meter()
                 backend = AsyncCosmosBackend(
                     aio_db.get_container_client(container.id), on_charge=meter.on_charge
@@ -172,8 +174,8 @@ def handle_throughput(database: Any, account: CosmosAccount, scale: Scale) -> Ta
             trips,
             charge,
             median(samples[name]),
-            _cell(samples, name, RAW_COLD),
-            _cell(samples, name, RAW_CACHED),
+            paired_cell(samples, name, RAW_COLD),
+            paired_cell(samples, name, RAW_CACHED),
         )
         table.figures[name] = {
             "per_s": median(samples[name]),
@@ -283,7 +285,7 @@ def drain(database: Any, account: CosmosAccount, scale: Scale) -> Table:
         try:
             aio_db = client.get_database_client(database.id)
             for _ in range(scale.warmup + max(1, scale.rounds // 2)):
-                container = _container(database, "drain_aio")
+                container = new_container(database, "drain_aio")
                 marker = CosmosChangeSource(container).start_marker()
                 fill(container, docs, per_doc)
                 aio = aio_db.get_container_client(container.id)
@@ -335,8 +337,6 @@ def drain(database: Any, account: CosmosAccount, scale: Scale) -> Table:
 def handle_bench(_uri: str, scale: Scale) -> Table:
     """The aio handle benchmark alone (``scripts/bench --only cosmos_handle_aio``), at the
     sync handle benchmark's scale; ``_uri`` (a MongoDB server) is not used."""
-    from benchmarks.cosmos import cosmos_account, handle_scale
-
     with cosmos_account() as account, account.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
@@ -347,8 +347,6 @@ def handle_bench(_uri: str, scale: Scale) -> Table:
 
 def drain_bench(_uri: str, scale: Scale) -> Table:
     """The aio drain benchmark alone (``scripts/bench --only cosmos_drain_aio``)."""
-    from benchmarks.cosmos import cosmos_account
-
     with cosmos_account() as account, account.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:

@@ -26,8 +26,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from confluent_kafka import Producer
+
 from benchmarks.common import Scale, Table, connect, interleaved, median, paired_ratio, ratio_range
 from benchmarks.dispatch import TIMEOUT, DispatchReader, Workbench, _wait, backlog
+from benchmarks.servers import Topics, kafka_available, kafka_bootstrap
 from docoutbox import Dispatcher, OutboxMessage
 from docoutbox.codec import encode_entry
 from docoutbox.testing.publisher import MemoryDeadLetters
@@ -36,7 +39,6 @@ from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_kafka.records import headers_for
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.changes import MongoChangeSource
-from tests.support.kafka import Topics, kafka_available, kafka_bootstrap
 
 DENSITY = 10
 THREADS = 4
@@ -63,7 +65,6 @@ class CountingKafka(KafkaPublisher):
 def _producer(bootstrap: str, topic: str) -> Any:
     """A connected producer: one record delivered already, so no variant times the
     connection and the idempotent producer's ID request."""
-    from confluent_kafka import Producer
 
     producer = Producer({**DEFAULTS, "bootstrap.servers": bootstrap, **REQUIRED})
     _warm(producer, topic)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from confluent_kafka import Producer
+
 from benchmarks.common import (
     Scale,
     Table,
@@ -33,13 +35,14 @@ from benchmarks.common import (
     timed_rate,
 )
 from benchmarks.kafka import broker
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.servers import Topics
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
+from docoutbox.codec import encode_entry
 from docoutbox_kafka import KafkaConsumer
 from docoutbox_kafka.publisher import DEFAULTS, REQUIRED
 from docoutbox_kafka.records import headers_for
 from docoutbox_mongo import MongoBackend
-from tests.support.e2e import Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics
 
 ROUNDS = 3
 #: Records per aggregate in each workload.
@@ -49,9 +52,6 @@ EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
 
 def fill(bootstrap: str, topic: str, records: int, density: int) -> None:
     """Produce ``records`` entries, ``density`` per aggregate, interleaved by seq."""
-    from confluent_kafka import Producer
-
-    from docoutbox.codec import encode_entry
 
     producer = Producer({**DEFAULTS, "bootstrap.servers": bootstrap, **REQUIRED})
     aggregates = max(1, records // density)

@@ -22,9 +22,9 @@
 #   stop-cosmos       stop the server start-cosmos started (its pid is in .servers/cosmos.pid)
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
-# The MongoDB wire server is not started here: tests/support/servers.py launches one per
+# The MongoDB wire server is not started here: benchmarks/servers.py launches one per
 # test session (java -cp 'tests/servers/mongo/lib/*' docoutbox/testing/mongo_wire/MongoWireServer.java 0).
-# Nor is the Cosmos DB server: tests/support/servers.py launches one per session too;
+# Nor is the Cosmos DB server: benchmarks/servers.py launches one per session too;
 # start-cosmos is for examples and manual runs (tests then use it through COSMOS_ENDPOINT).
 #
 # Environment:

@@ -14,31 +14,34 @@ import asyncio
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
+import mongomock
 import pytest
+from mongomock_motor import AsyncMongoMockClient
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient, MongoClient
 
-from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
-from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
-from docoutbox.testing.blocking import BlockingStore
-from tests.support.servers import (
+from benchmarks.servers import (
     CosmosAccount,
     CosmosServer,
     MongoWireServer,
+    Topics,
     cosmos_account_from_env,
     cosmos_server_available,
     mongo_wire_server_available,
 )
+from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.blocking import BlockingStore
+from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from tests.support.cosmos import async_container, create_container, scratch_database
+from tests.support.e2e import require_rabbitmq, sandbox
+from tests.support.kafka import require_kafka
+from tests.support.required import REQUIRE_SERVERS, missing
 
-
-def truthy(value: str | None) -> bool:
-    """How CI systems spell "on": anything but empty, 0, false, no or off."""
-    return (value or "").strip().lower() not in {"", "0", "false", "no", "off"}
-
-
-REQUIRE_SERVERS = truthy(os.environ.get("DOCOUTBOX_REQUIRE_SERVERS")) or truthy(
-    os.environ.get("CI")
-)
 MONGODB_URI = os.environ.get("MONGODB_URI")
 
 #: Store adapters of the contract matrix. "wire-*" reach mongo-java-server; "uri-*" reach
@@ -49,13 +52,6 @@ for _server in SERVER_KINDS:
     STORE_KINDS += [f"{_server}-sync", f"{_server}-async", f"{_server}-motor"]
 #: Cosmos DB (the local server, or COSMOS_ENDPOINT/COSMOS_KEY): azure-cosmos sync and aio.
 STORE_KINDS += ["cosmos-sync", "cosmos-aio"]
-
-
-def missing(reason: str) -> None:
-    """Skip a test that needs an absent server; fail instead when servers are required."""
-    if REQUIRE_SERVERS:
-        pytest.fail(f"required server missing: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +81,6 @@ def cosmos_server() -> Iterator[CosmosAccount]:
 @pytest.fixture
 def box() -> Iterator[Any]:
     """A private RabbitMQ exchange and queues, deleted afterwards."""
-    from tests.support.e2e import require_rabbitmq, sandbox
 
     with sandbox(require_rabbitmq()) as created:
         yield created
@@ -94,7 +89,6 @@ def box() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def kafka() -> str:
     """The bootstrap servers of the shared test Kafka broker."""
-    from tests.support.kafka import require_kafka
 
     return require_kafka()
 
@@ -102,7 +96,6 @@ def kafka() -> str:
 @pytest.fixture
 def topics(kafka: str) -> Iterator[Any]:
     """Private Kafka topics, deleted afterwards."""
-    from tests.support.kafka import Topics
 
     created = Topics(kafka)
     yield created
@@ -151,18 +144,9 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         shared = MemoryBackend()
         async_factory = lambda: AsyncMemoryBackend(shared)  # noqa: E731
     elif kind == "mongomock":
-        import mongomock
-
-        from docoutbox_mongo import MongoBackend
-
         collection = mongomock.MongoClient()["docoutbox"][name]
         sync_factory = lambda: MongoBackend(collection)  # noqa: E731
     elif kind.startswith("cosmos-"):
-        from contextlib import ExitStack
-
-        from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
-        from tests.support.cosmos import async_container, create_container, scratch_database
-
         stack = ExitStack()
         closers.append(stack.close)
         database = stack.enter_context(scratch_database(request.getfixturevalue("cosmos_server")))
@@ -177,35 +161,21 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
             closers.insert(0, close)
             async_factory = lambda: AsyncCosmosBackend(proxy)  # noqa: E731
     elif kind == "mongomock-motor":
-        from mongomock_motor import AsyncMongoMockClient
-
-        from docoutbox_mongo import AsyncMongoBackend
-
         mock = AsyncMongoMockClient()["docoutbox"][name]
         async_factory = lambda: AsyncMongoBackend(mock)  # noqa: E731
     else:
         server, flavour = kind.split("-")
         uri = server_uri(server, request)
         if flavour == "sync":
-            from pymongo import MongoClient
-
-            from docoutbox_mongo import MongoBackend
-
             client: Any = MongoClient(uri, uuidRepresentation="standard")
             closers.append(client.close)
             sync_factory = lambda: MongoBackend(client["docoutbox_test"][name])  # noqa: E731
         else:
-            from docoutbox_mongo import AsyncMongoBackend
-
             loop = asyncio.new_event_loop()
             if flavour == "motor":
-                from motor.motor_asyncio import AsyncIOMotorClient
-
                 aclient: Any = AsyncIOMotorClient(uri, io_loop=loop)
                 closers.append(aclient.close)
             else:
-                from pymongo import AsyncMongoClient
-
                 aclient = AsyncMongoClient(uri)
                 closers.append(lambda: loop.run_until_complete(aclient.close()))  # type: ignore[union-attr]
             async_factory = lambda: AsyncMongoBackend(aclient["docoutbox_test"][name])  # noqa: E731

@@ -7,6 +7,7 @@ from typing import Any
 
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cosmos_errors
+from azure.cosmos.documents import SSLConfiguration
 
 from docoutbox.errors import PermanentStoreError
 from docoutbox_cosmos.errors import Refusal, refusal, translated
@@ -58,8 +59,6 @@ def tls_options(ca_file: str | None = None, insecure: bool = False) -> dict[str,
         raise PermanentStoreError(f"cannot read the CA file {ca_file!r}: {exc}") from exc
     if b"-----BEGIN CERTIFICATE-----" not in head:
         raise PermanentStoreError(f"the CA file {ca_file!r} holds no PEM certificate")
-    from azure.cosmos.documents import SSLConfiguration
-
     config = SSLConfiguration()
     config.SSLCaCerts = ca_file
     return {"connection_verify": ca_file, "ssl_config": config}
@@ -87,7 +86,7 @@ def _transport() -> Any:
     loads as a certificate chain and fails on; the sync transport ignores it. This drops
     that empty pair, nothing else.
     """
-    from azure.core.pipeline.transport import AioHttpTransport
+    from azure.core.pipeline.transport import AioHttpTransport  # noqa: PLC0415 - aiohttp, aio only
 
     class Transport(AioHttpTransport):  # type: ignore[misc]
         async def send(self, request: Any, **config: Any) -> Any:
@@ -103,7 +102,7 @@ def open_async_client(endpoint: str, key: str, **options: Any) -> Any:
     """An ``azure.cosmos.aio.CosmosClient``, with the same options as
     :func:`open_client` (the CA file of
     :func:`tls_options` included)."""
-    from azure.cosmos.aio import CosmosClient
+    from azure.cosmos.aio import CosmosClient  # noqa: PLC0415 - aiohttp, aio only
 
     if endpoint.startswith("http://"):
         options.setdefault("enable_endpoint_discovery", False)

@@ -164,11 +164,11 @@ async def open_async_kit(
     try:
         with translated():
             if driver == "motor":
-                from motor.motor_asyncio import AsyncIOMotorClient
+                from motor.motor_asyncio import AsyncIOMotorClient  # noqa: PLC0415
 
                 client: Any = AsyncIOMotorClient(uri, **options)
             elif driver == "pymongo":
-                from pymongo import AsyncMongoClient
+                from pymongo import AsyncMongoClient  # noqa: PLC0415
 
                 client = AsyncMongoClient(uri, **options)
             else:

@@ -7,7 +7,8 @@
 - :mod:`docoutbox_spark.conform`: typed frames, with malformed documents as findings;
 - :mod:`docoutbox_spark.audit`: the audit functions (DataFrame in, DataFrame out);
 - :mod:`docoutbox_spark.run` and :mod:`docoutbox_spark.report`: the summary, its JSON and
-  the offline HTML report; :mod:`docoutbox_spark.command`: ``docoutbox audit``/``export``.
+  the offline HTML report. The commands ``docoutbox audit``/``export`` are in the
+  application ring (:mod:`docoutbox_app.cli.spark`).
 """
 
 from docoutbox_spark.schema import DEAD_LETTER_SCHEMA, DOCUMENT_SCHEMA, ENTRY_SCHEMA

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 MONGODB_LIMIT = 16 * 1024 * 1024
@@ -217,8 +217,6 @@ def partition_skew(documents: DataFrame, partitions: int | None = None) -> DataF
 
 
 def _everything() -> object:
-    from pyspark.sql import Window
-
     return Window.partitionBy(F.lit(0))
 
 

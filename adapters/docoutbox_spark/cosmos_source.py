@@ -27,6 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from docoutbox_spark.datasource import _arrow_schema, _batch, _schema
+from docoutbox_spark.schema import raw_row
 
 NAME = "docoutbox_cosmos"
 SYSTEM_FIELDS = frozenset({"id", "aid", "_rid", "_self", "_etag", "_ts", "_attachments", "_lsn"})
@@ -98,8 +99,6 @@ class CosmosReader(DataSourceReader):  # type: ignore[misc]
 
     def read(self, partition: FeedRange) -> Iterator[Any]:
         import pyarrow as pa
-
-        from docoutbox_spark.schema import raw_row
 
         arrow_schema = _arrow_schema(self.schema)
         batch = int(self.options.get("batch", "1000"))

@@ -23,7 +23,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
+from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA, raw_row
 
 NAME = "docoutbox_mongo"
 
@@ -130,8 +130,6 @@ class MongoReader(DataSourceReader):  # type: ignore[misc]
         import pyarrow as pa
         from bson import decode
         from bson.raw_bson import RawBSONDocument
-
-        from docoutbox_spark.schema import raw_row
 
         arrow_schema = _arrow_schema(self.schema)
         batch = int(self.options.get("batch", "1000"))

@@ -1,5 +1,6 @@
 """What the dispatcher's adapters must provide: publishers, dead letters, change sources,
-checkpoints and lease tables. Adapters perform I/O; they decide nothing.
+checkpoints, lease tables, and the ownership of partitions. Adapters perform I/O; they
+decide nothing.
 """
 
 from __future__ import annotations

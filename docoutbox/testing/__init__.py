@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use: ``python -m docoutbox.testing.mongo_server`` would otherwise
     # find its module already imported by this package, and runpy warns about it.
     if name == "MongoWireServer":
-        from docoutbox.testing.mongo_server import MongoWireServer
+        from docoutbox.testing.mongo_server import MongoWireServer  # noqa: PLC0415
 
         return MongoWireServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

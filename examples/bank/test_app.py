@@ -6,9 +6,11 @@ import uuid
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
+from benchmarks.servers import CosmosAccount
 from examples.bank import app
-from tests.support.servers import CosmosAccount
+from tests.support.cosmos import unique
 
 
 def check(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,7 +29,6 @@ def test_in_memory(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.wire
 def test_on_mongodb(mongo_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from pymongo import MongoClient
 
     scratch = f"bank_{uuid.uuid4().hex[:12]}"  # never a database the test did not create
     client: MongoClient[Any] = MongoClient(mongo_uri)
@@ -46,7 +47,6 @@ def test_on_cosmos(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.support.cosmos import unique
 
     monkeypatch.setenv("COSMOS_ENDPOINT", cosmos_server.endpoint)
     monkeypatch.setenv("COSMOS_KEY", cosmos_server.key)

@@ -48,6 +48,7 @@ from starlette.routing import Route
 
 from docoutbox import Aggregate, AggregateStore, Handlers, InboxPolicy, Message, StoreConfig
 from docoutbox.ports.store import StoreBackend
+from docoutbox.testing import MemoryBackend
 
 KEY_TTL = timedelta(hours=24)
 MAX_KEYS = 200
@@ -206,8 +207,6 @@ def main(argv: list[str]) -> None:  # pragma: no cover - manual entry point
         db: Any = MongoClient(argv[1], serverSelectionTimeoutMS=5000)["payments"]
         backend: StoreBackend = MongoBackend(db["accounts"])
     else:
-        from docoutbox.testing import MemoryBackend
-
         backend = MemoryBackend()
     uvicorn.run(create_app(open_store(backend)), host="127.0.0.1", port=8000)
 

@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 import uvicorn
+from pymongo import MongoClient
 
 from docoutbox import Message
 from docoutbox.testing import MemoryBackend
+from docoutbox_mongo import MongoBackend
 from examples.http_idempotency.app import (
     KEY_TTL,
     MAX_KEYS,
@@ -104,9 +106,6 @@ class Service:
 
 @pytest.fixture
 def store(mongo_uri: str) -> Iterator[Any]:
-    from pymongo import MongoClient
-
-    from docoutbox_mongo import MongoBackend
 
     client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
     name = f"idem_{uuid.uuid4().hex[:10]}"

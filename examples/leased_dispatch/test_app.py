@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore, Dispatcher
 from docoutbox.ports.kit import StoreKit
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from examples.leased_dispatch.app import cosmos_kit, leased_dispatcher, mongo_kit
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import CosmosAccount
 
 AGGREGATES = 12
 

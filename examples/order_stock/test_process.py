@@ -5,6 +5,7 @@ message took effect exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -13,17 +14,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
-from docoutbox import Message, OutboxMessage
+from docoutbox import AsyncAggregateStore, InvalidInput, Message, OutboxMessage
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.scheduler import Backoff
-from docoutbox.dispatch.extras.local import LocalPublisher
-from docoutbox.errors import BrokerUnavailable, TransientStoreError
+from docoutbox.dispatch.extras.local import AsyncLocalPublisher, LocalPublisher, Route
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError, TransientStoreError
 from docoutbox.store.plans import CommitPlan, WritePlan
-from docoutbox.testing import MemoryBackend, MemoryDeadLetters
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryDeadLetters
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
-from examples.order_stock.process import Order, Stock, order_handlers, publisher, stores
+from docoutbox_mongo import MongoBackend
+from examples.order_stock.process import (
+    EXACT,
+    Order,
+    Stock,
+    order_handlers,
+    publisher,
+    stock_handlers,
+    stores,
+)
 
 SKUS = [f"sku-{i}" for i in range(5)]
 START = 12
@@ -135,9 +146,6 @@ def collections(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     if request.param == "memory":
         yield MemoryBackend(), MemoryBackend()
         return
-    from pymongo import MongoClient
-
-    from docoutbox_mongo import MongoBackend
 
     client: Any = MongoClient(request.getfixturevalue("mongo_uri"), uuidRepresentation="standard")
     db = client[f"order_stock_{uuid.uuid4().hex[:8]}"]
@@ -228,8 +236,6 @@ def test_order_and_stock_without_a_broker_under_faults(
 
 
 def test_an_unroutable_entry_is_refused_permanently() -> None:
-    from docoutbox.errors import PermanentPublishError
-
     orders, stocks = stores(MemoryBackend(), MemoryBackend())
     local = publisher(orders, stocks)
     outcome = orders.handle(
@@ -257,13 +263,6 @@ def test_order_type_names() -> None:
 
 
 def test_async_local_publisher_delivers_exactly_once() -> None:
-    import asyncio
-
-    from docoutbox import AsyncAggregateStore, InvalidInput
-    from docoutbox.dispatch.extras.local import AsyncLocalPublisher, Route
-    from docoutbox.testing import AsyncMemoryBackend
-    from examples.order_stock.process import EXACT, stock_handlers
-
     async def main() -> None:
         orders, _ = stores(MemoryBackend(), MemoryBackend())
         stocks = AsyncAggregateStore(AsyncMemoryBackend(), Stock, EXACT)

@@ -27,14 +27,9 @@ import pytest
 from azure.core.exceptions import ServiceResponseError
 from azure.cosmos import PartitionKey, exceptions
 
+from benchmarks.servers import COSMOS_DIR, CosmosAccount, CosmosServer, cosmos_server_available
 from tests.conftest import missing
-from tests.support.servers import (
-    COSMOS_DIR,
-    REPO_ROOT,
-    CosmosAccount,
-    CosmosServer,
-    cosmos_server_available,
-)
+from tests.support.servers import REPO_ROOT
 
 pytestmark = pytest.mark.cosmos
 
@@ -123,7 +118,7 @@ def test_server_dies_with_the_process_that_started_it(node: str) -> None:
     """A kill -9 of the test process leaves no server behind (it exits on stdin EOF)."""
     code = (
         "import time\n"
-        "from tests.support.servers import CosmosServer\n"
+        "from benchmarks.servers import CosmosServer\n"
         "server = CosmosServer().start()\n"
         "print(server.port, flush=True)\n"
         "time.sleep(120)\n"

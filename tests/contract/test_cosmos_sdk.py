@@ -19,7 +19,7 @@ import pytest
 from azure.core import MatchConditions
 from azure.cosmos import PartitionKey, exceptions
 
-from tests.support.servers import CosmosAccount
+from benchmarks.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 

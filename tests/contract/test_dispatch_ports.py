@@ -10,7 +10,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import mongomock
 import pytest
+from mongomock_motor import AsyncMongoMockClient
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from docoutbox.store.api import AggregateStore
 from docoutbox.testing import (
@@ -31,7 +35,27 @@ from docoutbox.testing.dispatch_contract import (
     PublisherContract,
     events_until,
 )
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
+from docoutbox_cosmos.coordination import (
+    AsyncCosmosCheckpoints,
+    AsyncCosmosDeadLetters,
+    CosmosCheckpoints,
+    CosmosDeadLetters,
+    CosmosLeaseTable,
+)
+from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
+from docoutbox_mongo import MongoBackend
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
+from docoutbox_mongo.coordination import (
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
+    MongoCheckpoints,
+    MongoDeadLetters,
+    MongoLeaseTable,
+)
 from tests.conftest import server_uri
+from tests.support.cosmos import async_container, create_container, scratch_database
 
 
 class Databases:
@@ -45,17 +69,12 @@ class Databases:
         self.sync_db: Any = None
         self.async_db: Any = None
         if kind == "mongomock":
-            import mongomock
-
             self.sync_db = mongomock.MongoClient()[self.name]
             return
         if kind == "mongomock-motor":
-            from mongomock_motor import AsyncMongoMockClient
-
             self.loop = asyncio.new_event_loop()
             self.async_db = AsyncMongoMockClient()[self.name]
             return
-        from pymongo import MongoClient
 
         uri = server_uri("wire", request)
         client: Any = MongoClient(uri, uuidRepresentation="standard")
@@ -66,13 +85,9 @@ class Databases:
             return
         self.loop = asyncio.new_event_loop()
         if kind == "wire-motor":
-            from motor.motor_asyncio import AsyncIOMotorClient
-
             aclient: Any = AsyncIOMotorClient(uri, io_loop=self.loop)
             self._closers.insert(0, aclient.close)
         else:
-            from pymongo import AsyncMongoClient
-
             aclient = AsyncMongoClient(uri)
             loop = self.loop
             self._closers.insert(0, lambda: loop.run_until_complete(aclient.close()))
@@ -118,9 +133,6 @@ class TestMemoryChangeSource(ChangeSourceContract):
 class TestMongoChangeSource(ChangeSourceContract):
     @pytest.fixture
     def change_source(self, source_dbs: Databases) -> tuple[Any, Any]:
-        from docoutbox_mongo import MongoBackend
-        from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
-
         source = source_dbs.port(MongoChangeSource, AsyncMongoChangeSource, "aggs")
         return source, MongoBackend(source_dbs.sync_db["aggs"])
 
@@ -155,8 +167,6 @@ class TestMemoryCheckpoints(CheckpointsContract):
 class TestMongoCheckpoints(CheckpointsContract):
     @pytest.fixture
     def checkpoints(self, checkpoint_dbs: Databases) -> Any:
-        from docoutbox_mongo.coordination import AsyncMongoCheckpoints, MongoCheckpoints
-
         return checkpoint_dbs.port(MongoCheckpoints, AsyncMongoCheckpoints, "checkpoints")
 
 
@@ -169,8 +179,6 @@ class TestMemoryLeaseTable(LeaseTableContract):
 class TestMongoLeaseTable(LeaseTableContract):
     @pytest.fixture
     def lease_table(self, lease_dbs: Databases) -> Any:
-        from docoutbox_mongo.coordination import MongoLeaseTable
-
         return lease_dbs.port(MongoLeaseTable, None, "leases", "group")
 
 
@@ -184,8 +192,6 @@ class TestMemoryDeadLetters(DeadLettersContract):
 class TestMongoDeadLetters(DeadLettersContract):
     @pytest.fixture
     def dead_letters(self, dead_letter_dbs: Databases) -> tuple[Any, Any]:
-        from docoutbox_mongo.coordination import AsyncMongoDeadLetters, MongoDeadLetters
-
         port = dead_letter_dbs.port(MongoDeadLetters, AsyncMongoDeadLetters, "dead")
         if dead_letter_dbs.async_db is not None:
             loop, coll = dead_letter_dbs.loop, dead_letter_dbs.async_db["dead"]
@@ -216,8 +222,6 @@ class CosmosPorts:
     through a blocking wrapper)."""
 
     def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
-        from tests.support.cosmos import scratch_database
-
         self.kind = kind
         self.account = request.getfixturevalue("cosmos_server")
         self._scratch = scratch_database(self.account)
@@ -228,8 +232,6 @@ class CosmosPorts:
             self.loop = asyncio.new_event_loop()
 
     def container(self, name: str) -> Any:
-        from tests.support.cosmos import create_container
-
         return create_container(self.db, name)
 
     def port(self, sync_type: Any, async_type: Any, name: str) -> Any:
@@ -237,7 +239,6 @@ class CosmosPorts:
         container = self.container(name)
         if self.loop is None:
             return sync_type(container)
-        from tests.support.cosmos import async_container
 
         proxy, close = async_container(self.account, self.db.id, name, self.loop)
         self._closers.append(close)
@@ -272,9 +273,6 @@ class TestCosmosChangeSource(ChangeSourceContract):
 
     @pytest.fixture
     def change_source(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos import CosmosBackend
-        from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
-
         source = cosmos_ports.port(CosmosChangeSource, AsyncCosmosChangeSource, "aggs")
         return source, CosmosBackend(cosmos_ports.db.get_container_client("aggs"))
 
@@ -287,9 +285,6 @@ class TestCosmosLeasedChangeSource(ChangeSourceContract):
 
     @pytest.fixture
     def change_source(self, cosmos_sync: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos import CosmosBackend
-        from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
-
         aggs = cosmos_sync.container("aggs")
         table = CosmosFeedRangeLeases(cosmos_sync.container("leases"), aggs, "g")
         for p in range(table.partitions):
@@ -301,8 +296,6 @@ class TestCosmosLeasedChangeSource(ChangeSourceContract):
 class TestCosmosCheckpoints(CheckpointsContract):
     @pytest.fixture
     def checkpoints(self, cosmos_ports: CosmosPorts) -> Any:
-        from docoutbox_cosmos.coordination import AsyncCosmosCheckpoints, CosmosCheckpoints
-
         return cosmos_ports.port(CosmosCheckpoints, AsyncCosmosCheckpoints, "checkpoints")
 
 
@@ -310,9 +303,6 @@ class TestCosmosCheckpoints(CheckpointsContract):
 class TestCosmosLeaseTable(LeaseTableContract):
     @pytest.fixture(params=["feed-ranges", "partition-numbers"])
     def lease_table(self, request: pytest.FixtureRequest, cosmos_sync: CosmosPorts) -> Any:
-        from docoutbox_cosmos.coordination import CosmosLeaseTable
-        from docoutbox_cosmos.leases import CosmosFeedRangeLeases
-
         leases = cosmos_sync.container("leases")
         if request.param == "partition-numbers":
             return CosmosLeaseTable(leases, "group")
@@ -323,8 +313,6 @@ class TestCosmosLeaseTable(LeaseTableContract):
 class TestCosmosDeadLetters(DeadLettersContract):
     @pytest.fixture
     def dead_letters(self, cosmos_ports: CosmosPorts) -> tuple[Any, Any]:
-        from docoutbox_cosmos.coordination import AsyncCosmosDeadLetters, CosmosDeadLetters
-
         port = cosmos_ports.port(CosmosDeadLetters, AsyncCosmosDeadLetters, "dead")
         container = cosmos_ports.db.get_container_client("dead")
 

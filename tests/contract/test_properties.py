@@ -24,6 +24,7 @@ from pydantic import Field
 
 from docoutbox import (
     Aggregate,
+    AggregateStore,
     Decision,
     DocOutboxError,
     InboxPolicy,
@@ -34,6 +35,7 @@ from docoutbox import (
 )
 from docoutbox.model import storable_problem
 from docoutbox.store.plans import entry_id
+from docoutbox.testing import MemoryBackend
 from tests.support.rawdocs import raw_documents
 
 EXAMPLES = int(os.environ.get("DOCOUTBOX_HYPOTHESIS_EXAMPLES", "25"))
@@ -407,9 +409,6 @@ def test_configs_hold_what_was_given_or_refuse(
             delay = config.delay(3, random.Random(1))
             assert math.isfinite(delay) and 0 <= delay <= config.max_delay
         if isinstance(config, StoreConfig):
-            from docoutbox import AggregateStore
-            from docoutbox.testing import MemoryBackend
-
             store = AggregateStore(MemoryBackend(), Rich, config)
             handler = lambda s, m: Decision(s, emit("E"))  # noqa: E731
             outcome = store.handle(5, Message(id="m", type="T"), handler, create=True)

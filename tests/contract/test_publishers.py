@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from pydantic import Field
 
 from docoutbox import AggregateStore, AsyncAggregateStore, Message
@@ -30,6 +31,10 @@ from docoutbox.model import Aggregate, OutboxMessage
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.blocking import BlockingStore
 from docoutbox.testing.dispatch_contract import BrokerPublisherContract
+from docoutbox_kafka.publisher import AsyncKafkaPublisher, KafkaPublisher
+from docoutbox_rabbitmq import RabbitPublisher
+from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from docoutbox_rabbitmq.amqp import declare
 from tests.support.aio import Blocking
 
 
@@ -47,9 +52,6 @@ def closed_port() -> int:
 @pytest.fixture(params=["pika", "aio-pika"])
 def rabbit_publisher(request: pytest.FixtureRequest, box: Any) -> Iterator[tuple[Any, Any]]:
     """A publisher to a private direct exchange whose queue is bound to ``"d"``."""
-    from docoutbox_rabbitmq import RabbitPublisher
-    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
-    from docoutbox_rabbitmq.amqp import declare
 
     exchange, queue, _ = box.names()
     declare(box.channel, exchange, exchange_type="direct", queues={queue: ["d"]})
@@ -71,8 +73,6 @@ def rabbit_publisher(request: pytest.FixtureRequest, box: Any) -> Iterator[tuple
 @pytest.fixture
 def unreachable_rabbit(rabbit_publisher: tuple[Any, Any]) -> Iterator[Any]:
     """A publisher of the same client to a port where no broker listens."""
-    from docoutbox_rabbitmq import RabbitPublisher
-    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
 
     url = f"amqp://guest:guest@127.0.0.1:{closed_port()}/"
     port: Any = (
@@ -102,7 +102,6 @@ class TopicReader:
     """The IDs of a topic's records so far, read from its first offset."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        from confluent_kafka import Consumer, TopicPartition
 
         self.consumer = Consumer(
             {
@@ -131,7 +130,6 @@ def kafka_publisher(
 ) -> Iterator[tuple[Any, Any]]:
     """A publisher routing ``"d"`` to a private one-partition topic, and any other
     destination to the topic of that name (missing: the broker has no such topic)."""
-    from docoutbox_kafka.publisher import AsyncKafkaPublisher, KafkaPublisher
 
     topic = topics.create("dx-contract")
 
@@ -154,7 +152,6 @@ def kafka_publisher(
 def unreachable_kafka(kafka_publisher: tuple[Any, Any]) -> Iterator[Any]:
     """A publisher of the same kind bootstrapping from a port where no broker listens; its
     records time out after two seconds instead of thirty."""
-    from docoutbox_kafka.publisher import AsyncKafkaPublisher, KafkaPublisher
 
     config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}", "message.timeout.ms": 2000}
     port: Any = (

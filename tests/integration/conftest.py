@@ -9,7 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
+from docoutbox_rabbitmq import RabbitPublisher
+from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from tests.support.aio import Blocking
 from tests.support.backends import (
     BACKENDS,
     DISPATCH_DRIVERS,
@@ -26,7 +30,6 @@ RABBITMQ_CLIENTS = ["pika", "aio-pika"]
 @pytest.fixture
 def mongo(mongo_uri: str) -> Iterator[Any]:
     """A scratch MongoDB database on the test server, dropped afterwards."""
-    from pymongo import MongoClient
 
     client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
     name = f"it_{uuid.uuid4().hex[:8]}"
@@ -41,9 +44,6 @@ def make_publisher(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     The aio-pika publisher runs on its own event loop.
     """
-    from docoutbox_rabbitmq import RabbitPublisher
-    from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
-    from tests.support.aio import Blocking
 
     made: list[Any] = []
 

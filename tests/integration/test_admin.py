@@ -14,9 +14,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pika
 import pytest
 from pydantic import Field
 
+from benchmarks.ledger import Ledger, by_source, record
 from docoutbox import AggregateStore, Decision, Handlers, InboxPolicy, Message, StoreConfig, emit
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -29,7 +31,7 @@ from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.coordination import MongoDeadLetters, MongoLeaseTable
 from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
-from tests.support.e2e import Ledger, Sandbox, by_source, record
+from tests.support.e2e import Sandbox
 
 pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 
@@ -203,7 +205,6 @@ def test_a_delivery_a_consumer_rejected_is_listed_replayed_and_consumed_once(
 
     tallies = AggregateStore(MongoBackend(mongo["tallies"]), Tally)
     body = json.dumps({"id": "plain-1", "type": "Ping", "payload": {"x": 1}, "extra": 0})
-    import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(box.url))
     connection.channel().basic_publish("", queue, body.encode())

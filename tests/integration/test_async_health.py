@@ -20,7 +20,10 @@ import pytest
 
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_mongo import MongoBackend
 from tests.integration.test_metrics_endpoint import _get, _lines
+from tests.support.cosmos import create_container, scratch_database
 from tests.support.servers import REPO_ROOT
 
 KEY_ENV = "COSMOS_KEY"
@@ -43,14 +46,11 @@ def target(request: pytest.FixtureRequest) -> Iterator[tuple[list[str], dict[str
     if request.param == "mongo":
         request.applymarker(pytest.mark.wire)
         mongo = request.getfixturevalue("mongo")
-        from docoutbox_mongo import MongoBackend
 
         args = ["--mongo-uri", request.getfixturevalue("mongo_uri"), "--db", mongo.name]
         yield [*args, "--collection", "aggs"], {}, MongoBackend(mongo["aggs"])
         return
     request.applymarker(pytest.mark.cosmos)
-    from docoutbox_cosmos import CosmosBackend
-    from tests.support.cosmos import create_container, scratch_database
 
     account = request.getfixturevalue("cosmos_server")
     with scratch_database(account) as database:

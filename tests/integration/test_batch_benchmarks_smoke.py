@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import batch
+from benchmarks import batch, immediate
 from benchmarks.common import Scale
 
 pytestmark = pytest.mark.wire
@@ -26,8 +26,6 @@ def test_group_commit_benchmark_never_exhausts_retries_with_group_commit(mongo_u
 
 
 def test_immediate_benchmark_publishes_everything(mongo_uri: str) -> None:
-    from benchmarks import immediate
-
     table = immediate.run(mongo_uri, Scale.quick())
     assert table.figures["immediate, one process"]["duplicates_per_message"] == 0
     assert table.figures["asyncio: immediate, one process"]["duplicates_per_message"] == 0

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import cosmos
+from benchmarks.__main__ import main
 from benchmarks.common import Scale
-from tests.support.servers import CosmosAccount
+from benchmarks.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 
@@ -48,7 +49,6 @@ def test_the_runner_runs_a_cosmos_benchmark_alone(
     cosmos_server: CosmosAccount, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``scripts/bench --only cosmos_drain_aio`` runs that benchmark and nothing else."""
-    from benchmarks.__main__ import main
 
     @contextlib.contextmanager
     def account() -> Iterator[CosmosAccount]:

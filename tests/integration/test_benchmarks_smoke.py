@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 import benchmarks.__main__ as runner
-from benchmarks import dispatch, memory, store, structure, tracing
+from benchmarks import dispatch, kafka, kafka_consume, memory, store, structure, tracing
 from benchmarks.__main__ import main
 from benchmarks.common import Scale, Table
+from tests.support.kafka import require_kafka
 
 pytestmark = pytest.mark.wire
 
@@ -99,8 +100,6 @@ def test_memory_benchmark_runs(mongo_uri: str) -> None:
 
 @pytest.mark.kafka
 def test_kafka_benchmark_runs(mongo_uri: str) -> None:
-    from benchmarks import kafka
-    from tests.support.kafka import require_kafka
 
     require_kafka()
     table = kafka.run(mongo_uri, QUICK)
@@ -110,8 +109,6 @@ def test_kafka_benchmark_runs(mongo_uri: str) -> None:
 
 @pytest.mark.kafka
 def test_kafka_consume_benchmark_runs(mongo_uri: str) -> None:
-    from benchmarks import kafka_consume
-    from tests.support.kafka import require_kafka
 
     require_kafka()
     table = kafka_consume.run(mongo_uri, QUICK)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from collections import defaultdict
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
+import docoutbox_mongo.kit
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend
+from tests.support.e2e import require_rabbitmq, sandbox
 from tests.support.processes import CliProcess
 
 SECRET = "s3cr%40t-pw"  # percent-encoded "s3cr@t-pw"
@@ -124,8 +127,6 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
 
 def test_sigterm_while_connecting_is_an_orderly_stop() -> None:
     """A stop requested before the server answers must not kill the process by signal."""
-    import socket
-
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen()  # accepts connections, never answers
@@ -197,8 +198,6 @@ def _untouched(database: Any) -> None:
 
 @pytest.mark.wire
 def test_a_wrong_broker_password_is_one_line_within_seconds(mongo_uri: str, database: Any) -> None:
-    from tests.support.e2e import require_rabbitmq
-
     url = require_rabbitmq()
     parts = url.split("@", 1)
     assert len(parts) == 2, url
@@ -219,8 +218,6 @@ def test_a_wrong_broker_password_is_one_line_within_seconds(mongo_uri: str, data
 
 @pytest.mark.wire
 def test_a_wrong_broker_password_logs_one_line_at_info(mongo_uri: str, database: Any) -> None:
-    from tests.support.e2e import require_rabbitmq
-
     url = require_rabbitmq()
     head, tail = url.split("@", 1)
     wrong = head.rsplit(":", 1)[0] + ":not-the-password@" + tail
@@ -239,8 +236,6 @@ def test_a_wrong_broker_password_logs_one_line_at_info(mongo_uri: str, database:
 def test_a_missing_exchange_is_one_line_and_declare_exchange_fixes_it(
     mongo_uri: str, database: Any
 ) -> None:
-    from tests.support.e2e import require_rabbitmq, sandbox
-
     url = require_rabbitmq()
     store = AggregateStore(MongoBackend(database["aggs"]), Counter)
     store.handle("a", add_msg("m1"), counter_handlers, create=True)
@@ -476,7 +471,6 @@ def test_ctrl_c_in_an_operating_command_is_one_line_and_exit_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C while ``outbox stats`` waits for an unreachable server was a traceback."""
-    import docoutbox_mongo.kit
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt

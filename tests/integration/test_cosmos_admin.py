@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore, Message, StoreConfig
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -27,7 +28,6 @@ from docoutbox_cosmos.kit import open_kit
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.integration.test_admin import Order, Poisonable, order_handlers
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import CosmosAccount
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
@@ -18,7 +19,6 @@ from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess
-from tests.support.servers import CosmosAccount
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
 

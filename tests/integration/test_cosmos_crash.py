@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
 from docoutbox_cosmos import CosmosBackend
@@ -27,7 +28,6 @@ from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.support.cosmos import all_items, create_container, scratch_database
 from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
-from tests.support.servers import CosmosAccount
 from tests.support.traffic import (
     ledger_problems,
     rabbit_traffic,

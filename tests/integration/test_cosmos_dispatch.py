@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox import AggregateStore
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.engine.leases import LeaseTiming
@@ -33,7 +34,6 @@ from tests.support.backends import (
     run_writers,
     wait_until,
 )
-from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import CosmosAccount
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -33,7 +34,6 @@ from tests.support.backends import (
     owned,
     wait_until,
 )
-from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 

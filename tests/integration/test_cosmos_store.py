@@ -4,19 +4,20 @@ every backend in ``test_concurrency.py``."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from docoutbox import AggregateStore
+from benchmarks.servers import CosmosAccount
+from docoutbox import AggregateStore, AsyncAggregateStore
 from docoutbox.errors import DocumentTooLarge, InvalidAggregateId
 from docoutbox.store.plans import plan_trim
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
-from docoutbox_cosmos import CosmosBackend, Throttled
+from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend, Throttled
 from tests.support.backends import PATIENT
 from tests.support.cosmos import create_container, scratch_database
-from tests.support.servers import CosmosAccount
 
 pytestmark = pytest.mark.cosmos
 
@@ -172,11 +173,6 @@ def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
 ) -> None:
     """azure.cosmos.aio resends a write whose reply was lost and then gets 412 for its own
     commit: the store reloads, finds the message in the inbox, and applies nothing twice."""
-    import asyncio
-
-    from docoutbox import AsyncAggregateStore
-    from docoutbox_cosmos import AsyncCosmosBackend
-
     account = _faulty(cosmos_server)
 
     async def scenario() -> None:

@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.exceptions import ServiceRequestError
 
+from benchmarks.servers import CosmosAccount, CosmosServer, cosmos_server_available
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import CosmosBackend
+from docoutbox_spark.cosmos_source import CosmosReader
+from docoutbox_spark.schema import RAW_DOCUMENT_SCHEMA
 from tests.conftest import missing
 from tests.support.cosmos import create_container, scratch_database
 from tests.support.processes import CliProcess
-from tests.support.servers import CosmosAccount, CosmosServer, cosmos_server_available
 
 pytestmark = pytest.mark.cosmos
 
@@ -165,11 +168,6 @@ def test_insecure_skips_the_check_and_says_so(tls_server: CosmosServer, database
 def test_the_spark_data_source_trusts_the_same_ca_file(
     tls_server: CosmosServer, database: Any
 ) -> None:
-    from azure.core.exceptions import ServiceRequestError
-
-    from docoutbox_spark.cosmos_source import CosmosReader
-    from docoutbox_spark.schema import RAW_DOCUMENT_SCHEMA
-
     assert tls_server.tls is not None
     create_container(database, "aggs")
     options = {

@@ -35,13 +35,13 @@ from typing import IO, Any
 import pytest
 from pymongo import MongoClient
 
+from benchmarks.ledger import Ledger
+from benchmarks.servers import MongoWireServer, Topics
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter
 from docoutbox_mongo import MongoBackend
 from tests.integration.test_crash import CONCURRENCY, RUN_BATCH, TRIM_EVERY, DispatcherProcess
-from tests.support.e2e import Ledger
-from tests.support.kafka import Topics
-from tests.support.servers import REPO_ROOT, MongoWireServer
+from tests.support.servers import REPO_ROOT
 from tests.support.traffic import (
     Delivery,
     Producers,

@@ -19,20 +19,18 @@ from typing import Any
 
 import pytest
 
+from benchmarks.ledger import Ledger
 from docoutbox import AggregateStore
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.testing.contract import Counter
+from docoutbox_kafka import KafkaPublisher
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.kit import open_async_kit, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import (
-    Ledger,
-    Sandbox,
-    broker_address,
-    through,
-)
+from tests.support.e2e import Sandbox, broker_address, through
+from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
 from tests.support.traffic import (
     RECEIVER_CONFIG,
@@ -92,8 +90,6 @@ class Kafka(Broker):
         self.dead = topics.create("dx-dead")
 
     def publisher(self, proxy: TcpProxy | None) -> Any:
-        from docoutbox_kafka import KafkaPublisher
-
         bootstrap = self.topics.bootstrap if proxy is None else f"127.0.0.1:{proxy.port}"
         return KafkaPublisher({"bootstrap.servers": bootstrap}, self.topic)
 
@@ -103,8 +99,6 @@ class Kafka(Broker):
         )
 
     def proxy(self) -> TcpProxy:
-        from tests.support.kafka import proxied_ports
-
         listener, advertised = proxied_ports()
         return TcpProxy(("127.0.0.1", listener), port=advertised)
 

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from pymongo import MongoClient, monitoring
 
 from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter
 from docoutbox.store.plans import WritePlan, plan_trim
+from docoutbox_mongo import MongoBackend
 from tests.unit.test_group_writer import stored, trims
 
 
@@ -121,9 +123,6 @@ def test_async_trims_share_round_trips() -> None:
 
 @pytest.mark.wire
 def test_many_trims_are_one_bulk_write_on_the_wire_server(mongo_uri: str) -> None:
-    from pymongo import MongoClient, monitoring
-
-    from docoutbox_mongo import MongoBackend
 
     class Commands(monitoring.CommandListener):
         def __init__(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,12 +20,13 @@ from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.extras.immediate import AsyncImmediateDispatcher
 from docoutbox.dispatch.extras.settled import AsyncSettledPublisher
 from docoutbox.errors import BrokerUnavailable, InvalidConfig
+from docoutbox.store.document import utcnow
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
 from docoutbox.testing.memory import AsyncMemoryBackend
 from docoutbox.testing.publisher import AsyncMemoryPublisher
-from tests.integration.test_immediate import FAST, committed_ids, in_seq_order
+from tests.integration.test_immediate import FAST, Fatal, committed_ids, in_seq_order
 from tests.unit.test_immediate import one_trimmed_one_pending, pending
 
 
@@ -185,9 +187,6 @@ def test_stop_finishes_what_is_queued() -> None:
 
 
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
-    from datetime import timedelta
-
-    from docoutbox.store.document import utcnow
 
     backend = MemoryBackend()
     first, second = one_trimmed_one_pending(backend)
@@ -235,7 +234,6 @@ def test_a_sync_publisher_in_a_thread_is_accepted() -> None:
 def test_stop_after_the_worker_died_leaves_its_queue_to_the_safety_net(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tests.integration.test_immediate import Fatal
 
     backend = MemoryBackend()
     publisher = MemoryPublisher()
@@ -319,7 +317,6 @@ def test_a_crash_of_the_immediate_path_loses_nothing() -> None:
 
 
 def test_drain_returns_when_the_worker_dies_meanwhile() -> None:
-    from tests.integration.test_immediate import Fatal
 
     async def main() -> None:
         gate = asyncio.Event()

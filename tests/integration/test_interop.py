@@ -25,6 +25,9 @@ from docoutbox.codec import WireFormat
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from docoutbox.testing.contract import Counter
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+from docoutbox_kafka import KafkaPublisher
+from docoutbox_rabbitmq import RabbitPublisher
+from tests.conftest import missing
 from tests.support.servers import REPO_ROOT
 from tests.support.traffic import Producers
 
@@ -34,8 +37,6 @@ PRODUCERS, COMMANDS, EMITS = 5, 3, 2
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    from tests.conftest import missing
-
     found = shutil.which("node")
     if found is None:
         missing("node (Node.js 18+) is not on PATH")
@@ -100,8 +101,6 @@ def check(lines: list[dict[str, Any]], wire: WireFormat, expected: dict[str, lis
 def test_node_amqplib_reads_and_validates_what_was_dispatched(
     node: str, box: Any, wire: WireFormat
 ) -> None:
-    from docoutbox_rabbitmq import RabbitPublisher
-
     exchange, queue, _ = box.names()
     with RabbitPublisher(box.url, exchange, wire=wire) as publisher:
         publisher.declare(queues={queue: ["#"]})
@@ -115,8 +114,6 @@ def test_node_amqplib_reads_and_validates_what_was_dispatched(
 def test_node_kafkajs_reads_and_validates_what_was_dispatched(
     node: str, topics: Any, wire: WireFormat
 ) -> None:
-    from docoutbox_kafka import KafkaPublisher
-
     topic = topics.create(partitions=2)
     with KafkaPublisher(topics.bootstrap, topic, wire=wire) as publisher:
         expected = dispatch(publisher)

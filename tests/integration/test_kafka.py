@@ -11,14 +11,16 @@ from typing import Any
 
 import jsonschema
 import pytest
+from confluent_kafka import KafkaError
 
+from benchmarks.ledger import make_entry
+from benchmarks.servers import Topics
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.ports.dispatch import Publisher
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from tests.support.aio import Blocking
-from tests.support.e2e import make_entry
-from tests.support.kafka import Topics, proxied_ports
+from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.kafka
@@ -268,8 +270,6 @@ def test_wire_formats_match_the_shipped_schemas(
 def test_a_producer_that_failed_fatally_is_replaced(kafka: str, topics: Topics) -> None:
     """After a fatal error (the idempotent producer's state is lost) the next publish runs
     on a new producer instead of failing forever."""
-    from confluent_kafka import KafkaError
-
     topic = topics.create()
     with KafkaPublisher(kafka, topic) as publisher:
         publisher.publish(make_entry(seq=1))

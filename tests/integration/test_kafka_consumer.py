@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import Producer
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.servers import Topics
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import WireFormat, decode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
@@ -19,8 +21,7 @@ from docoutbox.model import OutboxMessage
 from docoutbox.receive import HandlerRetry
 from docoutbox.retry import RetryPolicy
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics
+from tests.support.e2e import FaultyBackend
 
 pytestmark = pytest.mark.kafka
 

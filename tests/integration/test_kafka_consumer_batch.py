@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.servers import Topics
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import decode_entry
+from docoutbox.errors import InvalidConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.receive import HandlerRetry
 from docoutbox.retry import RetryPolicy
@@ -20,8 +23,7 @@ from docoutbox.testing import AsyncMemoryBackend, MemoryDeadLetters
 from docoutbox_kafka import KafkaConsumer, KafkaPublisher
 from docoutbox_kafka.aio import AsyncKafkaConsumer
 from tests.support.aio import Blocking
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
-from tests.support.kafka import Topics
+from tests.support.e2e import FaultyBackend
 
 pytestmark = pytest.mark.kafka
 
@@ -214,8 +216,6 @@ def test_without_batch_each_record_is_its_own_write(topic: str, consumer: Any, k
 
 
 def test_a_consumer_without_any_dead_letters_is_refused() -> None:
-    from docoutbox.errors import InvalidConfig
-
     store = AggregateStore(FaultyBackend(), Ledger)
     with pytest.raises(InvalidConfig, match="dead_letter_topic or dead_letters"):
         KafkaConsumer("unused:9092", "t", "g", store, ledger_handlers, aggregate_id_of=by_source)

@@ -22,6 +22,7 @@ from typing import IO, Any
 import pytest
 
 from docoutbox import AggregateStore, Message, StoreConfig
+from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend
 from tests.integration.test_admin import Order, order_handlers
 from tests.support.servers import REPO_ROOT
@@ -148,8 +149,6 @@ def test_scraped_backlog_matches_the_database(mongo: Any, mongo_uri: str) -> Non
 def test_bad_observability_settings_are_refused(
     mongo: Any, mongo_uri: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from docoutbox_app.cli import main
-
     args = ["dispatch", "--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "c"]
     args += ["--publisher", "stdout"]
     try:

@@ -7,6 +7,7 @@ Here: the health and metrics endpoint over HTTP; the in-memory pieces are in
 from __future__ import annotations
 
 import json
+import urllib.request
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -24,7 +25,6 @@ from tests.unit.test_observability import Box, handlers
 
 
 def test_prometheus_exposition_and_the_endpoint() -> None:
-    import urllib.request
 
     metrics = PrometheusMetrics()
     metrics.outbox(OutboxStats(5, 2, 1.5, None, datetime.now(UTC)))

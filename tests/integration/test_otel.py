@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.backlog import BacklogMonitor
@@ -30,7 +31,7 @@ from docoutbox_mongo.admin import outbox_stats
 from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from tests.integration.test_admin import Order, order_handlers
-from tests.support.e2e import Ledger, Sandbox, by_source, ledger_handlers
+from tests.support.e2e import Sandbox
 
 pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 

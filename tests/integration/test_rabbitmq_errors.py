@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiormq.exceptions as ax
 import pika.exceptions as px
 import pytest
+from pamqp.commands import Basic as AioBasic
 from pika.adapters.blocking_connection import ReturnedMessage
 from pika.spec import Basic, BasicProperties
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.errors import (
     BrokerUnavailable,
@@ -23,10 +26,10 @@ from docoutbox.errors import (
 )
 from docoutbox.receive import Action
 from docoutbox.retry import RetryPolicy
-from docoutbox_rabbitmq import RabbitConsumer
+from docoutbox_rabbitmq import RabbitConsumer, aio
 from docoutbox_rabbitmq.aio import translate, translated
 from docoutbox_rabbitmq.amqp import masked
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
+from tests.support.e2e import FaultyBackend
 
 
 def returned(code: int) -> ReturnedMessage:
@@ -143,15 +146,10 @@ def test_decide_rejects_a_missing_aggregate_without_create() -> None:
 
 
 def aio_returned(code: int) -> Any:
-    from pamqp.commands import Basic as AioBasic
-
     return AioBasic.Return(reply_code=code, reply_text="NO_ROUTE", exchange="x", routing_key="k")
 
 
 def aio_errors() -> list[tuple[BaseException, type]]:
-    import aiormq.exceptions as ax
-    from pamqp.commands import Basic as AioBasic
-
     return [
         (ax.DeliveryError(None, aio_returned(312)), PublishError),
         (ax.DeliveryError(None, AioBasic.Nack(delivery_tag=1)), PublishError),
@@ -174,8 +172,6 @@ def aio_errors() -> list[tuple[BaseException, type]]:
 @pytest.mark.parametrize("case", range(len(aio_errors())))
 def test_aio_translation_maps_onto_the_same_codes(case: int) -> None:
     """aio-pika's exceptions reach the same docoutbox errors as pika's for each reply code."""
-    from docoutbox_rabbitmq import aio
-
     error, expected = aio_errors()[case]
     translated_error = aio.translate(error, "publish e1")
     assert type(translated_error) is expected

@@ -20,10 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
+from azure.cosmos import exceptions
+from confluent_kafka.admin import AdminClient
+from pymongo import MongoClient
 
 from docoutbox import Outcome
 from tests.conftest import missing
+from tests.support.kafka import require_kafka
+from tests.support.servers import rabbitmq_available, rabbitmq_url
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -64,7 +70,6 @@ def scratch_source(source: str, suffix: str) -> str:
 
 @contextlib.contextmanager
 def mongo_env(request: pytest.FixtureRequest, suffix: str) -> Iterator[dict[str, str]]:
-    from pymongo import MongoClient
 
     uri: str = request.getfixturevalue("mongo_uri")
     client: MongoClient[Any] = MongoClient(uri)
@@ -80,7 +85,6 @@ def mongo_env(request: pytest.FixtureRequest, suffix: str) -> Iterator[dict[str,
 
 @contextlib.contextmanager
 def cosmos_env(request: pytest.FixtureRequest, suffix: str) -> Iterator[dict[str, str]]:
-    from azure.cosmos import exceptions
 
     account = request.getfixturevalue("cosmos_server")
     client = account.client()
@@ -96,9 +100,6 @@ def cosmos_env(request: pytest.FixtureRequest, suffix: str) -> Iterator[dict[str
 
 @contextlib.contextmanager
 def rabbitmq_env(suffix: str) -> Iterator[dict[str, str]]:
-    import pika
-
-    from tests.support.servers import rabbitmq_available, rabbitmq_url
 
     url = rabbitmq_url()
     reason = rabbitmq_available(url)
@@ -117,9 +118,6 @@ def rabbitmq_env(suffix: str) -> Iterator[dict[str, str]]:
 
 @contextlib.contextmanager
 def kafka_env(suffix: str) -> Iterator[dict[str, str]]:
-    from confluent_kafka.admin import AdminClient
-
-    from tests.support.kafka import require_kafka
 
     bootstrap = require_kafka()
     try:

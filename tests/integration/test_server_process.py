@@ -7,6 +7,7 @@ Here: the launcher starting real child processes; the pure parts are in
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -45,7 +46,6 @@ def test_no_port_line_in_time_is_an_error_and_the_process_is_stopped() -> None:
 def test_the_readme_command_for_the_wire_server_runs_without_a_warning() -> None:
     """``python -m docoutbox.testing.mongo_server`` warned (runpy) on every run, because
     importing ``docoutbox.testing`` imported the module it was about to run."""
-    import subprocess
 
     done = subprocess.run(
         [sys.executable, "-W", "error", "-m", "docoutbox.testing.mongo_server", "--help"],

@@ -24,6 +24,13 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
+from benchmarks.servers import (
+    CosmosServer,
+    MongoWireServer,
+    cosmos_account_from_env,
+    cosmos_server_available,
+    mongo_wire_server_available,
+)
 from tests.simulation.harness import Report, run_schedule
 from tests.simulation.mutations import MUTATIONS
 from tests.simulation.schedule import FAULTS, STORES, Variant
@@ -89,8 +96,6 @@ def open_client(args: argparse.Namespace, stack: ExitStack) -> Any:
 
     uri = args.uri
     if uri is None:
-        from tests.support.servers import MongoWireServer, mongo_wire_server_available
-
         reason = mongo_wire_server_available()
         if reason:
             sys.exit(f"MongoDB wire server unavailable: {reason}")
@@ -103,11 +108,6 @@ def open_client(args: argparse.Namespace, stack: ExitStack) -> Any:
 def open_cosmos(stack: ExitStack) -> Any:
     """A scratch database on the Cosmos account (deleted on exit)."""
     from tests.support.cosmos import scratch_database
-    from tests.support.servers import (
-        CosmosServer,
-        cosmos_account_from_env,
-        cosmos_server_available,
-    )
 
     account = cosmos_account_from_env()
     if account is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from tests.simulation.harness import Report, run_schedule
 from tests.simulation.schedule import Variant
@@ -52,8 +53,6 @@ def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:
 def test_mutation_is_caught_on_the_wire_server(
     mongo_uri: str, mutation: str, invariant: str
 ) -> None:
-    from pymongo import MongoClient
-
     client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
     try:
         report = first_violation("wire", mutation, invariant, client)

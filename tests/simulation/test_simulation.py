@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from docoutbox.model import OutboxMessage
 from tests.simulation.actors import Command, Producer, Sink
 from tests.simulation.harness import Report, run_schedule
 from tests.simulation.invariants import Record, check, publish_order
 from tests.simulation.schedule import FAULTS, Variant
+from tests.support.cosmos import scratch_database
 
 SCHEDULES = int(os.environ.get("DOCOUTBOX_SIM_SCHEDULES", "500"))
 FIRST_SEED = int(os.environ.get("DOCOUTBOX_SIM_SEED", "0"))
@@ -47,8 +49,6 @@ def test_exactly_once_under_faults_in_memory(seeds: range) -> None:
 
 @pytest.mark.wire
 def test_exactly_once_under_faults_on_the_wire_server(mongo_uri: str) -> None:
-    from pymongo import MongoClient
-
     client: Any = MongoClient(mongo_uri, uuidRepresentation="standard")
     try:
         reports = (
@@ -62,8 +62,6 @@ def test_exactly_once_under_faults_on_the_wire_server(mongo_uri: str) -> None:
 
 @pytest.mark.cosmos
 def test_exactly_once_under_faults_on_cosmos(cosmos_server: Any) -> None:
-    from tests.support.cosmos import scratch_database
-
     with scratch_database(cosmos_server) as database:
         reports = (
             run_schedule(Variant(seed, "cosmos"), client=database)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from tests.conftest import missing
 from tests.spark import planted
@@ -48,8 +49,6 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def planted_db(wire_server: Any) -> Any:
-
-    from pymongo import MongoClient
 
     client: Any = MongoClient(wire_server.uri)
     name = f"audit_{uuid.uuid4().hex[:8]}"

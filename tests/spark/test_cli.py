@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import PySparkRuntimeError
 
+import docoutbox_spark.readers
 from docoutbox_app.cli import main
 from docoutbox_spark.report import BAD, BAR, GOOD, write_html
 from tests.conftest import missing
@@ -78,9 +80,6 @@ def test_spark_that_cannot_start_is_one_line_and_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # No Java, or a JVM that refuses its options: was a PySparkRuntimeError traceback.
-    from pyspark.errors import PySparkRuntimeError
-
-    import docoutbox_spark.readers
 
     def no_gateway(**_: Any) -> Any:
         raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})

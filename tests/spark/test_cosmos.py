@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.cosmos import CosmosClient, PartitionKey
 
+from docoutbox_app.cli import main
 from docoutbox_spark.audit import COSMOS_LIMIT
 from docoutbox_spark.readers import CosmosTarget, read_cosmos
 from docoutbox_spark.run import AuditConfig, run_audit
 from tests.spark import planted
 from tests.spark.test_audit import config
+from tests.spark.test_cli import PLANTED_ARGS
 
 BIG = 1_800_000  # above 80% of 2 MiB
 
@@ -57,7 +60,6 @@ def item(doc: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def containers(request: pytest.FixtureRequest) -> Iterator[tuple[CosmosTarget, ...]]:
     pytest.importorskip("azure.cosmos", reason="azure-cosmos is not installed (cosmos extra)")
-    from azure.cosmos import CosmosClient, PartitionKey
 
     endpoint, key, kwargs = _account(request)
     client = CosmosClient(endpoint, key, **kwargs)
@@ -120,9 +122,6 @@ def test_audit_and_export_read_cosmos_from_the_command_line(
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from docoutbox_app.cli import main
-    from tests.spark.test_cli import PLANTED_ARGS
-
     producer = containers[0]
     monkeypatch.setenv("COSMOS_KEY", CLI_KEY)  # as a user keeps it out of the process list
     monkeypatch.delenv("COSMOS_CA_FILE", raising=False)
@@ -156,8 +155,6 @@ def test_audit_and_export_read_cosmos_from_the_command_line(
 def test_cosmos_reader_arguments_are_checked(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from docoutbox_app.cli import main
-
     monkeypatch.delenv("COSMOS_ENDPOINT", raising=False)
     monkeypatch.delenv("COSMOS_KEY", raising=False)
     assert main(["audit", "--reader", "cosmos", "--database", "d", "--container", "c"]) == 2

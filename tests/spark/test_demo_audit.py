@@ -8,13 +8,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pymongo import MongoClient
+
 from docoutbox_app.cli import main
 from tests.spark.conftest import JARS
 
 
 def test_demo_collections_pass_the_audit(spark: Any, wire_server: Any, tmp_path: Path) -> None:
-    from pymongo import MongoClient
-
     db = f"demo_{uuid.uuid4().hex[:8]}"
     common = ["--mongo-uri", wire_server.uri]
     try:

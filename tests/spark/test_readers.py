@@ -3,9 +3,12 @@ connector and through the pymongo data source: the same findings, exactly where 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
+from bson import ObjectId
+from pymongo import MongoClient
 
 from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo
 from docoutbox_spark.run import run_audit
@@ -35,11 +38,6 @@ def test_reader_finds_exactly_the_planted_anomalies(
 def test_datasource_reads_every_id_type_where_the_connector_misses_some(
     spark: Any, wire_server: Any
 ) -> None:
-    import uuid
-
-    from bson import ObjectId
-    from pymongo import MongoClient
-
     client: Any = MongoClient(wire_server.uri)
     name = f"audit_{uuid.uuid4().hex[:8]}"
     ids: list[Any] = [1, 2, 3.5, "a", "b", "c", ObjectId(), ObjectId(), True]
@@ -68,10 +66,6 @@ def test_datasource_reads_an_empty_or_missing_collection_as_no_rows(
 ) -> None:
     """With no _id to cut into ranges, Spark handed read() a bare InputPartition and
     every audit of an empty collection failed with an AttributeError in the worker."""
-    import uuid
-
-    from pymongo import MongoClient
-
     client: Any = MongoClient(wire_server.uri)
     name = f"audit_{uuid.uuid4().hex[:8]}"
     try:

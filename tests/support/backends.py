@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from docoutbox import AggregateStore, OutboxMessage, RetryPolicy, StoreConfig
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
@@ -27,6 +29,26 @@ from docoutbox.ports.dispatch import Ownership
 from docoutbox.retry import Backoff
 from docoutbox.testing import AsyncMemoryPublisher, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
+from docoutbox_cosmos.coordination import (
+    AsyncCosmosCheckpoints,
+    AsyncCosmosDeadLetters,
+    CosmosCheckpoints,
+    CosmosDeadLetters,
+    CosmosLeaseTable,
+)
+from docoutbox_cosmos.items import encode_id
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
+from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
+from docoutbox_mongo.coordination import (
+    AsyncMongoCheckpoints,
+    AsyncMongoDeadLetters,
+    MongoCheckpoints,
+    MongoDeadLetters,
+    MongoLeaseTable,
+)
+from tests.support.cosmos import create_container, scratch_database
 
 CONFIG = DispatcherConfig(
     name="disp",
@@ -162,8 +184,6 @@ class MongoBundle(Bundle):
     }
 
     def __init__(self, uri: str) -> None:
-        from pymongo import MongoClient
-
         self.uri = uri
         self.client: Any = MongoClient(
             uri, uuidRepresentation="standard", maxPoolSize=THREADS * 2 + 4
@@ -173,14 +193,9 @@ class MongoBundle(Bundle):
         super().__init__()
 
     def store_backend(self) -> Any:
-        from docoutbox_mongo import MongoBackend
-
         return MongoBackend(self.coll)
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_mongo.changes import MongoChangeSource
-        from docoutbox_mongo.coordination import MongoCheckpoints, MongoDeadLetters
-
         return Ports(
             self.store_backend(),
             MongoDeadLetters(self.db["dead"]),
@@ -191,10 +206,6 @@ class MongoBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_mongo import AsyncMongoBackend
-        from docoutbox_mongo.changes import AsyncMongoChangeSource
-        from docoutbox_mongo.coordination import AsyncMongoCheckpoints, AsyncMongoDeadLetters
-
         client = mongo_async_client(driver, self.uri)
         db = client[self.db.name]
         coll = db["aggs"]
@@ -213,8 +224,6 @@ class MongoBundle(Bundle):
         return ports, close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_mongo.coordination import MongoLeaseTable
-
         return MongoLeaseTable(self.db["leases"], group)
 
     def pending(self) -> int:
@@ -251,10 +260,7 @@ class MongoBundle(Bundle):
 
 def mongo_async_client(driver: str, uri: str) -> Any:
     if driver == "motor":
-        from motor.motor_asyncio import AsyncIOMotorClient
-
         return AsyncIOMotorClient(uri, uuidRepresentation="standard")
-    from pymongo import AsyncMongoClient
 
     return AsyncMongoClient(uri, uuidRepresentation="standard")
 
@@ -271,8 +277,6 @@ class CosmosBundle(Bundle):
     }
 
     def __init__(self, account: Any) -> None:
-        from tests.support.cosmos import create_container, scratch_database
-
         self.account = account
         self._stack = ExitStack()
         self.db = self._stack.enter_context(scratch_database(account))
@@ -283,14 +287,9 @@ class CosmosBundle(Bundle):
         super().__init__()
 
     def store_backend(self) -> Any:
-        from docoutbox_cosmos import CosmosBackend
-
         return CosmosBackend(self.coll, on_charge=lambda *c: self.charges.append(c))
 
     def ports(self, **source_options: Any) -> Ports:
-        from docoutbox_cosmos.changes import CosmosChangeSource
-        from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
-
         return Ports(
             self.store_backend(),
             CosmosDeadLetters(self.dead),
@@ -301,10 +300,6 @@ class CosmosBundle(Bundle):
     async def async_ports(
         self, driver: str, **source_options: Any
     ) -> tuple[Ports, Callable[[], Awaitable[None]]]:
-        from docoutbox_cosmos import AsyncCosmosBackend
-        from docoutbox_cosmos.changes import AsyncCosmosChangeSource
-        from docoutbox_cosmos.coordination import AsyncCosmosCheckpoints, AsyncCosmosDeadLetters
-
         client = self.account.async_client()
         db = client.get_database_client(self.db.id)
         aggs = db.get_container_client(self.coll.id)
@@ -317,8 +312,6 @@ class CosmosBundle(Bundle):
         return ports, client.close
 
     def lease_table(self, group: str) -> Any:
-        from docoutbox_cosmos.coordination import CosmosLeaseTable
-
         return CosmosLeaseTable(self.leases, group)
 
     def _query(self, container: Any, sql: str) -> list[Any]:
@@ -332,8 +325,6 @@ class CosmosBundle(Bundle):
         return {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
 
     def checkpoint(self) -> Any:
-        from docoutbox_cosmos.coordination import CosmosCheckpoints
-
         return CosmosCheckpoints(self.checkpoints).load(CONFIG.name)
 
     def dead_items(self) -> list[dict[str, Any]]:
@@ -343,9 +334,6 @@ class CosmosBundle(Bundle):
         return self.ports().dead_letters
 
     def damage_checkpoint(self, damage: str) -> None:
-        from docoutbox_cosmos.coordination import CosmosCheckpoints
-        from docoutbox_cosmos.items import encode_id
-
         checkpoints = CosmosCheckpoints(self.checkpoints)
         if damage == "deleted":
             item_id = encode_id(CONFIG.name)

@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.support.servers import CosmosAccount
+from azure.cosmos import PartitionKey
+
+from benchmarks.servers import CosmosAccount
 
 
 def unique(prefix: str) -> str:
@@ -31,8 +33,6 @@ def scratch_database(account: CosmosAccount) -> Iterator[Any]:
 
 
 def create_container(database: Any, name: str | None = None, path: str = "/id") -> Any:
-    from azure.cosmos import PartitionKey
-
     return database.create_container(name or unique("c"), PartitionKey(path=path))
 
 

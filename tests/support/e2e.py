@@ -6,67 +6,18 @@ import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field
+import pika
+import pika.exceptions
 
-from docoutbox.handlers import Handlers
-from docoutbox.model import Aggregate, AggregateId, Message, OutboxMessage
-from docoutbox.store.document import Document, utcnow
+from docoutbox.model import AggregateId
+from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
 from docoutbox.testing import MemoryBackend
-
-
-class Ledger(Aggregate):
-    """A receiver that records, per source, the ``seq`` of every message it applied, in order.
-
-    Applying a message twice, losing one or applying out of order all show in ``seqs``.
-    """
-
-    seqs: dict[str, list[int]] = Field(default_factory=dict)
-    total: int = 0
-
-
-ledger_handlers: Handlers[Ledger] = Handlers()
-
-
-@ledger_handlers.on("Added", "Event")
-def record(state: Ledger, message: Message) -> Ledger:
-    assert message.source is not None and message.seq is not None
-    seqs = {**state.seqs, message.source: [*state.seqs.get(message.source, []), message.seq]}
-    amount = message.payload.get("n", 1)
-    assert isinstance(amount, int)
-    return state.model_copy(update={"seqs": seqs, "total": state.total + amount})
-
-
-def by_source(message: Message) -> AggregateId:
-    """Receive each producer's stream on its own ledger."""
-    assert message.source is not None
-    return message.source
-
-
-def make_entry(
-    aggregate_id: AggregateId = "p1",
-    seq: int = 1,
-    *,
-    type: str = "Event",
-    n: int = 1,
-    id: str | None = None,
-    **fields: Any,
-) -> OutboxMessage:
-    """An outbox entry as a producer's store would have sealed it."""
-    return OutboxMessage(
-        id=id or f"e-{aggregate_id}-{seq}-{uuid.uuid4().hex[:8]}",
-        type=type,
-        payload={"n": n},
-        created_at=utcnow() - timedelta(seconds=1),
-        seq=seq,
-        aggregate_id=aggregate_id,
-        aggregate_type="Producer",
-        **fields,
-    )
+from tests.support.required import missing
+from tests.support.servers import rabbitmq_available, rabbitmq_url
 
 
 def unique(prefix: str) -> str:
@@ -77,8 +28,6 @@ class Sandbox:
     """Uniquely named exchanges and queues on a real broker, deleted afterwards."""
 
     def __init__(self, url: str) -> None:
-        import pika
-
         self.url = url
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
@@ -111,9 +60,6 @@ class Sandbox:
     def close(self) -> None:
         """Delete what was declared, on a fresh connection: the first may have been idle
         past its heartbeat while a long test ran."""
-        import pika
-        import pika.exceptions
-
         with contextlib.suppress(pika.exceptions.AMQPError, OSError):
             self.connection.close()
         connection = pika.BlockingConnection(pika.URLParameters(self.url))
@@ -164,9 +110,6 @@ class FaultyBackend(MemoryBackend):
 
 def require_rabbitmq() -> str:
     """The broker URL; skips (or fails under DOCOUTBOX_REQUIRE_SERVERS=1) if unreachable."""
-    from tests.conftest import missing
-    from tests.support.servers import rabbitmq_available, rabbitmq_url
-
     url = rabbitmq_url()
     reason = rabbitmq_available(url)
     if reason:

@@ -3,7 +3,7 @@
     python -m tests.support.kafka_receiver --bootstrap B --topic T --group G --dead D \\
         --mongo-uri U --db DB --log FILE
 
-Runs :class:`~docoutbox_kafka.KafkaConsumer` into :class:`~tests.support.e2e.Ledger`
+Runs :class:`~docoutbox_kafka.KafkaConsumer` into :class:`~benchmarks.ledger.Ledger`
 aggregates (exact de-duplication) until SIGTERM, then commits and exits 0. Each settled
 record is appended to FILE as ``{"id", "source", "seq", "action", "duplicate",
 "partition", "offset"}`` and flushed, so a test can follow progress and tell a record
@@ -23,11 +23,11 @@ from typing import Any
 
 from pymongo import MongoClient
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers
 from docoutbox import AggregateStore
 from docoutbox.receive import Verdict
 from docoutbox_kafka import KafkaConsumer
 from docoutbox_mongo import MongoBackend
-from tests.support.e2e import Ledger, by_source, ledger_handlers
 from tests.support.traffic import RECEIVER_CONFIG
 
 

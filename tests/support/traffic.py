@@ -2,7 +2,7 @@
 
 Producers are :class:`~docoutbox.testing.contract.Counter` aggregates: each ``Add``
 command commits ``emits`` outgoing ``Added`` messages. The receiver runs a
-:class:`~docoutbox_rabbitmq.RabbitConsumer` into :class:`~tests.support.e2e.Ledger`
+:class:`~docoutbox_rabbitmq.RabbitConsumer` into :class:`~benchmarks.ledger.Ledger`
 aggregates, one per producer, and records every delivery it settles.
 """
 
@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.receive import Verdict
 from docoutbox.testing.contract import Counter, counter_handlers
-from docoutbox_rabbitmq import RabbitConsumer
-from tests.support.e2e import Ledger, by_source, ledger_handlers
+from docoutbox_kafka import KafkaConsumer
+from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 
 #: Receivers de-duplicate exactly, by (source, seq), whatever the number of redeliveries.
 RECEIVER_CONFIG = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
@@ -210,8 +211,6 @@ class KafkaReceiver(Receiver):
     dead_letters: str = "dx-dead"
 
     def consumer(self, prefetch: int) -> Any:
-        from docoutbox_kafka import KafkaConsumer
-
         def record(verdict: Verdict, kafka_record: Any) -> None:
             position = (int(kafka_record.partition()), int(kafka_record.offset()))
             self.record(verdict, False, position)
@@ -287,8 +286,6 @@ def rabbit_traffic(
     """``count`` producers on the store backend ``producers``, publishing through
     ``exchange`` into ``queue`` (declared here, bound to every key), and a receiver of
     that queue into ledgers on the store backend ``ledgers``."""
-    from docoutbox_rabbitmq import RabbitPublisher
-
     with RabbitPublisher(url, exchange) as setup:
         setup.declare(queues={queue: ["#"]})
     sender = Producers(

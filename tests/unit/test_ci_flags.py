@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import truthy
+from tests.support.required import truthy
 
 
 @pytest.mark.parametrize("value", ["true", "1", "yes", "TRUE", "on", "github"])

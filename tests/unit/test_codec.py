@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from benchmarks.ledger import make_entry
 from docoutbox.codec import (
     AMQP_PREFIX,
     KAFKA_PREFIX,
@@ -20,7 +21,6 @@ from docoutbox.codec import (
     schema,
 )
 from docoutbox.errors import InvalidInput, InvalidMessage
-from tests.support.e2e import make_entry
 
 CHECKER = jsonschema.FormatChecker()
 

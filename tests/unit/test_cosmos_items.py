@@ -12,6 +12,7 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.cosmos import exceptions as cosmos_errors
 
+from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
 from docoutbox.errors import (
     DocumentTooLarge,
     InvalidAggregateId,
@@ -20,7 +21,7 @@ from docoutbox.errors import (
     TransientStoreError,
 )
 from docoutbox.store.core import Write
-from docoutbox.store.document import ID, new_document
+from docoutbox.store.document import ID, REVISION, new_document
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan, plan_trim
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
@@ -442,8 +443,6 @@ def test_a_stale_outbox_hint_costs_a_read_never_a_wrong_removal() -> None:
 
 
 def test_the_dispatch_flow_hints_the_outbox_left_after_each_partial_trim() -> None:
-    from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
-
     entry = {
         "type": "T",
         "payload": {},
@@ -503,9 +502,6 @@ def test_over_ten_entries_chain_each_patch_on_the_etag_the_last_one_returned() -
 
 
 def test_the_change_feed_copy_carries_its_etag_and_the_flow_hints_it_once() -> None:
-    from docoutbox.dispatch.engine.flow import DispatchPolicy, dispatch_document
-    from docoutbox.store.document import REVISION
-
     entry = {
         "type": "T",
         "payload": {},

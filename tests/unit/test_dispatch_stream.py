@@ -15,6 +15,7 @@ from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.checkpoint import Sweep
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PollChanges
 from docoutbox.dispatch.engine.scheduler import RunOutcome
+from docoutbox.errors import ChangeStreamLost
 from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import REVISION
@@ -201,10 +202,6 @@ def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_tri
 
 
 def test_an_invalidate_event_is_a_lost_stream() -> None:
-    import pytest
-
-    from docoutbox.errors import ChangeStreamLost
-
     stream = FakeStream([([{"_id": {"_data": "0001"}, "operationType": "invalidate"}], None)])
     source = MongoChangeSource(FakeCollection(stream))
     source.open({"resume_after": {"_data": "0000"}})

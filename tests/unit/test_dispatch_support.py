@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import random
 
 import pytest
 from bson import Timestamp
@@ -150,8 +151,6 @@ def test_failed_runs_are_retried_with_backoff_and_never_dropped() -> None:
 
 
 def test_backoff_grows_and_is_capped() -> None:
-    import random
-
     backoff = Backoff(base=0.1, cap=1.0)
     rng = random.Random(0)
     assert 0.05 <= backoff.delay(1, rng) <= 0.1

@@ -12,6 +12,7 @@ from docoutbox.errors import DocumentTooLarge, TransientStoreError
 from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_mongo.backend import bson_size
 
 
 class Scripted(MemoryBackend):
@@ -166,8 +167,6 @@ def test_a_cached_copy_with_a_long_backlog_is_not_kept() -> None:
 
 def test_the_cached_size_bound_never_underestimates() -> None:
     """Long message IDs make the state grow by more than the slack on every commit."""
-    from docoutbox_mongo.backend import bson_size
-
     rng = random.Random(3)
     backend = Scripted()
     backend.document_size = bson_size  # type: ignore[method-assign]
@@ -197,8 +196,6 @@ def test_the_cached_size_bound_covers_watermarks_and_an_empty_commit() -> None:
     (sources arriving out of order keep numbers above the watermark) and bare state
     changes.
     """
-    from docoutbox_mongo.backend import bson_size
-
     rng = random.Random(9)
     backend = Scripted()
     backend.document_size = bson_size  # type: ignore[method-assign]

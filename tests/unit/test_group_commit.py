@@ -6,13 +6,13 @@ import pytest
 
 from docoutbox import (
     AggregateStore,
+    NotFound,
 )
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 
 
 def test_missing_aggregate_raises_not_found_in_group_mode() -> None:
-    from docoutbox import NotFound
 
     store = AggregateStore(MemoryBackend(), Counter, group_commit=True)
     with pytest.raises(NotFound):

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import mongomock
 import pytest
 
 from docoutbox import AggregateStore
@@ -13,6 +14,7 @@ from docoutbox.dispatch.drivers.operations import GroupWriter
 from docoutbox.store.plans import TrimPlan, WritePlan, plan_trim
 from docoutbox.testing import MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_mongo import MongoBackend
 
 
 def test_a_failed_batch_fails_every_writer_in_it() -> None:
@@ -46,9 +48,6 @@ def trims(ids: dict[str, list[str]]) -> list[TrimPlan]:
 
 
 def test_mongomock_bulk_write_falls_back_to_one_write_per_plan() -> None:
-    import mongomock
-
-    from docoutbox_mongo import MongoBackend
 
     backend = MongoBackend(mongomock.MongoClient()["t"][uuid.uuid4().hex])
     ids = stored(backend, 3)

@@ -3,6 +3,7 @@ remains the safety net, and in one process the two paths do not publish an entry
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -29,7 +30,6 @@ def one_trimmed_one_pending(backend: MemoryBackend) -> tuple[OutboxMessage, Outb
 
 
 def test_settled_publisher_skips_young_entries_the_immediate_path_trimmed() -> None:
-    from datetime import timedelta
 
     backend = MemoryBackend()
     first, second = one_trimmed_one_pending(backend)

@@ -8,11 +8,12 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.codec import encode_entry
 from docoutbox.retry import RetryPolicy
 from docoutbox_kafka import KafkaConsumer
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
+from tests.support.e2e import FaultyBackend
 
 
 class Record:

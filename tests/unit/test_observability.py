@@ -33,8 +33,14 @@ from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate
 from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
 from docoutbox.observability.prometheus import PrometheusStoreObserver
-from docoutbox.receive import Action, HandlerRetry, receive_retrying
-from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryPublisher
+from docoutbox.receive import Action, HandlerRetry, Rejects, receive_retrying
+from docoutbox.testing import (
+    AsyncMemoryBackend,
+    MemoryBackend,
+    MemoryDeadLetters,
+    MemoryPublisher,
+    mongo_server,
+)
 from docoutbox_app.cli import logs
 from tests.support import loopless
 
@@ -306,7 +312,6 @@ def test_a_failing_handler_is_retried_immediately_then_with_backoff() -> None:
 def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
     tmp_path: Any,
 ) -> None:
-    from docoutbox.testing import mongo_server
 
     assert mongo_server.LAUNCHER.is_file() and mongo_server.POM.is_file()
     reason = mongo_server.mongo_wire_server_available(tmp_path)
@@ -317,8 +322,6 @@ def test_the_wire_server_helper_ships_in_the_package_and_says_how_to_install(
 
 
 def test_the_memory_dead_letters_keep_consumer_rejects_too() -> None:
-    from docoutbox.receive import Rejects
-    from docoutbox.testing import MemoryDeadLetters
 
     letters: Rejects = MemoryDeadLetters()
     letters.put(None, {"id": "p1"}, "boom", 3, origin="consume", queue="q", body="{}")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import encode_entry
 from docoutbox.errors import StoreError, TransientStoreError
@@ -22,7 +23,7 @@ from docoutbox.receive import (
 )
 from docoutbox.testing import AsyncMemoryBackend
 from tests.support import loopless
-from tests.support.e2e import FaultyBackend, Ledger, by_source, ledger_handlers, make_entry
+from tests.support.e2e import FaultyBackend
 
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
 RETRY = HandlerRetry(immediate=1, delayed=2, base_delay=0.01, max_delay=0.02)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from docoutbox import Handlers, Message
+from docoutbox import AggregateStore, Handlers, Message
 from docoutbox.errors import InvalidConfig
 from docoutbox.testing import MemoryBackend
-from docoutbox.testing.contract import Counter
+from docoutbox.testing.contract import Counter, counter_handlers
 
 pytest.importorskip("pika")
 pytest.importorskip("aio_pika")
@@ -54,9 +54,6 @@ def test_a_rabbitmq_publisher_refuses_an_exchange_that_is_not_text() -> None:
 
 @pytest.mark.parametrize("url", BAD_URLS)
 def test_a_rabbitmq_consumer_refuses_a_url_it_cannot_use(url: Any) -> None:
-    from docoutbox import AggregateStore
-    from docoutbox.testing.contract import counter_handlers
-
     store = AggregateStore(MemoryBackend(), Counter)
     with pytest.raises(InvalidConfig, match="URL"):
         RabbitConsumer(url, "q", store, counter_handlers, aggregate_id_of=lambda m: "c")
@@ -66,8 +63,6 @@ def test_a_rabbitmq_consumer_refuses_a_url_it_cannot_use(url: Any) -> None:
 def test_kafka_clients_refuse_bootstrap_servers_they_cannot_use(config: Any) -> None:
     with pytest.raises(InvalidConfig, match="Kafka"):
         KafkaPublisher(config, "orders")
-    from docoutbox import AggregateStore
-    from docoutbox.testing.contract import counter_handlers
 
     store = AggregateStore(MemoryBackend(), Counter)
     with pytest.raises(InvalidConfig, match="Kafka"):

@@ -9,7 +9,8 @@
 
 Its modules: :mod:`docoutbox_app.cli.options` (argument types and store options),
 :mod:`docoutbox_app.cli.help` (the help formatter), :mod:`docoutbox_app.cli.logs` (log
-set-up, masked secrets), :mod:`docoutbox_app.cli.observe` (progress, metrics, health).
+set-up, masked secrets), :mod:`docoutbox_app.cli.observe` (progress, metrics, health),
+:mod:`docoutbox_app.cli.spark` (``audit`` and ``export`` on the Spark adapter).
 
 Exit codes: 0 after a clean stop, 1 when a server cannot be used (MongoDB or the broker
 unreachable, credentials refused, a missing exchange: one ``docoutbox: error:`` line on
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 
 from urllib3.exceptions import InsecureRequestWarning
 
+from docoutbox import __version__
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.engine.backlog import BacklogProbe, probe_backend
 from docoutbox.dispatch.engine.leases import LeaseTiming
@@ -117,8 +119,6 @@ class StdoutPublisher:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from docoutbox import __version__
-
     parser = argparse.ArgumentParser(
         prog="docoutbox",
         description="Exactly-once message processing on document databases.",
@@ -246,7 +246,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        from docoutbox_app.cli import demo
+        from docoutbox_app.cli import demo  # noqa: PLC0415 - pymongo, on use
 
         code: int = demo.main(args_list[1:])
         return code

@@ -1,7 +1,7 @@
 """``docoutbox audit`` and ``docoutbox export``: wiring only.
 
-The commands live in the Spark adapter (``docoutbox_spark.command``), imported when one
-of them runs, so the core never imports pyspark.
+The commands live in :mod:`docoutbox_app.cli.spark`, imported when one of them runs, so
+the CLI starts without pyspark.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
 
 def main(args: list[str]) -> int:
     try:
-        command = importlib.import_module("docoutbox_spark.command")
+        command = importlib.import_module("docoutbox_app.cli.spark")
     except ImportError as exc:
         print(f"docoutbox: error: pip install 'docoutbox[spark]' ({exc})", file=sys.stderr)
         return 1

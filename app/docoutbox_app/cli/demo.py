@@ -116,9 +116,9 @@ def _stores(
     """(wallet backend, statement backend, change source or None, closer)."""
     if uri is None:
         return MemoryBackend(), MemoryBackend(), None, lambda: None
-    from docoutbox_mongo import MongoBackend
-    from docoutbox_mongo.errors import translated
-    from docoutbox_mongo.kit import open_kit
+    from docoutbox_mongo import MongoBackend  # noqa: PLC0415
+    from docoutbox_mongo.errors import translated  # noqa: PLC0415
+    from docoutbox_mongo.kit import open_kit  # noqa: PLC0415
 
     db = name or f"docoutbox_demo_{uuid.uuid4().hex[:8]}"
     target = open_kit(uri, db, "wallets")

@@ -54,12 +54,12 @@ class Observability:
         targets: list[Metrics] = [self.progress, self.health]
         self.prometheus: Any = None
         if args.metrics_port is not None:
-            from docoutbox.observability.prometheus import PrometheusMetrics
+            from docoutbox.observability.prometheus import PrometheusMetrics  # noqa: PLC0415
 
             self.prometheus = PrometheusMetrics()
             targets.append(self.prometheus)
         if args.otel:
-            from docoutbox.observability.otel import OtelMetrics
+            from docoutbox.observability.otel import OtelMetrics  # noqa: PLC0415
 
             targets.append(OtelMetrics())
         self.metrics = Fanout(*targets)
@@ -70,7 +70,7 @@ class Observability:
     def publisher(self, publisher: Any, system: str | None) -> Any:
         if not self.args.otel:
             return publisher
-        from docoutbox.observability.otel import TracingPublisher
+        from docoutbox.observability.otel import TracingPublisher  # noqa: PLC0415
 
         return TracingPublisher(publisher, system=system)
 

@@ -213,7 +213,7 @@ def _outputs(args: argparse.Namespace) -> str | None:
 
 
 def _thresholds(items: list[str]) -> dict[str, int | None]:
-    from docoutbox_spark.run import DEFAULT_THRESHOLDS
+    from docoutbox_spark.run import DEFAULT_THRESHOLDS  # noqa: PLC0415
 
     out = dict(DEFAULT_THRESHOLDS)
     for item in items:
@@ -312,7 +312,7 @@ def progress(spark: Any, interval: float, label: str) -> Iterator[None]:
 def _frames(
     spark: Any, args: argparse.Namespace
 ) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
-    from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo, read_snapshot
+    from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo, read_snapshot  # noqa: PLC0415
 
     if getattr(args, "from_parquet", None):
         frames = read_snapshot(spark, args.from_parquet)
@@ -357,7 +357,7 @@ def _frames(
 def _cosmos_frames(
     spark: Any, args: argparse.Namespace
 ) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
-    from docoutbox_spark.readers import CosmosTarget, count_items, read_cosmos
+    from docoutbox_spark.readers import CosmosTarget, count_items, read_cosmos  # noqa: PLC0415
 
     def target(container: str) -> CosmosTarget:
         return CosmosTarget(
@@ -410,16 +410,16 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     try:
-        from docoutbox_spark.readers import session
+        from docoutbox_spark.readers import session  # noqa: PLC0415
     except ImportError as exc:
         print(
             f"docoutbox: error: the Spark adapter needs pip install 'docoutbox[spark]' ({exc})",
             file=sys.stderr,
         )
         return 1
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
+    from py4j.protocol import Py4JError  # noqa: PLC0415
+    from pyspark.errors import PySparkException  # noqa: PLC0415
+    from pyspark.sql import SparkSession  # noqa: PLC0415
 
     owned = SparkSession.getActiveSession() is None
     try:
@@ -435,7 +435,7 @@ def main(argv: list[str]) -> int:
         print(f"docoutbox: error: {logs.mask(str(exc), secrets)}", file=sys.stderr)
         return 1
     except Exception as exc:
-        from pymongo.errors import PyMongoError
+        from pymongo.errors import PyMongoError  # noqa: PLC0415
 
         if not isinstance(exc, PySparkException | PyMongoError):
             raise
@@ -453,9 +453,9 @@ def _failed(what: str, exc: Exception, secrets: list[str]) -> int:
 
 
 def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | None]) -> int:
-    from docoutbox_spark.audit import COSMOS_LIMIT, MONGODB_LIMIT
-    from docoutbox_spark.report import write_html, write_json
-    from docoutbox_spark.run import AuditConfig, run_audit
+    from docoutbox_spark.audit import COSMOS_LIMIT, MONGODB_LIMIT  # noqa: PLC0415
+    from docoutbox_spark.report import write_html, write_json  # noqa: PLC0415
+    from docoutbox_spark.run import AuditConfig, run_audit  # noqa: PLC0415
 
     frames, expected, source = _frames(spark, args)
     config = AuditConfig(
@@ -499,7 +499,7 @@ def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | Non
 
 
 def _export(spark: Any, args: argparse.Namespace) -> int:
-    from docoutbox_spark.readers import write_snapshot
+    from docoutbox_spark.readers import write_snapshot  # noqa: PLC0415
 
     frames, collection_count, source = _frames(spark, args)
     expected = {"producer": collection_count or 0}
