@@ -27,7 +27,7 @@ from docoutbox.errors import (
 from docoutbox.receive import Action
 from docoutbox.retry import RetryPolicy
 from docoutbox_rabbitmq import RabbitConsumer, aio
-from docoutbox_rabbitmq.aio import translate, translated
+from docoutbox_rabbitmq.errors import translate, translated
 from docoutbox_rabbitmq.amqp import masked
 from tests.support.e2e import FaultyBackend
 
