@@ -62,8 +62,9 @@ class RabbitPublisher(Routing):
     It has no ``publish_many`` (:class:`~docoutbox.ports.dispatch.PipelinedPublisher`):
     pika's blocking channel waits for each confirm inside ``basic_publish``, so a
     dispatcher's publish round goes out one entry at a time on each worker thread, and
-    the confirms in flight are one per thread. The aio-pika publisher
-    (:class:`~docoutbox_rabbitmq.aio.AsyncRabbitPublisher`) sends a whole round first.
+    the confirms in flight are one per thread. The aio-pika publishers send a whole
+    round first: :class:`~docoutbox_rabbitmq.aio.AsyncRabbitPublisher`, and for threads
+    :class:`~docoutbox_rabbitmq.pipelined.PipelinedRabbitPublisher`.
     """
 
     def __init__(

@@ -2,6 +2,8 @@
 confirm, each gets its own outcome, and a dispatcher keeps per-aggregate first-delivery
 order (I4) and loses nothing while the broker refuses entries in the middle of rounds.
 
+RabbitMQ runs on aio-pika: ``AsyncRabbitPublisher`` for the asyncio dispatcher, and
+``PipelinedRabbitPublisher`` (the same on a loop thread of its own) for the threaded one.
 RabbitMQ faults: a queue of ``x-max-length`` with ``x-overflow: reject-publish`` (the
 broker nacks what does not fit) and an unroutable ``mandatory`` publish (returned).
 Kafka faults: a record over ``message.max.bytes`` in the middle of a round, and a proxy
@@ -33,6 +35,7 @@ from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from docoutbox_rabbitmq.pipelined import PipelinedRabbitPublisher
 from tests.support.e2e import Sandbox, make_entry, require_rabbitmq
 from tests.support.kafka import Topics, proxied_ports
 from tests.support.tcpproxy import TcpProxy
@@ -142,22 +145,77 @@ def test_a_rabbitmq_round_confirms_or_refuses_each_entry_on_its_own(url: str, bo
     assert len(box.drain(routed)) == 2
 
 
-class CountingRabbit(AsyncRabbitPublisher):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class Counting:
+    """Counts what a publisher's rounds refused."""
+
+    def __init__(self) -> None:
         self.refused = 0
         self.rounds: list[int] = []
 
-    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
-        outcomes = await super().publish_many(entries)
-        self.rounds.append(len(entries))
+    def count(self, outcomes: list[Exception | None]) -> list[Exception | None]:
+        self.rounds.append(len(outcomes))
         self.refused += sum(isinstance(o, PublishError) for o in outcomes)
         return outcomes
 
 
+class CountingRabbit(AsyncRabbitPublisher):
+    def __init__(self, *args: Any, counts: Counting, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counts = counts
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        return self.counts.count(await super().publish_many(entries))
+
+
+class CountingThreadedRabbit(PipelinedRabbitPublisher):
+    def __init__(self, *args: Any, counts: Counting, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counts = counts
+
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        return self.counts.count(super().publish_many(entries))
+
+
+def run_async_dispatcher(url: str, exchange: str, backend: MemoryBackend, counts: Counting) -> None:
+    publisher = CountingRabbit(url, exchange, counts=counts)
+
+    async def dispatch() -> None:
+        dispatcher = AsyncDispatcher(
+            AsyncMemoryBackend(backend),
+            publisher,
+            in_thread(MemoryDeadLetters()),
+            config=config(),
+        )
+        assert dispatcher.ports.pipelined
+        task = asyncio.create_task(dispatcher.run())
+        await asyncio.to_thread(wait_until_trimmed, backend)
+        dispatcher.stop()
+        await task
+        await publisher.close()
+
+    asyncio.run(dispatch())
+
+
+def run_threaded_dispatcher(
+    url: str, exchange: str, backend: MemoryBackend, counts: Counting
+) -> None:
+    with CountingThreadedRabbit(url, exchange, counts=counts) as publisher:
+        assert isinstance(publisher, PipelinedPublisher)
+        dispatcher = Dispatcher(backend, publisher, MemoryDeadLetters(), config=config())
+        assert dispatcher.ports.pipelined
+        runner = threading.Thread(target=dispatcher.run)
+        runner.start()
+        try:
+            wait_until_trimmed(backend)
+        finally:
+            dispatcher.stop()
+            runner.join()
+
+
 @pytest.mark.rabbitmq
-def test_async_dispatcher_to_rabbitmq_keeps_order_and_loses_nothing_under_nacks(
-    url: str, box: Sandbox
+@pytest.mark.parametrize("driver", ["asyncio", "threads"])
+def test_dispatcher_to_rabbitmq_keeps_order_and_loses_nothing_under_nacks(
+    url: str, box: Sandbox, driver: str
 ) -> None:
     import pika
 
@@ -181,24 +239,10 @@ def test_async_dispatcher_to_rabbitmq_keeps_order_and_loses_nothing_under_nacks(
 
     drainer = threading.Thread(target=drain)
     drainer.start()
-    publisher = CountingRabbit(url, exchange)
-
-    async def dispatch() -> None:
-        dispatcher = AsyncDispatcher(
-            AsyncMemoryBackend(backend),
-            publisher,
-            in_thread(MemoryDeadLetters()),
-            config=config(),
-        )
-        assert dispatcher.ports.pipelined
-        task = asyncio.create_task(dispatcher.run())
-        await asyncio.to_thread(wait_until_trimmed, backend)
-        dispatcher.stop()
-        await task
-        await publisher.close()
-
+    counts = Counting()
+    run = run_async_dispatcher if driver == "asyncio" else run_threaded_dispatcher
     try:
-        asyncio.run(dispatch())
+        run(url, exchange, backend, counts)
         deadline = time.monotonic() + 10
         while len({e.id for e in received}) < AGGREGATES * PER_AGGREGATE:
             assert time.monotonic() < deadline, "entries confirmed but not received"
@@ -206,8 +250,8 @@ def test_async_dispatcher_to_rabbitmq_keeps_order_and_loses_nothing_under_nacks(
     finally:
         done.set()
         drainer.join()
-    assert publisher.refused > 0, "the bounded queue never refused anything"
-    assert max(publisher.rounds) > 1
+    assert counts.refused > 0, "the bounded queue never refused anything"
+    assert max(counts.rounds) > 1
     firsts = first_deliveries_in_order(received)
     expected = list(range(1, PER_AGGREGATE + 1))
     assert firsts == {f"agg-{a:02d}": expected for a in range(AGGREGATES)}
