@@ -102,7 +102,21 @@ def test_kafka_benchmark_runs(mongo_uri: str) -> None:
     require_kafka()
     table = kafka.run(mongo_uri, QUICK)
     _sane(table)
-    assert set(table.figures) == set(kafka.LABELS)
+    assert set(table.figures) == {f"per_aggregate_{d}" for d in kafka.DENSITIES}
+    assert set(table.figures["per_aggregate_10"]) == set(kafka.LABELS)
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_benchmark_runs(mongo_uri: str) -> None:
+    from benchmarks import rabbitmq
+    from tests.support.e2e import require_rabbitmq
+
+    require_rabbitmq()
+    table = rabbitmq.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == {f"per_aggregate_{d}" for d in rabbitmq.DENSITIES}
+    for figures in table.figures.values():
+        assert set(figures) == set(rabbitmq.LABELS)
 
 
 @pytest.mark.kafka
