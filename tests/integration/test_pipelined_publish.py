@@ -145,6 +145,29 @@ def test_a_rabbitmq_round_confirms_or_refuses_each_entry_on_its_own(url: str, bo
     assert len(box.drain(routed)) == 2
 
 
+@pytest.mark.rabbitmq
+def test_the_threaded_pipelined_publisher_serves_many_threads_and_reopens_after_close(
+    url: str, box: Sandbox
+) -> None:
+    exchange, queue = bounded_queue(box, 100)
+    publisher = PipelinedRabbitPublisher(url, exchange)
+    outcomes: list[list[Exception | None]] = []
+
+    def work(worker: int) -> None:
+        outcomes.append(publisher.publish_many([make_entry(f"w{worker}-{i}") for i in range(5)]))
+
+    workers = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    publisher.close()
+    publisher.publish(make_entry("after-close"))  # a new loop and connection
+    publisher.close()
+    assert outcomes == [[None] * 5] * 4
+    assert len(box.drain(queue)) == 21
+
+
 class Counting:
     """Counts what a publisher's rounds refused."""
 
