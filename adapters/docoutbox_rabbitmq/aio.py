@@ -120,11 +120,14 @@ class AsyncRabbitPublisher(Routing):
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
         self._used_at = 0.0
+        #: Publishes awaiting their confirms: the idle probe never closes their channel.
+        self._in_flight = 0
 
     async def publish(self, entry: OutboxMessage) -> None:
         body, fields, key, what = self.outgoing(entry)
         channel = await self._open()
         message = aio_pika.Message(body, **fields)
+        self._in_flight += 1
         try:
             async with translated(what):
                 exchange = await self._exchange(channel)
@@ -135,9 +138,10 @@ class AsyncRabbitPublisher(Routing):
                     timeout=self.timeout,
                 )
         except BrokerUnavailable:
-            await self._discard()  # the next call reconnects
+            await self._drop(channel)  # the next call reconnects
             raise
         finally:
+            self._in_flight -= 1
             self._used_at = asyncio.get_running_loop().time()
 
     async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
@@ -156,12 +160,14 @@ class AsyncRabbitPublisher(Routing):
                 exchange = await self._exchange(channel)
         except DocOutboxError as exc:  # nothing was sent
             return [exc] * len(entries)
+        self._in_flight += 1
         try:
             outcomes = await asyncio.gather(*(self._send(exchange, entry) for entry in entries))
         finally:
+            self._in_flight -= 1
             self._used_at = asyncio.get_running_loop().time()
         if any(isinstance(outcome, BrokerUnavailable) for outcome in outcomes):
-            await self._discard()  # the next call reconnects
+            await self._drop(channel)  # the next call reconnects
         return list(outcomes)
 
     async def _send(
@@ -242,6 +248,14 @@ class AsyncRabbitPublisher(Routing):
         async with self._lock:
             await self._discard()
 
+    async def _drop(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        """After a publish on ``channel`` found the broker unavailable: discard the
+        connection, unless another call replaced that channel meanwhile (under the lock,
+        so never while another call is opening a connection)."""
+        async with self._lock:
+            if self._channel is channel:
+                await self._discard()
+
     async def _discard(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None and not connection.is_closed:
@@ -260,8 +274,9 @@ class AsyncRabbitPublisher(Routing):
 
     async def _open(self) -> aio_pika.abc.AbstractChannel:
         """The confirm-mode channel, reconnecting if needed. After ``probe_idle`` seconds
-        unused, the channel is reopened first: that round trip finds a connection the
-        broker or the network closed meanwhile, and it is replaced before the publish."""
+        unused, and with no publish awaiting its confirm, the channel is reopened first:
+        that round trip finds a connection the broker or the network closed meanwhile,
+        and it is replaced before the publish."""
         async with self._lock:
             for attempt in (1, 2):  # nothing is published here: a retry sends nothing twice
                 try:
@@ -282,7 +297,7 @@ class AsyncRabbitPublisher(Routing):
                     client_properties={"connection_name": self.connection_name},
                     timeout=self.timeout,
                 )
-        elif idle and self._channel is not None:
+        elif idle and self._channel is not None and not self._in_flight:
             stale, self._channel = self._channel, None
             async with translated(f"probe {masked(self._url)}"):
                 await stale.close()

@@ -168,6 +168,31 @@ def test_the_threaded_pipelined_publisher_serves_many_threads_and_reopens_after_
     assert len(box.drain(queue)) == 21
 
 
+@pytest.mark.rabbitmq
+def test_concurrent_rounds_never_lose_their_channel_to_the_idle_probe(
+    url: str, box: Sandbox
+) -> None:
+    """A round in flight keeps its channel: the idle probe (every call, here) must not
+    close it under the confirms of another round, nor drop the connection another call
+    is opening."""
+    exchange, queue = bounded_queue(box, 1000)
+
+    async def rounds() -> list[list[Exception | None]]:
+        async with AsyncRabbitPublisher(url, exchange, probe_idle=0.0) as publisher:
+            return list(
+                await asyncio.gather(
+                    *(
+                        publisher.publish_many([make_entry(f"r{r}-{i}") for i in range(40)])
+                        for r in range(6)
+                    )
+                )
+            )
+
+    outcomes = asyncio.run(rounds())
+    assert outcomes == [[None] * 40] * 6
+    assert len(box.drain(queue)) == 240
+
+
 class Counting:
     """Counts what a publisher's rounds refused."""
 
