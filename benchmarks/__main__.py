@@ -34,6 +34,7 @@ from benchmarks import (
     kafka,
     kafka_consume,
     memory,
+    rabbitmq,
     store,
     structure,
     tracing,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
+    "rabbitmq": (rabbitmq.run, None),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

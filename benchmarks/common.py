@@ -176,6 +176,16 @@ def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float
     return statistics.median(c / b for c, b in zip(candidate, baseline, strict=True))
 
 
+def additive_bound(publish: Sequence[float], dispatch: Sequence[float]) -> float:
+    """What a dispatcher can reach, as a share of its lower ceiling, if publishing and
+    dispatching each keep their own rate but share one CPU (one interpreter, one GIL):
+    the costs per entry add up, 1 / (1/publish + 1/dispatch), over min(publish,
+    dispatch). 0.5 when the two ceilings are equal. The median over rounds."""
+    return statistics.median(
+        1 / (1 / p + 1 / d) / min(p, d) for p, d in zip(publish, dispatch, strict=True)
+    )
+
+
 def ratio_range(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
     """The interquartile range of the per-round ratios (min and max below 4 rounds)."""
     ratios = sorted(c / b for c, b in zip(candidate, baseline, strict=True))

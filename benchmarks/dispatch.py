@@ -208,7 +208,7 @@ class DispatchReader:
         listeners: tuple[Any, ...] = (),
     ) -> None:
         self.bench = bench
-        self.publisher = TimedPublisher()
+        self.publisher = self._timed()
         config, checkpoints = bench.resumed()
         self.dispatcher: Dispatcher | AsyncDispatcher
         if kind == "async":
@@ -217,7 +217,7 @@ class DispatchReader:
         coll = bench.coll if client is None else client[bench.coll.database.name][bench.coll.name]
         self.dispatcher = Dispatcher(
             MongoBackend(coll),
-            self.publisher,
+            self._sync_publisher(),
             MemoryDeadLetters(),
             source=MongoChangeSource(coll),
             checkpoints=checkpoints,
@@ -236,9 +236,10 @@ class DispatchReader:
                 uri, uuidRepresentation="standard", event_listeners=list(listeners)
             )
             coll = client[self.bench.coll.database.name][self.bench.coll.name]
+            publisher = self._async_publisher()
             self.dispatcher = AsyncDispatcher(
                 AsyncMongoBackend(coll),
-                AsyncMemoryPublisher(self.publisher),
+                publisher,
                 in_thread(MemoryDeadLetters()),
                 source=AsyncMongoChangeSource(coll),
                 checkpoints=in_thread(checkpoints),
@@ -250,11 +251,27 @@ class DispatchReader:
                 await self.dispatcher.run()
             finally:
                 await client.close()
+                await self._close_async(publisher)
 
         self._go = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
         self.thread.start()
         made.wait(TIMEOUT)
+
+    # What the dispatcher publishes to: the timestamped memory publisher, unless a
+    # subclass publishes to a broker (it records confirms in ``self.publisher`` too).
+
+    def _timed(self) -> TimedPublisher:
+        return TimedPublisher()
+
+    def _sync_publisher(self) -> Any:
+        return self.publisher
+
+    def _async_publisher(self) -> Any:
+        return AsyncMemoryPublisher(self.publisher)
+
+    async def _close_async(self, publisher: Any) -> None:
+        return None
 
     @property
     def seen(self) -> dict[str, float]:

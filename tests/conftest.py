@@ -23,6 +23,7 @@ from mongomock_motor import AsyncMongoMockClient
 from motor.motor_asyncio import AsyncIOMotorClient
 from pymongo import AsyncMongoClient, MongoClient
 
+from benchmarks.rabbit import sandbox
 from benchmarks.servers import (
     CosmosAccount,
     CosmosServer,
@@ -38,7 +39,7 @@ from docoutbox.testing.blocking import BlockingStore
 from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
 from docoutbox_mongo import AsyncMongoBackend, MongoBackend
 from tests.support.cosmos import async_container, create_container, scratch_database
-from tests.support.e2e import require_rabbitmq, sandbox
+from tests.support.e2e import require_rabbitmq
 from tests.support.kafka import require_kafka
 from tests.support.required import REQUIRE_SERVERS, missing
 

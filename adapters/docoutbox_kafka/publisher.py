@@ -6,14 +6,14 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from docoutbox.codec import WireFormat
-from docoutbox.errors import BrokerUnavailable, PermanentPublishError
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError
 from docoutbox.model import OutboxMessage
 from docoutbox_kafka.errors import translate_error, translated
 from docoutbox_kafka.records import client_settings, masked_config, record_for
@@ -76,8 +76,10 @@ class KafkaPublisher:
 
     Threads: one instance is shared by any number of threads; each ``publish`` waits only
     for its own record, so a dispatcher's workers keep several records in flight at once
-    and the producer batches them. A background thread serves the delivery reports. Call
-    :meth:`close` (or use ``with``) to flush and stop it.
+    and the producer batches them. ``publish_many`` produces a whole round before waiting
+    for its reports (:class:`~docoutbox.ports.dispatch.PipelinedPublisher`). A background
+    thread serves the delivery reports. Call :meth:`close` (or use ``with``) to flush and
+    stop it.
     """
 
     def __init__(
@@ -123,6 +125,44 @@ class KafkaPublisher:
         if not report.done.wait(self._timeout + 30):
             raise BrokerUnavailable(f"{what}: no delivery report within {self._timeout}s")
         self._check(report.error, what)
+
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """Produce every entry's record, then wait for their delivery reports: one outcome
+        per entry, None once delivered, else the error ``publish`` would raise for it (a
+        record refused by ``produce`` itself, say too large, is never sent). The records
+        are independent (see :class:`~docoutbox.ports.dispatch.PipelinedPublisher`)."""
+        try:
+            producer = self._current()
+        except DocOutboxError as exc:  # nothing was sent
+            return [exc] * len(entries)
+        deadline = time.monotonic() + self._timeout
+        sent: list[tuple[_Report, str] | Exception] = []
+        for entry in entries:
+            topic = self.topic_for(entry)
+            what = f"publish entry {entry.id} to topic {topic!r}"
+            report = _Report()
+            try:
+                while not self._produce(producer, topic, entry, report, what, deadline):
+                    time.sleep(0.01)  # the local queue is full: it empties as reports come in
+            except DocOutboxError as exc:
+                sent.append(exc)
+            else:
+                sent.append((report, what))
+        # Every report comes within message.timeout.ms; the margin covers a slow poll.
+        waits_until = time.monotonic() + self._timeout + 30
+        return [self._outcome(item, waits_until) for item in sent]
+
+    def _outcome(self, sent: tuple[_Report, str] | Exception, until: float) -> Exception | None:
+        if isinstance(sent, Exception):
+            return sent
+        report, what = sent
+        if not report.done.wait(max(0.0, until - time.monotonic())):
+            return BrokerUnavailable(f"{what}: no delivery report within {self._timeout}s")
+        try:
+            self._check(report.error, what)
+        except DocOutboxError as exc:
+            return exc
+        return None
 
     def _produce(
         self,
@@ -295,6 +335,56 @@ class AsyncKafkaPublisher:
         except TimeoutError:
             raise BrokerUnavailable(f"{what}: no delivery report within {sync._timeout}s") from None
         sync._check(error, what)
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """The async twin of :meth:`KafkaPublisher.publish_many`: every record produced,
+        then their reports awaited without blocking the event loop."""
+        sync = self.sync
+        loop = asyncio.get_running_loop()
+        try:
+            producer = sync._current()
+        except DocOutboxError as exc:  # nothing was sent
+            return [exc] * len(entries)
+        deadline = time.monotonic() + sync._timeout
+        sent: list[tuple[asyncio.Future[KafkaError | None], str] | Exception] = []
+        for entry in entries:
+            topic = sync.topic_for(entry)
+            what = f"publish entry {entry.id} to topic {topic!r}"
+            reported: asyncio.Future[KafkaError | None] = loop.create_future()
+
+            def on_delivery(
+                error: KafkaError | None,
+                _: Message,
+                reported: asyncio.Future[KafkaError | None] = reported,
+            ) -> None:
+                loop.call_soon_threadsafe(_resolve, reported, error)
+
+            try:
+                while not sync._produce(producer, topic, entry, on_delivery, what, deadline):
+                    await asyncio.sleep(0.01)  # the local queue is full: reports empty it
+            except DocOutboxError as exc:
+                sent.append(exc)
+            else:
+                sent.append((reported, what))
+        waits_until = loop.time() + sync._timeout + 30
+        outcomes: list[Exception | None] = []
+        for item in sent:
+            if isinstance(item, Exception):
+                outcomes.append(item)
+                continue
+            reported, what = item
+            try:
+                error = await asyncio.wait_for(reported, max(0.0, waits_until - loop.time()))
+                sync._check(error, what)
+            except TimeoutError:
+                outcomes.append(
+                    BrokerUnavailable(f"{what}: no delivery report within {sync._timeout}s")
+                )
+            except DocOutboxError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        return outcomes
 
     async def close(self, timeout: float = 30.0) -> None:
         """Flush and stop the report thread (in a worker thread: flushing blocks)."""

@@ -3,6 +3,8 @@ commit.
 
 - :mod:`docoutbox_rabbitmq.publisher`: :class:`RabbitPublisher` (pika, publisher confirms);
 - :mod:`docoutbox_rabbitmq.consumer`: :class:`RabbitConsumer` (ack after commit);
+- :mod:`docoutbox_rabbitmq.pipelined`: ``PipelinedRabbitPublisher``, aio-pika on a loop
+  thread, for the threaded dispatcher to pipeline confirms;
 - :mod:`docoutbox_rabbitmq.aio`: the aio-pika twins (``AsyncRabbitPublisher``,
   ``AsyncRabbitConsumer``);
 - :mod:`docoutbox_rabbitmq.amqp`: message properties, declarations, masked URLs;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -96,8 +96,10 @@ class AsyncRabbitPublisher(Routing):
     properties, body and errors. The channel runs in publisher-confirm mode with
     ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
     Concurrent ``publish`` calls share one channel, each awaiting its own confirm, so a
-    dispatcher keeps several messages in flight. A lost connection raises
-    ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
+    dispatcher keeps several messages in flight; ``publish_many`` sends a whole round
+    on that channel before awaiting the confirms
+    (:class:`~docoutbox.ports.dispatch.AsyncPipelinedPublisher`). A lost connection
+    raises ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
     (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
 
@@ -118,18 +120,17 @@ class AsyncRabbitPublisher(Routing):
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
         self._used_at = 0.0
+        #: Publishes awaiting their confirms: the idle probe never closes their channel.
+        self._in_flight = 0
 
     async def publish(self, entry: OutboxMessage) -> None:
         body, fields, key, what = self.outgoing(entry)
         channel = await self._open()
         message = aio_pika.Message(body, **fields)
+        self._in_flight += 1
         try:
             async with translated(what):
-                exchange = (
-                    channel.default_exchange
-                    if not self.exchange
-                    else await channel.get_exchange(self.exchange, ensure=False)
-                )
+                exchange = await self._exchange(channel)
                 await exchange.publish(
                     message,
                     key,
@@ -137,10 +138,61 @@ class AsyncRabbitPublisher(Routing):
                     timeout=self.timeout,
                 )
         except BrokerUnavailable:
-            await self._discard()  # the next call reconnects
+            await self._drop(channel)  # the next call reconnects
             raise
         finally:
+            self._in_flight -= 1
             self._used_at = asyncio.get_running_loop().time()
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """Publish every entry on the confirm-mode channel without waiting in between,
+        then await each one's confirm: one outcome per entry, None once confirmed, else
+        the error ``publish`` would raise for it. A nack or return of one entry does not
+        touch the others (they are independent: see
+        :class:`~docoutbox.ports.dispatch.PipelinedPublisher`); a connection lost with
+        entries in flight fails those not yet confirmed with ``BrokerUnavailable``, and
+        the next call reconnects."""
+        if not entries:
+            return []
+        try:
+            channel = await self._open()
+            async with translated(f"publish to exchange {self.exchange!r}"):
+                exchange = await self._exchange(channel)
+        except DocOutboxError as exc:  # nothing was sent
+            return [exc] * len(entries)
+        self._in_flight += 1
+        try:
+            outcomes = await asyncio.gather(*(self._send(exchange, entry) for entry in entries))
+        finally:
+            self._in_flight -= 1
+            self._used_at = asyncio.get_running_loop().time()
+        if any(isinstance(outcome, BrokerUnavailable) for outcome in outcomes):
+            await self._drop(channel)  # the next call reconnects
+        return list(outcomes)
+
+    async def _send(
+        self, exchange: aio_pika.abc.AbstractExchange, entry: OutboxMessage
+    ) -> Exception | None:
+        """Publish one entry of a round and await its confirm; its outcome."""
+        try:
+            body, fields, key, what = self.outgoing(entry)
+            async with translated(what):
+                await exchange.publish(
+                    aio_pika.Message(body, **fields),
+                    key,
+                    mandatory=self.mandatory,
+                    timeout=self.timeout,
+                )
+        except DocOutboxError as exc:  # this entry's outcome; the others are independent
+            return exc
+        return None
+
+    async def _exchange(
+        self, channel: aio_pika.abc.AbstractChannel
+    ) -> aio_pika.abc.AbstractExchange:
+        if not self.exchange:
+            return channel.default_exchange
+        return await channel.get_exchange(self.exchange, ensure=False)
 
     async def declare(
         self,
@@ -196,6 +248,14 @@ class AsyncRabbitPublisher(Routing):
         async with self._lock:
             await self._discard()
 
+    async def _drop(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        """After a publish on ``channel`` found the broker unavailable: discard the
+        connection, unless another call replaced that channel meanwhile (under the lock,
+        so never while another call is opening a connection)."""
+        async with self._lock:
+            if self._channel is channel:
+                await self._discard()
+
     async def _discard(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         if connection is not None and not connection.is_closed:
@@ -214,8 +274,9 @@ class AsyncRabbitPublisher(Routing):
 
     async def _open(self) -> aio_pika.abc.AbstractChannel:
         """The confirm-mode channel, reconnecting if needed. After ``probe_idle`` seconds
-        unused, the channel is reopened first: that round trip finds a connection the
-        broker or the network closed meanwhile, and it is replaced before the publish."""
+        unused, and with no publish awaiting its confirm, the channel is reopened first:
+        that round trip finds a connection the broker or the network closed meanwhile,
+        and it is replaced before the publish."""
         async with self._lock:
             for attempt in (1, 2):  # nothing is published here: a retry sends nothing twice
                 try:
@@ -236,7 +297,7 @@ class AsyncRabbitPublisher(Routing):
                     client_properties={"connection_name": self.connection_name},
                     timeout=self.timeout,
                 )
-        elif idle and self._channel is not None:
+        elif idle and self._channel is not None and not self._in_flight:
             stale, self._channel = self._channel, None
             async with translated(f"probe {masked(self._url)}"):
                 await stale.close()

@@ -58,6 +58,13 @@ class RabbitPublisher(Routing):
     Threads: pika connections must stay on the thread that opened them. The publisher
     opens one connection per thread, lazily, so one instance can serve a pool of worker
     threads. Call :meth:`close` once the workers have stopped.
+
+    It has no ``publish_many`` (:class:`~docoutbox.ports.dispatch.PipelinedPublisher`):
+    pika's blocking channel waits for each confirm inside ``basic_publish``, so a
+    dispatcher's publish round goes out one entry at a time on each worker thread, and
+    the confirms in flight are one per thread. The aio-pika publishers send a whole
+    round first: :class:`~docoutbox_rabbitmq.aio.AsyncRabbitPublisher`, and for threads
+    :class:`~docoutbox_rabbitmq.pipelined.PipelinedRabbitPublisher`.
     """
 
     def __init__(

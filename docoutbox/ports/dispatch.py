@@ -6,7 +6,7 @@ decide nothing.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -35,6 +35,35 @@ class AsyncPublisher(Protocol):
     """The async twin of :class:`Publisher`."""
 
     async def publish(self, entry: OutboxMessage) -> None: ...
+
+
+@runtime_checkable
+class PipelinedPublisher(Publisher, Protocol):
+    """A :class:`Publisher` that keeps several entries in flight: an optional capability.
+
+    ``publish_many`` sends every entry of ``entries`` without waiting for the previous
+    one's confirmation, then waits for them all, and returns one outcome per entry, in
+    order: None once the broker durably accepted it, or the error ``publish`` would have
+    raised for it (:class:`~docoutbox.errors.PublishError`,
+    :class:`~docoutbox.errors.PermanentPublishError`,
+    :class:`~docoutbox.errors.BrokerUnavailable`). It never reports None for an entry that
+    was not confirmed, and an error of one entry says nothing of the others.
+
+    The entries of one call are independent: the dispatcher puts at most one entry of an
+    aggregate in a call and sends the aggregate's next entry only once this one is
+    confirmed, so per-aggregate order (I4) never depends on what a broker does with the
+    messages after one it refused. The dispatcher checks for this capability once, when
+    it is built; a publisher without it gets the entries one at a time.
+    """
+
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]: ...
+
+
+@runtime_checkable
+class AsyncPipelinedPublisher(AsyncPublisher, Protocol):
+    """The async twin of :class:`PipelinedPublisher`."""
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]: ...
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ import pytest
 from pydantic import Field
 
 from benchmarks.ledger import Ledger, by_source, record
+from benchmarks.rabbit import Sandbox
 from docoutbox import AggregateStore, Decision, Handlers, InboxPolicy, Message, StoreConfig, emit
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -31,7 +32,6 @@ from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.coordination import MongoDeadLetters, MongoLeaseTable
 from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
-from tests.support.e2e import Sandbox
 
 pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 

@@ -18,9 +18,19 @@ from typing import Any
 import pytest
 
 import benchmarks.__main__ as runner
-from benchmarks import dispatch, kafka, kafka_consume, memory, store, structure, tracing
+from benchmarks import (
+    dispatch,
+    kafka,
+    kafka_consume,
+    memory,
+    rabbitmq,
+    store,
+    structure,
+    tracing,
+)
 from benchmarks.__main__ import main
 from benchmarks.common import Scale, Table
+from tests.support.e2e import require_rabbitmq
 from tests.support.kafka import require_kafka
 
 pytestmark = pytest.mark.wire
@@ -100,11 +110,21 @@ def test_memory_benchmark_runs(mongo_uri: str) -> None:
 
 @pytest.mark.kafka
 def test_kafka_benchmark_runs(mongo_uri: str) -> None:
-
     require_kafka()
     table = kafka.run(mongo_uri, QUICK)
     _sane(table)
-    assert set(table.figures) == set(kafka.LABELS)
+    assert set(table.figures) == {f"per_aggregate_{d}" for d in kafka.DENSITIES}
+    assert set(table.figures["per_aggregate_10"]) == set(kafka.LABELS)
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_benchmark_runs(mongo_uri: str) -> None:
+    require_rabbitmq()
+    table = rabbitmq.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == {f"per_aggregate_{d}" for d in rabbitmq.DENSITIES}
+    for figures in table.figures.values():
+        assert set(figures) == set(rabbitmq.LABELS)
 
 
 @pytest.mark.kafka

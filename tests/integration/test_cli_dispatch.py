@@ -14,11 +14,12 @@ import pytest
 from pymongo import MongoClient
 
 import docoutbox_mongo.kit
+from benchmarks.rabbit import sandbox
 from docoutbox import AggregateStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend
-from tests.support.e2e import require_rabbitmq, sandbox
+from tests.support.e2e import require_rabbitmq
 from tests.support.processes import CliProcess
 
 SECRET = "s3cr%40t-pw"  # percent-encoded "s3cr@t-pw"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.rabbit import Sandbox
 from benchmarks.servers import CosmosAccount
 from docoutbox_cosmos import CosmosBackend
 from tests.support.cosmos import all_items, create_container, scratch_database
-from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.traffic import ledger_problems, rabbit_traffic
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.rabbit import Sandbox
 from benchmarks.servers import CosmosAccount
 from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.support.cosmos import all_items, create_container, scratch_database
-from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.traffic import (
     ledger_problems,

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.rabbit import Sandbox
 from benchmarks.servers import CosmosAccount
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox_cosmos import CosmosBackend, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support.cosmos import all_items, create_container, scratch_database
-from tests.support.e2e import Sandbox
 from tests.support.traffic import (
     ledger_problems,
     rabbit_traffic,

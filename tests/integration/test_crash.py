@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.rabbit import Sandbox
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.testing import MemoryBackend
 from docoutbox_mongo import MongoBackend
-from tests.support.e2e import Sandbox
 from tests.support.processes import CliProcess
 from tests.support.traffic import (
     ledger_problems,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from benchmarks.ledger import Ledger
+from benchmarks.rabbit import Sandbox
 from docoutbox import AggregateStore
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
@@ -29,7 +30,7 @@ from docoutbox_kafka import KafkaPublisher
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.kit import open_async_kit, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import Sandbox, broker_address, through
+from tests.support.e2e import broker_address, through
 from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
 from tests.support.traffic import (

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from benchmarks.ledger import Ledger, by_source, ledger_handlers
+from benchmarks.rabbit import Sandbox
 from docoutbox import AggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.backlog import BacklogMonitor
@@ -31,7 +32,6 @@ from docoutbox_mongo.admin import outbox_stats
 from docoutbox_mongo.kit import open_kit
 from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from tests.integration.test_admin import Order, order_handlers
-from tests.support.e2e import Sandbox
 
 pytestmark = [pytest.mark.wire, pytest.mark.rabbitmq]
 

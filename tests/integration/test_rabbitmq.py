@@ -15,11 +15,12 @@ import jsonschema
 import pytest
 
 from benchmarks.ledger import make_entry
+from benchmarks.rabbit import Sandbox
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox.ports.dispatch import Publisher
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.e2e import Sandbox, broker_address, require_rabbitmq, through
+from tests.support.e2e import broker_address, require_rabbitmq, through
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.rabbitmq

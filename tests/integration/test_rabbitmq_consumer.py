@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.rabbit import Sandbox
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import WireFormat, decode_entry, encode_entry
 from docoutbox.errors import BrokerUnavailable, PermanentStoreError, TransientStoreError
@@ -22,7 +23,7 @@ from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
 from tests.integration.conftest import RABBITMQ_CLIENTS
 from tests.support.aio import Blocking
-from tests.support.e2e import FaultyBackend, Sandbox, broker_address, require_rabbitmq, through
+from tests.support.e2e import FaultyBackend, broker_address, require_rabbitmq, through
 from tests.support.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.rabbitmq

@@ -27,8 +27,8 @@ from docoutbox.errors import (
 from docoutbox.receive import Action
 from docoutbox.retry import RetryPolicy
 from docoutbox_rabbitmq import RabbitConsumer, aio
-from docoutbox_rabbitmq.errors import translate, translated
 from docoutbox_rabbitmq.amqp import masked
+from docoutbox_rabbitmq.errors import translate, translated
 from tests.support.e2e import FaultyBackend
 
 

@@ -9,7 +9,11 @@ the threaded and asyncio drivers do, one operation per simulation step:
   runs of several aggregates interleave with each other and with the control loop (at
   most ``concurrency`` batches of at most ``run_batch`` runs at once, both chosen per
   incarnation); a batch's :class:`~docoutbox.dispatch.engine.loop.TrimRound` is performed as
-  one write per trim, each a step;
+  one write per trim, each a step; a :class:`~docoutbox.dispatch.engine.loop.PublishRound`
+  as one publish per entry, each a step, and the outcomes reach the engine only after
+  the last: every entry of the round is sent before any confirm is seen (a pipelining
+  publisher), so a crash or a fault can fall between the publishes of a round, or
+  between their confirms and the trims;
 - a task's :class:`~docoutbox.store.core.Sleep` parks only that task;
 - an error the world injects is thrown into the task at its ``yield``, so the engine
   decides what it means.
@@ -28,7 +32,13 @@ from typing import Any
 
 from docoutbox.dispatch.drivers.operations import batches
 from docoutbox.dispatch.drivers.ownership import SoleOwner
-from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, TrimRound
+from docoutbox.dispatch.engine.flow import Publish
+from docoutbox.dispatch.engine.loop import (
+    DispatchEngine,
+    DispatcherConfig,
+    PublishRound,
+    TrimRound,
+)
 from docoutbox.dispatch.engine.metrics import NullMetrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.errors import StoreError
@@ -136,6 +146,18 @@ def _advance(env: Env, task: Task, now: Any) -> Generator[Any, Any, None]:
         task.wake_at = now() + op.seconds
         task.op = None
         _send(task, None, None)
+        return
+    if isinstance(op, PublishRound):
+        env.stats[f"dispatch.round.{min(len(op.entries), 3)}"] += 1
+        published: list[Exception | None] = []
+        for entry in op.entries:
+            try:
+                yield Publish(entry)
+            except Exception as exc:
+                published.append(exc)
+            else:
+                published.append(None)
+        _send(task, published, None)
         return
     if isinstance(op, TrimRound):
         outcomes: list[Any] = []

@@ -17,19 +17,27 @@
 - ``attempts-off``: the dispatcher quarantines after ``max_attempts + 1`` failed
   publishes instead of ``max_attempts``;
 - ``trim-version``: a trim bumps the document's ``version`` (memory store), so it can
-  fail a concurrent commit.
+  fail a concurrent commit;
+- ``run-ahead``: a publish round carries, behind each aggregate's entry, that
+  aggregate's next two pending entries (confirms of one aggregate's run in flight
+  together); a refused entry is then followed by accepted later ones;
+- ``round-misattributed``: the outcomes of a publish round reach the runs in reverse
+  order, so a run may take another aggregate's confirm for its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import replace
 from typing import Any
 from unittest import mock
 
 from docoutbox.dispatch.engine import checkpoint as tracking
 from docoutbox.dispatch.engine import flow as dispatch
+from docoutbox.dispatch.engine import loop
+from docoutbox.errors import InvalidInput
+from docoutbox.model import OutboxMessage
 from docoutbox.store import batch
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
@@ -161,6 +169,72 @@ def trim_version() -> Iterator[None]:
         yield
 
 
+Publishes = list[tuple[Any, OutboxMessage]]
+
+
+@contextmanager
+def run_ahead() -> Iterator[None]:
+    pending: dict[Any, list[Any]] = {}
+    dispatch_document = loop.dispatch_document
+
+    def remembering(doc: Document, policy: Any, rng: Any) -> Generator[Any, Any, Any]:
+        pending[doc["_id"]] = dispatch.pending_entries(doc)
+        return dispatch_document(doc, policy, rng)
+
+    def later(entry: OutboxMessage) -> list[OutboxMessage]:
+        found: list[OutboxMessage] = []
+        for raw in pending.get(entry.aggregate_id, ()):
+            try:
+                other = OutboxMessage.parse(raw)
+            except InvalidInput:
+                continue
+            if other.seq > entry.seq and len(found) < 2:
+                found.append(other)
+        return found
+
+    def ahead(self: Any, publishes: Publishes) -> Generator[Any, Any, None]:
+        sent: list[OutboxMessage] = []
+        mine: list[int] = []
+        for _, entry in publishes:
+            mine.append(len(sent))
+            sent.extend([entry, *later(entry)])
+        try:
+            outcomes = yield loop.PublishRound(tuple(sent))
+        except Exception as exc:
+            outcomes = [exc] * len(sent)
+        for (run, _), index in zip(publishes, mine, strict=True):
+            outcome = outcomes[index]
+            if outcome is None:
+                run.reply(None)
+            else:
+                run.fail(outcome)
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(loop, "dispatch_document", remembering))
+        stack.enter_context(mock.patch.object(loop.DispatchEngine, "_publish_round", ahead))
+        yield
+
+
+@contextmanager
+def round_misattributed() -> Iterator[None]:
+    publish_round = loop.DispatchEngine._publish_round
+
+    def reversed_outcomes(self: Any, publishes: Publishes) -> Generator[Any, Any, None]:
+        flow = publish_round(self, publishes)
+        op = next(flow)
+        try:
+            outcomes = yield op
+        except Exception as exc:
+            with suppress(StopIteration):
+                flow.throw(exc)
+            return
+        with suppress(StopIteration):
+            flow.send(list(reversed(outcomes)))
+
+    with mock.patch.object(loop.DispatchEngine, "_publish_round", reversed_outcomes):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -173,6 +247,8 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "trim-first": trim_first,
     "attempts-off": attempts_off,
     "trim-version": trim_version,
+    "run-ahead": run_ahead,
+    "round-misattributed": round_misattributed,
 }
 
 

@@ -38,6 +38,8 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("trim-first", "trimmed"),  # trimmed entries stay pending, to be published again
         ("attempts-off", "attempts"),  # stuck entries fail once more before quarantine
         ("trim-version", "trim-version"),  # a trim could fail a concurrent commit
+        ("run-ahead", "order"),  # an entry refused mid-run, a later one accepted first
+        ("round-misattributed", "published"),  # a refused entry taken for confirmed
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

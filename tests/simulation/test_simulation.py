@@ -79,6 +79,7 @@ MUST_HAPPEN = [
     "crash.Write.CommitPlan",  # the handler ran, the commit did not happen
     "crash.Ack",  # committed, not acknowledged: redelivered
     "crash.Publish",
+    "dispatch.round.3",  # three or more aggregates' entries in flight at once
     "crash.Write.TrimPlan",  # published, not trimmed
     "crash.SaveCheckpoint",
     "write.CommitPlan.refused",  # a concurrent writer won

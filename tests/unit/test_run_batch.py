@@ -1,5 +1,6 @@
-"""Runs in lockstep: a worker publishes several aggregates' entries, then trims them all in
-one round; one run's failure neither stops nor fails the others."""
+"""Runs in lockstep: a worker publishes several aggregates' entries in rounds (one entry per
+aggregate, confirms in flight together), then trims them all in one round; one run's
+failure neither stops nor fails the others."""
 
 from __future__ import annotations
 
@@ -12,11 +13,16 @@ import pytest
 
 from docoutbox.dispatch.drivers.operations import GroupWriter, batches
 from docoutbox.dispatch.drivers.ownership import SoleOwner
-from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish
-from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, TrimRound
+from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PublishRound, TrimRound
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
-from docoutbox.errors import InvalidConfig, TransientStoreError
+from docoutbox.errors import (
+    BrokerUnavailable,
+    InvalidConfig,
+    PublishError,
+    TransientStoreError,
+)
 from docoutbox.store.core import Write
 from docoutbox.store.plans import WritePlan, plan_trim
 
@@ -79,11 +85,14 @@ class Recorder:
         self.trim_error = trim_error
 
     def __call__(self, op: Any) -> Any:
-        if isinstance(op, Publish):
-            self.ops.append(f"publish {op.entry.id}")
-            if op.entry.aggregate_id == self.fail_publish:
-                raise RuntimeError("a bug in the publisher")
-            return None
+        if isinstance(op, PublishRound):
+            self.ops.append(f"publish {' '.join(e.id for e in op.entries)}")
+            return [
+                RuntimeError("a bug in the publisher")
+                if e.aggregate_id == self.fail_publish
+                else None
+                for e in op.entries
+            ]
         if isinstance(op, TrimRound):
             ids = [plan.aggregate_id for plan in op.plans]
             self.ops.append(f"trim {ids}")
@@ -92,18 +101,15 @@ class Recorder:
         raise AssertionError(f"unexpected {op!r}")
 
 
-def test_runs_publish_in_turn_then_trim_together() -> None:
+def test_runs_publish_in_rounds_of_one_entry_each_then_trim_together() -> None:
     engine = engine_with(doc("a", 2), doc("b", 1), doc("c", 3))
     slots = engine.start_runs()
     perform = Recorder()
     outcomes = drive(engine.run_batch(slots), perform)
     assert outcomes == [RunOutcome.DONE] * 3
     assert perform.ops == [
-        "publish a-1",
-        "publish a-2",
-        "publish b-1",
-        "publish c-1",
-        "publish c-2",
+        "publish a-1 b-1 c-1",
+        "publish a-2 c-2",
         "publish c-3",
         "trim ['a', 'b', 'c']",
     ]
@@ -154,7 +160,7 @@ def test_an_abandoned_batch_leaves_every_partition_it_entered() -> None:
         if isinstance(op, TrimRound):
             assert owner.inside == 2
             raise Abandoned
-        return None
+        return [None] * len(op.entries) if isinstance(op, PublishRound) else None
 
     with pytest.raises(Abandoned):
         drive(engine.run_batch(engine.start_runs()), crash_at_the_trims)
@@ -169,6 +175,8 @@ def test_a_batch_of_one_run_yields_the_same_operations_as_the_run() -> None:
             seen.append(type(op).__name__)
             if isinstance(op, TrimRound):
                 return [True] * len(op.plans)
+            if isinstance(op, PublishRound):
+                return [None] * len(op.entries)
             return True if isinstance(op, Write) else None
 
         drive(flow, perform)
@@ -177,7 +185,11 @@ def test_a_batch_of_one_run_yields_the_same_operations_as_the_run() -> None:
     one, other = engine_with(doc("a", 2)), engine_with(doc("a", 2))
     [slot] = one.start_runs()
     assert kinds(one.run(slot)) == ["Publish", "Publish", "Write"]
-    assert kinds(other.run_batch(other.start_runs())) == ["Publish", "Publish", "TrimRound"]
+    assert kinds(other.run_batch(other.start_runs())) == [
+        "PublishRound",
+        "PublishRound",
+        "TrimRound",
+    ]
 
 
 def test_batches_spread_few_runs_one_per_worker_and_many_over_all_workers() -> None:
@@ -239,7 +251,42 @@ def test_a_trim_round_that_fails_as_a_whole_retries_each_of_its_runs() -> None:
     def broken_round(op: Any) -> Any:
         if isinstance(op, TrimRound):
             raise TransientStoreError("the connection dropped")
-        return None
+        return [None] * len(op.entries) if isinstance(op, PublishRound) else None
 
     outcomes = drive(engine.run_batch(engine.start_runs()), broken_round)
     assert outcomes == [RunOutcome.RETRY, RunOutcome.RETRY]
+
+
+def test_a_refused_entry_is_retried_before_its_aggregates_next_one_goes_out() -> None:
+    """I4 with confirms in flight: a nack concerns its own run only, and the aggregate's
+    next entry is sent only once the refused one is confirmed."""
+    engine = engine_with(doc("a", 2), doc("b", 2))
+    refused = {"a-1"}
+    rounds: list[list[str]] = []
+
+    def perform(op: Any) -> Any:
+        if isinstance(op, PublishRound):
+            rounds.append([e.id for e in op.entries])
+            outcomes: list[Exception | None] = []
+            for e in op.entries:
+                outcomes.append(PublishError("nacked") if e.id in refused else None)
+                refused.discard(e.id)
+            return outcomes
+        if isinstance(op, TrimRound):
+            return [True] * len(op.plans)
+        return True if isinstance(op, Write) else None  # the failure record; sleeps: None
+
+    assert drive(engine.run_batch(engine.start_runs()), perform) == [RunOutcome.DONE] * 2
+    assert rounds == [["a-1", "b-1"], ["a-1", "b-2"], ["a-2"]]
+
+
+def test_a_round_that_fails_as_a_whole_fails_each_of_its_entries() -> None:
+    engine = engine_with(doc("a"), doc("b"))
+
+    def broken(op: Any) -> Any:
+        if isinstance(op, PublishRound):
+            raise BrokerUnavailable("connection lost")
+        return [True] * len(op.plans) if isinstance(op, TrimRound) else None
+
+    outcomes = drive(engine.run_batch(engine.start_runs()), broken)
+    assert outcomes == [RunOutcome.UNAVAILABLE, RunOutcome.UNAVAILABLE]

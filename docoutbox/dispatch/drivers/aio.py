@@ -34,7 +34,7 @@ from docoutbox.dispatch.drivers.operations import (
 )
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish
-from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound
+from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, PublishRound, TrimRound
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive_async
@@ -210,7 +210,7 @@ class AsyncDispatcher:
             if self._stop.is_set():
                 raise Abandoned
             return None
-        if isinstance(op, Publish | Write | TrimRound) and self._crashed:
+        if isinstance(op, Publish | PublishRound | Write | TrimRound) and self._crashed:
             raise Abandoned
         if isinstance(op, TrimRound):
             return await self.trims.write_all(op.plans)

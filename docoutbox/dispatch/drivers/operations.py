@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -29,22 +29,26 @@ from docoutbox.dispatch.engine.loop import (
     LoadCheckpoint,
     OpenStream,
     PollChanges,
+    PublishRound,
     SaveCheckpoint,
     StartMarker,
 )
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunSlot
-from docoutbox.errors import InvalidConfig, StoreError
+from docoutbox.errors import BrokerUnavailable, InvalidConfig, PublishError, StoreError
+from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import (
     AsyncChangeSource,
     AsyncCheckpoints,
     AsyncDeadLetters,
+    AsyncPipelinedPublisher,
     AsyncPublisher,
     ChangeSource,
     Checkpoints,
     DeadLetters,
     LanedSource,
     Ownership,
+    PipelinedPublisher,
     Publisher,
 )
 from docoutbox.ports.store import (
@@ -96,14 +100,19 @@ class Ports:
     dead_letters: DeadLetters
     source: ChangeSource | None = None
     checkpoints: Checkpoints | None = None
+    #: Whether the publisher keeps several entries in flight (checked once, here).
+    pipelined: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         check_ports(self)
+        self.pipelined = isinstance(self.publisher, PipelinedPublisher)
 
     def perform(self, op: EngineOp) -> Any:
         """Carry out ``op`` (a :class:`Sleep` is the driver's: it is not handled here)."""
         if isinstance(op, Publish):
             return self.publisher.publish(op.entry)
+        if isinstance(op, PublishRound):
+            return self.publish_round(op.entries)
         if isinstance(op, Write):
             return self.backend.write(op.plan)
         if isinstance(op, Load):
@@ -130,6 +139,45 @@ class Ports:
             return self.checkpoints.save(op.name, op.position)
         raise TypeError(f"not a dispatch operation: {op!r}")
 
+    def publish_round(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """One outcome per entry: with confirms in flight where the publisher pipelines,
+        else one publish after another (after the broker is found unreachable, the rest
+        are not tried: each is reported unavailable and stays pending)."""
+        if self.pipelined:
+            assert isinstance(self.publisher, PipelinedPublisher)
+            return checked_outcomes(self.publisher.publish_many(entries), len(entries))
+        outcomes: list[Exception | None] = []
+        for entry in entries:
+            if outcomes and isinstance(outcomes[-1], BrokerUnavailable):
+                outcomes.append(not_tried(outcomes[-1]))
+                continue
+            try:
+                self.publisher.publish(entry)
+            except Exception as exc:  # noqa: BLE001 - this entry's outcome, handed to its run
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        return outcomes
+
+
+def not_tried(cause: BrokerUnavailable) -> BrokerUnavailable:
+    return BrokerUnavailable(f"not sent, the broker is unavailable: {cause}")
+
+
+def checked_outcomes(outcomes: object, count: int) -> list[Exception | None]:
+    """A ``publish_many`` reply, if it is one outcome (None or an exception) per entry;
+    else :class:`PublishError` (whether anything was sent is unknown: it is sent again)."""
+    if (
+        isinstance(outcomes, list)
+        and len(outcomes) == count
+        and all(o is None or isinstance(o, Exception) for o in outcomes)
+    ):
+        return outcomes
+    raise PublishError(
+        f"publish_many must return one outcome (None or an exception) per entry, for "
+        f"{count} entries: got {outcomes!r:.200}"
+    )
+
 
 @dataclass
 class AsyncPorts:
@@ -138,14 +186,19 @@ class AsyncPorts:
     dead_letters: AsyncDeadLetters
     source: AsyncChangeSource | None = None
     checkpoints: AsyncCheckpoints | None = None
+    #: Whether the publisher keeps several entries in flight (checked once, here).
+    pipelined: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         check_ports(self)
+        self.pipelined = isinstance(self.publisher, AsyncPipelinedPublisher)
 
     async def perform(self, op: EngineOp) -> Any:
         """The async twin of :meth:`Ports.perform`."""
         if isinstance(op, Publish):
             return await self.publisher.publish(op.entry)
+        if isinstance(op, PublishRound):
+            return await self.publish_round(op.entries)
         if isinstance(op, Write):
             return await self.backend.write(op.plan)
         if isinstance(op, Load):
@@ -171,6 +224,22 @@ class AsyncPorts:
                 return await self.checkpoints.load(op.name)
             return await self.checkpoints.save(op.name, op.position)
         raise TypeError(f"not a dispatch operation: {op!r}")
+
+    async def publish_round(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """The async twin of :meth:`Ports.publish_round`: a publisher that cannot pipeline
+        gets the entries as concurrent ``publish`` calls (of different aggregates, as the
+        driver's tasks already make them)."""
+        if self.pipelined:
+            assert isinstance(self.publisher, AsyncPipelinedPublisher)
+            return checked_outcomes(await self.publisher.publish_many(entries), len(entries))
+        return list(await asyncio.gather(*(self._publish_one(entry) for entry in entries)))
+
+    async def _publish_one(self, entry: OutboxMessage) -> Exception | None:
+        try:
+            await self.publisher.publish(entry)
+        except Exception as exc:  # noqa: BLE001 - this entry's outcome, handed to its run
+            return exc
+        return None
 
 
 class _Queued:

@@ -20,7 +20,13 @@ from typing import Any
 from docoutbox.dispatch.drivers.operations import GroupWriter, Ports, batches, wall_clock_engine
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish
-from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, TrimRound, event_target
+from docoutbox.dispatch.engine.loop import (
+    DispatcherConfig,
+    EngineOp,
+    PublishRound,
+    TrimRound,
+    event_target,
+)
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
@@ -148,7 +154,7 @@ class Dispatcher:
             if self._stop.wait(op.seconds):
                 raise Abandoned
             return None
-        if isinstance(op, Publish | Write | TrimRound) and self._crashed.is_set():
+        if isinstance(op, Publish | PublishRound | Write | TrimRound) and self._crashed.is_set():
             raise Abandoned
         if isinstance(op, TrimRound):
             return self.trims.write_all(op.plans)

@@ -16,6 +16,9 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
   this instance trimmed since are left out) or load it, then publish its pending
   entries in ``seq`` order with :func:`~docoutbox.dispatch.engine.flow.dispatch_document` (I4),
   trimming what was published, as long as its partition is held.
+- :meth:`DispatchEngine.run_batch`, the runs a worker is handed, in lockstep: their
+  publishes go out in rounds (:class:`PublishRound`, one entry per aggregate, confirms
+  in flight together), their trims in one :class:`TrimRound`.
 
 Which runs may begin is the :class:`~docoutbox.dispatch.engine.scheduler.AggregateQueue`'s call
 (:meth:`DispatchEngine.start_runs`); the driver runs them, concurrently or not, and
@@ -179,9 +182,19 @@ class TrimRound:
     plans: tuple[TrimPlan, ...]
 
 
+@dataclass(frozen=True)
+class PublishRound:
+    """Publish these entries, each of a different aggregate, with their confirmations in
+    flight together (:class:`~docoutbox.ports.dispatch.PipelinedPublisher`; one at a time
+    with a publisher that cannot). The reply has one outcome per entry, in order: None
+    once the broker confirmed it, or the exception that failed it."""
+
+    entries: tuple[OutboxMessage, ...]
+
+
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
-BatchOp = RunOp | TrimRound
+BatchOp = Load | Quarantine | Write | Sleep | PublishRound | TrimRound
 EngineOp = StreamOp | BatchOp | FindPending
 
 
@@ -261,7 +274,7 @@ def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
 class _Lockstep:
     """One run of :meth:`DispatchEngine.run_batch`: its flow, and what to send it next."""
 
-    __slots__ = ("error", "flow", "outcome", "slot", "value")
+    __slots__ = ("error", "flow", "outcome", "slot", "trim", "value")
 
     def __init__(self, slot: RunSlot, flow: Generator[RunOp, Any, RunOutcome]) -> None:
         self.slot = slot
@@ -269,6 +282,8 @@ class _Lockstep:
         self.outcome: RunOutcome | None = None
         self.value: Any = None
         self.error: Exception | None = None
+        #: The trim this run waits at, until the batch's next trim round.
+        self.trim: TrimPlan | None = None
 
     def reply(self, value: Any) -> None:
         self.value, self.error = value, None
@@ -699,31 +714,54 @@ class DispatchEngine:
     def run_batch(self, slots: Sequence[RunSlot]) -> Generator[BatchOp, Any, list[RunOutcome]]:
         """The runs of ``slots`` in lockstep, each slot's outcome in order.
 
-        Each run goes as far as its next trim (its loads, publishes and quarantines are
-        performed as they come, one run after another); then the trims of all of them go
-        out in one :class:`TrimRound`, and so on until every run is over. A run that fails
+        Each run goes as far as its next publish or trim; its loads, quarantines, failure
+        records and sleeps are performed as they come, one run after another. The entries
+        the runs wait to publish then go out together in one :class:`PublishRound`, with
+        their confirmations in flight, and each run learns its own entry's outcome and
+        goes on. Once every run waits at a trim (or is over), their trims go out in one
+        :class:`TrimRound`, and so on until every run is over. A run that fails
         unexpectedly is retried later and does not stop the others.
+
+        Rule (I4 with confirms in flight): a round holds at most one entry of an
+        aggregate, and the aggregate's next entry goes out in a later round, once this
+        one's outcome is known. A nack, a return or a failed record therefore concerns
+        its own run only, which retries the entry (or quarantines it, or holds the rest
+        while the broker is down) before any later entry of that aggregate is sent: first
+        deliveries stay in ``seq`` order whatever the broker does with the messages that
+        follow a refused one. Sending an aggregate's later entries ahead would not keep
+        that: RabbitMQ may refuse one message (a full queue with ``reject-publish``) and
+        accept the next, which consumers would then see first. A crash between publish
+        and confirm, or between confirm and trim, leaves the entries pending: they are
+        published again (at least once, I1).
         """
         runs = [_Lockstep(slot, self.run(slot)) for slot in slots]
         try:
             while True:
-                trims: list[tuple[_Lockstep, TrimPlan]] = []
+                publishes: list[tuple[_Lockstep, OutboxMessage]] = []
                 for run in runs:
-                    while (op := run.step()) is not None:
+                    while run.trim is None and (op := run.step()) is not None:
+                        if isinstance(op, Publish):
+                            publishes.append((run, op.entry))
+                            break
                         if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
-                            trims.append((run, op.plan))
+                            run.trim = op.plan
                             break
                         try:
                             run.reply((yield op))
                         except Exception as exc:  # noqa: BLE001 - thrown into the run
                             run.fail(exc)
+                if publishes:
+                    yield from self._publish_round(publishes)
+                    continue
+                trims = [run for run in runs if run.trim is not None]
                 if not trims:
                     return [run.over() for run in runs]
                 try:
-                    results = yield TrimRound(tuple(plan for _, plan in trims))
+                    results = yield TrimRound(tuple(run.trim for run in trims if run.trim))
                 except Exception as exc:  # noqa: BLE001 - the round failed as a whole
                     results = [exc] * len(trims)
-                for (run, _), result in zip(trims, results, strict=True):
+                for run, result in zip(trims, results, strict=True):
+                    run.trim = None
                     if isinstance(result, Exception):
                         run.fail(result)
                     else:
@@ -731,6 +769,21 @@ class DispatchEngine:
         finally:
             for run in runs:
                 run.flow.close()
+
+    def _publish_round(
+        self, publishes: list[tuple[_Lockstep, OutboxMessage]]
+    ) -> Generator[BatchOp, Any, None]:
+        """One :class:`PublishRound`; each run gets its own entry's outcome."""
+        entries = tuple(entry for _, entry in publishes)
+        try:
+            outcomes: list[Exception | None] = yield PublishRound(entries)
+        except Exception as exc:  # noqa: BLE001 - the round failed as a whole
+            outcomes = [exc] * len(publishes)
+        for (run, _), outcome in zip(publishes, outcomes, strict=True):
+            if outcome is None:
+                run.reply(None)
+            else:
+                run.fail(outcome)
 
     def _unpublished(self, doc: Document | None) -> Document | None:
         """``doc`` (a copy that came with an event or a sweep page) without the entries
