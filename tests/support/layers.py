@@ -12,8 +12,8 @@ Rings, inside out; a module imports its own ring and those inside it, never outw
    another adapter (except :data:`ADAPTER_ALLOWLIST`);
 2. the application ring, ``docoutbox_app``;
 3. ``benchmarks`` and ``examples``;
-4. ``tests``, and the examples' own test modules (``examples/**/test_*.py`` and
-   ``examples/conftest.py``, collected by pytest like ``tests/``).
+4. ``tests`` (the examples' tests included, in ``tests/examples/``): nothing outside it
+   imports ``tests``.
 
 Inside the core, layers bottom up: the base modules (model, errors, handlers, retry, codec,
 drive), then ``store`` and ``ports``, then ``dispatch`` (its ``engine``, then ``drivers``,
@@ -196,10 +196,7 @@ def edges(modules: Mapping[str, Path]) -> set[Edge]:
 
 
 def ring(module: str) -> int:
-    parts = module.split(".")
-    if parts[0] == "examples" and (parts[-1] == "conftest" or parts[-1].startswith("test_")):
-        return TESTS
-    return RINGS[parts[0]]
+    return RINGS[module.split(".")[0]]
 
 
 def core_layer(module: str) -> tuple[int, int]:

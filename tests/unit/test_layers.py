@@ -178,8 +178,12 @@ def test_the_checker_reads_a_tree_of_its_own(tmp_path: Path) -> None:
     ]
 
 
-def test_example_test_modules_belong_to_the_tests_ring() -> None:
-    assert layers.ring("examples.bank.test_app") == layers.TESTS
-    assert layers.ring("examples.conftest") == layers.TESTS
-    assert layers.ring("examples.bank.app") == layers.OUTER
-    assert layers.ring("benchmarks.test_like") == layers.OUTER
+def test_an_example_importing_the_tests_fails(modules: dict[str, Path], edges: set[Edge]) -> None:
+    """The examples' tests live in ``tests/examples``: an example module, test-like name or
+    not, is in the outer ring and may not import ``tests``."""
+    assert layers.ring("examples.bank.test_app") == layers.OUTER
+    assert layers.ring("tests.examples.test_bank") == layers.TESTS
+    source = "from tests.support.required import missing\n"
+    planted = layers.module_edges("examples.bank.test_app", source, modules, package=False)
+    wrong = layers.outward(planted)
+    assert wrong and all("examples.bank.test_app -> tests.support.required" in w for w in wrong)

@@ -1,0 +1,1 @@
+"""The tests of the runnable examples in ``examples/``, one module per example."""
