@@ -13,7 +13,15 @@ from pathlib import Path
 import docoutbox
 
 ROOT = Path(docoutbox.__file__).parent
-LAYERS = {"store": 1, "ports": 1, "dispatch": 2, "receive": 3, "testing": 3, "observability": 3, "cli": 4}
+LAYERS = {
+    "store": 1,
+    "ports": 1,
+    "dispatch": 2,
+    "receive": 3,
+    "testing": 3,
+    "observability": 3,
+    "cli": 4,
+}
 
 
 def _module_name(path: Path) -> str:
