@@ -26,6 +26,7 @@ from docoutbox_cosmos.coordination import (
     AsyncCosmosDeadLetters,
 )
 from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.existence import require_container_async
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 
 
@@ -119,10 +120,9 @@ async def connect_dispatch_async(
     lease_client: Any = None
     try:
         lease_client = open_client(endpoint, key, **options)
-        with translated():
-            db = client.get_database_client(database)
-            coll = db.get_container_client(container)
-            await coll.read()
+        db = client.get_database_client(database)
+        coll = db.get_container_client(container)
+        await require_container_async(coll)
         backend = AsyncCosmosBackend(
             coll, partition_key_path=partition_key_path, on_charge=on_charge
         )

@@ -13,6 +13,7 @@ from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
 from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.existence import require_container
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
 
 
@@ -133,10 +134,9 @@ def connect_dispatch(
     """
     client = open_client(endpoint, key, **{**base_options(timeout), **(client_options or {})})
     try:
-        with translated():
-            db = client.get_database_client(database)
-            coll = db.get_container_client(container)
-            coll.read()
+        db = client.get_database_client(database)
+        coll = db.get_container_client(container)
+        require_container(coll)
         backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
         lease_table = CosmosFeedRangeLeases(
             coordination_container(db, leases), coll, group or container, codec=backend.codec
