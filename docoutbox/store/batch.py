@@ -189,6 +189,7 @@ class BatchCore(Generic[S]):
         doc, known = (cached[0], cached[1]) if cached is not None else (None, None)
         fresh = doc is None
         attempt = commits = writes = loads = version = 0
+        started = config.timer()
         while todo:
             if fresh:
                 known = None
@@ -197,8 +198,9 @@ class BatchCore(Generic[S]):
                     doc = yield Load(aggregate_id)
                 except TransientStoreError as exc:
                     attempt += 1
-                    if attempt >= retry.max_attempts:
-                        self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                    late = self.core.transient(exc, started)
+                    if attempt >= retry.max_attempts or late is not None:
+                        self._fail(aggregate_id, items, todo, results, late or exc, seen, version)
                         break
                     yield Sleep(retry.delay(attempt, config.rng))
                     continue
@@ -238,8 +240,9 @@ class BatchCore(Generic[S]):
                 applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
             except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
-                if attempt >= retry.max_attempts:
-                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                late = self.core.transient(exc, started)
+                if attempt >= retry.max_attempts or late is not None:
+                    self._fail(aggregate_id, items, todo, results, late or exc, seen, version)
                     break
                 applied = False
             except DocOutboxError as exc:

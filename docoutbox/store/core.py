@@ -8,8 +8,10 @@ into the flow at the ``yield``.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field, replace
@@ -69,6 +71,8 @@ from docoutbox.store.plans import (
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
 
+log = logging.getLogger("docoutbox.store")
+
 
 @dataclass(frozen=True)
 class Load:
@@ -119,6 +123,8 @@ class StoreConfig:
     rng: random.Random = field(default_factory=random.Random)
     #: Tracing and metrics hooks (:mod:`docoutbox.store.observe`); None: none.
     observer: StoreObserver | None = None
+    #: Seconds on a monotonic clock, which ``retry.deadline`` is measured with.
+    timer: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         if not isinstance(self.inbox, InboxPolicy):
@@ -137,6 +143,8 @@ class StoreConfig:
         check_int("StoreConfig.cache_size", self.cache_size, 0, 10_000_000)
         if not callable(self.clock):
             raise InvalidConfig(f"StoreConfig.clock must be callable, got {self.clock!r}")
+        if not callable(self.timer):
+            raise InvalidConfig(f"StoreConfig.timer must be callable, got {self.timer!r}")
         if not isinstance(self.rng, random.Random):
             raise InvalidConfig(
                 f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
@@ -247,6 +255,29 @@ class Core(Generic[S]):
         self.cache = DocumentCache(config.cache_size)
         self._size_of = size_of
         self._limit = limit
+        self._warned = False
+
+    def transient(self, error: TransientStoreError, started: float) -> TransientStoreError | None:
+        """The error to raise instead of retrying ``error`` (None: retry it) for a call that
+        began at ``started`` (``config.timer``): one naming the deadline, once
+        ``retry.deadline`` has passed. The first retried error of the store is logged, once,
+        as a warning naming the bound."""
+        retry = self.config.retry
+        elapsed = self.config.timer() - started
+        if retry.out_of_time(elapsed):
+            return TransientStoreError(
+                f"{self.aggregate_type} store: gave up after {elapsed:.1f} s of transient errors "
+                f"(RetryPolicy.deadline={retry.deadline:g} s): {error}"
+            )
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s store: %s; retrying for up to %s (RetryPolicy.deadline)",
+                self.aggregate_type,
+                error,
+                "ever" if retry.deadline is None else f"{retry.deadline:g} s",
+            )
+        return None
 
     def handle(
         self,
@@ -264,15 +295,18 @@ class Core(Generic[S]):
         doc, known, state = cached if cached is not None else (None, None, None)
         fresh = doc is None
         attempt = 0
+        started = self.config.timer()
         while True:
             if fresh:
                 known = state = None
                 try:
                     doc = yield Load(aggregate_id)
-                except TransientStoreError:
+                except TransientStoreError as exc:
                     attempt += 1
                     if attempt >= retry.max_attempts:
                         raise
+                    if (late := self.transient(exc, started)) is not None:
+                        raise late from exc
                     self._observed_retry("transient")
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
@@ -299,10 +333,12 @@ class Core(Generic[S]):
             attempt += 1
             try:
                 applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
-            except TransientStoreError:
+            except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
                 if attempt >= retry.max_attempts:
                     raise
+                if (late := self.transient(exc, started)) is not None:
+                    raise late from exc
                 applied = False
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)

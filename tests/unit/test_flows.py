@@ -11,6 +11,7 @@ from docoutbox import (
     AggregateStore,
     DocumentTooLarge,
     InboxPolicy,
+    InvalidConfig,
     Message,
     RetryPolicy,
     Status,
@@ -32,6 +33,7 @@ class Scripted(MemoryBackend):
         self.fail_loads = 0
         self.fail_writes_after_applying = 0
         self.reject_writes = 0
+        self.fail_writes = 0
 
     def load(self, aggregate_id: Any) -> Any:
         self.loads += 1
@@ -42,6 +44,9 @@ class Scripted(MemoryBackend):
 
     def write(self, plan: WritePlan) -> bool:
         self.writes += 1
+        if self.fail_writes:
+            self.fail_writes -= 1
+            raise TransientStoreError("no reply, nothing written")
         if self.reject_writes and isinstance(plan, CommitPlan):
             self.reject_writes -= 1
             return False
@@ -97,6 +102,88 @@ def test_transient_load_errors_are_retried_then_raised() -> None:
     backend.fail_loads = 3
     with pytest.raises(TransientStoreError):
         store.handle("c", add_msg("m2"), counter_handlers)
+
+
+class Ticking:
+    """A monotonic clock that moves ``step`` seconds at every reading."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_transient_errors_are_retried_until_the_deadline_then_raised_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unreachable database: each attempt fails after a while; the call stops retrying
+    once ``RetryPolicy.deadline`` has passed, long before ``max_attempts``, and the store
+    warns once, naming the bound."""
+    backend = Scripted()
+    clock = Ticking(step=8.0)  # each attempt "takes" 8 s
+    retry = RetryPolicy(max_attempts=100, base_delay=0.001, deadline=30.0)
+    store = AggregateStore(
+        backend, Counter, StoreConfig(retry=retry, cache_size=0, timer=clock), sleep=lambda s: None
+    )
+    store.create("c", Counter())
+    backend.fail_loads = 1000
+    with caplog.at_level("WARNING", logger="docoutbox.store"):
+        with pytest.raises(TransientStoreError, match=r"RetryPolicy.deadline=30 s"):
+            store.handle("c", add_msg("m1"), counter_handlers)
+        assert backend.loads == 4  # 8, 16, 24 s retried; 32 s is past the deadline
+        with pytest.raises(TransientStoreError):
+            store.handle("c", add_msg("m1"), counter_handlers)
+    warnings = [r for r in caplog.records if r.name == "docoutbox.store"]
+    assert len(warnings) == 1 and "RetryPolicy.deadline" in warnings[0].getMessage()
+    assert "30 s" in warnings[0].getMessage()
+
+
+def test_lost_write_replies_are_bounded_by_the_deadline_too() -> None:
+    backend = Scripted()
+    retry = RetryPolicy(max_attempts=100, base_delay=0.001, deadline=30.0)
+    config = StoreConfig(retry=retry, timer=Ticking(step=8.0))
+    store = AggregateStore(backend, Counter, config, sleep=lambda s: None)
+    store.create("c", Counter())
+    backend.fail_writes = 1000
+    with pytest.raises(TransientStoreError, match="deadline"):
+        store.handle("c", add_msg("m1"), counter_handlers)
+    assert backend.writes == 1 + 4  # the create, then writes at 8, 16, 24 and 32 s
+
+
+def test_a_batch_fails_its_messages_at_the_deadline() -> None:
+    backend = Scripted()
+    retry = RetryPolicy(max_attempts=100, base_delay=0.001, deadline=30.0)
+    config = StoreConfig(retry=retry, cache_size=0, timer=Ticking(step=8.0))
+    store = AggregateStore(backend, Counter, config, sleep=lambda s: None)
+    store.create("c", Counter())
+    backend.fail_loads = 1000
+    outcome = store.handle_batch("c", [add_msg("m1"), add_msg("m2")], counter_handlers)
+    errors = [getattr(result, "error", None) for result in outcome.results]
+    assert all(isinstance(e, TransientStoreError) and "deadline" in str(e) for e in errors)
+    assert backend.loads == 4
+
+
+def test_without_a_deadline_only_max_attempts_bounds_transient_retries() -> None:
+    backend = Scripted()
+    retry = RetryPolicy(max_attempts=7, base_delay=0.001, deadline=None)
+    config = StoreConfig(retry=retry, cache_size=0, timer=Ticking(step=1000.0))
+    store = AggregateStore(backend, Counter, config, sleep=lambda s: None)
+    store.create("c", Counter())
+    backend.fail_loads = 1000
+    with pytest.raises(TransientStoreError):
+        store.handle("c", add_msg("m1"), counter_handlers)
+    assert backend.loads == 7
+
+
+@pytest.mark.parametrize("deadline", [0, -1.0, float("nan"), "30", True])
+def test_a_deadline_must_be_a_positive_number_of_seconds(deadline: Any) -> None:
+    with pytest.raises(InvalidConfig):
+        RetryPolicy(deadline=deadline)
+    with pytest.raises(InvalidConfig):
+        StoreConfig(timer=deadline)
 
 
 def test_gives_up_after_bounded_conflicts_and_writes_nothing() -> None:
