@@ -49,6 +49,7 @@ from docoutbox_app.cli.options import (
     SERVER_TIMEOUT_HELP,
     STORES,
     TIMEOUT,
+    Parser,
     adapter_missing,
     add_cosmos_options,
     connection_problem,
@@ -106,7 +107,7 @@ class StdoutPublisher:
 def _parser() -> argparse.ArgumentParser:
     from docoutbox import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="docoutbox",
         description="Exactly-once message processing on document databases.",
         formatter_class=Formatter,

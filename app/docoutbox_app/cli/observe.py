@@ -13,13 +13,13 @@ from typing import Any
 from docoutbox.dispatch.engine.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.observability.health import Endpoint, Health, Observed
-from docoutbox_app.cli.options import INTERVAL
+from docoutbox_app.cli.options import INTERVAL, PORT
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--metrics-port",
-        type=int,
+        type=PORT,
         help="serve /metrics (Prometheus; needs docoutbox[prometheus]), /healthz, /readyz "
         "and /health on this port (0: any free port)",
     )
