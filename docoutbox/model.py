@@ -37,6 +37,17 @@ MAX_NESTING = 90
 _PAYLOAD_FIELDS = frozenset({"payload", "headers"})
 
 
+#: Names starting with a vowel letter that sound like a consonant ("a User", "a Euro").
+_CONSONANT_SOUNDS = ("uni", "use", "usu", "uti", "eu", "one", "once")
+
+
+def with_article(name: str) -> str:
+    """``name`` after "a" or "an", for messages: "an Inventory", "a Counter", "a User"."""
+    lowered = name.lower()
+    vowel = lowered[:1] in ("a", "e", "i", "o", "u") and not lowered.startswith(_CONSONANT_SOUNDS)
+    return f"{'an' if vowel else 'a'} {name}"
+
+
 def is_utf8(text: str) -> bool:
     """True when ``text`` can be stored: it encodes as UTF-8 (no lone surrogates)."""
     if text.isascii():
@@ -249,7 +260,7 @@ class Message(_Strict):
             return model.model_validate(self.payload)
         except ValidationError as exc:
             raise InvalidPayload(
-                f"{self.type} {self.id}: payload is not a {model.__name__}: {exc}"
+                f"{self.type} {self.id}: payload is not {with_article(model.__name__)}: {exc}"
             ) from exc
 
 

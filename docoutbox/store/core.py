@@ -44,6 +44,7 @@ from docoutbox.model import (
     check_aggregate_id,
     is_utf8,
     storable_problem,
+    with_article,
 )
 from docoutbox.retry import MAX_COUNT, RetryPolicy, check_int
 from docoutbox.store.document import (
@@ -428,7 +429,9 @@ class Core(Generic[S]):
         """
         model = self.model
         if type(state) is not model:
-            raise invalid(f"state must be exactly a {model.__name__}, got {type(state).__name__}")
+            raise invalid(
+                f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
+            )
         extra = cast(BaseModel, state).__pydantic_extra__
         problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
         if problem is None and extra:

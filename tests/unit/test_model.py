@@ -16,7 +16,7 @@ from docoutbox import (
     OutboxMessage,
     emit,
 )
-from docoutbox.model import aggregate_type_of, check_aggregate_id
+from docoutbox.model import aggregate_type_of, check_aggregate_id, with_article
 
 
 @pytest.mark.parametrize("good", ["a", "x" * 255, 0, -5, 2**63 - 1])
@@ -109,3 +109,38 @@ def test_aggregate_type_names() -> None:
 
     assert aggregate_type_of(Plain) == "Plain"
     assert aggregate_type_of(Named) == "orders.Order"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Inventory", "an Inventory"),
+        ("Order", "an Order"),
+        ("Account", "an Account"),
+        ("Counter", "a Counter"),
+        ("User", "a User"),
+        ("Euro", "a Euro"),
+        ("Umbrella", "an Umbrella"),
+    ],
+)
+def test_messages_name_a_model_with_the_right_article(name: str, expected: str) -> None:
+    assert with_article(name) == expected
+
+
+def test_a_wrong_state_type_says_an_inventory() -> None:
+    from docoutbox import AggregateStore
+    from docoutbox.errors import InvalidPayload
+    from docoutbox.testing import MemoryBackend
+
+    class Inventory(BaseModel):
+        count: int = 0
+
+    class Other(BaseModel):
+        count: int = 0
+
+    store = AggregateStore(MemoryBackend(), Inventory)
+    with pytest.raises(InvalidPayload, match="state must be exactly an Inventory, got Other"):
+        store.create("i", Other())  # type: ignore[arg-type]
+    message = Message(id="m", type="Added", payload={"count": "many"})
+    with pytest.raises(InvalidPayload, match="payload is not an Inventory"):
+        message.payload_as(Inventory)
