@@ -11,7 +11,7 @@ from azure.cosmos import exceptions as cosmos_errors
 from docoutbox.errors import PermanentStoreError
 from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
-from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
+from docoutbox_cosmos.coordination import RENEW_CONCURRENCY, CosmosCheckpoints, CosmosDeadLetters
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.existence import require_container
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases, LeasedChangeSource
@@ -55,6 +55,35 @@ def open_client(endpoint: str, key: str, **options: Any) -> Any:
             return CosmosClient(endpoint, key, **options)
     except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
         raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+
+
+#: The most connections a client's pool keeps per host.
+MAX_POOL = 4096
+
+
+def pool_size(concurrency: int) -> int:
+    """Connections a threaded dispatcher of ``concurrency`` may use at once against one
+    account: its publishing workers and as many trim workers, the lease renewals, and a
+    few for the stream, sweeps, checkpoints and backlog measurements."""
+    return min(MAX_POOL, 2 * concurrency + RENEW_CONCURRENCY + 8)
+
+
+def pooled_transport(size: int) -> Any:
+    """A ``requests`` transport for the sync client whose connection pool keeps ``size``
+    connections per host. The SDK's default keeps 10: more threads than that made urllib3
+    discard connections ("Connection pool is full") and open new ones. No retries at this
+    level, as the SDK's own transport (the SDK retries)."""
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+    from urllib3.util.retry import Retry
+
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(
+        pool_maxsize=size, max_retries=Retry(total=False, redirect=False, raise_on_status=False)
+    )
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, adapter)
+    return RequestsTransport(session=session, session_owner=True)
 
 
 def base_options(timeout: float | None) -> dict[str, Any]:
@@ -169,14 +198,17 @@ def cli_tls_options(args: Any) -> dict[str, Any]:
 
 
 def connect_cli(args: Any) -> CosmosDispatchTarget:
-    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments."""
+    """:func:`connect_dispatch` from the ``docoutbox dispatch`` arguments, its connection
+    pool sized for ``--concurrency`` (:func:`pool_size`)."""
+    options = cli_tls_options(args)
+    options["transport"] = pooled_transport(pool_size(args.concurrency))
     return connect_dispatch(
         args.cosmos_endpoint,
         args.cosmos_key,
         args.db,
         args.collection,
         timeout=args.server_timeout,
-        client_options=cli_tls_options(args),
+        client_options=options,
     )
 
 

@@ -58,6 +58,8 @@ from docoutbox_app.cli.options import (
 )
 
 log = logging.getLogger("docoutbox_app.cli")
+#: What a dispatcher follows, by store: its ``mode`` in the start line.
+FOLLOWS = {"mongo": "change-stream", "cosmos": "change-feed"}
 
 
 class CountingPublisher:
@@ -412,7 +414,7 @@ def _dispatch(
         args.publisher,
         name,
         not args.no_leases,
-        f"polling every {config.sweep_interval}s" if polling else "change-stream",
+        f"polling every {config.sweep_interval}s" if polling else FOLLOWS[kind],
     )
     if args.use_async:
         code = _dispatch_async(

@@ -186,7 +186,9 @@ class BacklogMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def measure(self) -> OutboxStats | None:
+    def measure(self, *, report: bool = True) -> OutboxStats | None:
+        """Measure now; hand the figures to the metrics unless ``report`` is False (the
+        last figures, ``last``, are kept either way). None if the measurement failed."""
         try:
             stats = self.probe()
         except StoreError as exc:
@@ -195,10 +197,12 @@ class BacklogMonitor:
             return None
         self.failures = 0
         self.last = stats
+        if not report:
+            return stats
         for metrics in self.metrics:
-            report: Callable[[OutboxStats], None] | None = getattr(metrics, "outbox", None)
-            if report is not None:
-                report(stats)
+            outbox: Callable[[OutboxStats], None] | None = getattr(metrics, "outbox", None)
+            if outbox is not None:
+                outbox(stats)
             metrics.backlog(stats.aggregates)
         return stats
 
@@ -218,9 +222,13 @@ class BacklogMonitor:
 
 
 class ProgressMetrics(CountingMetrics):
-    """Counting metrics that log a ``progress`` line on every backlog measurement at most
-    every ``every`` seconds: published so far, the backlog in the database, the publish
-    rate since the previous line and the ETA to drain the backlog at that rate."""
+    """Counting metrics that log a ``progress`` line on a backlog measurement once ``every``
+    seconds have passed since the previous line was due (lines keep that pace, without
+    drift, as long as measurements are at least as frequent): published so far, the
+    backlog in the database as just measured, the publish rate and the ETA to drain the
+    backlog at that rate, and ``lag_s``, the largest lag of the entries published since
+    the previous line (0 when none were: an idle dispatcher that caught up has no lag;
+    entries still waiting show in ``oldest_age_s``). :meth:`final` logs the last line."""
 
     def __init__(
         self, every: float = 10.0, monotonic: Callable[[], float] = time.monotonic
@@ -230,7 +238,14 @@ class ProgressMetrics(CountingMetrics):
         self._mono = monotonic
         self._next = monotonic() + every
         self._mark: tuple[float, int] = (monotonic(), 0)
+        self._window_lag = 0.0
+        self._window_lock = threading.Lock()
         self.stats: OutboxStats | None = None
+
+    def published(self, entry: OutboxMessage, lag: float) -> None:
+        super().published(entry, lag)
+        with self._window_lock:
+            self._window_lag = max(self._window_lag, lag)
 
     def outbox(self, stats: OutboxStats) -> None:
         self.stats = stats
@@ -239,8 +254,15 @@ class ProgressMetrics(CountingMetrics):
         super().backlog(aggregates)
         now = self._mono()
         if now >= self._next:
-            self._next = now + self._every
+            # The next line is due ``every`` after this one was, not after it was logged.
+            self._next = max(self._next + self._every, now + self._every / 2)
             self.report()
+
+    def final(self, stats: OutboxStats | None) -> None:
+        """Log the last line, with ``stats`` (a measurement taken for it) when given."""
+        if stats is not None:
+            self.stats = stats
+        self.report()
 
     def eta(self) -> tuple[float, float | None]:
         """(publish rate per second since the last line, seconds to drain or None)."""
@@ -256,6 +278,8 @@ class ProgressMetrics(CountingMetrics):
         t = self.totals()
         rate, eta = self.eta()
         self._mark = (self._mono(), t.published)
+        with self._window_lock:
+            lag, self._window_lag = self._window_lag, 0.0
         stats = self.stats
         log.info(
             "progress published=%d failed=%d quarantined=%d backlog_entries=%d "
@@ -268,7 +292,7 @@ class ProgressMetrics(CountingMetrics):
             stats.oldest_age if stats else 0.0,
             rate,
             "unknown" if eta is None else f"{eta:.0f}",
-            t.last_lag,
+            lag,
         )
 
 
