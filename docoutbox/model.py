@@ -65,8 +65,10 @@ def storable_problem(value: object, depth: int = MAX_NESTING) -> str | None:
     Text must be UTF-8 (a lone surrogate such as ``"\\ud800"`` is not; drivers refuse it
     or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
     serializes them as ``null`` inside ``Any``-typed data, which would change the value
-    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models, at most
-    ``depth`` levels of them (a value nested deeper cannot be stored: see
+    silently. Complex numbers are refused wherever they are (a decision: JSON and BSON
+    have none; pydantic stores ``1j`` as the text ``'1j'``, which an ``Any``-typed field
+    reads back as a string). Walks dicts (keys too), lists, tuples, sets and pydantic
+    models, at most ``depth`` levels of them (a value nested deeper cannot be stored: see
     :data:`MAX_NESTING`).
 
     This runs on every message and state, so plain leaves are checked inline.
@@ -99,6 +101,8 @@ def storable_problem(value: object, depth: int = MAX_NESTING) -> str | None:
     if kind is float:
         number: float = value  # type: ignore[assignment]
         return None if math.isfinite(number) else _bad_number(number)
+    if isinstance(value, complex):
+        return f"{value!r} is a complex number (JSON and BSON have none)"
     if kind is list or kind is tuple or kind is set or kind is frozenset:
         if depth < 1:
             return _too_deep()
