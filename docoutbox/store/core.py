@@ -4,6 +4,14 @@ A flow yields operations (:class:`Load`, :class:`Write`, :class:`FindPending`,
 :class:`Sleep`) and receives their results; a driver in :mod:`docoutbox.store.api` performs
 them against a sync or an async backend. Errors raised by an operation are thrown back
 into the flow at the ``yield``.
+
+Rule: a write that does not report success is in doubt until the document says what
+happened. Its reply may have been lost (TransientStoreError), or its conflict (409/412)
+may be a driver's resend of the write itself, which had applied (``azure.cosmos.aio``
+resends by itself). The store reloads the document before it answers, on every driver:
+the document the write produced is APPLIED, the message in the inbox otherwise is a
+DUPLICATE, and only a document without it is retried, or, with no attempt left, GAVE_UP
+(a conflict) or the TransientStoreError (a lost reply).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from docoutbox.model import (
 )
 from docoutbox.retry import MAX_COUNT, RetryPolicy, check_int
 from docoutbox.store.document import (
+    ID,
     Document,
     Snapshot,
     fast_frozen,
@@ -157,6 +166,19 @@ class StoreConfig:
             )
 
 
+@dataclass(frozen=True)
+class Doubt:
+    """A write that did not report success: its reply was lost (``error``), or it
+    conflicted, possibly with a resend of itself that had applied. ``final``: no attempt
+    is left after it."""
+
+    after: Document
+    entries: tuple[dict[str, Any], ...]
+    state: Any
+    error: TransientStoreError | None
+    final: bool
+
+
 class Status(StrEnum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"
@@ -190,7 +212,11 @@ class Outcome(Generic[S]):
 
     @property
     def gave_up(self) -> bool:
-        """True when conflicts outlasted the retries: nothing was written; redeliver."""
+        """True when conflicts outlasted the retries: nothing was written; redeliver.
+
+        Read from the document: after its last conflict (or lost reply) the store reloads
+        the document, and a write that did land (a driver's resend of it is what
+        conflicted) is APPLIED or DUPLICATE instead."""
         return self.status is Status.GAVE_UP
 
 
@@ -297,6 +323,8 @@ class Core(Generic[S]):
         fresh = doc is None
         attempt = 0
         started = self.config.timer()
+        #: A write whose outcome the store has yet to read from the document.
+        doubt: Doubt | None = None
         while True:
             if fresh:
                 known = state = None
@@ -311,12 +339,20 @@ class Core(Generic[S]):
                     self._observed_retry("transient")
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
+                if doubt is not None and (landed := self._landed(doc, msg, doubt, attempt)):
+                    return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state)
             if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
                 if doc is not None:
                     self.cache.put(aggregate_id, doc, known, snapshot.state)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)
+            if doubt is not None and doubt.final:
+                # Out of attempts, and the document shows the write did not land.
+                if doubt.error is not None:
+                    raise doubt.error
+                return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
+            doubt = None
             # From here on the handler may have changed snapshot.state in place.
             state = None
             decision = check_result(handler(snapshot.state, msg), self.model)
@@ -332,15 +368,14 @@ class Core(Generic[S]):
                 fresh = True  # the cached copy may still hold entries trimmed since
                 continue
             attempt += 1
+            lost: TransientStoreError | None = None
             try:
                 applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
             except TransientStoreError as exc:
-                # The write may or may not have happened: reload and let the inbox decide.
-                if attempt >= retry.max_attempts:
-                    raise
+                # The write may or may not have happened: the document will say.
                 if (late := self.transient(exc, started)) is not None:
                     raise late from exc
-                applied = False
+                applied, lost = False, exc
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)
                 outcome: Outcome[S] = fast_frozen(
@@ -353,15 +388,41 @@ class Core(Generic[S]):
                     entries=tuple(entries),
                 )
                 return outcome
+            # A conflict may be a resend of this very write that had applied (a driver
+            # that resends after a lost reply gets 409/412 for its own write): like a lost
+            # reply, it is settled by reading the document before any answer.
+            final = attempt >= retry.max_attempts
+            doubt = Doubt(after, tuple(entries), decision.state, lost, final)
             observer = self.config.observer
-            if observer is not None:
+            if lost is None and observer is not None:
                 observer.conflict(self.aggregate_type)
-            if attempt >= retry.max_attempts:
-                return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
-            self._observed_retry("conflict")
-            if fresh:
-                yield Sleep(retry.delay(attempt, self.config.rng))
+            if not final:
+                self._observed_retry("transient" if lost is not None else "conflict")
+                if fresh:
+                    yield Sleep(retry.delay(attempt, self.config.rng))
             fresh = True
+
+    def _landed(
+        self, doc: Document | None, message: Message, doubt: Doubt, attempt: int
+    ) -> Outcome[S] | None:
+        """APPLIED when ``doc`` is the document the write in doubt produced: its version
+        and ``outbox_seq``, the message in its inbox and the write's entries in its outbox
+        (entries trimmed since leave it to the usual reading: a duplicate). Else None."""
+        after = doubt.after
+        if doc is None or doc.get("version") != after["version"]:
+            return None
+        if doc.get("outbox_seq") != after.get("outbox_seq"):
+            return None
+        present = {e.get("id") for e in doc.get("outbox") or () if isinstance(e, dict)}
+        if not all(entry["id"] in present for entry in doubt.entries):
+            return None
+        snapshot = read_snapshot(doc, self.model)
+        if not is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, message):
+            return None
+        self.cache.put(doc[ID], doc, None)
+        return Outcome(
+            Status.APPLIED, doc[ID], after["version"], attempt, doubt.state, doubt.entries
+        )
 
     def _observed_retry(self, reason: str) -> None:
         if self.config.observer is not None:
