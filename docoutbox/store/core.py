@@ -11,7 +11,9 @@ may be a driver's resend of the write itself, which had applied (``azure.cosmos.
 resends by itself). The store reloads the document before it answers, on every driver:
 the document the write produced is APPLIED, the message in the inbox otherwise is a
 DUPLICATE, and only a document without it is retried, or, with no attempt left, GAVE_UP
-(a conflict) or the TransientStoreError (a lost reply).
+(a conflict) or the TransientStoreError (a lost reply). Past ``RetryPolicy.deadline`` the
+store does not reload (the database is not answering): its TransientStoreError then says
+the write may have applied, as every TransientStoreError of a write does.
 """
 
 from __future__ import annotations
