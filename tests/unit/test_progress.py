@@ -107,3 +107,16 @@ def test_a_long_checkpoint_is_shown_by_size_and_hash() -> None:
     assert len(shown) < 80 and "4 parts" in shown
     assert describe_position({**lanes, "range0": "x"}) != shown  # tells positions apart
     assert describe_position(None) == "None"
+
+
+def test_logging_metrics_report_no_lag_when_idle(caplog: pytest.LogCaptureFixture) -> None:
+    from docoutbox import LoggingMetrics
+
+    metrics = LoggingMetrics(every=1)
+    metrics.published(_entry(), 20.5)
+    with caplog.at_level(logging.INFO, "docoutbox.metrics"):
+        metrics.report()
+        metrics.report()
+    first, idle = _lines(caplog)
+    assert _field(first, "lag_s") == "20.500" and _field(idle, "lag_s") == "0.000"
+    assert _field(idle, "max_lag_s") == "20.500"

@@ -238,14 +238,7 @@ class ProgressMetrics(CountingMetrics):
         self._mono = monotonic
         self._next = monotonic() + every
         self._mark: tuple[float, int] = (monotonic(), 0)
-        self._window_lag = 0.0
-        self._window_lock = threading.Lock()
         self.stats: OutboxStats | None = None
-
-    def published(self, entry: OutboxMessage, lag: float) -> None:
-        super().published(entry, lag)
-        with self._window_lock:
-            self._window_lag = max(self._window_lag, lag)
 
     def outbox(self, stats: OutboxStats) -> None:
         self.stats = stats
@@ -278,8 +271,7 @@ class ProgressMetrics(CountingMetrics):
         t = self.totals()
         rate, eta = self.eta()
         self._mark = (self._mono(), t.published)
-        with self._window_lock:
-            lag, self._window_lag = self._window_lag, 0.0
+        lag = self.recent_lag()
         stats = self.stats
         log.info(
             "progress published=%d failed=%d quarantined=%d backlog_entries=%d "
