@@ -37,6 +37,17 @@ MAX_NESTING = 90
 _PAYLOAD_FIELDS = frozenset({"payload", "headers"})
 
 
+#: Names starting with a vowel letter that sound like a consonant ("a User", "a Euro").
+_CONSONANT_SOUNDS = ("uni", "use", "usu", "uti", "eu", "one", "once")
+
+
+def with_article(name: str) -> str:
+    """``name`` after "a" or "an", for messages: "an Inventory", "a Counter", "a User"."""
+    lowered = name.lower()
+    vowel = lowered[:1] in ("a", "e", "i", "o", "u") and not lowered.startswith(_CONSONANT_SOUNDS)
+    return f"{'an' if vowel else 'a'} {name}"
+
+
 def is_utf8(text: str) -> bool:
     """True when ``text`` can be stored: it encodes as UTF-8 (no lone surrogates)."""
     if text.isascii():
@@ -54,8 +65,10 @@ def storable_problem(value: object, depth: int = MAX_NESTING) -> str | None:
     Text must be UTF-8 (a lone surrogate such as ``"\\ud800"`` is not; drivers refuse it
     or rename it) and floats must be finite: JSON has no NaN or Infinity, and pydantic
     serializes them as ``null`` inside ``Any``-typed data, which would change the value
-    silently. Walks dicts (keys too), lists, tuples, sets and pydantic models, at most
-    ``depth`` levels of them (a value nested deeper cannot be stored: see
+    silently. Complex numbers are refused wherever they are (a decision: JSON and BSON
+    have none; pydantic stores ``1j`` as the text ``'1j'``, which an ``Any``-typed field
+    reads back as a string). Walks dicts (keys too), lists, tuples, sets and pydantic
+    models, at most ``depth`` levels of them (a value nested deeper cannot be stored: see
     :data:`MAX_NESTING`).
 
     This runs on every message and state, so plain leaves are checked inline.
@@ -88,6 +101,8 @@ def storable_problem(value: object, depth: int = MAX_NESTING) -> str | None:
     if kind is float:
         number: float = value  # type: ignore[assignment]
         return None if math.isfinite(number) else _bad_number(number)
+    if isinstance(value, complex):
+        return f"{value!r} is a complex number (JSON and BSON have none)"
     if kind is list or kind is tuple or kind is set or kind is frozenset:
         if depth < 1:
             return _too_deep()
@@ -249,7 +264,7 @@ class Message(_Strict):
             return model.model_validate(self.payload)
         except ValidationError as exc:
             raise InvalidPayload(
-                f"{self.type} {self.id}: payload is not a {model.__name__}: {exc}"
+                f"{self.type} {self.id}: payload is not {with_article(model.__name__)}: {exc}"
             ) from exc
 
 

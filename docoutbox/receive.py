@@ -619,16 +619,45 @@ class ConsumerStats:
             self.dead_lettered += bool(verdict.kept)
 
 
+def expected_rejection(verdict: Verdict) -> bool:
+    """Whether ``verdict`` rejects a delivery for being what it is (a body that is not a
+    message, an unknown type, an invalid payload, a missing aggregate, a document that
+    would grow too large): an outcome of normal operation, not a fault of the consumer."""
+    return (
+        verdict.action is Action.REJECT
+        and verdict.keep_error is None
+        and isinstance(verdict.error, REJECT_ERRORS)
+    )
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def summary(verdict: Verdict, body: bytes) -> str:
+    """One line naming the delivery (message ID and type, or the start of a body that is
+    not a message) and why it is not acked."""
+    message = verdict.message
+    if message is None:
+        return _one_line(f"a delivery with body {body[:200]!r}: {describe(verdict)}")
+    reason = describe(verdict).removeprefix(f"message {message.id}: ")
+    return _one_line(f"message {message.id} (type {message.type}): {reason}")
+
+
+def log_rejection(log: logging.Logger, verdict: Verdict, body: bytes, action: str) -> None:
+    """Log a rejected delivery as ``<action> <summary>``: an expected rejection
+    (:func:`expected_rejection`) as one warning line, anything else (a handler that
+    raised, a dead letter that could not be kept) as an error with its traceback."""
+    if expected_rejection(verdict):
+        log.warning("%s %s", action, summary(verdict, body))
+    else:
+        log.error("%s %s", action, summary(verdict, body), exc_info=verdict.error)
+
+
 def log_verdict(log: logging.Logger, verdict: Verdict, body: bytes, kept: str) -> None:
     """Log a delivery that is not acked; ``kept`` says where a rejected one stays."""
     if verdict.action is Action.REQUEUE:
-        log.warning("requeueing %s", describe(verdict))
+        log.warning("requeueing %s", summary(verdict, body))
     elif verdict.action is Action.REJECT:
-        log.error(
-            "rejecting %s after %d attempt(s) (kept %s); body %r",
-            describe(verdict),
-            verdict.attempts,
-            kept,
-            body[:200],
-            exc_info=verdict.error,
-        )
+        action = f"rejecting after {verdict.attempts} attempt(s) (kept {kept})"
+        log_rejection(log, verdict, body, action)

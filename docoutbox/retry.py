@@ -51,18 +51,35 @@ def backoff(
     return rng.uniform(floor * step, step)
 
 
+#: The default bound of a store call's retries of transient errors, in seconds.
+DEFAULT_DEADLINE = 30.0
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter."""
+    """Bounded retries with exponential backoff and full jitter.
+
+    ``max_attempts`` bounds the attempts of one store call; ``deadline`` bounds the time
+    it keeps retrying transient errors (an unreachable database): once ``deadline``
+    seconds have passed since the call began, the next transient error is raised instead
+    of retried, so a call against a database that is down fails with a
+    :class:`~docoutbox.errors.TransientStoreError` after about ``deadline`` seconds plus
+    at most one attempt's own timeout (the driver's: pymongo's server selection waits 30 s
+    by default, so such a call ends after about 30 s instead of 10 x 30 s). None: only
+    ``max_attempts`` bounds it. Conflicts are bounded by ``max_attempts`` alone.
+    """
 
     max_attempts: int = 10
     base_delay: float = 0.002
     max_delay: float = 0.25
+    deadline: float | None = DEFAULT_DEADLINE
 
     def __post_init__(self) -> None:
         check_int("RetryPolicy.max_attempts", self.max_attempts, 1, 1_000_000)
         check_seconds("RetryPolicy.base_delay", self.base_delay)
         check_seconds("RetryPolicy.max_delay", self.max_delay)
+        if self.deadline is not None:
+            check_seconds("RetryPolicy.deadline", self.deadline, positive=True)
         if self.max_delay < self.base_delay:
             raise InvalidConfig(
                 f"RetryPolicy.max_delay ({self.max_delay}) must not be below "
@@ -71,6 +88,11 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return backoff(attempt, self.base_delay, self.max_delay, rng)
+
+    def out_of_time(self, elapsed: float) -> bool:
+        """Whether a call that began ``elapsed`` seconds ago must stop retrying transient
+        errors."""
+        return self.deadline is not None and elapsed >= self.deadline
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@
   (:func:`open_kit`, :func:`open_async_kit`) and the ``docoutbox.stores`` adapter;
 - :mod:`docoutbox_cosmos.admin`: backlog, dead letters and lease rows for the operator
   commands;
-- :mod:`docoutbox_cosmos.errors`: the one translation of SDK errors (by status code).
+- :mod:`docoutbox_cosmos.errors`: the one translation of SDK errors (by status code);
+  :mod:`docoutbox_cosmos.existence`: which of a container and its database is missing.
 """
 
 from docoutbox_cosmos.aio import AsyncCosmosKit, open_async_kit

@@ -32,7 +32,15 @@ from docoutbox_cosmos.coordination import (
     delete_if_present,
     read_or_none,
 )
-from docoutbox_cosmos.errors import Refusal, refusal, translated
+from docoutbox_cosmos.errors import (
+    DRIVER_ERRORS,
+    ContainerNotFound,
+    Refusal,
+    owner_missing,
+    refusal,
+    translate,
+    translated,
+)
 from docoutbox_cosmos.items import ItemCodec, parse_time, to_json
 
 
@@ -162,9 +170,13 @@ def connect_database(
     account or a missing database."""
     client = open_client(endpoint, key, **{**base_options(timeout), **(client_options or {})})
     try:
-        with translated():
-            db = client.get_database_client(database)
+        db = client.get_database_client(database)
+        try:
             db.read()
+        except DRIVER_ERRORS as exc:
+            if owner_missing(exc, container_request=True):
+                raise ContainerNotFound(database, None) from exc
+            raise translate(exc) from exc
     except BaseException:
         client.close()
         raise

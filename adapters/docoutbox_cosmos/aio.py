@@ -28,7 +28,7 @@ from docoutbox_cosmos.coordination import (
     AsyncCosmosCheckpoints,
     AsyncCosmosDeadLetters,
 )
-from docoutbox_cosmos.errors import translated
+from docoutbox_cosmos.existence import require_container_async
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 
 
@@ -72,10 +72,9 @@ async def open_async_kit(
     lease_client: Any = None
     try:
         lease_client = open_client(endpoint, key, **options)
-        with translated():
-            db = client.get_database_client(database)
-            coll = db.get_container_client(container)
-            await coll.read()
+        db = client.get_database_client(database)
+        coll = db.get_container_client(container)
+        await require_container_async(coll)
         backend = AsyncCosmosBackend(
             coll, partition_key_path=partition_key_path, on_charge=on_charge
         )

@@ -4,6 +4,11 @@ Both drive the flows of :mod:`docoutbox_cosmos.operations` and differ only in
 ``await``: each request is sent by :meth:`_send`, resent after ``x-ms-retry-after-ms``
 while throttled, and its failure translated by :mod:`docoutbox_cosmos.errors`. Every
 response's request charge (``x-ms-request-charge``) goes to the ``on_charge`` hook.
+
+A 404 that may be the container's rather than the item's (see
+:func:`~docoutbox_cosmos.errors.owner_missing`) is checked against the container once,
+until the container has been seen: a missing container or database is
+:class:`~docoutbox_cosmos.errors.ContainerNotFound`, never "no such item".
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from docoutbox.model import AggregateId
 from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
 from docoutbox_cosmos import operations as flows
-from docoutbox_cosmos.errors import DRIVER_ERRORS, refusal, retry_after, translate
+from docoutbox_cosmos.errors import (
+    DRIVER_ERRORS,
+    owner_missing,
+    refusal,
+    retry_after,
+    translate,
+)
+from docoutbox_cosmos.existence import require_container, require_container_async
 from docoutbox_cosmos.items import MAX_ITEM_BYTES, ItemCodec, json_size
 
 #: Bytes an item carries beyond its document: id and aid (255 characters each at most,
@@ -59,6 +71,14 @@ class _Base:
         self.on_charge = on_charge
         self._outboxes: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self._memory_lock = threading.Lock()
+        #: Whether the container was seen to exist (an answer, or a check).
+        self._container_seen = False
+
+    def _suspect(self, request: flows.Request, exc: BaseException) -> bool:
+        """Whether ``exc`` may mean the container or its database is missing, and the
+        container must be checked before the answer is taken for the item's."""
+        verdict = owner_missing(exc, isinstance(request, flows.Create | flows.Query))
+        return verdict is True or (verdict is None and not self._container_seen)
 
     def _remember(self, item: Any) -> None:
         """Keep the entry IDs of the item's outbox, for a trim's first attempt."""
@@ -136,6 +156,7 @@ class _Base:
 
 
 def _remembering(backend: _Base, request: flows.Request, answer: Any) -> Any:
+    backend._container_seen = True
     if not isinstance(request, flows.Query):
         backend._remember(answer)
     return answer
@@ -164,7 +185,7 @@ class CosmosBackend(_Base):
                     pages = self.container.query_items(
                         enable_cross_partition_query=True, **self._query_args(request)
                     )
-                    return list(pages)
+                    return _remembering(self, request, list(pages))
                 if isinstance(request, flows.Recall) and (known := self._recalled(request)):
                     return known
                 method, kwargs = self._call(request)
@@ -172,6 +193,9 @@ class CosmosBackend(_Base):
             except DRIVER_ERRORS as exc:
                 wait = retry_after(exc, attempt)
                 if wait is None:
+                    if self._suspect(request, exc):
+                        require_container(self.container)
+                        self._container_seen = True
                     return _expected(request, exc)
                 attempt += 1
                 self.sleep(wait)
@@ -205,8 +229,11 @@ class CosmosBackend(_Base):
         return docs
 
     def ensure_indexes(self) -> None:
-        """Nothing to do: Cosmos DB's default indexing policy covers every query here."""
-        return None
+        """Check the container exists (:class:`~docoutbox_cosmos.errors.ContainerNotFound`
+        otherwise); no index to create: Cosmos DB's default indexing policy covers every
+        query here."""
+        require_container(self.container)
+        self._container_seen = True
 
 
 class AsyncCosmosBackend(_Base):
@@ -218,7 +245,7 @@ class AsyncCosmosBackend(_Base):
             try:
                 if isinstance(request, flows.Query):
                     pages = self.container.query_items(**self._query_args(request))
-                    return [item async for item in pages]
+                    return _remembering(self, request, [item async for item in pages])
                 if isinstance(request, flows.Recall) and (known := self._recalled(request)):
                     return known
                 method, kwargs = self._call(request)
@@ -226,6 +253,9 @@ class AsyncCosmosBackend(_Base):
             except DRIVER_ERRORS as exc:
                 wait = retry_after(exc, attempt)
                 if wait is None:
+                    if self._suspect(request, exc):
+                        await require_container_async(self.container)
+                        self._container_seen = True
                     return _expected(request, exc)
                 attempt += 1
                 await asyncio.sleep(wait)
@@ -259,4 +289,6 @@ class AsyncCosmosBackend(_Base):
         return docs
 
     async def ensure_indexes(self) -> None:
-        return None
+        """See :meth:`CosmosBackend.ensure_indexes`."""
+        await require_container_async(self.container)
+        self._container_seen = True

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import requests
+from azure.core.pipeline.transport import RequestsTransport
 from azure.cosmos import CosmosClient, PartitionKey
 from azure.cosmos import exceptions as cosmos_errors
 from azure.cosmos.documents import SSLConfiguration
+from urllib3.util.retry import Retry
 
 from docoutbox.errors import PermanentStoreError
+from docoutbox_cosmos.coordination import RENEW_CONCURRENCY
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 
 
@@ -24,6 +28,31 @@ def open_client(endpoint: str, key: str, **options: Any) -> Any:
             return CosmosClient(endpoint, key, **options)
     except (ValueError, TypeError) as exc:  # a malformed endpoint or key, found locally
         raise PermanentStoreError(f"invalid Cosmos DB endpoint or key: {exc}") from exc
+
+
+#: The most connections a client's pool keeps per host.
+MAX_POOL = 4096
+
+
+def pool_size(concurrency: int) -> int:
+    """Connections a threaded dispatcher of ``concurrency`` may use at once against one
+    account: its publishing workers and as many trim workers, the lease renewals, and a
+    few for the stream, sweeps, checkpoints and backlog measurements."""
+    return min(MAX_POOL, 2 * concurrency + RENEW_CONCURRENCY + 8)
+
+
+def pooled_transport(size: int) -> Any:
+    """A ``requests`` transport for the sync client whose connection pool keeps ``size``
+    connections per host. The SDK's default keeps 10: more threads than that made urllib3
+    discard connections ("Connection pool is full") and open new ones. No retries at this
+    level, as the SDK's own transport (the SDK retries)."""
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(
+        pool_maxsize=size, max_retries=Retry(total=False, redirect=False, raise_on_status=False)
+    )
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, adapter)
+    return RequestsTransport(session=session, session_owner=True)
 
 
 def base_options(timeout: float | None) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The one place where azure-cosmos errors become docoutbox errors, by status code.
 
 =========================  ===========================================================
-404 Not Found              expected by reads and conditional writes: "not applied"
+404 Not Found              expected by reads and conditional writes: "not applied";
+                           but :class:`ContainerNotFound` when the database or the
+                           container is what is missing (see below)
 409 Conflict               expected by creates: "already exists"
 412 Precondition Failed    expected by conditional writes: "condition did not hold"
 413 Entity Too Large       :class:`~docoutbox.errors.DocumentTooLarge`
@@ -12,6 +14,13 @@
 timeouts, connection       TransientStoreError
 400, 401, 403, other       PermanentStoreError
 =========================  ===========================================================
+
+A 404 names a missing item or a missing database/container. It is the container's
+(:func:`owner_missing`) when its sub-status is 1003 (owner resource not found, as
+Cosmos DB answers an item request in a missing container or database), or when the
+request targeted the container itself (a create, a query, a read of the container):
+no item can be missing there. Any other 404 of an item request is the item's, once the
+container is known to exist (:mod:`docoutbox_cosmos.existence` checks it).
 
 A change-feed continuation the service refuses (400 on a feed read, or a token that is
 not ours) is :class:`~docoutbox.errors.ChangeStreamLost`.
@@ -35,6 +44,8 @@ from docoutbox.errors import (
 )
 
 NOT_FOUND, CONFLICT, PRECONDITION_FAILED, TOO_LARGE = 404, 409, 412, 413
+#: The sub-status of a 404 whose owner (container or database) does not exist.
+OWNER_RESOURCE_NOT_FOUND = 1003
 THROTTLED, RETRY_WITH = 429, 449
 TRANSIENT_STATUSES = frozenset({408, 410, 429, 449, 500, 502, 503, 504})
 #: How many times a throttled (429) or retry-with (449) request is sent again.
@@ -49,6 +60,33 @@ class Throttled(TransientStoreError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ContainerNotFound(PermanentStoreError):
+    """The database, or the container in it, does not exist. docoutbox never creates an
+    aggregates' container (its partition key and throughput are the owner's choice):
+    create it first. ``container`` is None when the database itself is missing."""
+
+    def __init__(self, database: str, container: str | None) -> None:
+        if container is None:
+            text = f"Cosmos DB database {database!r} does not exist"
+        else:
+            text = f"Cosmos DB container {container!r} does not exist in database {database!r}"
+        super().__init__(f"{text}: create it first")
+        self.database = database
+        self.container = container
+
+
+def owner_missing(exc: BaseException, container_request: bool) -> bool | None:
+    """Whether ``exc`` says the container or its database is missing: True (sub-status
+    1003, or any 404 of a ``container_request``: a create, a query or a read of the
+    container), False (not a 404), or None (a 404 of an item request that may be the
+    item's: check the container)."""
+    if not isinstance(exc, cosmos_errors.CosmosHttpResponseError) or exc.status_code != NOT_FOUND:
+        return False
+    if container_request or exc.sub_status == OWNER_RESOURCE_NOT_FOUND:
+        return True
+    return None
 
 
 class Refusal(enum.Enum):

@@ -16,10 +16,12 @@ from docoutbox_cosmos.clients import (
     base_options,
     coordination_container,
     open_client,
+    pool_size,
+    pooled_transport,
     tls_options,
 )
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
-from docoutbox_cosmos.errors import translated
+from docoutbox_cosmos.existence import require_container
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 
 
@@ -64,10 +66,9 @@ def open_kit(
     """
     client = open_client(endpoint, key, **{**base_options(timeout), **(client_options or {})})
     try:
-        with translated():
-            db = client.get_database_client(database)
-            coll = db.get_container_client(container)
-            coll.read()
+        db = client.get_database_client(database)
+        coll = db.get_container_client(container)
+        require_container(coll)
         backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
         lease_table = CosmosFeedRangeLeases(
             coordination_container(db, leases), coll, group or container, codec=backend.codec
@@ -85,12 +86,18 @@ def open_kit(
         raise
 
 
-def settings_options(settings: StoreSettings) -> dict[str, Any]:
+def settings_options(settings: StoreSettings, *, pooled: bool = True) -> dict[str, Any]:
     """Client options from a kit's settings: ``ca_file`` (a PEM file to trust) or
-    ``insecure`` ("1": no certificate check, local emulators only); see
-    :func:`~docoutbox_cosmos.clients.tls_options`."""
+    ``insecure`` ("1": no certificate check, local emulators only), see
+    :func:`~docoutbox_cosmos.clients.tls_options`; ``concurrency``, the dispatcher's
+    workers, sizes a sync client's connection pool (``pooled``;
+    :func:`~docoutbox_cosmos.clients.pool_size`)."""
     insecure = settings.options.get("insecure", "") in ("1", "true", "yes")
-    return tls_options(settings.options.get("ca_file") or None, insecure)
+    options = tls_options(settings.options.get("ca_file") or None, insecure)
+    concurrency = settings.options.get("concurrency")
+    if concurrency and pooled:
+        options["transport"] = pooled_transport(pool_size(int(concurrency)))
+    return options
 
 
 class CosmosStore:
@@ -120,7 +127,7 @@ class CosmosStore:
             settings.database,
             settings.collection,
             timeout=settings.timeout,
-            client_options=settings_options(settings),
+            client_options=settings_options(settings, pooled=False),
         )
 
     def name_problem(self, text: str, what: str) -> str | None:

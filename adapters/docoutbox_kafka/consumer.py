@@ -38,6 +38,8 @@ from docoutbox.receive import (
     Verdict,
     describe,
     keep_sync,
+    log_rejection,
+    summary,
 )
 from docoutbox.store.api import AggregateStore
 from docoutbox_kafka.errors import translate_error, translated
@@ -185,7 +187,7 @@ class KafkaSettlement(Generic[St, R]):
         for record, verdict, again in zip(records, verdicts, settled.redelivered, strict=True):
             self.stats.count(verdict, again)
             if verdict.action is Action.REQUEUE:
-                log.warning("reading again %s", describe(verdict))
+                log.warning("reading again %s", summary(verdict, record.value() or b""))
             if self.on_verdict is not None:
                 self.on_verdict(verdict, record)
         return settled
@@ -201,14 +203,8 @@ class KafkaSettlement(Generic[St, R]):
         """Keep a rejected record: in the dead-letter topic (returning once the broker
         confirmed it) and in ``dead_letters``. Blocking: the async consumer runs it in a
         worker thread."""
-        log.error(
-            "dead-lettering %s (record %s[%s]@%s)",
-            describe(verdict),
-            record.topic(),
-            record.partition(),
-            record.offset(),
-            exc_info=verdict.error,
-        )
+        where = f"record {record.topic()}[{record.partition()}]@{record.offset()}"
+        log_rejection(log, verdict, record.value() or b"", f"dead-lettering ({where})")
         if self.dead_letter_topic is not None:
             self._produce_dead_letter(record, verdict, self.dead_letter_topic)
         if self.dead_letters is not None and not _is_async(self.dead_letters):

@@ -113,6 +113,10 @@ class KafkaPublisher:
             return self.route(entry)
         return entry.destination or self.topic or entry.type
 
+    def trace_attributes(self, entry: OutboxMessage) -> dict[str, str]:
+        """OpenTelemetry attributes of publishing ``entry``: the topic is the destination."""
+        return {"messaging.system": "kafka", "messaging.destination.name": self.topic_for(entry)}
+
     def publish(self, entry: OutboxMessage) -> None:
         topic = self.topic_for(entry)
         what = f"publish entry {entry.id} to topic {topic!r}"
@@ -315,6 +319,10 @@ class AsyncKafkaPublisher:
     @route.setter
     def route(self, value: Callable[[OutboxMessage], str] | None) -> None:
         self.sync.route = value
+
+    def trace_attributes(self, entry: OutboxMessage) -> dict[str, str]:
+        """See :meth:`KafkaPublisher.trace_attributes`."""
+        return self.sync.trace_attributes(entry)
 
     async def publish(self, entry: OutboxMessage) -> None:
         sync = self.sync

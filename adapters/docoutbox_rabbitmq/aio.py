@@ -37,7 +37,7 @@ from docoutbox.receive import (
 from docoutbox.store.api import AsyncAggregateStore
 from docoutbox_rabbitmq.amqp import Routing, masked, topology
 from docoutbox_rabbitmq.consumer import Settlement
-from docoutbox_rabbitmq.errors import by_reply_code, nacked, returned
+from docoutbox_rabbitmq.errors import by_reply_code, connection_failed, nacked, returned
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -76,7 +76,7 @@ def translate(exc: BaseException, what: str) -> DocOutboxError:
             return by_reply_code(code, str(text), what)
         return BrokerUnavailable(f"{what}: channel closed: {exc!r}")
     if isinstance(exc, _CONNECTION_ERRORS):
-        return BrokerUnavailable(f"{what}: connection failed: {type(exc).__name__}: {exc}")
+        return connection_failed(exc, what)
     return PublishError(f"{what}: {type(exc).__name__}: {exc}")
 
 

@@ -139,6 +139,16 @@ class Routing:
             return self.route(entry)
         return entry.destination or self.routing_key or entry.type
 
+    def trace_attributes(self, entry: OutboxMessage) -> dict[str, str]:
+        """OpenTelemetry attributes of publishing ``entry``, by the RabbitMQ messaging
+        conventions: the exchange is the destination (``amq.default`` for the default
+        exchange), the routing key its own attribute."""
+        return {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": self.exchange or "amq.default",
+            "messaging.rabbitmq.destination.routing_key": self.routing_key_for(entry),
+        }
+
     def outgoing(self, entry: OutboxMessage) -> tuple[bytes, dict[str, Any], str, str]:
         """The body, property fields, routing key and a description of the publish of
         ``entry``; ``PermanentPublishError`` if it is over ``max_message_size``."""

@@ -7,6 +7,9 @@ onto them.
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -38,6 +41,56 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     px.ConsumerCancelled,
     OSError,
 )
+
+
+#: What a socket error number means for a connection, in a few words.
+_CAUSES = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ETIMEDOUT: "timed out",
+    errno.ECONNRESET: "connection reset",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+}
+
+
+def _inner(exc: BaseException) -> list[BaseException]:
+    """The errors ``exc`` wraps: its arguments (pika's AMQPConnectionError), its
+    ``exception`` (pika's connector errors), its cause and context."""
+    found = [a for a in exc.args if isinstance(a, BaseException)]
+    wrapped = getattr(exc, "exception", None)
+    if isinstance(wrapped, BaseException):
+        found.append(wrapped)
+    found += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+    return found
+
+
+def connection_cause(exc: BaseException) -> str:
+    """Why a connection failed, in one line: the first socket error found in ``exc`` and
+    the errors it wraps (refused, timed out, reset, unreachable, a host name not
+    resolved), else the error's own text (pika and aiormq often give none)."""
+    todo, seen = [exc], set()
+    while todo:
+        error = todo.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, socket.gaierror):
+            return f"host name not resolved ({error.strerror})"
+        if isinstance(error, TimeoutError):
+            return "timed out"
+        if isinstance(error, OSError) and isinstance(error.errno, int) and error.errno > 0:
+            return _CAUSES.get(error.errno) or os.strerror(error.errno).lower()
+        todo += _inner(error)
+    text = " ".join(str(exc).split())
+    return text or "no reason given"
+
+
+def connection_failed(exc: BaseException, what: str) -> BrokerUnavailable:
+    """The error for a connection that could not be made or was lost while doing ``what``
+    (which names the broker's masked URL): one line with the cause."""
+    return BrokerUnavailable(
+        f"{what}: connection failed: {connection_cause(exc)} ({type(exc).__name__})"
+    )
 
 
 def by_reply_code(code: int, text: str, what: str) -> DocOutboxError:
@@ -77,7 +130,7 @@ def translate(exc: BaseException, what: str) -> DocOutboxError:
             f"{what}: connection closed by the broker ({exc.reply_code} {exc.reply_text})"
         )
     if isinstance(exc, CONNECTION_ERRORS):
-        return BrokerUnavailable(f"{what}: connection failed: {type(exc).__name__}: {exc}")
+        return connection_failed(exc, what)
     return PublishError(f"{what}: {type(exc).__name__}: {exc}")
 
 

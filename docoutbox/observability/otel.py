@@ -19,7 +19,13 @@ publish.
 Span attributes follow the messaging semantic conventions (``messaging.system``,
 ``messaging.operation.type``, ``messaging.destination.name``, ``messaging.message.id``,
 ``messaging.message.conversation_id``), plus ``docoutbox.aggregate.*`` and
-``docoutbox.seq``.
+``docoutbox.seq``. ``messaging.system`` is always set: the ``system`` given, else (a
+publish) the one the wrapped publisher names, else :data:`DEFAULT_SYSTEM`. Where an entry
+goes is the wrapped publisher's to say: a publisher with a ``trace_attributes(entry)``
+method (the RabbitMQ and Kafka publishers) gives the destination attributes of its
+broker's conventions (RabbitMQ: the exchange as ``messaging.destination.name``, the
+routing key as ``messaging.rabbitmq.destination.routing_key``); for any other, the
+destination is the entry's ``destination``, else its type.
 """
 
 from __future__ import annotations
@@ -44,10 +50,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from docoutbox.dispatch.engine.backlog import OutboxStats
 from docoutbox.model import AggregateId, Message, OutboxMessage
-from docoutbox.ports.dispatch import AsyncPublisher, Closeable, Publisher
+from docoutbox.ports.dispatch import AsyncPublisher, Closeable, Publisher, TracedPublisher
 
 SCOPE = "docoutbox"
 TRACE_HEADERS = ("traceparent", "tracestate")
+#: ``messaging.system`` when no broker is named: the conventions require the attribute,
+#: and a store's handling (or a publisher of no known broker) is docoutbox's own.
+DEFAULT_SYSTEM = "docoutbox"
+DESTINATION = "messaging.destination.name"
 
 
 def _attrs(**values: Any) -> dict[str, Any]:
@@ -68,7 +78,7 @@ class OtelStoreObserver:
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         meter = otel_metrics.get_meter(SCOPE, meter_provider=meter_provider)
         self.propagator = propagator or TraceContextTextMapPropagator()
-        self.system = system
+        self.system = system or DEFAULT_SYSTEM
         self._conflicts = meter.create_counter(
             "docoutbox.store.conflicts",
             unit="{conflict}",
@@ -125,6 +135,7 @@ class OtelStoreObserver:
 class _PublishSpans:
     def __init__(
         self,
+        inner: object,
         tracer_provider: trace.TracerProvider | None,
         propagator: TextMapPropagator | None,
         system: str | None,
@@ -132,16 +143,18 @@ class _PublishSpans:
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
         self.propagator = propagator or TraceContextTextMapPropagator()
         self.system = system
+        #: The wrapped publisher's own attributes of a publish (looked up once).
+        self.describe: Callable[[OutboxMessage], Mapping[str, Any]] | None = (
+            inner.trace_attributes if isinstance(inner, TracedPublisher) else None
+        )
 
-    @contextmanager
-    def span(self, entry: OutboxMessage) -> Iterator[OutboxMessage]:
-        parent = self.propagator.extract(entry.headers) if "traceparent" in entry.headers else None
-        destination = entry.destination or entry.type
+    def attributes(self, entry: OutboxMessage) -> dict[str, Any]:
+        """The span's attributes: ours, then the publisher's, then the ``system`` given."""
         attributes = _attrs(
-            messaging__system=self.system,
+            messaging__system=DEFAULT_SYSTEM,
             messaging__operation__type="send",
             messaging__operation__name="publish",
-            messaging__destination__name=destination,
+            messaging__destination__name=entry.destination or entry.type,
             messaging__message__id=entry.id,
             messaging__message__conversation_id=entry.correlation_id,
             docoutbox__aggregate__type=entry.aggregate_type,
@@ -149,8 +162,21 @@ class _PublishSpans:
             docoutbox__seq=entry.seq,
             docoutbox__message__type=entry.type,
         )
+        if self.describe is not None:
+            attributes.update(self.describe(entry))
+        if self.system is not None:
+            attributes["messaging.system"] = self.system
+        return attributes
+
+    @contextmanager
+    def span(self, entry: OutboxMessage) -> Iterator[OutboxMessage]:
+        parent = self.propagator.extract(entry.headers) if "traceparent" in entry.headers else None
+        attributes = self.attributes(entry)
         with self.tracer.start_as_current_span(
-            f"publish {destination}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes
+            f"publish {attributes[DESTINATION]}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
         ):
             carrier = {k: v for k, v in entry.headers.items() if k not in TRACE_HEADERS}
             self.propagator.inject(carrier)
@@ -169,7 +195,7 @@ class TracingPublisher:
         system: str | None = None,
     ) -> None:
         self.inner = inner
-        self._spans = _PublishSpans(tracer_provider, propagator, system)
+        self._spans = _PublishSpans(inner, tracer_provider, propagator, system)
 
     def publish(self, entry: OutboxMessage) -> None:
         with self._spans.span(entry) as traced:
@@ -192,7 +218,7 @@ class AsyncTracingPublisher:
         system: str | None = None,
     ) -> None:
         self.inner = inner
-        self._spans = _PublishSpans(tracer_provider, propagator, system)
+        self._spans = _PublishSpans(inner, tracer_provider, propagator, system)
 
     async def publish(self, entry: OutboxMessage) -> None:
         with self._spans.span(entry) as traced:

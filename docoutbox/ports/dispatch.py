@@ -323,6 +323,14 @@ class StreamLeases(Protocol):
 
 
 @runtime_checkable
+class TracedPublisher(Protocol):
+    """Optional: a publisher that names a publish's messaging attributes for its span
+    (OpenTelemetry semantic conventions: the exchange or topic, the routing key)."""
+
+    def trace_attributes(self, entry: OutboxMessage) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """Optional: a port that holds a connection to release (``close``)."""
 

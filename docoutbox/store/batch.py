@@ -189,6 +189,7 @@ class BatchCore(Generic[S]):
         doc, known = (cached[0], cached[1]) if cached is not None else (None, None)
         fresh = doc is None
         attempt = commits = writes = loads = version = 0
+        started = config.timer()
         while todo:
             if fresh:
                 known = None
@@ -197,8 +198,9 @@ class BatchCore(Generic[S]):
                     doc = yield Load(aggregate_id)
                 except TransientStoreError as exc:
                     attempt += 1
-                    if attempt >= retry.max_attempts:
-                        self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                    late = self.core.transient(exc, started)
+                    if attempt >= retry.max_attempts or late is not None:
+                        self._fail(aggregate_id, items, todo, results, late or exc, seen, version)
                         break
                     yield Sleep(retry.delay(attempt, config.rng))
                     continue
@@ -238,8 +240,14 @@ class BatchCore(Generic[S]):
                 applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
             except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
+                late = self.core.transient(exc, started)
+                if late is not None:
+                    self._fail(aggregate_id, items, todo, results, late, seen, version)
+                    break
                 if attempt >= retry.max_attempts:
-                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                    yield from self._read_back(
+                        aggregate_id, items, todo, results, seen, exc, attempt
+                    )
                     break
                 applied = False
             except DocOutboxError as exc:
@@ -261,12 +269,8 @@ class BatchCore(Generic[S]):
                 doc, known, fresh, attempt = after, size, False, 0
                 continue
             if attempt >= retry.max_attempts:
-                version = snapshot.version if snapshot is not None else 0
-                gave_up = Outcome[S](Status.GAVE_UP, aggregate_id, version, attempt)
-                for index in todo:
-                    done = self._processed(aggregate_id, items, index, seen, version)
-                    results[index] = done or gave_up
-                todo.clear()
+                # The conflict may be a resend of this very write that had applied.
+                yield from self._read_back(aggregate_id, items, todo, results, seen, None, attempt)
                 break
             if fresh:
                 yield Sleep(retry.delay(attempt, config.rng))
@@ -419,6 +423,43 @@ class BatchCore(Generic[S]):
                 seen[items[index].message.id] = index
         done = set(chunk.covered)
         todo[:] = [i for i in todo if i not in done]
+
+    def _read_back(
+        self,
+        aggregate_id: AggregateId,
+        items: Sequence[Item[S]],
+        todo: list[int],
+        results: list[Outcome[S] | Failed | None],
+        seen: dict[str, int],
+        error: TransientStoreError | None,
+        attempt: int,
+    ) -> Flow[None]:
+        """End the call after a write in doubt with no attempt left (a lost reply, ``error``,
+        or a conflict, which may be a resend of the write itself): the document says what
+        landed. Its inbox's messages are duplicates; the others failed with ``error``, or
+        gave up after a conflict."""
+        try:
+            doc = yield Load(aggregate_id)
+            snapshot = None if doc is None else read_snapshot(doc, self.core.model)
+        except DocOutboxError as exc:
+            self._fail(aggregate_id, items, todo, results, exc, seen, 0)
+            return
+        version = snapshot.version if snapshot is not None else 0
+        policy = self.core.config.inbox
+        for index in todo:
+            message = items[index].message
+            if snapshot is not None and is_duplicate(
+                policy, snapshot.inbox, snapshot.marks, message
+            ):
+                results[index] = Outcome(Status.DUPLICATE, aggregate_id, version, attempt)
+                seen[message.id] = index
+            elif (done := self._processed(aggregate_id, items, index, seen, version)) is not None:
+                results[index] = done
+            elif error is not None:
+                results[index] = Failed(aggregate_id, message.id, error)
+            else:
+                results[index] = Outcome(Status.GAVE_UP, aggregate_id, version, attempt)
+        todo.clear()
 
     @staticmethod
     def _fail(

@@ -4,12 +4,24 @@ A flow yields operations (:class:`Load`, :class:`Write`, :class:`FindPending`,
 :class:`Sleep`) and receives their results; a driver in :mod:`docoutbox.store.api` performs
 them against a sync or an async backend. Errors raised by an operation are thrown back
 into the flow at the ``yield``.
+
+Rule: a write that does not report success is in doubt until the document says what
+happened. Its reply may have been lost (TransientStoreError), or its conflict (409/412)
+may be a driver's resend of the write itself, which had applied (``azure.cosmos.aio``
+resends by itself). The store reloads the document before it answers, on every driver:
+the document the write produced is APPLIED, the message in the inbox otherwise is a
+DUPLICATE, and only a document without it is retried, or, with no attempt left, GAVE_UP
+(a conflict) or the TransientStoreError (a lost reply). Past ``RetryPolicy.deadline`` the
+store does not reload (the database is not answering): its TransientStoreError then says
+the write may have applied, as every TransientStoreError of a write does.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field, replace
@@ -42,9 +54,11 @@ from docoutbox.model import (
     check_aggregate_id,
     is_utf8,
     storable_problem,
+    with_article,
 )
 from docoutbox.retry import MAX_COUNT, RetryPolicy, check_int
 from docoutbox.store.document import (
+    ID,
     Document,
     Snapshot,
     fast_frozen,
@@ -68,6 +82,8 @@ from docoutbox.store.plans import (
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
+
+log = logging.getLogger("docoutbox.store")
 
 
 @dataclass(frozen=True)
@@ -119,6 +135,8 @@ class StoreConfig:
     rng: random.Random = field(default_factory=random.Random)
     #: Tracing and metrics hooks (:mod:`docoutbox.store.observe`); None: none.
     observer: StoreObserver | None = None
+    #: Seconds on a monotonic clock, which ``retry.deadline`` is measured with.
+    timer: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         if not isinstance(self.inbox, InboxPolicy):
@@ -137,6 +155,8 @@ class StoreConfig:
         check_int("StoreConfig.cache_size", self.cache_size, 0, 10_000_000)
         if not callable(self.clock):
             raise InvalidConfig(f"StoreConfig.clock must be callable, got {self.clock!r}")
+        if not callable(self.timer):
+            raise InvalidConfig(f"StoreConfig.timer must be callable, got {self.timer!r}")
         if not isinstance(self.rng, random.Random):
             raise InvalidConfig(
                 f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
@@ -146,6 +166,19 @@ class StoreConfig:
                 "StoreConfig.observer must implement docoutbox.store.observe.StoreObserver, "
                 f"got {type(self.observer).__name__}"
             )
+
+
+@dataclass(frozen=True)
+class Doubt:
+    """A write that did not report success: its reply was lost (``error``), or it
+    conflicted, possibly with a resend of itself that had applied. ``final``: no attempt
+    is left after it."""
+
+    after: Document
+    entries: tuple[dict[str, Any], ...]
+    state: Any
+    error: TransientStoreError | None
+    final: bool
 
 
 class Status(StrEnum):
@@ -181,7 +214,11 @@ class Outcome(Generic[S]):
 
     @property
     def gave_up(self) -> bool:
-        """True when conflicts outlasted the retries: nothing was written; redeliver."""
+        """True when conflicts outlasted the retries: nothing was written; redeliver.
+
+        Read from the document: after its last conflict (or lost reply) the store reloads
+        the document, and a write that did land (a driver's resend of it is what
+        conflicted) is APPLIED or DUPLICATE instead."""
         return self.status is Status.GAVE_UP
 
 
@@ -247,6 +284,29 @@ class Core(Generic[S]):
         self.cache = DocumentCache(config.cache_size)
         self._size_of = size_of
         self._limit = limit
+        self._warned = False
+
+    def transient(self, error: TransientStoreError, started: float) -> TransientStoreError | None:
+        """The error to raise instead of retrying ``error`` (None: retry it) for a call that
+        began at ``started`` (``config.timer``): one naming the deadline, once
+        ``retry.deadline`` has passed. The first retried error of the store is logged, once,
+        as a warning naming the bound."""
+        retry = self.config.retry
+        elapsed = self.config.timer() - started
+        if retry.out_of_time(elapsed):
+            return TransientStoreError(
+                f"{self.aggregate_type} store: gave up after {elapsed:.1f} s of transient errors "
+                f"(RetryPolicy.deadline={retry.deadline:g} s): {error}"
+            )
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s store: %s; retrying for up to %s (RetryPolicy.deadline)",
+                self.aggregate_type,
+                error,
+                "ever" if retry.deadline is None else f"{retry.deadline:g} s",
+            )
+        return None
 
     def handle(
         self,
@@ -264,24 +324,37 @@ class Core(Generic[S]):
         doc, known, state = cached if cached is not None else (None, None, None)
         fresh = doc is None
         attempt = 0
+        started = self.config.timer()
+        #: A write whose outcome the store has yet to read from the document.
+        doubt: Doubt | None = None
         while True:
             if fresh:
                 known = state = None
                 try:
                     doc = yield Load(aggregate_id)
-                except TransientStoreError:
+                except TransientStoreError as exc:
                     attempt += 1
                     if attempt >= retry.max_attempts:
                         raise
+                    if (late := self.transient(exc, started)) is not None:
+                        raise late from exc
                     self._observed_retry("transient")
                     yield Sleep(retry.delay(attempt, self.config.rng))
                     continue
+                if doubt is not None and (landed := self._landed(doc, msg, doubt, attempt)):
+                    return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state)
             if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
                 if doc is not None:
                     self.cache.put(aggregate_id, doc, known, snapshot.state)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)
+            if doubt is not None and doubt.final:
+                # Out of attempts, and the document shows the write did not land.
+                if doubt.error is not None:
+                    raise doubt.error
+                return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
+            doubt = None
             # From here on the handler may have changed snapshot.state in place.
             state = None
             decision = check_result(handler(snapshot.state, msg), self.model)
@@ -297,13 +370,14 @@ class Core(Generic[S]):
                 fresh = True  # the cached copy may still hold entries trimmed since
                 continue
             attempt += 1
+            lost: TransientStoreError | None = None
             try:
                 applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
-            except TransientStoreError:
-                # The write may or may not have happened: reload and let the inbox decide.
-                if attempt >= retry.max_attempts:
-                    raise
-                applied = False
+            except TransientStoreError as exc:
+                # The write may or may not have happened: the document will say.
+                if (late := self.transient(exc, started)) is not None:
+                    raise late from exc
+                applied, lost = False, exc
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)
                 outcome: Outcome[S] = fast_frozen(
@@ -316,15 +390,41 @@ class Core(Generic[S]):
                     entries=tuple(entries),
                 )
                 return outcome
+            # A conflict may be a resend of this very write that had applied (a driver
+            # that resends after a lost reply gets 409/412 for its own write): like a lost
+            # reply, it is settled by reading the document before any answer.
+            final = attempt >= retry.max_attempts
+            doubt = Doubt(after, tuple(entries), decision.state, lost, final)
             observer = self.config.observer
-            if observer is not None:
+            if lost is None and observer is not None:
                 observer.conflict(self.aggregate_type)
-            if attempt >= retry.max_attempts:
-                return Outcome(Status.GAVE_UP, aggregate_id, snapshot.version, attempt)
-            self._observed_retry("conflict")
-            if fresh:
-                yield Sleep(retry.delay(attempt, self.config.rng))
+            if not final:
+                self._observed_retry("transient" if lost is not None else "conflict")
+                if fresh:
+                    yield Sleep(retry.delay(attempt, self.config.rng))
             fresh = True
+
+    def _landed(
+        self, doc: Document | None, message: Message, doubt: Doubt, attempt: int
+    ) -> Outcome[S] | None:
+        """APPLIED when ``doc`` is the document the write in doubt produced: its version
+        and ``outbox_seq``, the message in its inbox and the write's entries in its outbox
+        (entries trimmed since leave it to the usual reading: a duplicate). Else None."""
+        after = doubt.after
+        if doc is None or doc.get("version") != after["version"]:
+            return None
+        if doc.get("outbox_seq") != after.get("outbox_seq"):
+            return None
+        present = {e.get("id") for e in doc.get("outbox") or () if isinstance(e, dict)}
+        if not all(entry["id"] in present for entry in doubt.entries):
+            return None
+        snapshot = read_snapshot(doc, self.model)
+        if not is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, message):
+            return None
+        self.cache.put(doc[ID], doc, None)
+        return Outcome(
+            Status.APPLIED, doc[ID], after["version"], attempt, doubt.state, doubt.entries
+        )
 
     def _observed_retry(self, reason: str) -> None:
         if self.config.observer is not None:
@@ -392,7 +492,9 @@ class Core(Generic[S]):
         """
         model = self.model
         if type(state) is not model:
-            raise invalid(f"state must be exactly a {model.__name__}, got {type(state).__name__}")
+            raise invalid(
+                f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
+            )
         extra = cast(BaseModel, state).__pydantic_extra__
         problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
         if problem is None and extra:

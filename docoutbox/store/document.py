@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from docoutbox.errors import InvalidConfig, MalformedDocument
-from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.model import AggregateId, OutboxMessage, with_article
 from docoutbox.store.inbox import Mark
 
 S = TypeVar("S", bound=BaseModel)
@@ -155,5 +155,5 @@ def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snap
         return snapshot
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
         raise MalformedDocument(
-            f"document {doc.get(ID)!r} is not a {model.__name__} aggregate: {exc!r}"
+            f"document {doc.get(ID)!r} is not {with_article(model.__name__)} aggregate: {exc!r}"
         ) from exc

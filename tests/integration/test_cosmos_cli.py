@@ -121,6 +121,12 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
     assert "dispatcher_stopped name=cli-test" in err
     assert "published=30" in err
     assert cosmos_server.key not in err
+    assert "mode=change-feed" in err and "change-stream" not in err
+    (stopped,) = [line for line in err.splitlines() if "dispatcher_stopped" in line]
+    assert len(stopped) < 300, stopped  # the continuations by size and hash, not 4 KB
+    assert "Connection pool is full" not in err
+    last = [line for line in err.splitlines() if "progress published=" in line][-1]
+    assert "backlog_entries=0 " in last, last  # measured again for the last line
 
 
 def continuations(database: Any) -> dict[int, str]:

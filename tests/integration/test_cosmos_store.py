@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks.servers import CosmosAccount
-from docoutbox import AggregateStore, AsyncAggregateStore
+from docoutbox import AggregateStore, AsyncAggregateStore, RetryPolicy, StoreConfig
 from docoutbox.errors import DocumentTooLarge, InvalidAggregateId
 from docoutbox.store.plans import plan_trim
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
@@ -187,3 +187,37 @@ def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
             assert (snap.version, snap.state.total, len(snap.outbox)) == (1, 1, 1)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("driver", ["sync", "aio"])
+def test_a_lost_reply_on_the_last_attempt_is_read_back_the_same_on_sync_and_aio(
+    cosmos_server: CosmosAccount, database: Any, container: Any, driver: str
+) -> None:
+    """The commit applies and its reply is lost. The sync SDK raises (ServiceResponseError),
+    azure.cosmos.aio resends and gets 412 for its own write. With no attempt left, both
+    stores read the document and answer APPLIED: the message is in the stored inbox (they
+    answered TransientStoreError and GAVE_UP, "nothing was written")."""
+
+    account = _faulty(cosmos_server)
+    last = StoreConfig(retry=RetryPolicy(max_attempts=1))
+    where = f"/dbs/{database.id}/"
+
+    async def aio() -> Any:
+        async with account.async_client() as client:
+            proxy = client.get_database_client(database.id).get_container_client(container.id)
+            store = AsyncAggregateStore(AsyncCosmosBackend(proxy), Counter, last)
+            await store.create("c1", Counter())
+            account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
+            return await store.handle("c1", add_msg("m1", emits=1), counter_handlers)
+
+    if driver == "aio":
+        outcome = asyncio.run(aio())
+    else:
+        store = AggregateStore(CosmosBackend(container), Counter, last)
+        store.create("c1", Counter())
+        account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
+        outcome = store.handle("c1", add_msg("m1", emits=1), counter_handlers)
+    assert outcome.status.value == "applied"
+    snap = AggregateStore(CosmosBackend(container), Counter).get("c1")
+    assert (snap.version, snap.state.applied) == (1, ["m1"])
+    assert [e.id for e in snap.outbox] == [e.id for e in outcome.emitted]

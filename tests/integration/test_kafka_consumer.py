@@ -169,7 +169,7 @@ def test_invalid_records_go_to_the_dead_letter_topic_and_consuming_goes_on(
     backend = FaultyBackend()
     worker = consumer(kafka, topic, dead, backend)
     worker.handler = handler
-    with caplog.at_level(logging.ERROR, logger="docoutbox.kafka"):
+    with caplog.at_level(logging.WARNING, logger="docoutbox.kafka"):
         stats = worker.run(max_messages=5, idle_timeout=10)
     worker.close()
     assert (stats.applied, stats.dead_lettered, stats.rejected, stats.retried) == (1, 4, 4, 3)
@@ -187,7 +187,12 @@ def test_invalid_records_go_to_the_dead_letter_topic_and_consuming_goes_on(
     assert headers["origin"] == b"raw" and raw_copy.key() == b"a"
     assert headers["docoutbox-topic"] == topic.encode()
     assert headers["docoutbox-group"] == worker.group.encode()
-    assert len([r for r in caplog.records if r.message.startswith("dead-lettering")]) == 4
+    dead_lettered = [r for r in caplog.records if r.message.startswith("dead-lettering")]
+    assert len(dead_lettered) == 4
+    expected = [r for r in dead_lettered if r.levelno == logging.WARNING]  # one line each
+    assert len(expected) == 2 and all(r.exc_info is None for r in expected)
+    assert all("\n" not in r.getMessage() for r in expected)
+    assert all(r.exc_info is not None for r in dead_lettered if r.levelno == logging.ERROR)
 
 
 def test_no_commit_past_a_record_the_dead_letter_topic_did_not_take(

@@ -81,8 +81,9 @@ def test_one_trace_from_the_incoming_message_through_commit_publish_and_consume(
     depth = metric_points(reader)["docoutbox.outbox.depth"]
     assert [p.value for p in depth] == [1]
 
+    # The publisher names its system, exchange and routing key (RabbitMQ's conventions).
     publisher = TracingPublisher(
-        RabbitPublisher(box.url, routing_key=queue), tracer_provider=tracing, system="rabbitmq"
+        RabbitPublisher(box.url, routing_key=queue), tracer_provider=tracing
     )
     dispatcher = Dispatcher(
         target.backend,
@@ -126,7 +127,7 @@ def test_one_trace_from_the_incoming_message_through_commit_publish_and_consume(
         if span.name != "upstream"
     }
     process_order = spans["process Place", "m1"]
-    publish = spans["publish Event", stored.id]
+    publish = spans["publish amq.default", stored.id]
     process_ledger = spans["process Event", stored.id]
     trace_id = upstream.get_span_context().trace_id
     assert {s.context.trace_id for s in (process_order, publish, process_ledger)} == {trace_id}
@@ -140,6 +141,9 @@ def test_one_trace_from_the_incoming_message_through_commit_publish_and_consume(
     )
     assert f"{process_order.context.span_id:016x}" in stored.headers["traceparent"]
     assert publish.attributes["messaging.system"] == "rabbitmq"
+    assert publish.attributes["messaging.destination.name"] == "amq.default"
+    assert publish.attributes["messaging.rabbitmq.destination.routing_key"] == queue
+    assert process_order.attributes["messaging.system"] == "docoutbox"
     assert publish.attributes["messaging.operation.type"] == "send"
     assert publish.attributes["messaging.message.id"] == stored.id
     assert process_ledger.attributes["messaging.operation.type"] == "process"

@@ -165,15 +165,24 @@ def test_malformed_and_invalid_deliveries_are_rejected_to_dead_letters(
     backend = FaultyBackend()
     worker = consumer(url, queue, backend)
     worker.handler = handler
-    with caplog.at_level(logging.ERROR, logger="docoutbox.rabbitmq"):
+    with caplog.at_level(logging.WARNING, logger="docoutbox.rabbitmq"):
         stats = worker.run(max_messages=5, idle_timeout=5)
     assert (stats.applied, stats.rejected, stats.requeued) == (1, 4, 0)
     assert box.depth(queue) == 0
     dead = [body for _, body in box.drain(dead_letters_of(box))]
     assert dead[:2] == bad_bodies
     assert [decode_entry(b).id for b in dead[2:]] == [unknown.id, exploding.id]
-    assert len([r for r in caplog.records if r.message.startswith("rejecting")]) == 4
+    rejections = [r for r in caplog.records if r.message.startswith("rejecting")]
+    assert len(rejections) == 4
     assert "UnknownMessageType" in caplog.text and "business rule broken" in caplog.text
+    # The non-JSON body and the unknown type are expected: one warning line each, no
+    # traceback; the handler's RuntimeError and by_source's failure on a message without
+    # a source are bugs: errors with their tracebacks.
+    expected = [r for r in rejections if r.levelno == logging.WARNING]
+    assert len(expected) == 2 and all(r.exc_info is None for r in expected)
+    assert all("\n" not in r.getMessage() for r in expected)
+    assert f"message {unknown.id} (type NoSuchType)" in caplog.text
+    assert all(r.exc_info is not None for r in rejections if r.levelno == logging.ERROR)
 
 
 def test_gave_up_is_requeued_then_applied(

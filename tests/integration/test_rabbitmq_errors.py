@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from typing import Any
 
 import aiormq.exceptions as ax
@@ -26,7 +28,8 @@ from docoutbox.errors import (
 )
 from docoutbox.receive import Action
 from docoutbox.retry import RetryPolicy
-from docoutbox_rabbitmq import RabbitConsumer, aio
+from docoutbox_rabbitmq import RabbitConsumer, RabbitPublisher, aio
+from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
 from docoutbox_rabbitmq.amqp import masked
 from docoutbox_rabbitmq.errors import translate, translated
 from tests.support.e2e import FaultyBackend
@@ -176,3 +179,50 @@ def test_aio_translation_maps_onto_the_same_codes(case: int) -> None:
     translated_error = aio.translate(error, "publish e1")
     assert type(translated_error) is expected
     assert str(translated_error).startswith("publish e1: ")
+
+
+def _closed_port() -> int:
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_broker_that_is_down_is_named_with_its_cause_in_one_line() -> None:
+    """pika and aiormq raise AMQPConnectionError with no text of their own: the error
+    says where (the masked URL, with host and port) and why (refused), in one line."""
+
+    port = _closed_port()
+    url = f"amqp://guest:secret@127.0.0.1:{port}/%2F"
+    with RabbitPublisher(url, "ex") as publisher, pytest.raises(BrokerUnavailable) as caught:
+        publisher.check()
+    text = str(caught.value)
+    assert "connection failed: connection refused (AMQPConnectionError)" in text
+    assert f"127.0.0.1:{port}" in text and "secret" not in text and "\n" not in text
+
+    async def aio() -> str:
+        publisher = AsyncRabbitPublisher(url, "ex")
+        try:
+            with pytest.raises(BrokerUnavailable) as failed:
+                await publisher.check()
+        finally:
+            await publisher.close()
+        return str(failed.value)
+
+    text = asyncio.run(aio())
+    assert "connection failed: connection refused (AMQPConnectionError)" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (px.AMQPConnectionError(), "no reason given"),
+        (TimeoutError(), "timed out"),
+        (ConnectionResetError(104, "reset"), "connection reset"),
+        (px.StreamLostError("Transport indicated EOF"), "Transport indicated EOF"),
+    ],
+)
+def test_connection_causes(error: Exception, cause: str) -> None:
+    assert f"connection failed: {cause} (" in str(translate(error, "connect"))

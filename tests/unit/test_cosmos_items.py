@@ -25,7 +25,14 @@ from docoutbox.store.document import ID, REVISION, new_document
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan, apply_plan, plan_trim
 from docoutbox_cosmos import operations as flows
 from docoutbox_cosmos.backend import CosmosBackend
-from docoutbox_cosmos.errors import Refusal, Throttled, refusal, retry_after, translate
+from docoutbox_cosmos.errors import (
+    Refusal,
+    Throttled,
+    owner_missing,
+    refusal,
+    retry_after,
+    translate,
+)
 from docoutbox_cosmos.items import (
     DATE_FORMAT,
     MAX_PATCH_OPS,
@@ -522,3 +529,11 @@ def test_the_change_feed_copy_carries_its_etag_and_the_flow_hints_it_once() -> N
             if isinstance(op, Write):
                 revisions.append(op.plan.revision)
     assert revisions == ["t1", None]  # the first trim changes the ETag
+
+
+def test_a_404_is_the_containers_by_sub_status_or_by_the_resource_it_targeted() -> None:
+    owner = http_error(404, {"x-ms-substatus": "1003"})
+    assert owner_missing(owner, container_request=False) is True
+    assert owner_missing(http_error(404), container_request=True) is True  # create, query
+    assert owner_missing(http_error(404), container_request=False) is None  # check it
+    assert owner_missing(http_error(412), container_request=True) is False

@@ -7,9 +7,10 @@ from datetime import datetime
 import pytest
 from pydantic import BaseModel
 
-from docoutbox import Aggregate, Message, OutboxMessage, emit
+from docoutbox import Aggregate, AggregateStore, Message, OutboxMessage, emit
 from docoutbox.errors import InvalidAggregateId, InvalidMessage, InvalidPayload
-from docoutbox.model import aggregate_type_of, check_aggregate_id
+from docoutbox.model import aggregate_type_of, check_aggregate_id, with_article
+from docoutbox.testing import MemoryBackend
 
 
 @pytest.mark.parametrize("good", ["a", "x" * 255, 0, -5, 2**63 - 1])
@@ -102,3 +103,35 @@ def test_aggregate_type_names() -> None:
 
     assert aggregate_type_of(Plain) == "Plain"
     assert aggregate_type_of(Named) == "orders.Order"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Inventory", "an Inventory"),
+        ("Order", "an Order"),
+        ("Account", "an Account"),
+        ("Counter", "a Counter"),
+        ("User", "a User"),
+        ("Euro", "a Euro"),
+        ("Umbrella", "an Umbrella"),
+    ],
+)
+def test_messages_name_a_model_with_the_right_article(name: str, expected: str) -> None:
+    assert with_article(name) == expected
+
+
+def test_a_wrong_state_type_says_an_inventory() -> None:
+
+    class Inventory(BaseModel):
+        count: int = 0
+
+    class Other(BaseModel):
+        count: int = 0
+
+    store = AggregateStore(MemoryBackend(), Inventory)
+    with pytest.raises(InvalidPayload, match="state must be exactly an Inventory, got Other"):
+        store.create("i", Other())  # type: ignore[arg-type]
+    message = Message(id="m", type="Added", payload={"count": "many"})
+    with pytest.raises(InvalidPayload, match="payload is not an Inventory"):
+        message.payload_as(Inventory)

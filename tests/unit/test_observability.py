@@ -42,6 +42,8 @@ from docoutbox.testing import (
     mongo_server,
 )
 from docoutbox_app.cli import logs
+from docoutbox_kafka import KafkaPublisher
+from docoutbox_rabbitmq import RabbitPublisher
 from tests.support import loopless
 
 #: An empty resource: ``Resource.create``, the providers' default, runs its detectors on a
@@ -128,6 +130,56 @@ def test_the_publish_span_continues_the_stored_context_and_replaces_it() -> None
     (sent,) = inner.published
     assert sent.id == entry.id and sent.seq == entry.seq
     assert f"{publish.context.span_id:016x}" in sent.headers["traceparent"]
+
+
+def test_spans_always_name_the_messaging_system() -> None:
+    """The README's ``OtelStoreObserver()`` and a publisher of no known broker still set
+    ``messaging.system``, which the conventions require."""
+    provider, exporter = tracer()
+    store = AggregateStore(
+        MemoryBackend(), Box, StoreConfig(observer=OtelStoreObserver(tracer_provider=provider))
+    )
+    entry = store.handle("b1", Message(id="m1", type="Put"), handlers, create=True).emitted[0]
+    TracingPublisher(MemoryPublisher(), tracer_provider=provider).publish(entry)
+    handling, publish = exporter.get_finished_spans()
+    assert handling.attributes is not None and publish.attributes is not None
+    assert handling.attributes["messaging.system"] == "docoutbox"
+    assert publish.attributes["messaging.system"] == "docoutbox"
+    assert publish.attributes["messaging.destination.name"] == entry.type
+
+
+def test_rabbitmq_publish_spans_name_the_exchange_and_the_routing_key() -> None:
+
+    provider, exporter = tracer()
+    store = AggregateStore(MemoryBackend(), Box)
+    entry = store.handle("b1", Message(id="m1", type="Put"), handlers, create=True).emitted[0]
+
+    class Recording(RabbitPublisher):
+        def publish(self, entry: Any) -> None:  # no broker: the span's attributes only
+            return None
+
+    for exchange, shown in (("orders", "orders"), ("", "amq.default")):
+        inner = Recording("amqp://guest:guest@127.0.0.1:1/", exchange, routing_key="k")
+        TracingPublisher(inner, tracer_provider=provider).publish(entry)
+        span = exporter.get_finished_spans()[-1]
+        assert span.attributes is not None and span.name == f"publish {shown}"
+        assert span.attributes["messaging.system"] == "rabbitmq"
+        assert span.attributes["messaging.destination.name"] == shown
+        assert span.attributes["messaging.rabbitmq.destination.routing_key"] == "k"
+
+
+def test_kafka_publish_spans_name_the_topic() -> None:
+
+    entry = (
+        AggregateStore(MemoryBackend(), Box)
+        .handle("b1", Message(id="m1", type="Put"), handlers, create=True)
+        .emitted[0]
+    )
+    publisher = KafkaPublisher({"bootstrap.servers": "127.0.0.1:1"}, "orders")
+    assert publisher.trace_attributes(entry) == {
+        "messaging.system": "kafka",
+        "messaging.destination.name": "orders",
+    }
 
 
 def test_a_failed_publish_is_recorded_on_its_span_and_raised() -> None:

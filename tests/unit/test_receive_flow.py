@@ -4,6 +4,7 @@ back later messages, dead letters, and the same verdicts from the sync and async
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
 from docoutbox.codec import encode_entry
-from docoutbox.errors import StoreError, TransientStoreError
+from docoutbox.errors import InvalidPayload, StoreError, TransientStoreError
 from docoutbox.receive import (
     Action,
     AsyncReceiver,
@@ -20,6 +21,7 @@ from docoutbox.receive import (
     Options,
     Receiver,
     Verdict,
+    log_verdict,
 )
 from docoutbox.testing import AsyncMemoryBackend
 from tests.support import loopless
@@ -183,3 +185,49 @@ def test_a_message_delivered_twice_in_a_poll_does_not_overtake_the_messages_betw
     verdicts = made.receive(deliveries(one, two, three, two))
     assert [v.action for v in verdicts] == [Action.ACK] * 4
     assert seqs(backend) == [1, 2, 3]
+
+
+def test_expected_rejections_log_one_warning_line_and_handler_bugs_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A body that is not a message, an unknown type or an invalid payload is normal
+    input for a consumer: one warning line naming the message (ID and type) and the
+    reason, no traceback. A handler that raises is a bug: an error with its traceback."""
+
+    invalid = make_entry("c", 1)
+    bodies = [
+        b"not json at all",
+        b'{"id": "x"}',
+        encode_entry(make_entry("a", 1, type="NoSuchType")),
+        encode_entry(invalid),
+        encode_entry(make_entry("b", 1)),
+    ]
+
+    def handler(state: Ledger, message: Message) -> Any:
+        if message.source == "Producer/b":
+            raise RuntimeError("business rule broken")
+        if message.source == "Producer/c":
+            raise InvalidPayload("n must be\nbelow 1")
+        return ledger_handlers(state, message)
+
+    store = AggregateStore(FaultyBackend(), Ledger, EXACT)
+    options = Options(create=True, retry=HandlerRetry(immediate=0, delayed=0))
+    verdicts = Receiver(store, handler, by_source, options).receive(
+        [Delivery(body) for body in bodies]
+    )
+    assert [v.action for v in verdicts] == [Action.REJECT] * 5
+    log = logging.getLogger("docoutbox.test")
+    with caplog.at_level(logging.DEBUG, logger="docoutbox.test"):
+        for verdict, body in zip(verdicts, bodies, strict=True):
+            log_verdict(log, verdict, body, "nowhere")
+    records = caplog.records
+    assert [r.levelname for r in records] == ["WARNING"] * 4 + ["ERROR"]
+    for record in records[:4]:
+        assert record.exc_info is None and "\n" not in record.getMessage()
+    assert "b'not json at all'" in records[0].getMessage()
+    assert "InvalidMessage" in records[1].getMessage()
+    assert "(type NoSuchType): UnknownMessageType" in records[2].getMessage()
+    assert f"message {invalid.id} (type Event): InvalidPayload: n must be below 1" in (
+        records[3].getMessage()
+    )
+    assert records[4].exc_info is not None and "business rule broken" in caplog.text

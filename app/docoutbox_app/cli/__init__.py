@@ -61,6 +61,7 @@ from docoutbox_app.cli.options import (
     SERVER_TIMEOUT_HELP,
     TIMEOUT,
     KeyValues,
+    Parser,
     add_cosmos_options,
     add_store_options,
     connection_problem,
@@ -72,6 +73,8 @@ from docoutbox_app.registry import AdapterMissing
 from docoutbox_app.wiring import DispatchOptions, build_async_dispatcher, build_dispatcher
 
 log = logging.getLogger("docoutbox_app.cli")
+#: What a dispatcher follows, by store: its ``mode`` in the start line.
+FOLLOWS = {"mongo": "change-stream", "cosmos": "change-feed"}
 
 
 class CountingPublisher:
@@ -119,7 +122,7 @@ class StdoutPublisher:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="docoutbox",
         description="Exactly-once message processing on document databases.",
         formatter_class=Formatter,
@@ -359,6 +362,9 @@ def _store_settings(args: argparse.Namespace) -> StoreSettings:
         url, key = args.mongo_uri, None
     else:
         url, key = args.store_url, os.environ.get("DOCOUTBOX_STORE_KEY")
+    if getattr(args, "concurrency", None):
+        # The dispatcher's workers: a database client sizes its connection pool to them.
+        options["concurrency"] = str(args.concurrency)
     options.update(args.store_option or {})
     return StoreSettings(
         url, args.db, args.collection, key=key, timeout=args.server_timeout, options=options
@@ -450,7 +456,7 @@ def _dispatch(
         args.publisher,
         name,
         not args.no_leases,
-        f"polling every {args.poll_interval}s" if polling else "change-stream",
+        f"polling every {args.poll_interval}s" if polling else FOLLOWS.get(kind, "change-stream"),
     )
     if args.use_async:
         code = _dispatch_async(

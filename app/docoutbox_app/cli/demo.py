@@ -30,7 +30,7 @@ from docoutbox.store.core import StoreConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from docoutbox_app.cli import logs
 from docoutbox_app.cli.help import Formatter
-from docoutbox_app.cli.options import DATABASE, TIMEOUT, number
+from docoutbox_app.cli.options import DATABASE, TIMEOUT, Parser, number
 
 
 class Wallet(Aggregate):
@@ -93,7 +93,7 @@ SHARE = number(float, 0, high=1)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="docoutbox demo", description=__doc__.replace("``", ""), formatter_class=Formatter
     )
     p.add_argument("--mongo-uri", help="run on MongoDB (a replica set or the test wire server)")
@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--credits", type=COUNT, default=25, help="credit commands per wallet")
     p.add_argument("--redeliver", type=SHARE, default=0.2, help="share of commands sent twice")
     p.add_argument("--duplicate", type=SHARE, default=0.2, help="share of deliveries doubled")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=number(int, 0, high=2**63 - 1), default=7)
     p.add_argument("--timeout", type=TIMEOUT, default=120.0)
     p.add_argument(
         "--db", type=DATABASE, help="MongoDB database to use (default: a new random name)"

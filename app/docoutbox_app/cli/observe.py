@@ -1,7 +1,9 @@
 """What ``docoutbox dispatch`` shows of itself: progress lines with an ETA, the measured
 outbox backlog, Prometheus metrics, health endpoints and OpenTelemetry.
 
-Rule: the backlog is measured in the database every ``--backlog-interval`` seconds (never
+Rule: the backlog is measured in the database every ``--backlog-interval`` seconds, or
+every ``--progress-interval`` seconds when progress lines are more frequent, so that each
+line carries a fresh measurement; the last line, on stop, measures once more (never
 inferred from the in-memory work queue).
 """
 
@@ -13,13 +15,13 @@ from typing import Any
 from docoutbox.dispatch.engine.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.observability.health import Endpoint, Health, Observed
-from docoutbox_app.cli.options import INTERVAL
+from docoutbox_app.cli.options import INTERVAL, PORT
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--metrics-port",
-        type=int,
+        type=PORT,
         help="serve /metrics (Prometheus; needs docoutbox[prometheus]), /healthz, /readyz "
         "and /health on this port (0: any free port)",
     )
@@ -28,7 +30,8 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
         "--backlog-interval",
         type=INTERVAL,
         default=5.0,
-        help="seconds between measurements of the outbox backlog in the database",
+        help="seconds between measurements of the outbox backlog in the database (at most "
+        "--progress-interval: each progress line shows a fresh one)",
     )
     d.add_argument("--log-format", choices=["text", "json"], default="text", help="log lines")
     d.add_argument(
@@ -63,7 +66,8 @@ class Observability:
 
             targets.append(OtelMetrics())
         self.metrics = Fanout(*targets)
-        self.monitor = BacklogMonitor(probe, self.metrics, interval=args.backlog_interval)
+        every = min(args.backlog_interval, args.progress_interval)
+        self.monitor = BacklogMonitor(probe, self.metrics, interval=every)
         self.health.monitor = self.monitor
         self.endpoint: Endpoint | None = None
 
@@ -99,7 +103,8 @@ class Observability:
             ).start()
 
     def close(self) -> None:
+        """Stop measuring and serving, and log the last progress line, measured now."""
         self.monitor.stop()
         if self.endpoint is not None:
             self.endpoint.close()
-        self.progress.report()
+        self.progress.final(self.monitor.measure(report=False))

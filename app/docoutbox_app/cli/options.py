@@ -1,8 +1,9 @@
-"""Argument types shared by the ``docoutbox`` commands.
+"""Argument types shared by the ``docoutbox`` commands, and their parser.
 
 Rule: a value the command cannot use is refused by argparse (exit 2, one line naming the
 option), before any server is contacted; nothing reaches a driver that would fail on it
-with a traceback or a misleading "cannot connect" (exit 1).
+with a traceback or a misleading "cannot connect" (exit 1). The line is all that is
+printed (:class:`Parser`): no usage dump before it; ``--help`` shows the usage.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 from docoutbox.ports.kit import name_problem as kit_name_problem
 from docoutbox.retry import MAX_COUNT
@@ -23,6 +24,15 @@ from docoutbox_app.registry import AdapterMissing
 #: the Python API allows, MAX_INTERVAL). pymongo refuses timeouts of a billion
 #: milliseconds or more, ``timedelta`` overflows far beyond: a larger value is a typo.
 MAX_TIMEOUT = 86_400.0
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr, ``<prog>: error: <message>
+    (see <prog> --help)``, and exit 2: the usage it would print first (30 lines for
+    ``docoutbox dispatch``) hid the one line that mattered. Its subparsers are Parsers too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def number(
@@ -39,7 +49,8 @@ def number(
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
         if not math.isfinite(value) or value < low or (strict and value == low):
             relation = "greater than" if strict else "at least"
             raise argparse.ArgumentTypeError(f"must be a finite number {relation} {low}: {text}")
@@ -91,6 +102,8 @@ def name(what: str, store: str | None = "mongo") -> Any:
     return parse
 
 
+#: A TCP port to serve on (0: any free port).
+PORT = number(int, 0, high=65535)
 POSITIVE = number(float, 0, strict=True)
 NON_NEGATIVE = number(float, 0)
 AT_LEAST_ONE = number(int, 1, high=MAX_COUNT)

@@ -35,6 +35,7 @@ from docoutbox_app.cli.options import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     PARTITIONS,
+    Parser,
     add_cosmos_options,
     number,
 )
@@ -124,7 +125,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="docoutbox")
+    top = Parser(prog="docoutbox")
     sub = top.add_subparsers(dest="command", required=True)
     a = sub.add_parser(
         "audit", help="audit collections with Spark: stuck, lost, duplicated, near a limit"

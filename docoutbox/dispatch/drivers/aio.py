@@ -33,6 +33,7 @@ from docoutbox.dispatch.drivers.operations import (
     wall_clock_engine,
 )
 from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.checkpoint import describe_position
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.engine.loop import DispatcherConfig, EngineOp, PublishRound, TrimRound
 from docoutbox.dispatch.engine.metrics import Metrics
@@ -226,4 +227,8 @@ class AsyncDispatcher:
             await drive_async(self.engine.checkpoint(time.monotonic(), force=True), self._perform)
         await asyncio.to_thread(self.ownership.stop, release=not crashed)
         await drive_async(self.engine.shutdown(crashed=True), self._perform)
-        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, self.engine.saved)
+        log.info(
+            "dispatcher_stopped name=%s checkpoint=%s",
+            self.config.name,
+            describe_position(self.engine.saved),
+        )

@@ -19,6 +19,7 @@ from typing import Any
 
 from docoutbox.dispatch.drivers.operations import GroupWriter, Ports, batches, wall_clock_engine
 from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.checkpoint import describe_position
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.engine.loop import (
     DispatcherConfig,
@@ -171,4 +172,8 @@ class Dispatcher:
             drive(self.engine.checkpoint(time.monotonic(), force=True), self._perform)
         self.ownership.stop(release=not crashed)
         drive(self.engine.shutdown(crashed=True), self._perform)
-        log.info("dispatcher_stopped name=%s checkpoint=%r", self.config.name, self.engine.saved)
+        log.info(
+            "dispatcher_stopped name=%s checkpoint=%s",
+            self.config.name,
+            describe_position(self.engine.saved),
+        )

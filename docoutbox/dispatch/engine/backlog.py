@@ -187,7 +187,9 @@ class BacklogMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def measure(self) -> OutboxStats | None:
+    def measure(self, *, report: bool = True) -> OutboxStats | None:
+        """Measure now; hand the figures to the metrics unless ``report`` is False (the
+        last figures, ``last``, are kept either way). None if the measurement failed."""
         try:
             stats = self.probe()
         except StoreError as exc:
@@ -196,6 +198,8 @@ class BacklogMonitor:
             return None
         self.failures = 0
         self.last = stats
+        if not report:
+            return stats
         for metrics in self.metrics:
             if isinstance(metrics, OutboxMetrics):
                 metrics.outbox(stats)
@@ -218,9 +222,13 @@ class BacklogMonitor:
 
 
 class ProgressMetrics(CountingMetrics):
-    """Counting metrics that log a ``progress`` line on every backlog measurement at most
-    every ``every`` seconds: published so far, the backlog in the database, the publish
-    rate since the previous line and the ETA to drain the backlog at that rate."""
+    """Counting metrics that log a ``progress`` line on a backlog measurement once ``every``
+    seconds have passed since the previous line was due (lines keep that pace, without
+    drift, as long as measurements are at least as frequent): published so far, the
+    backlog in the database as just measured, the publish rate and the ETA to drain the
+    backlog at that rate, and ``lag_s``, the largest lag of the entries published since
+    the previous line (0 when none were: an idle dispatcher that caught up has no lag;
+    entries still waiting show in ``oldest_age_s``). :meth:`final` logs the last line."""
 
     def __init__(
         self, every: float = 10.0, monotonic: Callable[[], float] = time.monotonic
@@ -239,8 +247,15 @@ class ProgressMetrics(CountingMetrics):
         super().backlog(aggregates)
         now = self._mono()
         if now >= self._next:
-            self._next = now + self._every
+            # The next line is due ``every`` after this one was, not after it was logged.
+            self._next = max(self._next + self._every, now + self._every / 2)
             self.report()
+
+    def final(self, stats: OutboxStats | None) -> None:
+        """Log the last line, with ``stats`` (a measurement taken for it) when given."""
+        if stats is not None:
+            self.stats = stats
+        self.report()
 
     def eta(self) -> tuple[float, float | None]:
         """(publish rate per second since the last line, seconds to drain or None)."""
@@ -256,6 +271,7 @@ class ProgressMetrics(CountingMetrics):
         t = self.totals()
         rate, eta = self.eta()
         self._mark = (self._mono(), t.published)
+        lag = self.recent_lag()
         stats = self.stats
         log.info(
             "progress published=%d failed=%d quarantined=%d backlog_entries=%d "
@@ -268,7 +284,7 @@ class ProgressMetrics(CountingMetrics):
             stats.oldest_age if stats else 0.0,
             rate,
             "unknown" if eta is None else f"{eta:.0f}",
-            t.last_lag,
+            lag,
         )
 
 

@@ -13,6 +13,7 @@ once the whole sweep has been dispatched.
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,23 @@ from docoutbox.model import AggregateId
 from docoutbox.ports.dispatch import Position
 
 Done = Callable[[], bool]
+
+
+#: The longest position a log line shows as it is.
+SHOWN_POSITION = 120
+
+
+def describe_position(position: Position | None) -> str:
+    """A position short enough for a log line: as it is when short (a MongoDB resume
+    token), else its size, its number of parts (a Cosmos DB continuation per feed range)
+    and a hash that tells two positions apart (a Cosmos DB continuation is kilobytes of
+    base64)."""
+    text = repr(position)
+    if len(text) <= SHOWN_POSITION:
+        return text
+    parts = f"{len(position)} parts, " if isinstance(position, Mapping | list | tuple) else ""
+    digest = hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()[:12]
+    return f"<{type(position).__name__}: {parts}{len(text)} chars, sha256 {digest}>"
 
 
 def always_done() -> bool:

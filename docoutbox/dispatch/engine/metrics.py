@@ -73,13 +73,21 @@ class CountingMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._published = self._failed = self._quarantined = self._backlog = 0
-        self._max_lag = self._last_lag = 0.0
+        self._max_lag = self._last_lag = self._window_lag = 0.0
 
     def published(self, entry: OutboxMessage, lag: float) -> None:
         with self._lock:
             self._published += 1
             self._last_lag = lag
             self._max_lag = max(self._max_lag, lag)
+            self._window_lag = max(self._window_lag, lag)
+
+    def recent_lag(self) -> float:
+        """The largest lag of the entries published since the previous call (0 if none
+        were: an idle dispatcher that caught up has no lag), for periodic lines."""
+        with self._lock:
+            lag, self._window_lag = self._window_lag, 0.0
+        return lag
 
     def failed(self, entry: OutboxMessage, error: BaseException) -> None:
         with self._lock:
@@ -124,6 +132,7 @@ class LoggingMetrics(CountingMetrics):
             self.report()
 
     def report(self) -> None:
+        """Log the totals; ``lag_s`` is :meth:`recent_lag`, ``max_lag_s`` since start."""
         t = self.totals()
         log.info(
             "progress published=%d failed=%d quarantined=%d backlog=%d lag_s=%.3f max_lag_s=%.3f",
@@ -131,6 +140,6 @@ class LoggingMetrics(CountingMetrics):
             t.failed,
             t.quarantined,
             t.backlog,
-            t.last_lag,
+            self.recent_lag(),
             t.max_lag,
         )

@@ -1,0 +1,79 @@
+"""Every numeric option of every ``docoutbox`` command refuses an unusable value with one
+line on stderr (``<prog>: error: argument <option>: ...``) and exit 2: no usage dump."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from docoutbox_app import cli
+from docoutbox_app.cli import demo, main, spark
+
+
+def _numeric(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], str, str]]:
+    """(command path, option, type name) of every option typed int or float, recursively."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _numeric(child, (*path, name))
+        elif action.option_strings and action.type is not None:
+            kind = getattr(action.type, "__name__", "")
+            if action.type in (int, float) or kind in ("int", "float"):
+                yield path, action.option_strings[-1], kind
+
+
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "docoutbox": cli._parser,
+    "docoutbox demo": demo._parser,
+    "docoutbox audit/export": spark.parser,
+}
+CASES = [
+    (origin, path, option)
+    for origin, make in PARSERS.items()
+    for path, option, _ in _numeric(make())
+]
+
+
+def test_every_command_has_numeric_options_checked_here() -> None:
+    commands = {path[:1] for _, path, _ in CASES}
+    assert {("dispatch",), ("outbox",), ("audit",), ()} <= commands
+    assert ("dispatch",) in {p for _, p, o in CASES if o == "--grace"}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "not-a-number", "1e999"])
+@pytest.mark.parametrize(("origin", "path", "option"), CASES)
+def test_a_bad_number_is_one_line_and_exit_2(
+    origin: str,
+    path: tuple[str, ...],
+    option: str,
+    value: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*path, option, value]
+    if origin == "docoutbox demo":
+        run: Callable[[list[str]], int] = demo.main
+    else:
+        run = main
+    try:
+        code: object = run(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("docoutbox") and f": error: argument {option}" in err, err
+    assert "usage:" not in err
+
+
+def test_grace_nan_is_the_one_line_the_issue_quoted(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["dispatch", "--grace", "nan"])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == (
+        "docoutbox dispatch: error: argument --grace: must be a finite number at least 0: "
+        "nan (see docoutbox dispatch --help)\n"
+    )
