@@ -39,7 +39,7 @@ from docoutbox.errors import (
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler
+from docoutbox.handlers import Context, Decision, Handler, takes_context
 from docoutbox.model import AggregateId, Message
 from docoutbox.retry import backoff
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
@@ -208,12 +208,14 @@ def _guarded(handler: Handler[S], order: Mapping[str, int]) -> Handler[S]:
     """``handler``, raising :class:`Deferred` for messages after one that failed."""
     failed_at: list[int] = []
 
-    def run(state: S, message: Message) -> Decision[S] | S:
+    contextual = takes_context(handler)
+
+    def run(state: S, message: Message, context: Context) -> Decision[S] | S:
         position = order.get(message.id, 0)
         if failed_at and position > min(failed_at):
             raise Deferred(f"message {message.id} waits for an earlier one that failed")
         try:
-            return handler(state, message)
+            return handler(state, message, context) if contextual else handler(state, message)
         except Exception:
             failed_at.append(position)
             raise
