@@ -10,8 +10,6 @@ import json
 import runpy
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,8 @@ import pytest
 from docoutbox.model import OutboxMessage
 from docoutbox_app.endpoint import Endpoint, serve
 from docoutbox_rabbitmq import RabbitPublisher
-from examples.order_inventory import topology
-from tests.support.e2e import Sandbox, require_rabbitmq, sandbox
+from examples.order_inventory.conftest import command, documents
+from tests.support.e2e import Sandbox
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -42,41 +40,6 @@ class Twice:
 
     def close(self) -> None:
         self.inner.close()
-
-
-@pytest.fixture
-def shop(monkeypatch: pytest.MonkeyPatch, mongo_uri: str) -> Iterator[tuple[str, str, Sandbox]]:
-    url = require_rabbitmq()
-    name = f"shop_{uuid.uuid4().hex[:10]}"
-    monkeypatch.setenv("SHOP", name)
-    monkeypatch.setenv("MONGODB_URL", mongo_uri)
-    monkeypatch.setenv("RABBITMQ_URL", url)
-    with sandbox(url) as box:
-        topology.declare(url, name)
-        box.exchanges.append(name)
-        box.queues += [f"{name}.orders", f"{name}.inventory"]
-        yield name, url, box
-    from pymongo import MongoClient
-
-    with MongoClient(mongo_uri) as client:
-        client.drop_database(name)
-
-
-def command(url: str, shop: str, body: dict[str, Any], times: int) -> None:
-    import pika
-
-    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for _ in range(times):
-            channel.basic_publish(shop, body["type"], json.dumps(body).encode())
-
-
-def documents(mongo_uri: str, shop: str, collection: str) -> list[dict[str, Any]]:
-    from pymongo import MongoClient
-
-    with MongoClient(mongo_uri) as client:
-        return list(client[shop][collection].find())
 
 
 def test_orders_and_inventory_exactly_once_end_to_end(

@@ -2,6 +2,8 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one MongoDB collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
+- ``docoutbox run module:endpoint ...``: run endpoints (consumers, dispatchers, health)
+  in one process (:mod:`docoutbox_app.cli.run`);
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox_app.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
   repair the outbox (:mod:`docoutbox_app.cli.admin`);
@@ -44,6 +46,7 @@ from docoutbox.ports.kit import (
 )
 from docoutbox_app import registry
 from docoutbox_app.cli import admin, audit, logs, observe
+from docoutbox_app.cli import run as run_command
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
     ANY_COLLECTION,
@@ -236,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     observe.add_arguments(d)
     admin.add_commands(sub)
+    run_command.add_command(sub)
     return parser
 
 

@@ -1,0 +1,99 @@
+"""The example runs with ``docoutbox run``: both endpoints in one process, JSON logs, a
+health endpoint, and a SIGTERM that stops them cleanly (exit 0) with nothing left behind:
+every order settled, every outbox empty, every queue drained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.order_inventory.conftest import command, documents
+from tests.support.e2e import Sandbox
+
+pytestmark = pytest.mark.rabbitmq
+
+ROOT = Path(__file__).parents[2]
+ORDERS = 6
+
+
+def _lines(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+    assert process.stderr is not None
+    for line in process.stderr:
+        yield json.loads(line)
+
+
+def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(
+    shop: tuple[str, str, Sandbox], mongo_uri: str
+) -> None:
+    name, url, box = shop
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "docoutbox_app",
+            "run",
+            "examples.order_inventory.mongo:orders",
+            "examples.order_inventory.mongo:inventory",
+            "--health-port",
+            "0",
+            "--log-format",
+            "json",
+        ],
+        cwd=ROOT,
+        env={**os.environ},  # SHOP, MONGODB_URL, RABBITMQ_URL from the fixture
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[dict[str, Any]] = []
+    try:
+        lines = _lines(process)
+        started: set[str] = set()
+        port = None
+        for line in lines:
+            seen.append(line)
+            if line["event"] == "endpoint_serving":
+                port = int(line["port"])
+            if line["event"] == "endpoint_started":
+                started.add(line["endpoint"])
+            if started == {"orders", "inventory"}:
+                break
+        assert port is not None, seen
+        restock = {"id": "r-1", "type": "Restock", "payload": {"sku": "apple", "qty": 100}}
+        command(url, name, restock, 1)
+        for n in range(ORDERS):
+            payload = {"order_id": f"o-{n}", "sku": "apple", "qty": 1}
+            command(url, name, {"id": f"c-{n}", "type": "PlaceOrder", "payload": payload}, 2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            docs = documents(mongo_uri, name, "orders")
+            if sum(d["state"]["status"] == "reserved" for d in docs) == ORDERS:
+                break
+            time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as response:
+            assert response.status == 200
+        process.send_signal(signal.SIGTERM)
+        seen.extend(lines)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    events = [line["event"] for line in seen]
+    assert events.count("endpoint_stopped") == 2, events
+    assert events.count("dispatcher_stopped") == 2, events
+    docs = documents(mongo_uri, name, "orders") + documents(mongo_uri, name, "stock")
+    assert all(doc["outbox"] == [] for doc in docs)
+    [stock] = documents(mongo_uri, name, "stock")
+    assert stock["state"]["available"] == 100 - ORDERS
+    assert box.depth(f"{name}.orders") == box.depth(f"{name}.inventory") == 0
+    assert all("guest:guest" not in json.dumps(line) for line in seen)
