@@ -1,7 +1,7 @@
-"""The Order and Inventory endpoints end to end on the MongoDB wire server and RabbitMQ:
-commands published twice (redelivered), every outbox entry published twice (a broker that
-duplicates), and still every effect exactly once, every outbox empty at the end, and a
-clean shutdown that releases the dispatchers' leases."""
+"""The Order and Inventory endpoints end to end on RabbitMQ and the MongoDB wire server, or
+the local Cosmos DB server (the same user code but for the store): commands published
+twice (redelivered), every outbox entry published twice (a broker that duplicates), and
+still every effect exactly once, every outbox empty and every queue drained at the end."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import pytest
 from docoutbox.model import OutboxMessage
 from docoutbox_app.endpoint import Endpoint, serve
 from docoutbox_rabbitmq import RabbitPublisher
-from examples.order_inventory.conftest import command, documents
-from tests.support.e2e import Sandbox
+from examples.order_inventory.conftest import Shop
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -42,23 +41,22 @@ class Twice:
         self.inner.close()
 
 
-def test_orders_and_inventory_exactly_once_end_to_end(
-    shop: tuple[str, str, Sandbox], mongo_uri: str
-) -> None:
-    name, url, box = shop
-    module = runpy.run_path(str(HERE / "mongo.py"))  # read with this test's SHOP
+def test_orders_and_inventory_exactly_once_end_to_end(shop: Shop) -> None:
+    module = runpy.run_path(str(HERE / f"{shop.store}.py"))  # read with this test's SHOP
     orders: Endpoint[Any] = module["orders"]
     inventory: Endpoint[Any] = module["inventory"]
     for endpoint in (orders, inventory):
-        endpoint.output = Twice(RabbitPublisher(url, exchange=name))
+        endpoint.output = Twice(RabbitPublisher(shop.url, exchange=shop.name))
     health: dict[str, Any] = {}
 
     def settled() -> bool:
-        docs = documents(mongo_uri, name, "orders")
-        done = [d for d in docs if d["state"]["status"] in ("reserved", "refused")]
-        stock = documents(mongo_uri, name, "stock")
-        empty = all(not d.get("outbox") for d in docs + stock)
-        return len(done) == ORDERS and empty
+        found = shop.orders(ORDERS)
+        done = [
+            state
+            for key, state in found.items()
+            if key != "pending" and state.status in ("reserved", "refused")
+        ]
+        return len(done) == ORDERS and not found["pending"] and not shop.stock()["pending"]
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -66,18 +64,13 @@ def test_orders_and_inventory_exactly_once_end_to_end(
         running = asyncio.create_task(
             serve([orders, inventory], stop, health_port=0, serving=port.append)
         )
-        await asyncio.to_thread(
-            command,
-            url,
-            name,
-            {"id": "r-1", "type": "Restock", "payload": {"sku": "apple", "qty": STOCK}},
-            2,
-        )
-        await asyncio.sleep(0.5)  # the stock first, so that which orders win is known
+        restock = {"id": "r-1", "type": "Restock", "payload": {"sku": "apple", "qty": STOCK}}
+        await asyncio.to_thread(shop.command, restock, 2)
+        await asyncio.sleep(0.5)  # the stock first, so that how many orders win is known
         for n in range(ORDERS):
             payload = {"order_id": f"o-{n}", "sku": "apple", "qty": 2}
             body = {"id": f"c-{n}", "type": "PlaceOrder", "payload": payload}
-            await asyncio.to_thread(command, url, name, body, 2)
+            await asyncio.to_thread(shop.command, body, 2)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not await asyncio.to_thread(settled):
             await asyncio.sleep(0.2)
@@ -89,15 +82,15 @@ def test_orders_and_inventory_exactly_once_end_to_end(
     asyncio.run(scenario())
     assert health["ready"] is True, health
     assert set(health["endpoints"]) == {"orders", "inventory"}
-    consumed = health["endpoints"]["inventory"]["consumed"][f"rabbitmq:{name}.inventory"]
+    consumed = health["endpoints"]["inventory"]["consumed"][f"rabbitmq:{shop.name}.inventory"]
     assert consumed["duplicates"] > 0 and consumed["rejected"] == 0
-    by_id = {d["_id"]: d["state"] for d in documents(mongo_uri, name, "orders")}
-    statuses = sorted(state["status"] for state in by_id.values())
+    found = shop.orders(ORDERS)
+    assert found.pop("pending") == []
+    statuses = sorted(state.status for state in found.values())
     assert statuses == ["refused"] * 3 + ["reserved"] * 5
-    [stock] = documents(mongo_uri, name, "stock")
-    reserved = stock["state"]["reserved"]
-    assert stock["state"]["available"] == STOCK - 2 * len(reserved) == 1
-    assert sorted(reserved) == sorted(o for o, s in by_id.items() if s["status"] == "reserved")
-    for doc in [*documents(mongo_uri, name, "orders"), stock]:
-        assert doc.get("outbox") == []
-    assert box.depth(f"{name}.orders") == box.depth(f"{name}.inventory") == 0
+    stock = shop.stock()
+    assert stock["pending"] == []
+    reserved = stock["apple"].reserved
+    assert stock["apple"].available == STOCK - 2 * len(reserved) == 1
+    assert sorted(reserved) == sorted(o for o, s in found.items() if s.status == "reserved")
+    assert shop.box.depth(f"{shop.name}.orders") == shop.box.depth(f"{shop.name}.inventory") == 0

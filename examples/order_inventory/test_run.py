@@ -1,6 +1,6 @@
-"""The example runs with ``docoutbox run``: both endpoints in one process, JSON logs, a
-health endpoint, and a SIGTERM that stops them cleanly (exit 0) with nothing left behind:
-every order settled, every outbox empty, every queue drained."""
+"""The example runs with ``docoutbox run``, on MongoDB and on Cosmos DB: both endpoints in
+one process, JSON logs, a health endpoint, and a SIGTERM that stops them cleanly (exit 0)
+with nothing left behind: every order settled, every outbox empty, every queue drained."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from examples.order_inventory.conftest import command, documents
-from tests.support.e2e import Sandbox
+from examples.order_inventory.conftest import Shop
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -32,18 +31,15 @@ def _lines(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
         yield json.loads(line)
 
 
-def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(
-    shop: tuple[str, str, Sandbox], mongo_uri: str
-) -> None:
-    name, url, box = shop
+def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(shop: Shop) -> None:
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "docoutbox_app",
             "run",
-            "examples.order_inventory.mongo:orders",
-            "examples.order_inventory.mongo:inventory",
+            f"examples.order_inventory.{shop.store}:orders",
+            f"examples.order_inventory.{shop.store}:inventory",
             "--health-port",
             "0",
             "--log-format",
@@ -69,14 +65,14 @@ def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(
                 break
         assert port is not None, seen
         restock = {"id": "r-1", "type": "Restock", "payload": {"sku": "apple", "qty": 100}}
-        command(url, name, restock, 1)
+        shop.command(restock)
         for n in range(ORDERS):
             payload = {"order_id": f"o-{n}", "sku": "apple", "qty": 1}
-            command(url, name, {"id": f"c-{n}", "type": "PlaceOrder", "payload": payload}, 2)
+            shop.command({"id": f"c-{n}", "type": "PlaceOrder", "payload": payload}, 2)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            docs = documents(mongo_uri, name, "orders")
-            if sum(d["state"]["status"] == "reserved" for d in docs) == ORDERS:
+            found = shop.orders(ORDERS)
+            if sum(s.status == "reserved" for k, s in found.items() if k != "pending") == ORDERS:
                 break
             time.sleep(0.2)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as response:
@@ -91,9 +87,8 @@ def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(
     events = [line["event"] for line in seen]
     assert events.count("endpoint_stopped") == 2, events
     assert events.count("dispatcher_stopped") == 2, events
-    docs = documents(mongo_uri, name, "orders") + documents(mongo_uri, name, "stock")
-    assert all(doc["outbox"] == [] for doc in docs)
-    [stock] = documents(mongo_uri, name, "stock")
-    assert stock["state"]["available"] == 100 - ORDERS
-    assert box.depth(f"{name}.orders") == box.depth(f"{name}.inventory") == 0
+    stock = shop.stock()
+    assert shop.orders(ORDERS)["pending"] == stock["pending"] == []
+    assert stock["apple"].available == 100 - ORDERS
+    assert shop.box.depth(f"{shop.name}.orders") == shop.box.depth(f"{shop.name}.inventory") == 0
     assert all("guest:guest" not in json.dumps(line) for line in seen)
