@@ -51,8 +51,6 @@ def restock(stock: Stock, message: Message) -> Stock:
 def reserve(stock: Stock, message: Message) -> Decision[Stock]:
     order_id, qty = str(message.payload["order_id"]), int(message.payload["qty"])
     reply = {"order_id": order_id, "sku": message.payload["sku"], "qty": qty}
-    if order_id in stock.reserved:  # answered already (the order re-sent its request)
-        return Decision(stock, emit("StockReserved", reply))
     if stock.available < qty:
         return Decision(stock, emit("StockRefused", reply))
     left = stock.model_copy(

@@ -92,3 +92,33 @@ def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(shop: Shop) ->
     assert stock["apple"].available == 100 - ORDERS
     assert shop.box.depth(f"{shop.name}.orders") == shop.box.depth(f"{shop.name}.inventory") == 0
     assert all("guest:guest" not in json.dumps(line) for line in seen)
+
+
+def test_a_sigterm_while_starting_is_a_clean_stop(shop: Shop, tmp_path: Path) -> None:
+    if shop.store != "mongo":
+        pytest.skip("the start-up path is the same on every store")
+    marker = tmp_path / "importing"
+    (tmp_path / "slow_shop.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(2)\n"
+        "from examples.order_inventory.mongo import orders\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "docoutbox_app", "run", "slow_shop:orders", "--log-format", "json"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    events = [json.loads(line)["event"] for line in err.splitlines()]
+    assert "signal_received" in events and events[-1] == "endpoint_stopped", events

@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,6 +143,11 @@ def prepare(targets: Sequence[str]) -> tuple[list[Endpoint[Any]], list[Settings]
 
 def run(args: argparse.Namespace) -> int:
     """``docoutbox run``: see the module's rule for exit codes."""
+    # A signal while the endpoints' modules load or connect stops them as soon as they
+    # run, rather than killing the process half-started.
+    early = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, frame: early.set())
     try:
         endpoints, settings = prepare(args.targets)
     except InvalidConfig as exc:
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     secrets = [secret for each in settings for secret in each.secrets()]
     logs.configure(args.log_level, secrets=secrets, fmt=args.log_format)
     try:
-        asyncio.run(_main(endpoints, settings, args))
+        asyncio.run(_main(endpoints, settings, args, early))
     except OSError as exc:
         return _fail(f"cannot serve health on port {args.health_port}: {exc}", secrets)
     except InvalidConfig as exc:
@@ -160,12 +166,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(
-    endpoints: Sequence[Endpoint[Any]], settings: Sequence[Settings], args: argparse.Namespace
+    endpoints: Sequence[Endpoint[Any]],
+    settings: Sequence[Settings],
+    args: argparse.Namespace,
+    early: threading.Event,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _stopper(stop, signum))
+    if early.is_set():
+        log.info("signal_received before_start=%s stopping=%s", True, True)
+        stop.set()
     await serve(
         endpoints,
         stop,
