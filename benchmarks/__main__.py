@@ -30,6 +30,7 @@ from benchmarks import (
     cosmos,
     cosmos_aio,
     dispatch,
+    endpoint,
     immediate,
     kafka,
     kafka_consume,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
+    "endpoint": (endpoint.run, None),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

@@ -173,3 +173,14 @@ def test_helpers() -> None:
     assert percentile([float(x) for x in range(1, 101)], 50) == 50
     assert percentile([float(x) for x in range(1, 101)], 99) == 99
     assert percentile([5.0], 99) == 5.0
+
+
+@pytest.mark.rabbitmq
+def test_endpoint_against_a_plain_consumer_loop(mongo_uri: str) -> None:
+    from benchmarks import endpoint
+    from tests.support.e2e import require_rabbitmq
+
+    require_rabbitmq()
+    table = endpoint.run(mongo_uri, QUICK)
+    _sane(table)
+    assert [row[0] for row in table.rows] == ["plain", "endpoint"]
