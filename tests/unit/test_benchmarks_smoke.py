@@ -183,4 +183,4 @@ def test_endpoint_against_a_plain_consumer_loop(mongo_uri: str) -> None:
     require_rabbitmq()
     table = endpoint.run(mongo_uri, QUICK)
     _sane(table)
-    assert [row[0] for row in table.rows] == ["plain", "endpoint"]
+    assert [row[0] for row in table.rows][:3] == ["plain", "consumer", "endpoint"]
