@@ -25,9 +25,8 @@ HERE = Path(__file__).parent
 ORDERS = 6
 
 
+@pytest.mark.parametrize("shop", ["mongo"], indirect=True)
 def test_the_faststream_inventory_with_the_orders_endpoint(shop: Shop) -> None:
-    if shop.store != "mongo":
-        pytest.skip("the FastStream app is written for MongoDB")
     inventory = runpy.run_path(str(HERE / "faststream_inventory.py"))  # this test's SHOP
     orders: Endpoint[Any] = runpy.run_path(str(HERE / "mongo.py"))["orders"]
 

@@ -108,9 +108,8 @@ class Fleet:
         return codes
 
 
+@pytest.mark.parametrize("shop", ["mongo"], indirect=True)
 def test_kill_9_while_commands_flow(shop: Shop, tmp_path: Path) -> None:
-    if shop.store != "mongo":
-        pytest.skip("run on MongoDB: the Cosmos DB leases take the same code path")
     (tmp_path / "fast_shop.py").write_text(FAST)
     watch = f"{shop.name}.watch"  # sees every message the dispatchers publish
     shop.box.queues.append(watch)

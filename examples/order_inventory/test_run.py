@@ -94,9 +94,8 @@ def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(shop: Shop) ->
     assert all("guest:guest" not in json.dumps(line) for line in seen)
 
 
+@pytest.mark.parametrize("shop", ["mongo"], indirect=True)
 def test_a_sigterm_while_starting_is_a_clean_stop(shop: Shop, tmp_path: Path) -> None:
-    if shop.store != "mongo":
-        pytest.skip("the start-up path is the same on every store")
     marker = tmp_path / "importing"
     (tmp_path / "slow_shop.py").write_text(
         f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(2)\n"
