@@ -30,6 +30,7 @@ from benchmarks import (
     cosmos,
     cosmos_aio,
     dispatch,
+    endpoint,
     immediate,
     kafka,
     kafka_consume,
@@ -60,6 +61,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
     "rabbitmq": (rabbitmq.run, None),
+    "endpoint": (endpoint.run, None),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

@@ -29,7 +29,7 @@ from docoutbox.errors import (
     PublishError,
     StoreError,
 )
-from docoutbox.handlers import Decision, Handlers
+from docoutbox.handlers import Context, Decision, Handlers
 from docoutbox.model import Aggregate, Emit, InboxPolicy, Message, OutboxMessage, emit
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
@@ -43,6 +43,7 @@ __all__ = [
     "AsyncAggregateStore",
     "AsyncDispatcher",
     "ConcurrencyConflict",
+    "Context",
     "Decision",
     "Dispatcher",
     "DispatcherConfig",

@@ -1,15 +1,26 @@
-"""Handlers: pure functions from (state, message) to a new state and outgoing messages."""
+"""Handlers: pure functions from (state, message) to a new state and outgoing messages.
+
+Rule: a handler is called with two arguments, ``(state, message)``, or with three,
+``(state, message, context)``, when it accepts a third positional argument; which one is
+decided once, by inspecting the handler, when it is registered (:meth:`Handlers.on`) or
+first used, never per message. The :class:`Context` is built by the store from the
+aggregate ID, the message's metadata and the store's clock, so a handler reading "now"
+stays pure: the value comes from outside, and a test fixes it with ``StoreConfig.clock``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from datetime import datetime
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from docoutbox.errors import InvalidConfig, InvalidHandlerResult, UnknownMessageType
-from docoutbox.model import Emit, Message
+from docoutbox.model import AggregateId, Emit, Message
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -47,7 +58,82 @@ class Decision(Generic[S]):
         object.__setattr__(self, "emits", tuple(flat))
 
 
-Handler = Callable[[S, Message], "S | Decision[S]"]
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a handler may know besides its state and message.
+
+    >>> @handlers.on("OpenAccount")
+    ... def open_account(account: Account, message: Message, context: Context) -> Account:
+    ...     return account.model_copy(update={"number": context.aggregate_id,
+    ...                                       "opened_at": context.now.isoformat()})
+
+    ``now`` is the store's clock (``StoreConfig.clock``) read once for this handling, so
+    a handler that needs the time stays a pure function of its arguments.
+    """
+
+    aggregate_id: AggregateId
+    aggregate_type: str
+    message_id: str
+    message_type: str
+    headers: Mapping[str, str]
+    correlation_id: str | None
+    causation_id: str | None
+    now: datetime
+
+    @classmethod
+    def of(
+        cls, aggregate_id: AggregateId, aggregate_type: str, message: Message, now: datetime
+    ) -> Context:
+        """The context of handling ``message`` on the aggregate ``aggregate_id``."""
+        return cls(
+            aggregate_id,
+            aggregate_type,
+            message.id,
+            message.type,
+            message.headers,
+            message.correlation_id,
+            message.causation_id,
+            now,
+        )
+
+
+#: A handler: ``(state, message)`` or ``(state, message, context)`` to a state or Decision.
+Handler = Callable[..., "S | Decision[S]"]
+
+#: Handlers already inspected, so a function is inspected once, not per message.
+_TAKES_CONTEXT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _inspect(fn: Callable[..., Any]) -> bool:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: two arguments
+        return False
+    positional = [
+        p
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 3
+
+
+def takes_context(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` accepts a third positional argument (the :class:`Context`).
+
+    ``*args`` alone does not count, so a generic two-argument wrapper keeps receiving two
+    arguments; decorators that use ``functools.wraps`` are seen through. The answer is
+    remembered per function object.
+    """
+    if isinstance(fn, Handlers):
+        return True
+    try:
+        return _TAKES_CONTEXT[fn]
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referable (or unhashable): inspect every time
+        return _inspect(fn)
+    found = _TAKES_CONTEXT[fn] = _inspect(fn)
+    return found
 
 
 def check_result(result: object, model: type[S]) -> Decision[S]:
@@ -85,10 +171,13 @@ class Handlers(Generic[S]):
     >>> handlers: Handlers[Account] = Handlers()
     >>> @handlers.on("Deposit")
     ... def deposit(account: Account, message: Message) -> Account: ...
+
+    A handler registered here takes ``(state, message)`` or ``(state, message,
+    context)`` (a :class:`Context`): its signature is inspected once, by :meth:`on`.
     """
 
     def __init__(self) -> None:
-        self._by_type: dict[str, Handler[S]] = {}
+        self._by_type: dict[str, tuple[Handler[S], bool]] = {}
 
     def on(self, *types: str) -> Callable[[Handler[S]], Handler[S]]:
         if not types:
@@ -103,18 +192,35 @@ class Handlers(Generic[S]):
             for name in types:
                 if name in self._by_type:
                     raise InvalidConfig(f"a handler for {name!r} is already registered")
+            contextual = _inspect(fn)
             for name in types:
-                self._by_type[name] = fn
+                self._by_type[name] = (fn, contextual)
             return fn
 
         return register
 
-    def __call__(self, state: S, message: Message) -> S | Decision[S]:
+    def __call__(
+        self, state: S, message: Message, context: Context | None = None
+    ) -> S | Decision[S]:
+        """Run the handler of ``message.type``; a handler that takes a context needs one
+        (the stores always pass it)."""
         try:
-            fn = self._by_type[message.type]
+            fn, contextual = self._by_type[message.type]
         except KeyError:
             raise UnknownMessageType(f"no handler for message type {message.type!r}") from None
-        return fn(state, message)
+        if not contextual:
+            return fn(state, message)
+        if context is None:
+            raise InvalidConfig(
+                f"the handler of {message.type!r} takes a Context: call it with one "
+                "(state, message, context), or through a store"
+            )
+        return fn(state, message, context)
+
+    @property
+    def types(self) -> frozenset[str]:
+        """The message types with a handler."""
+        return frozenset(self._by_type)
 
 
 def check_handling(handler: object, create: object) -> None:

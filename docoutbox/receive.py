@@ -20,7 +20,15 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
@@ -34,12 +42,13 @@ from docoutbox.errors import (
     DocOutboxError,
     DocumentTooLarge,
     InboxSaturated,
+    InvalidConfig,
     InvalidInput,
     NotFound,
     PermanentStoreError,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler
+from docoutbox.handlers import Context, Decision, Handler, takes_context
 from docoutbox.model import AggregateId, Message
 from docoutbox.retry import backoff
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
@@ -192,12 +201,38 @@ class Deferred(DocOutboxError):
 class Options:
     """What :func:`receive_flow` does besides handling: batches, retries, dead letters."""
 
+    #: Every message may create its aggregate (``handle(create=True)``).
     create: bool = False
     retry: HandlerRetry = field(default_factory=HandlerRetry)
     #: Handle several messages of one aggregate in one ``handle_batch`` write.
     batch: bool = True
     #: Ask for rejected deliveries to be kept (:class:`Keep`).
     keep: bool = False
+    #: The message types that may create their aggregate when it does not exist yet; a
+    #: message of another type to a missing aggregate is NotFound (retried, then
+    #: rejected). Any iterable of str, kept as a frozenset.
+    creates: Collection[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "creates", creating_types(self.creates))
+
+    def may_create(self, message: Message) -> bool:
+        """Whether handling ``message`` may create its aggregate."""
+        return self.create or message.type in self.creates
+
+
+def creating_types(types: object) -> frozenset[str]:
+    """``types`` (message types that may create an aggregate) as a frozenset; InvalidConfig
+    for a bare string or anything but non-empty strings."""
+    if isinstance(types, str | bytes) or not isinstance(types, Iterable):
+        raise InvalidConfig(
+            f"the types that may create are a collection of message types, got {types!r}"
+        )
+    found = frozenset(types)
+    for name in found:
+        if type(name) is not str or not name:
+            raise InvalidConfig(f"a message type is a non-empty str, got {name!r}")
+    return found
 
 
 ReceiveOp = Handle | HandleBatch | Sleep | Keep
@@ -208,12 +243,14 @@ def _guarded(handler: Handler[S], order: Mapping[str, int]) -> Handler[S]:
     """``handler``, raising :class:`Deferred` for messages after one that failed."""
     failed_at: list[int] = []
 
-    def run(state: S, message: Message) -> Decision[S] | S:
+    contextual = takes_context(handler)
+
+    def run(state: S, message: Message, context: Context) -> Decision[S] | S:
         position = order.get(message.id, 0)
         if failed_at and position > min(failed_at):
             raise Deferred(f"message {message.id} waits for an earlier one that failed")
         try:
-            return handler(state, message)
+            return handler(state, message, context) if contextual else handler(state, message)
         except Exception:
             failed_at.append(position)
             raise
@@ -291,10 +328,17 @@ def _handle(
     """Verdicts of the first of ``pending`` (all of them with ``options.batch``); None for a
     message deferred behind a failure."""
     messages = tuple(message for _, message in pending)
+    if not options.may_create(messages[0]):
+        # A message that may create its aggregate starts a batch of its own: one handled
+        # after messages that may not must still be able to create it.
+        for position, message in enumerate(messages[1:], 1):
+            if options.may_create(message):
+                messages = messages[:position]
+                break
     if len(messages) == 1 or not options.batch:
         message = messages[0]
         try:
-            outcome = yield Handle(aggregate_id, message, handler, options.create)
+            outcome = yield Handle(aggregate_id, message, handler, options.may_create(message))
         except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
             return [judge_error(message, exc)]
         return [judge(message, outcome)]
@@ -304,7 +348,7 @@ def _handle(
     guarded = _guarded(handler, order)
     try:
         batch: BatchOutcome[Any] = yield HandleBatch(
-            aggregate_id, messages, guarded, options.create
+            aggregate_id, messages, guarded, options.may_create(messages[0])
         )
     except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
         return [judge_error(message, exc) for message in messages]
@@ -335,7 +379,7 @@ def _retry(
             yield Sleep(delay)
         attempts += 1
         try:
-            outcome = yield Handle(aggregate_id, message, handler, options.create)
+            outcome = yield Handle(aggregate_id, message, handler, options.may_create(message))
         except Exception as exc:  # noqa: BLE001 - every error becomes a verdict (judge_error)
             verdict = judge_error(message, exc)
         else:

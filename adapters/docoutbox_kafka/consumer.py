@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +36,7 @@ from docoutbox.receive import (
     Receiver,
     Rejects,
     Verdict,
+    creating_types,
     describe,
     keep_sync,
     log_rejection,
@@ -102,6 +103,7 @@ class KafkaSettlement(Generic[St, R]):
         dead_letter_topic: str | None = None,
         dead_letters: R | None = None,
         create: bool = False,
+        creates: Iterable[str] = (),
         batch: bool = True,
         max_batch: int = 500,
         retry: HandlerRetry | None = None,
@@ -126,6 +128,7 @@ class KafkaSettlement(Generic[St, R]):
         self.dead_letter_topic = dead_letter_topic
         self.dead_letters = dead_letters
         self.create = create
+        self.creates = creating_types(creates)
         self.batch = batch
         self.max_batch = max_batch
         self.retry = retry if retry is not None else HandlerRetry()
@@ -147,7 +150,7 @@ class KafkaSettlement(Generic[St, R]):
         return f"<{type(self).__name__} {servers} topics={self.topics} group={self.group!r}>"
 
     def _options(self) -> Options:
-        return Options(self.create, self.retry, batch=self.batch, keep=True)
+        return Options(self.create, self.retry, batch=self.batch, keep=True, creates=self.creates)
 
     def _want(self, count: int, max_messages: int | None) -> int:
         return self.max_batch if max_messages is None else min(self.max_batch, max_messages - count)
@@ -278,6 +281,10 @@ class KafkaConsumer(KafkaSettlement[AggregateStore[S], Rejects], Generic[S]):
       offset become committable; if that fails, the partition is rewound and the error
       raised;
     - a permanent store error rewinds the partition, commits what was done and raises.
+
+    A record to an aggregate that does not exist yet creates it when its type is in
+    ``creates`` (or any type with ``create=True``); otherwise it is NotFound: retried,
+    then rejected.
 
     Like any confluent-kafka consumer, an instance belongs to one thread; run several
     (same ``group``) for parallelism: Kafka gives each a share of the partitions.

@@ -65,7 +65,7 @@ def translate(exc: BaseException, what: str) -> DocOutboxError:
     if isinstance(exc, ax.DeliveryError):
         frame = exc.frame
         if isinstance(frame, Basic.Return):
-            return returned([int(frame.reply_code)], what)
+            return returned([int(frame.reply_code or 0)], what)
         return nacked(what)
     for kind, code in _CHANNEL_CODES:
         if isinstance(exc, kind):

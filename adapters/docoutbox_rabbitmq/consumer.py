@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import pika  # type: ignore[import-untyped, unused-ignore]
@@ -29,6 +29,7 @@ from docoutbox.receive import (
     Receiver,
     Rejects,
     Verdict,
+    creating_types,
     keep_sync,
     log_verdict,
 )
@@ -56,6 +57,7 @@ class Settlement(Generic[St, R]):
         *,
         aggregate_id_of: Callable[[Message], AggregateId],
         create: bool = False,
+        creates: Iterable[str] = (),
         prefetch: int = 16,
         requeue_delay: float = 0.05,
         on_verdict: Callable[[Verdict, bool], None] | None = None,
@@ -67,6 +69,7 @@ class Settlement(Generic[St, R]):
         self.handler = handler
         self.aggregate_id_of = aggregate_id_of
         self.create = create
+        self.creates = creating_types(creates)
         self.prefetch = prefetch
         self.requeue_delay = requeue_delay
         self.on_verdict = on_verdict
@@ -84,7 +87,9 @@ class Settlement(Generic[St, R]):
         return f"consume {self.queue!r} from {masked(self._url)}"
 
     def _options(self) -> Options:
-        return Options(self.create, self.retry, keep=self.dead_letters is not None)
+        return Options(
+            self.create, self.retry, keep=self.dead_letters is not None, creates=self.creates
+        )
 
     def _account(self, verdict: Verdict, redelivered: bool, body: bytes) -> None:
         """Count and log a delivery about to be settled as ``verdict`` says."""
@@ -120,6 +125,10 @@ class RabbitConsumer(Settlement[AggregateStore[S], Rejects], Generic[S]):
     ``aggregate_id_of(message)`` and settled as :mod:`docoutbox.receive` decides:
     acked after the commit (or as a duplicate), nacked with requeue after
     ``requeue_delay``, or rejected without requeue.
+
+    A message to an aggregate that does not exist yet creates it when its type is in
+    ``creates`` (e.g. ``creates={"PlaceOrder"}``), or any type with ``create=True``;
+    otherwise it is NotFound: retried, then rejected.
 
     A handler that fails is retried first (``retry``: immediately, then after growing
     delays; ``HandlerRetry(immediate=0, delayed=0)`` turns that off). A delivery still

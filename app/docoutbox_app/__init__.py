@@ -7,6 +7,12 @@ nothing imports it.
   :func:`build_async_dispatcher`, :class:`DispatchOptions`);
 - :mod:`docoutbox_app.registry`: the store and broker adapters installed, by their entry
   points (``docoutbox.stores``, ``docoutbox.brokers``);
+- :mod:`docoutbox_app.endpoint`: endpoints, one process that consumes, handles exactly
+  once and dispatches (``docoutbox run``);
+- :mod:`docoutbox_app.testing`: an endpoint in memory, for a service's own tests;
+- :mod:`docoutbox_app.faststream`: a FastStream subscriber into a store, and a publisher
+  through a FastStream broker (``docoutbox[faststream]``);
+- :mod:`docoutbox_app.logs`: log set-up and masked secrets;
 - :mod:`docoutbox_app.cli`: the ``docoutbox`` command and its operator commands.
 """
 

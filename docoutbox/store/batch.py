@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -41,7 +41,7 @@ from docoutbox.errors import (
     NotFound,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler, check_result
+from docoutbox.handlers import Decision, Handler, takes_context
 from docoutbox.model import AggregateId, Message, check_aggregate_id
 from docoutbox.store.core import Core, Flow, Load, Outcome, Sleep, Status, Write
 from docoutbox.store.document import (
@@ -64,6 +64,11 @@ class Item(Generic[S]):
     message: Message
     handler: Handler[S]
     create: bool = False
+    #: Whether the handler takes a Context (decided once, when the item is made).
+    contextual: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "contextual", takes_context(self.handler))
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,9 @@ class BatchCore(Generic[S]):
                     seen[msg.id] = index  # stored, hence final: it may leave the window
                 continue
             try:
-                decision = check_result(item.handler(current.state, msg), self.core.model)
+                decision = self.core.decide(
+                    item.handler, item.contextual, aggregate_id, current.state, msg
+                )
                 plan, entries = self._plan(current, msg, decision)
             except Exception as exc:  # noqa: BLE001 - a handler's failure belongs to its message
                 chunk.others[index] = Failed(aggregate_id, msg.id, exc)

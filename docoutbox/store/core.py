@@ -44,7 +44,14 @@ from docoutbox.errors import (
     NotFound,
     TransientStoreError,
 )
-from docoutbox.handlers import Decision, Handler, check_handling, check_result
+from docoutbox.handlers import (
+    Context,
+    Decision,
+    Handler,
+    check_handling,
+    check_result,
+    takes_context,
+)
 from docoutbox.model import (
     AggregateId,
     InboxPolicy,
@@ -319,6 +326,7 @@ class Core(Generic[S]):
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
         check_handling(handler, create)
+        contextual = takes_context(handler)
         retry = self.config.retry
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)
@@ -357,7 +365,7 @@ class Core(Generic[S]):
             doubt = None
             # From here on the handler may have changed snapshot.state in place.
             state = None
-            decision = check_result(handler(snapshot.state, msg), self.model)
+            decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg)
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
             after = apply_plan(base, plan)
@@ -425,6 +433,22 @@ class Core(Generic[S]):
         return Outcome(
             Status.APPLIED, doc[ID], after["version"], attempt, doubt.state, doubt.entries
         )
+
+    def decide(
+        self,
+        handler: Handler[S],
+        contextual: bool,
+        aggregate_id: AggregateId,
+        state: S,
+        message: Message,
+    ) -> Decision[S]:
+        """Run ``handler`` on ``state`` (with a :class:`~docoutbox.handlers.Context` when
+        ``contextual``, as :func:`~docoutbox.handlers.takes_context` said) and check what
+        it returned."""
+        if contextual:
+            context = Context.of(aggregate_id, self.aggregate_type, message, self.config.clock())
+            return check_result(handler(state, message, context), self.model)
+        return check_result(handler(state, message), self.model)
 
     def _observed_retry(self, reason: str) -> None:
         if self.config.observer is not None:

@@ -20,6 +20,7 @@ import pytest
 import benchmarks.__main__ as runner
 from benchmarks import (
     dispatch,
+    endpoint,
     kafka,
     kafka_consume,
     memory,
@@ -163,3 +164,11 @@ def test_a_quick_run_leaves_the_recorded_results_alone(
     assert main(["--quick", "--only", "structure"]) == 0
     assert json.loads(recorded.read_text())["benchmarks"] == {"raw": {"rows": ["recorded"]}}
     assert set(json.loads(quick.read_text())["benchmarks"]) == {"structure"}
+
+
+@pytest.mark.rabbitmq
+def test_endpoint_against_a_plain_consumer_loop(mongo_uri: str) -> None:
+    require_rabbitmq()
+    table = endpoint.run(mongo_uri, QUICK)
+    _sane(table)
+    assert [row[0] for row in table.rows][:3] == ["plain", "consumer", "endpoint"]

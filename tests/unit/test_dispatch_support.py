@@ -15,7 +15,7 @@ from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome
 from docoutbox.errors import ChangeStreamLost
 from docoutbox.retry import Backoff
 from docoutbox.store.document import partition_of
-from docoutbox_app.cli.logs import MaskingFilter, configure, mask, secrets_of
+from docoutbox_app.logs import MaskingFilter, configure, mask, secrets_of
 from docoutbox_mongo.changes import stream_args
 
 

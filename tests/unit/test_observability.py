@@ -41,7 +41,7 @@ from docoutbox.testing import (
     MemoryPublisher,
     mongo_server,
 )
-from docoutbox_app.cli import logs
+from docoutbox_app import logs
 from docoutbox_kafka import KafkaPublisher
 from docoutbox_rabbitmq import RabbitPublisher
 from tests.support import loopless

@@ -17,6 +17,7 @@ EXPECTED = {
     "AsyncAggregateStore",
     "AsyncDispatcher",
     "ConcurrencyConflict",
+    "Context",
     "Decision",
     "Dispatcher",
     "DispatcherConfig",

@@ -4,16 +4,27 @@ back later messages, dead letters, and the same verdicts from the sync and async
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import pytest
 
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
-from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox import (
+    Aggregate,
+    AggregateStore,
+    AsyncAggregateStore,
+    Handlers,
+    InboxPolicy,
+    Message,
+    NotFound,
+    StoreConfig,
+)
 from docoutbox.codec import encode_entry
-from docoutbox.errors import InvalidPayload, StoreError, TransientStoreError
+from docoutbox.errors import InvalidConfig, InvalidPayload, StoreError, TransientStoreError
 from docoutbox.receive import (
+    NO_RETRY,
     Action,
     AsyncReceiver,
     Delivery,
@@ -23,7 +34,9 @@ from docoutbox.receive import (
     Verdict,
     log_verdict,
 )
-from docoutbox.testing import AsyncMemoryBackend
+from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
+from docoutbox_kafka import KafkaConsumer
+from docoutbox_rabbitmq import RabbitConsumer
 from tests.support import loopless
 from tests.support.e2e import FaultyBackend
 
@@ -231,3 +244,100 @@ def test_expected_rejections_log_one_warning_line_and_handler_bugs_a_traceback(
         records[3].getMessage()
     )
     assert records[4].exc_info is not None and "business rule broken" in caplog.text
+
+
+# --- which message types may create their aggregate ----------------------------------
+
+
+def _plain(mid: str, kind: str, account: str = "acc-1") -> Delivery:
+    body = {"id": mid, "type": kind, "payload": {"account": account}}
+    return Delivery(json.dumps(body).encode())
+
+
+def _opening() -> Handlers[Opened]:
+    handlers: Handlers[Opened] = Handlers()
+
+    @handlers.on("Open")
+    def open_(state: Opened, message: Message) -> Opened:
+        return state.model_copy(update={"opened": True})
+
+    @handlers.on("Deposit")
+    def deposit(state: Opened, message: Message) -> Opened:
+        return state.model_copy(update={"deposits": state.deposits + 1})
+
+    return handlers
+
+
+class Opened(Aggregate):
+    opened: bool = False
+    deposits: int = 0
+
+
+def _opened_receiver(**options: Any) -> tuple[AggregateStore[Opened], Receiver[Opened]]:
+    store = AggregateStore(MemoryBackend(), Opened)
+    return store, Receiver(
+        store,
+        _opening(),
+        lambda m: str(m.payload["account"]),
+        Options(retry=NO_RETRY, **options),
+    )
+
+
+def test_a_creating_type_creates_a_missing_aggregate_and_others_do_not() -> None:
+    store, receiver = _opened_receiver(creates={"Open"})
+    early = receiver.receive([_plain("d-0", "Deposit")])
+    assert early[0].action is Action.REJECT and isinstance(early[0].error, NotFound)
+    assert store.load("acc-1") is None
+    verdicts = receiver.receive([_plain("o-1", "Open"), _plain("d-1", "Deposit")])
+    assert [v.action for v in verdicts] == [Action.ACK, Action.ACK]
+    snapshot = store.load("acc-1")
+    assert snapshot is not None and snapshot.state == Opened(opened=True, deposits=1)
+
+
+def test_without_creating_types_a_first_message_is_not_found() -> None:
+    store, receiver = _opened_receiver()
+    verdict = receiver.receive([_plain("o-1", "Open")])[0]
+    assert verdict.action is Action.REJECT and isinstance(verdict.error, NotFound)
+    assert store.load("acc-1") is None
+
+
+def test_a_creating_type_after_an_early_message_in_one_poll() -> None:
+    store, receiver = _opened_receiver(creates={"Open"})
+    verdicts = receiver.receive([_plain("d-1", "Deposit"), _plain("o-1", "Open")])
+    assert [v.action for v in verdicts] == [Action.REJECT, Action.ACK]
+    snapshot = store.load("acc-1")
+    assert snapshot is not None and snapshot.state == Opened(opened=True, deposits=0)
+
+
+@pytest.mark.parametrize("bad", ["Open", [""], [3], None])
+def test_creating_types_are_checked(bad: Any) -> None:
+    with pytest.raises(InvalidConfig, match="message type"):
+        Options(creates=bad)
+
+
+def test_consumers_pass_their_creating_types_on() -> None:
+
+    store = AggregateStore(MemoryBackend(), Opened)
+    rabbit = RabbitConsumer(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        "q",
+        store,
+        _opening(),
+        aggregate_id_of=str,
+        creates=["Open"],
+    )
+    kafka = KafkaConsumer(
+        "127.0.0.1:9",
+        "t",
+        "g",
+        store,
+        _opening(),
+        aggregate_id_of=str,
+        dead_letters=object(),
+        creates=("Open",),
+    )
+    assert rabbit._options().creates == kafka._options().creates == {"Open"}
+    with pytest.raises(InvalidConfig, match="message types"):
+        RabbitConsumer(
+            "amqp://127.0.0.1/", "q", store, _opening(), aggregate_id_of=str, creates="Open"
+        )

@@ -2,13 +2,15 @@
 
 - ``docoutbox dispatch``: publish the outbox entries of one collection, until
   SIGTERM or SIGINT (then finish in-flight work, checkpoint, release leases, exit 0);
+- ``docoutbox run module:endpoint ...``: run endpoints (consumers, dispatchers, health)
+  in one process (:mod:`docoutbox_app.cli.run`);
 - ``docoutbox demo``: the runnable demonstration (:mod:`docoutbox_app.cli.demo`);
 - ``docoutbox outbox stats``, ``docoutbox dead-letters ...``, ``docoutbox leases``: see and
   repair the outbox (:mod:`docoutbox_app.cli.admin`);
 - ``docoutbox audit`` / ``docoutbox export``: the Spark audit (:mod:`docoutbox_app.cli.audit`).
 
 Its modules: :mod:`docoutbox_app.cli.options` (argument types and store options),
-:mod:`docoutbox_app.cli.help` (the help formatter), :mod:`docoutbox_app.cli.logs` (log
+:mod:`docoutbox_app.cli.help` (the help formatter), :mod:`docoutbox_app.logs` (log
 set-up, masked secrets), :mod:`docoutbox_app.cli.observe` (progress, metrics, health),
 :mod:`docoutbox_app.cli.spark` (``audit`` and ``export`` on the Spark adapter).
 
@@ -48,8 +50,9 @@ from docoutbox.ports.kit import (
     StoreKit,
     StoreSettings,
 )
-from docoutbox_app import registry
-from docoutbox_app.cli import admin, audit, logs, observe
+from docoutbox_app import logs, registry
+from docoutbox_app.cli import admin, audit, observe
+from docoutbox_app.cli import run as run_command
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
     ANY_COLLECTION,
@@ -243,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     observe.add_arguments(d)
     admin.add_commands(sub)
+    run_command.add_command(sub)
     return parser
 
 

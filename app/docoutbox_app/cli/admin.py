@@ -30,7 +30,7 @@ from typing import Any
 from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
-from docoutbox_app.cli import logs
+from docoutbox_app import logs
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
     ANY_COLLECTION,

@@ -28,7 +28,7 @@ from docoutbox.model import OutboxMessage
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.core import StoreConfig
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
-from docoutbox_app.cli import logs
+from docoutbox_app import logs
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import DATABASE, TIMEOUT, Parser, number
 

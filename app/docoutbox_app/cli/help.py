@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 
-from docoutbox_app.cli.logs import mask
+from docoutbox_app.logs import mask
 
 
 def _has_default(action: argparse.Action) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from docoutbox.errors import DocOutboxError
-from docoutbox_app.cli import logs
+from docoutbox_app import logs
 from docoutbox_app.cli.options import (
     AT_LEAST_ONE,
     NON_NEGATIVE,

@@ -1,0 +1,218 @@
+"""Benchmark: messages handled per second by an endpoint against a plain consumer loop.
+
+The same deliveries (docoutbox entries of 20 producing aggregates, each handled on its
+producer's ledger, exact de-duplication) are pre-filled into a fresh RabbitMQ queue and
+consumed into a fresh collection of the wire server, in the same run:
+
+- plain loop (baseline): aio-pika with prefetch 16, ``await store.handle`` per delivery
+  on an ``AsyncAggregateStore`` over pymongo's ``AsyncMongoClient``, ack after the commit;
+- consumer: ``AsyncRabbitConsumer`` alone (the endpoint's consumer, without its
+  dispatcher), on the same kind of store;
+- endpoint: :func:`docoutbox_app.endpoint.runtime.run_endpoint` on the same kind of store,
+  i.e. ``AsyncRabbitConsumer`` (prefetch 16, handler retries, dead letters) beside the
+  endpoint's leased dispatcher of the collection (idle: the handlers emit nothing) and its
+  health;
+- endpoint, sweeping: the same, its dispatcher sweeping every second instead of following
+  the change stream (``DispatchOptions(poll_interval=1.0)``).
+
+Each is timed from its first delivery applied to its last (connections, lease taking and
+start-up left out): the steady rate of handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import aio_pika
+import pika
+
+from benchmarks.common import (
+    DATABASE,
+    Scale,
+    Table,
+    interleaved,
+    median,
+    paired_ratio,
+    ratio_range,
+)
+from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
+from benchmarks.rabbit import rabbitmq_url
+from docoutbox import AsyncAggregateStore, InboxPolicy, StoreConfig
+from docoutbox.codec import decode_message, encode_entry
+from docoutbox.testing import MemoryPublisher
+from docoutbox_app.endpoint import Endpoint, RabbitQueue, Store
+from docoutbox_app.endpoint.runtime import Observation, run_endpoint
+from docoutbox_app.wiring import DispatchOptions
+from docoutbox_mongo import open_async_kit
+from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
+
+ROUNDS = 5
+PRODUCERS = 20
+PREFETCH = 16
+EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
+
+
+def fill(url: str, count: int) -> str:
+    """A fresh durable queue holding ``count`` entries, interleaved by producer."""
+
+    queue = f"bench-endpoint-{uuid.uuid4().hex[:8]}"
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.confirm_delivery()
+        for n in range(count):
+            entry = make_entry(f"p{n % PRODUCERS}", n // PRODUCERS + 1)
+            channel.basic_publish("", queue, encode_entry(entry))
+    return queue
+
+
+def drop_queue(url: str, queue: str) -> None:
+
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        connection.channel().queue_delete(queue)
+
+
+async def plain(uri: str, url: str, queue: str, count: int) -> float:
+
+    collection = f"endpoint_plain_{uuid.uuid4().hex[:8]}"
+    start = 0.0
+    kit = await open_async_kit(uri, DATABASE, collection)
+    store = AsyncAggregateStore(kit.backend, Ledger, EXACT)
+    handled = 0
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=PREFETCH)
+        source = await channel.get_queue(queue, ensure=False)
+        async with source.iterator() as deliveries:
+            async for delivery in deliveries:
+                message = decode_message(delivery.body)
+                outcome = await store.handle(
+                    by_source(message), message, ledger_handlers, create=True
+                )
+                assert outcome.applied
+                await delivery.ack()
+                handled += 1
+                if handled == 1:
+                    start = time.perf_counter()
+                if handled == count:
+                    break
+        return (count - 1) / (time.perf_counter() - start)
+    finally:
+        await connection.close()
+        await kit.close()
+
+
+async def consumer(uri: str, url: str, queue: str, count: int) -> float:
+
+    collection = f"endpoint_consumer_{uuid.uuid4().hex[:8]}"
+    kit = await open_async_kit(uri, DATABASE, collection)
+    store = AsyncAggregateStore(kit.backend, Ledger, EXACT)
+    times: list[float] = []
+
+    def first(verdict: Any, redelivered: bool) -> None:
+        if not times:
+            times.append(time.perf_counter())
+
+    made = AsyncRabbitConsumer(
+        url,
+        queue,
+        store,
+        ledger_handlers,
+        aggregate_id_of=by_source,
+        creates={"Event"},
+        prefetch=PREFETCH,
+        on_verdict=first,
+        dead_letters=kit.dead_letters,
+    )
+    try:
+        stats = await made.run(max_messages=count, idle_timeout=30)
+        rate = (count - 1) / (time.perf_counter() - times[0])
+        assert stats.applied == count, stats
+        return rate
+    finally:
+        await made.close()
+        await kit.close()
+
+
+async def endpoint(
+    uri: str, url: str, queue: str, count: int, poll_interval: float | None = None
+) -> float:
+
+    collection = f"endpoint_run_{uuid.uuid4().hex[:8]}"
+    made = Endpoint(
+        "bench",
+        Ledger,
+        ledger_handlers,
+        store=Store("mongo", uri, DATABASE, collection),
+        inputs=[
+            RabbitQueue(queue=queue, url=url, route=by_source, prefetch=PREFETCH, creates={"Event"})
+        ],
+        output=MemoryPublisher(),
+        config=EXACT,
+        dispatch=DispatchOptions(poll_interval=poll_interval),
+    )
+    observation = Observation()
+    stop = asyncio.Event()
+    start = 0.0
+    running = asyncio.create_task(run_endpoint(made, made.settings(), stop, observation))
+    label = made.inputs[0].label
+    while True:
+        health = observation.health.endpoints.get("bench")
+        stats = health.stats.get(label) if health is not None else None
+        if stats is not None and stats.applied >= 1 and not start:
+            start = time.perf_counter()
+        if stats is not None and stats.applied >= count:
+            break
+        if running.done():
+            running.result()  # raises what stopped it
+        await asyncio.sleep(0.01)
+    rate = (count - 1) / (time.perf_counter() - start)
+    stop.set()
+    await running
+    assert (stats.applied, stats.rejected) == (count, 0), stats
+    return rate
+
+
+def one(variant: Callable[..., Any], uri: str, url: str, count: int) -> float:
+    queue = fill(url, count)
+    try:
+        rate: float = asyncio.run(variant(uri, url, queue, count))
+        return rate
+    finally:
+        drop_queue(url, queue)
+
+
+def run(uri: str, scale: Scale) -> Table:
+    url = rabbitmq_url()
+    count = scale.dispatch_entries
+    plan = {
+        "plain": partial(one, plain, uri, url, count),
+        "consumer": partial(one, consumer, uri, url, count),
+        "endpoint": partial(one, endpoint, uri, url, count),
+        "endpoint, sweeping": partial(one, partial(endpoint, poll_interval=1.0), uri, url, count),
+    }
+    samples = interleaved(plan, min(scale.rounds, ROUNDS), scale.warmup)
+    table = Table(
+        "endpoint",
+        "Endpoint consuming from RabbitMQ vs a plain consumer loop (same store.handle)",
+        ["variant", "messages/s", "vs plain loop"],
+    )
+    for name in plan:
+        low, high = ratio_range(samples[name], samples["plain"])
+        ratio = paired_ratio(samples[name], samples["plain"])
+        table.add(name, median(samples[name]), f"{ratio:.2f}x ({low:.2f}-{high:.2f})")
+        table.figures[name] = {"per_s": median(samples[name]), "ratio": ratio}
+    table.notes += [
+        f"{count:,} deliveries per round from a pre-filled queue of the local RabbitMQ, "
+        f"{PRODUCERS} producing aggregates, prefetch {PREFETCH}, into a fresh collection of "
+        "the wire server (AsyncMongoClient, exact de-duplication); timed from the first "
+        "delivery applied to the last (start-up left out). The endpoint also runs its leased "
+        "dispatcher (idle) and health. Ratios are medians of per-round ratios (IQR).",
+    ]
+    return table

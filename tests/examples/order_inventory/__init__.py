@@ -1,0 +1,1 @@
+"""The tests of the Order/Inventory example service (``examples/order_inventory``)."""
