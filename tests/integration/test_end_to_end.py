@@ -274,6 +274,11 @@ def test_a_broker_outage_holds_entries_and_loses_nothing(
     again = republished(pipeline.receiver.deliveries)
     print(f"\nbroker outage ({broker.name}): held={held} republished={sum(again.values())}")
     # Only an entry in flight when the connection was cut (sent, never confirmed) can be
-    # published again: at most one per concurrent aggregate, and each at most once.
-    assert sum(again.values()) <= 4, again
+    # published again, each at most once. A publisher that pipelines confirms (aio-pika,
+    # Kafka) has one entry per aggregate of a worker's publish round in flight; one that
+    # does not (pika), one entry per worker.
+    config = pipeline.dispatcher.config
+    pipelined = (driver == "async" and broker.name == "rabbitmq") or broker.name == "kafka"
+    in_flight = config.concurrency * (config.run_batch if pipelined else 1)
+    assert sum(again.values()) <= in_flight, again
     assert all(count == 1 for count in again.values()), again
