@@ -5,11 +5,13 @@ adapter's ``admin`` module.
 
 - ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
   partition and per type (``--json`` for machines);
-- ``docoutbox dead-letters list | show ID | replay ID... | purge [ID...] --yes``: one place
-  for what the dispatcher quarantined and what consumers rejected. ``replay`` puts a
-  quarantined entry back on its aggregate's outbox (same ``seq``, a new ID, never ahead
-  of a later pending entry), or publishes a rejected delivery again to its queue, and
-  says which it did;
+- ``docoutbox dead-letters list | show ID | groups | replay ID... | purge [ID...] --yes``:
+  one place for what the dispatcher quarantined and what consumers rejected. ``groups``
+  summarizes them by failure fingerprint (error type and normalized message);
+  ``replay`` puts a quarantined entry back on its aggregate's outbox (same ``seq``, a new
+  ID, never ahead of a later pending entry), or publishes a rejected delivery again to its
+  queue, and says which it did; ``replay`` and ``purge`` take ``--group FINGERPRINT``
+  instead of IDs;
 - ``docoutbox leases``: which instance owns which partition, since when, until when.
 
 Exit codes: 0 done; 1 a server cannot be used, an unknown ID, an aggregate that is gone
@@ -112,6 +114,14 @@ def add_commands(sub: Any) -> None:
     _connection(show, collection=None)
     show.add_argument("id", help="dead letter ID (the entry's ID)")
     show.set_defaults(run=_show)
+    groups = dsub.add_parser(
+        "groups",
+        help="dead letters by failure group (fingerprint), largest first",
+        description=_GROUPS,
+        formatter_class=Formatter,
+    )
+    _connection(groups, collection=None)
+    groups.set_defaults(run=_groups)
     replay = dsub.add_parser(
         "replay",
         help="put dead letters back on their outbox (or queue)",
@@ -119,7 +129,10 @@ def add_commands(sub: Any) -> None:
         formatter_class=Formatter,
     )
     _connection(replay, collection=False)
-    replay.add_argument("ids", nargs="+", metavar="ID", help="dead letter IDs")
+    replay.add_argument("ids", nargs="*", metavar="ID", help="dead letter IDs")
+    replay.add_argument(
+        "--group", metavar="FINGERPRINT", help="every dead letter of this failure group"
+    )
     replay.add_argument(
         "--rabbitmq-url",
         default=os.environ.get("DOCOUTBOX_RABBITMQ_URL"),
@@ -131,6 +144,9 @@ def add_commands(sub: Any) -> None:
     )
     _connection(purge, collection=None)
     purge.add_argument("ids", nargs="*", metavar="ID", help="only these (default: all)")
+    purge.add_argument(
+        "--group", metavar="FINGERPRINT", help="only the dead letters of this failure group"
+    )
     purge.add_argument("--yes", action="store_true", help="really delete")
     purge.set_defaults(run=_purge)
 
@@ -146,13 +162,21 @@ _DEAD_LETTERS = """\
 One place for the entries the dispatcher quarantined (origin "dispatch") and the
 deliveries consumers rejected (origin "consume")."""
 
+_GROUPS = """\
+A failure group is every dead letter whose error has the same type and the same message
+once the values that vary are replaced (the entry, aggregate and queue names, quoted
+values, timestamps, UUIDs, hex values, words with digits, numbers). Each group shows its
+fingerprint, count, first and last time seen and the oldest dead letter's ID; give the
+fingerprint to replay --group or purge --group."""
+
 _REPLAY = """\
 An entry the dispatcher quarantined goes back on its aggregate's outbox with its seq and
 a new ID (the old one in the docoutbox-replay-of header; attempts reset). The dispatcher
 publishes it before any later entry still pending on that aggregate; receivers with exact
 de-duplication see its seq gap filled. A delivery a consumer rejected is published again,
 unchanged, to its queue. Every ID is checked first: if one is unknown or its aggregate
-is gone, nothing is replayed."""
+is gone, nothing is replayed. --group FINGERPRINT replays the failure group's dead
+letters (as listed by groups) instead of named ones."""
 
 
 def _fail(message: str, secrets: Sequence[str], code: int = 1, limit: int = 500) -> int:
@@ -315,10 +339,45 @@ def _show(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _groups(args: argparse.Namespace) -> int:
+    def body(database: Any, admin: Any) -> int:
+        groups = _dead_letters(args, database, admin).groups()
+        if args.json:
+            _print_json([group.to_json() for group in groups])
+            return 0
+        total = sum(group.count for group in groups)
+        print(f"{total} dead letter(s) in {len(groups)} failure group(s)")
+        for group in groups:
+            first = _json_default(group.first_seen) if group.first_seen else "-"
+            last = _json_default(group.last_seen) if group.last_seen else "-"
+            print(
+                f"{group.fingerprint}  {group.count:>6}  first={first}  last={last}  "
+                f"example={group.example_id}\n    {group.error_type or '-'}: {group.message[:160]}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def _selection(args: argparse.Namespace) -> str | None:
+    """What is wrong with naming IDs and a group together (or neither, for replay)."""
+    if args.ids and args.group:
+        return "name dead letter IDs or --group, not both (nothing changed)"
+    if args.run is _replay and not args.ids and not args.group:
+        return "name at least one dead letter ID, or --group FINGERPRINT"
+    return None
+
+
 def _replay(args: argparse.Namespace) -> int:
+    problem = _selection(args)
+    if problem is not None:
+        return _fail(problem, [], 2)
+
     def body(database: Any, admin: Any) -> int:
         republish = _republisher(args.rabbitmq_url) if args.rabbitmq_url else None
-        done = _dead_letters(args, database, admin).replay(args.ids, republish)
+        dead = _dead_letters(args, database, admin)
+        ids = dead.members(args.group) if args.group else args.ids
+        done = dead.replay(ids, republish)
         for item in done:
             if args.json:
                 continue
@@ -342,12 +401,17 @@ def _republisher(url: str) -> Callable[[str, bytes], None]:
 
 
 def _purge(args: argparse.Namespace) -> int:
+    problem = _selection(args)
+    if problem is not None:
+        return _fail(problem, [], 2)
     if not args.yes:
         what = f"{len(args.ids)} dead letter(s)" if args.ids else "every dead letter"
+        what = f"failure group {args.group}" if args.group else what
         return _fail(f"purge deletes {what}; add --yes to confirm (nothing deleted)", [], 2)
 
     def body(database: Any, admin: Any) -> int:
-        count = _dead_letters(args, database, admin).purge(args.ids)
+        dead = _dead_letters(args, database, admin)
+        count = dead.purge(dead.members(args.group) if args.group else args.ids)
         print(f"purged {count} dead letter(s)")
         return 0
 
