@@ -1,10 +1,13 @@
-"""Operating commands: ``outbox stats``, ``dead-letters ...`` and ``leases``.
+"""Operating commands: ``outbox stats``, ``outbox lag``, ``dead-letters ...`` and
+``leases``.
 
 Each works on MongoDB (``--mongo-uri``) or Cosmos DB (``--cosmos-endpoint``), through the
 adapter's ``admin`` module.
 
 - ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
   partition and per type (``--json`` for machines);
+- ``docoutbox outbox lag``: the pending work per partition (MongoDB) or feed range (Cosmos
+  DB) in one grouping query, what an autoscaler reads (the KEDA recipe is in its help);
 - ``docoutbox dead-letters list | show ID | groups | replay ID... | purge [ID...] --yes``:
   one place for what the dispatcher quarantined and what consumers rejected. ``groups``
   summarizes them by failure fingerprint (error type and normalized message);
@@ -31,6 +34,7 @@ from typing import Any
 
 from urllib3.exceptions import InsecureRequestWarning
 
+from docoutbox.dispatch.engine.lag import desired_replicas
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 from docoutbox_app.cli import logs
 from docoutbox_app.cli.help import Formatter
@@ -38,6 +42,7 @@ from docoutbox_app.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
     LIMIT,
+    PARTITIONS,
     SERVER_TIMEOUT_HELP,
     STORES,
     TIMEOUT,
@@ -98,6 +103,32 @@ def add_commands(sub: Any) -> None:
     )
     _connection(stats, collection=True)
     stats.set_defaults(run=_stats)
+    lag = osub.add_parser(
+        "lag",
+        help="pending entries and oldest age per partition or feed range (for autoscaling)",
+        description=_LAG,
+        formatter_class=Formatter,
+    )
+    _connection(lag, collection=True)
+    lag.add_argument(
+        "--partitions",
+        type=PARTITIONS,
+        help="MongoDB: the stores' partition count (idle partitions then read 0, and it "
+        "caps --target-per-replica's answer)",
+    )
+    lag.add_argument(
+        "--by",
+        choices=["feed-range", "partition"],
+        default="feed-range",
+        help="Cosmos DB: group by feed range (as the feed-range leases) or stored partition",
+    )
+    lag.add_argument(
+        "--target-per-replica",
+        type=PARTITIONS,
+        metavar="N",
+        help="also print the replicas wanted: ceil(pending / N), at most one per partition",
+    )
+    lag.set_defaults(run=_lag)
 
     dl = sub.add_parser(
         "dead-letters",
@@ -157,6 +188,33 @@ def add_commands(sub: Any) -> None:
     leases.add_argument("--group", help="only this lease group (default: every group)")
     leases.set_defaults(run=_leases)
 
+
+_LAG = """\
+Pending entries, the aggregates holding them and the oldest entry's age, per partition
+(MongoDB: the stored partition number) or per feed range (Cosmos DB: numbered as the
+feed-range leases number them). Every partition has a row; an idle one reads 0.
+
+Cost per run (and per scrape of the dispatcher's metrics, measured every
+--backlog-interval): MongoDB, one aggregation over the partial index
+docoutbox_pending_partition ({partition: 1}, only documents with pending entries; made
+by ensure_indexes), reading as many documents as wait, not the collection. Cosmos DB,
+one cross-partition query returning a small row per pending item, plus one read of the
+feed ranges.
+
+Autoscaling with KEDA: docoutbox dispatch --metrics-port exports
+docoutbox_pending_work_entries{unit,partition} and docoutbox_pending_work_partitions.
+Every instance measures the whole collection, so take one series per partition:
+
+  triggers:
+  - type: prometheus
+    metadata:
+      serverAddress: http://prometheus:9090
+      query: sum(max by (partition) (docoutbox_pending_work_entries{job="orders-dispatch"}))
+      threshold: "1000"          # target pending entries per replica
+
+KEDA then asks for ceil(pending / 1000) replicas; set maxReplicaCount to the partition
+count (docoutbox_pending_work_partitions): an instance beyond one per partition holds no
+lease. --target-per-replica N prints the same decision."""
 
 _DEAD_LETTERS = """\
 One place for the entries the dispatcher quarantined (origin "dispatch") and the
@@ -273,6 +331,39 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"oldest       {stats.oldest_age:.1f} s ({oldest})")
         _table("partition", stats.by_partition)
         _table("type", stats.by_type)
+        return 0
+
+    return _run(args, body)
+
+
+def _lag(args: argparse.Namespace) -> int:
+    def body(database: Any, admin: Any) -> int:
+        container = database[args.collection]
+        if store_of(args) == "cosmos":
+            by = "feed_range" if args.by == "feed-range" else "partition"
+            work = admin.pending_work(container, by=by, partitions=args.partitions)
+        else:
+            work = admin.pending_work(container, args.partitions)
+        wanted = None
+        if args.target_per_replica is not None:
+            wanted = desired_replicas(work.entries, args.target_per_replica, work.partitions)
+        if args.json:
+            _print_json({**work.to_json(), "desired_replicas": wanted})
+            return 0
+        unit = work.unit.replace("_", " ")
+        print(f"collection   {args.db}.{args.collection}")
+        print(f"pending      {work.entries} entries on {work.aggregates} aggregates")
+        print(f"oldest       {work.oldest_age:.1f} s")
+        print(f"\n{unit:<12} {'entries':>8} {'aggregates':>10} {'oldest_s':>10}")
+        for key, bucket in sorted(work.by_partition.items()):
+            print(
+                f"{key:<12} {bucket.entries:>8} {bucket.aggregates:>10} {bucket.oldest_age:>10.1f}"
+            )
+        if work.unassigned.entries:
+            u = work.unassigned
+            print(f"{'(none)':<12} {u.entries:>8} {u.aggregates:>10} {u.oldest_age:>10.1f}")
+        if wanted is not None:
+            print(f"\nreplicas     {wanted} (at {args.target_per_replica} entries per replica)")
         return 0
 
     return _run(args, body)
