@@ -34,9 +34,10 @@ def bundle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
         yield made
 
 
-def fill(bundle: Bundle) -> dict[int, int]:
+def fill(bundle: Bundle, stored: dict[int, int] | None = None) -> dict[int, int]:
     """Aggregates with 0, 1 or 2 pending entries; the entries expected per partition (the
-    stored partition on MongoDB, the feed range its lease covers on Cosmos DB)."""
+    stored partition on MongoDB, the feed range its lease covers on Cosmos DB), and per
+    stored partition in ``stored``."""
     store = AggregateStore(bundle.store_backend(), Counter, StoreConfig(partitions=PARTITIONS))
     for i in range(AGGREGATES):
         store.handle(f"w{i}", add_msg(f"m{i}", emits=i % 3), counter_handlers, create=True)
@@ -46,6 +47,10 @@ def fill(bundle: Bundle) -> dict[int, int]:
         assert snapshot is not None
         if snapshot.outbox:
             expected[where(bundle, f"w{i}", snapshot.partition)] += len(snapshot.outbox)
+            if stored is not None:
+                stored[snapshot.partition] = stored.get(snapshot.partition, 0) + len(
+                    snapshot.outbox
+                )
     return dict(expected)
 
 
@@ -96,7 +101,8 @@ def cli_where(bundle: Any) -> tuple[str, ...]:
 def test_pending_work_per_partition_matches_the_database(
     bundle: Bundle, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    expected = fill(bundle)
+    stored: dict[int, int] = {}
+    expected = fill(bundle, stored)
     work = measure(bundle)
     assert work.unit == ("partition" if bundle.kind == "mongo" else "feed_range")
     assert work.partitions == PARTITIONS  # four stored partitions; four feed ranges
@@ -121,6 +127,15 @@ def test_pending_work_per_partition_matches_the_database(
     out, err = capsys.readouterr()
     assert code == 0 and "12 entries on 8 aggregates" in out, err
     assert ("feed range" if bundle.kind == "cosmos" else "partition") in out
+    if bundle.kind == "cosmos":  # grouped by the stored partition number instead
+        code = main(["outbox", "lag", *common, "--by", "partition", "--partitions", "4", "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        shown = json.loads(out)
+        assert shown["unit"] == "partition" and len(shown["by_partition"]) == 4
+        assert {int(p): b["entries"] for p, b in shown["by_partition"].items() if b["entries"]} == (
+            stored
+        )
 
 
 @pytest.mark.parametrize(("target", "replicas"), [(5, 3), (1, PARTITIONS), (100, 1)])
