@@ -33,6 +33,7 @@ from benchmarks import (
     immediate,
     kafka,
     kafka_consume,
+    lag,
     memory,
     store,
     structure,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
+    "lag": (lag.run, "4g"),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

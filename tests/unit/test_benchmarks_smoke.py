@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import benchmarks.__main__ as runner
-from benchmarks import dispatch, memory, store, structure, tracing
+from benchmarks import dispatch, lag, memory, store, structure, tracing
 from benchmarks.__main__ import main, merged
 from benchmarks.common import Scale, Table, paired_ratio, percentile
 
@@ -86,6 +86,13 @@ def test_tracing_benchmark_runs(mongo_uri: str) -> None:
     _sane(table)
     assert len(table.rows) == 4
     assert {"handle_wire", "handle_memory", "dispatch_wire", "publish_memory"} == set(table.figures)
+
+
+def test_lag_benchmark_runs(mongo_uri: str) -> None:
+    """It checks every partition's figures before timing, and raises if they are wrong."""
+    table = lag.run(mongo_uri, QUICK)
+    _sane(table)
+    assert {"count", "work", "stats", "fill_seconds"} == set(table.figures)
 
 
 def test_memory_benchmark_runs(mongo_uri: str) -> None:
