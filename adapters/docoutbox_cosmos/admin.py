@@ -3,8 +3,9 @@ letters and leases, as on MongoDB.
 
 Pending work (:func:`pending_work`) is one cross-partition query returning a small row
 per item with pending entries (its aggregate ID, how many entries, the oldest
-``created_at``): the request units grow with the pending items, plus whatever the
-``ARRAY_LENGTH(c.outbox) > 0`` filter costs to evaluate (the same filter as the sweeps).
+``created_at``), 1,000 rows a page: the request units grow with the pending items, plus
+whatever the ``ARRAY_LENGTH(c.outbox) > 0`` filter costs to evaluate (the same filter as
+the sweeps).
 Each item's partition key is located in a feed range locally (the SDK's hash; answers
 kept between scrapes), so the figures are per feed range, numbered as the feed-range
 leases number them (sorted by their lower bound); ``by="partition"`` groups by the stored
@@ -61,6 +62,9 @@ PENDING_WORK_SQL = (
 )
 #: Partition keys whose feed range is remembered.
 LOCATED_MEMORY = 100_000
+#: Rows per page of the pending-work query (a row is about 100 bytes): 10,000 pending
+#: items are 10 requests.
+PENDING_WORK_PAGE = 1000
 
 
 def _lower_bound(feed_range: Mapping[str, Any]) -> str:
@@ -135,7 +139,13 @@ def pending_work(
             return partition if type(partition) is int else None
 
     with translated():
-        items = list(container.query_items(PENDING_WORK_SQL, enable_cross_partition_query=True))
+        items = list(
+            container.query_items(
+                PENDING_WORK_SQL,
+                enable_cross_partition_query=True,
+                max_item_count=PENDING_WORK_PAGE,
+            )
+        )
     rows = []
     for item in items:
         oldest = parse_time(item.get("oldest"))
