@@ -59,7 +59,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
-    "lag": (lag.run, "4g"),
+    "lag": (lag.run, "8g"),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

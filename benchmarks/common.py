@@ -34,7 +34,7 @@ class Scale:
     mem_docs: int = 100_000
     mem_entries_per_doc: int = 10
     dispatch_entries: int = 2_000
-    lag_aggregates: int = 500_000
+    lag_aggregates: int = 1_000_000
     lag_pending: int = 2_000
 
     @classmethod

@@ -13,7 +13,9 @@ three queries run in interleaved rounds:
   pending entry that ``outbox stats`` and the backlog gauges read, summarized in Python.
 
 Before timing, ``pending_work``'s figures are checked against the fill (every partition's
-entries, aggregates), so a fast wrong answer cannot pass. The collection has the store's
+entries, aggregates), so a fast wrong answer cannot pass, and each query's round trips
+and reply bytes are counted once (structural: they follow the backlog, not the
+collection). The collection has the store's
 indexes (``ensure_indexes``, including the partial ``docoutbox_pending_partition``).
 """
 
@@ -24,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks.common import (
+    CommandCounter,
     Scale,
     Table,
     connect,
@@ -46,7 +49,8 @@ VARIANTS = {
 
 
 def fill(coll: Any, aggregates: int, pending: int) -> None:
-    """``aggregates`` documents; every ``aggregates // pending``-th holds entries."""
+    """``aggregates`` documents; every ``aggregates // pending``-th holds entries, the
+    pending ones spread evenly over the partitions."""
     now = datetime.now(UTC)
     every = max(1, aggregates // pending)
     batch: list[dict[str, Any]] = []
@@ -71,7 +75,7 @@ def fill(coll: Any, aggregates: int, pending: int) -> None:
                 "_id": aggregate_id,
                 "type": "Account",
                 "version": 1,
-                "partition": index % PARTITIONS,
+                "partition": (index // every if waiting else index) % PARTITIONS,
                 "state": {"balance": 1},
                 "inbox": [],
                 "outbox": outbox if waiting else [],
@@ -89,7 +93,8 @@ def _expected(aggregates: int, pending: int) -> dict[int, int]:
     per: dict[int, int] = {}
     for index in range(0, aggregates, every):
         if index // every < pending:
-            per[index % PARTITIONS] = per.get(index % PARTITIONS, 0) + 1
+            partition = (index // every) % PARTITIONS
+            per[partition] = per.get(partition, 0) + 1
     return per
 
 
@@ -108,12 +113,30 @@ def _seconds(work: Any) -> float:
     return time.perf_counter() - began
 
 
+def _traffic(coll: Any, counter: CommandCounter) -> dict[str, tuple[int, int]]:
+    """(round trips, bytes received) of one scrape by each query, on a counting client."""
+    queries = {
+        "count": lambda: coll.count_documents(PENDING),
+        "work": lambda: pending_work(coll, PARTITIONS),
+        "stats": lambda: outbox_stats(coll),
+    }
+    traffic = {}
+    for name, query in queries.items():
+        with counter.counting() as tally:
+            query()
+        traffic[name] = (tally.round_trips, tally.received)
+    return traffic
+
+
 def run(uri: str, scale: Scale) -> Table:
     client = connect(uri)
+    counter = CommandCounter()
+    counted = connect(uri, counter)
     sizes = [max(scale.lag_pending, scale.lag_aggregates // 10), scale.lag_aggregates]
-    # The wire server holds every document on its Java heap: 500,000 fit in 4 GB.
+    # The wire server holds every document on its Java heap: 1,000,000 fit in 8 GB.
     samples: dict[int, dict[str, list[float]]] = {}
     fills: dict[int, float] = {}
+    traffic: dict[int, dict[str, tuple[int, int]]] = {}
     try:
         for aggregates in sizes:
             coll = new_collection(client, "lag")
@@ -122,6 +145,7 @@ def run(uri: str, scale: Scale) -> Table:
             MongoBackend(coll).ensure_indexes()
             fills[aggregates] = time.perf_counter() - began
             _check(coll, aggregates, scale.lag_pending)
+            traffic[aggregates] = _traffic(counted[coll.database.name][coll.name], counter)
             samples[aggregates] = interleaved(
                 {
                     "count": lambda c=coll: _seconds(lambda: c.count_documents(PENDING)),
@@ -135,11 +159,15 @@ def run(uri: str, scale: Scale) -> Table:
     finally:
         client.drop_database("docoutbox_bench")
         client.close()
-    return _table(samples, fills, scale)
+        counted.close()
+    return _table(samples, fills, traffic, scale)
 
 
 def _table(
-    samples: dict[int, dict[str, list[float]]], fills: dict[int, float], scale: Scale
+    samples: dict[int, dict[str, list[float]]],
+    fills: dict[int, float],
+    traffic: dict[int, dict[str, tuple[int, int]]],
+    scale: Scale,
 ) -> Table:
     small, large = sorted(samples)
     pending = scale.lag_pending
@@ -156,6 +184,8 @@ def _table(
             "large vs small collection",
             f"ms per scrape ({small:,}, info)",
             f"ms per scrape ({large:,}, info)",
+            "round trips",
+            f"KB received ({small:,} / {large:,})",
         ],
     )
     for name, label in VARIANTS.items():
@@ -164,7 +194,11 @@ def _table(
         vs_small = paired_ratio(lo, samples[small]["count"])
         vs_large = paired_ratio(hi, samples[large]["count"])
         growth = median(hi) / median(lo)
-        table.add(label, vs_small, vs_large, growth, median(lo) * 1000, median(hi) * 1000)
+        trips, received = traffic[large][name]
+        kb = f"{traffic[small][name][1] / 1000:.1f} / {received / 1000:.1f}"
+        table.add(
+            label, vs_small, vs_large, growth, median(lo) * 1000, median(hi) * 1000, trips, kb
+        )
         table.figures[name] = {
             "vs_baseline_small": vs_small,
             "vs_baseline_small_iqr": ratio_range(lo, samples[small]["count"]),
@@ -173,6 +207,9 @@ def _table(
             "large_vs_small": growth,
             "seconds_small": median(lo),
             "seconds_large": median(hi),
+            "round_trips_large": trips,
+            "bytes_received_small": traffic[small][name][1],
+            "bytes_received_large": received,
         }
     table.figures["fill_seconds"] = {str(k): v for k, v in fills.items()}
     table.notes.append(
