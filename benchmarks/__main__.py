@@ -34,6 +34,7 @@ from benchmarks import (
     immediate,
     kafka,
     kafka_consume,
+    lag,
     memory,
     rabbitmq,
     store,
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "kafka-consume": (kafka_consume.run, None),
     "rabbitmq": (rabbitmq.run, None),
     "endpoint": (endpoint.run, None),
+    "lag": (lag.run, "8g"),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
 #: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).

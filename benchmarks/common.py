@@ -34,6 +34,8 @@ class Scale:
     mem_docs: int = 100_000
     mem_entries_per_doc: int = 10
     dispatch_entries: int = 2_000
+    lag_aggregates: int = 1_000_000
+    lag_pending: int = 2_000
 
     @classmethod
     def quick(cls) -> Scale:
@@ -46,6 +48,8 @@ class Scale:
             mem_docs=100,
             mem_entries_per_doc=5,
             dispatch_entries=30,
+            lag_aggregates=400,
+            lag_pending=20,
         )
 
 

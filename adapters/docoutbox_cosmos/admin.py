@@ -1,5 +1,15 @@
-"""Operating the outbox on Cosmos DB: backlog figures, dead letters and leases, as on
-MongoDB.
+"""Operating the outbox on Cosmos DB: backlog figures, pending work per feed range, dead
+letters and leases, as on MongoDB.
+
+Pending work (:func:`pending_work`) is one cross-partition query returning a small row
+per item with pending entries (its aggregate ID, how many entries, the oldest
+``created_at``), 1,000 rows a page: the request units grow with the pending items, plus
+whatever the ``ARRAY_LENGTH(c.outbox) > 0`` filter costs to evaluate (the same filter as
+the sweeps).
+Each item's partition key is located in a feed range locally (the SDK's hash; answers
+kept between scrapes), so the figures are per feed range, numbered as the feed-range
+leases number them (sorted by their lower bound); ``by="partition"`` groups by the stored
+``partition`` number instead.
 
 Used by the ``docoutbox outbox``, ``docoutbox dead-letters`` and ``docoutbox leases``
 commands with ``--cosmos-endpoint``, and usable directly. Dead letters are listed,
@@ -10,18 +20,21 @@ replay appends the entry with one patch, conditional on no pending entry having 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from typing import Any
 
 from azure.cosmos import exceptions as cosmos_errors
 
+from docoutbox.dispatch.engine import lag
 from docoutbox.dispatch.engine.backlog import OutboxStats, probe_backend
 from docoutbox.dispatch.tools import replay
 from docoutbox.dispatch.tools.lease_rows import LeaseRow
 from docoutbox.dispatch.tools.lease_rows import lease_rows as rows_of
 from docoutbox.dispatch.tools.replay import GONE
+from docoutbox.errors import InvalidInput, StoreError
 from docoutbox.model import AggregateId
 from docoutbox.store.document import utcnow
 from docoutbox_cosmos.backend import CosmosBackend
@@ -47,6 +60,112 @@ from docoutbox_cosmos.items import ItemCodec, parse_time, to_json
 def outbox_stats(container: Any) -> OutboxStats:
     """The backlog of ``container``: every item with pending entries, page by page."""
     return probe_backend(CosmosBackend(container))()
+
+
+#: One row per item with pending entries: what the pending-work figures need, no more.
+PENDING_WORK_SQL = (
+    "SELECT c.aid, c.partition, ARRAY_LENGTH(c.outbox) AS n, "
+    "(SELECT VALUE MIN(e.created_at) FROM e IN c.outbox) AS oldest "
+    "FROM c WHERE ARRAY_LENGTH(c.outbox) > 0"
+)
+#: Partition keys whose feed range is remembered.
+LOCATED_MEMORY = 100_000
+#: Rows per page of the pending-work query (a row is about 100 bytes): 10,000 pending
+#: items are 10 requests.
+PENDING_WORK_PAGE = 1000
+
+
+def _lower_bound(feed_range: Mapping[str, Any]) -> str:
+    bounds = feed_range.get("Range")
+    return str(bounds.get("min", "")) if isinstance(bounds, Mapping) else ""
+
+
+class FeedRanges:
+    """The feed ranges of ``container`` (sorted by lower bound, as the leases number
+    them), and which one holds a partition key (hashed locally, answers kept)."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+        self.ranges: list[dict[str, Any]] = []
+        self._located: OrderedDict[str, int] = OrderedDict()
+
+    def refresh(self) -> int:
+        """Read the ranges again (one request; a split changes them); how many."""
+        with translated():
+            ranges = sorted(self.container.read_feed_ranges(), key=_lower_bound)
+        if ranges != self.ranges:
+            self.ranges = ranges
+            self._located.clear()
+        return len(ranges)
+
+    def locate(self, pk: str) -> int:
+        known = self._located.get(pk)
+        if known is not None:
+            return known
+        with translated():
+            point = self.container.feed_range_from_partition_key(pk)
+            found = [
+                i
+                for i, r in enumerate(self.ranges)
+                if self.container.is_feed_range_subset(r, point)
+            ]
+        if not found:
+            raise StoreError(f"no feed range holds partition key {pk!r}")
+        self._located[pk] = found[0]
+        while len(self._located) > LOCATED_MEMORY:
+            self._located.popitem(last=False)
+        return found[0]
+
+
+def pending_work(
+    container: Any,
+    *,
+    by: str = lag.FEED_RANGE,
+    ranges: FeedRanges | None = None,
+    codec: ItemCodec | None = None,
+    partitions: int | None = None,
+    now: datetime | None = None,
+) -> lag.PendingWork:
+    """The pending work of ``container`` per feed range (``by="feed_range"``; pass the
+    same ``ranges`` to every call to keep the located keys) or per stored partition
+    number (``by="partition"``, with ``partitions`` adding the idle ones)."""
+    if by not in (lag.FEED_RANGE, lag.PARTITION):
+        raise InvalidInput(f"pending work is grouped by feed_range or partition, not {by!r}")
+    codec = codec or ItemCodec()
+    where: Callable[[dict[str, Any]], int | None]
+    if by == lag.FEED_RANGE:
+        ranges = ranges or FeedRanges(container)
+        partitions = ranges.refresh()
+        located = ranges
+
+        def where(item: dict[str, Any]) -> int | None:
+            return located.locate(codec.key(item["aid"])[1])
+    else:
+
+        def where(item: dict[str, Any]) -> int | None:
+            partition = item.get("partition")
+            return partition if type(partition) is int else None
+
+    with translated():
+        items = list(
+            container.query_items(
+                PENDING_WORK_SQL,
+                enable_cross_partition_query=True,
+                max_item_count=PENDING_WORK_PAGE,
+            )
+        )
+    rows = []
+    for item in items:
+        oldest = parse_time(item.get("oldest"))
+        rows.append(
+            lag.Row(
+                where(item),
+                int(item.get("n") or 0),
+                1,
+                oldest if isinstance(oldest, datetime) else None,
+            )
+        )
+    return lag.pending_work(rows, unit=by, partitions=partitions, now=now)
 
 
 def lease_rows(

@@ -5,10 +5,12 @@ point names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.ports.kit import StoreSettings, name_problem
+from docoutbox_cosmos.admin import FeedRanges, pending_work
 from docoutbox_cosmos.aio import AsyncCosmosKit, open_async_kit
 from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
@@ -38,6 +40,14 @@ class CosmosKit:
     checkpoints: CosmosCheckpoints
     leases: CosmosFeedRangeLeases
     dead_letters: CosmosDeadLetters
+    _ranges: FeedRanges | None = field(default=None, repr=False)
+
+    def pending_work(self, partitions: int | None = None) -> PendingWork:
+        """Pending entries per feed range, numbered as the leases number them
+        (:func:`~docoutbox_cosmos.admin.pending_work`; ``partitions`` is not needed)."""
+        if self._ranges is None:
+            self._ranges = FeedRanges(self.backend.container)
+        return pending_work(self.backend.container, ranges=self._ranges, codec=self.backend.codec)
 
     def close(self) -> None:
         self.client.close()

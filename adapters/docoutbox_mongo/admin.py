@@ -1,4 +1,13 @@
-"""Operating the outbox on MongoDB: backlog figures, dead letters, leases.
+"""Operating the outbox on MongoDB: backlog figures, pending work per partition, dead
+letters, leases.
+
+Pending work (:func:`pending_work`) is one aggregation grouped by the stored
+``partition``: it matches ``{"outbox.0": {"$exists": true}}`` and sorts on
+``partition``, which the partial index ``docoutbox_pending_partition`` (``{partition:
+1}``, ``partialFilterExpression: {"outbox.0": {"$exists": true}}``, made by
+``ensure_indexes``) serves; that index holds one key per document with pending entries,
+so a scrape reads as many index keys and documents as wait (not the collection), and
+returns one row per partition.
 
 Used by the ``docoutbox outbox``, ``docoutbox dead-letters`` and ``docoutbox leases``
 commands, and usable directly. Dead letters are listed, replayed and purged as
@@ -13,6 +22,7 @@ from typing import Any
 
 from pymongo import ASCENDING
 
+from docoutbox.dispatch.engine import lag
 from docoutbox.dispatch.engine.backlog import OutboxStats, summarize
 from docoutbox.dispatch.tools import replay
 from docoutbox.dispatch.tools.lease_rows import LeaseRow
@@ -37,6 +47,44 @@ def outbox_stats(collection: Any, now: datetime | None = None) -> OutboxStats:
     with translated():
         docs = list(collection.find(PENDING, STATS_PROJECTION))
     return summarize(docs, now)
+
+
+#: Pending entries, aggregates and the oldest entry per stored partition.
+PENDING_WORK: list[dict[str, Any]] = [
+    {"$match": PENDING},
+    {"$sort": {"partition": 1}},
+    {
+        "$project": {
+            "_id": 0,
+            "partition": 1,
+            "n": {"$size": "$outbox"},
+            "oldest": {"$min": "$outbox.created_at"},
+        }
+    },
+    {
+        "$group": {
+            "_id": "$partition",
+            "entries": {"$sum": "$n"},
+            "aggregates": {"$sum": 1},
+            "oldest": {"$min": "$oldest"},
+        }
+    },
+]
+
+
+def pending_work(
+    collection: Any, partitions: int | None = None, now: datetime | None = None
+) -> lag.PendingWork:
+    """The pending work of ``collection`` per stored partition, in one aggregation (see
+    the module doc); ``partitions``, when given, adds the idle ones as zeros."""
+    with translated():
+        rows = list(collection.aggregate(PENDING_WORK))
+    return lag.pending_work(
+        [lag.Row(r["_id"], r["entries"], r["aggregates"], _aware(r.get("oldest"))) for r in rows],
+        unit=lag.PARTITION,
+        partitions=partitions,
+        now=now,
+    )
 
 
 class MongoDeadLetterStore:

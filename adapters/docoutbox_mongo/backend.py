@@ -21,6 +21,9 @@ from docoutbox.store.plans import CommitPlan, FailurePlan, InsertPlan, TrimPlan,
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import (
     INDEXES,
+    PENDING_PARTITION_FILTER,
+    PENDING_PARTITION_INDEX,
+    PENDING_PARTITION_KEYS,
     commit_update,
     failure_update,
     pending_filter,
@@ -140,6 +143,11 @@ class MongoBackend:
         with translated():
             for name, keys in INDEXES:
                 self.collection.create_index(keys, name=name)
+            self.collection.create_index(
+                PENDING_PARTITION_KEYS,
+                name=PENDING_PARTITION_INDEX,
+                partialFilterExpression=PENDING_PARTITION_FILTER,
+            )
 
 
 class AsyncMongoBackend:
@@ -201,3 +209,8 @@ class AsyncMongoBackend:
         with translated():
             for name, keys in INDEXES:
                 await self.collection.create_index(keys, name=name)
+            await self.collection.create_index(
+                PENDING_PARTITION_KEYS,
+                name=PENDING_PARTITION_INDEX,
+                partialFilterExpression=PENDING_PARTITION_FILTER,
+            )

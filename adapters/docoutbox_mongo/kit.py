@@ -12,9 +12,10 @@ from typing import Any
 from pymongo import MongoClient
 
 from docoutbox.dispatch.engine.backlog import OutboxStats
+from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.errors import PermanentStoreError
 from docoutbox.ports.kit import StoreSettings, name_problem
-from docoutbox_mongo.admin import outbox_stats
+from docoutbox_mongo.admin import outbox_stats, pending_work
 from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.changes import AsyncMongoChangeSource, MongoChangeSource
 from docoutbox_mongo.coordination import (
@@ -66,6 +67,11 @@ class MongoKit:
     def outbox_stats(self) -> OutboxStats:
         """The backlog, in one query (a projection of the pending documents)."""
         return outbox_stats(self.backend.collection)
+
+    def pending_work(self, partitions: int | None = None) -> PendingWork:
+        """Pending entries per stored partition, in one aggregation
+        (:func:`~docoutbox_mongo.admin.pending_work`)."""
+        return pending_work(self.backend.collection, partitions)
 
     def close(self) -> None:
         self.client.close()

@@ -18,6 +18,12 @@ INDEXES: tuple[tuple[str, list[tuple[str, int]]], ...] = (
     ("docoutbox_partition", [("partition", 1), ("_id", 1)]),
 )
 
+#: The partial index of the pending-work query: only documents with pending entries are
+#: in it, so it holds as many keys as documents wait, whatever the collection's size.
+PENDING_PARTITION_INDEX = "docoutbox_pending_partition"
+PENDING_PARTITION_KEYS = [("partition", 1)]
+PENDING_PARTITION_FILTER: Filter = {"outbox.0": {"$exists": True}}
+
 
 def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
     """One conditional update: guarded by ``version``; appends, never replaces, the outbox."""

@@ -48,7 +48,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "docoutbox.observability.otel needs OpenTelemetry: pip install 'docoutbox[otel]'"
     ) from exc
 
-from docoutbox.dispatch.engine.backlog import OutboxStats
+from docoutbox.dispatch.engine.backlog import Bucket, OutboxStats
+from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.model import AggregateId, Message, OutboxMessage
 from docoutbox.ports.dispatch import AsyncPublisher, Closeable, Publisher, TracedPublisher
 
@@ -229,7 +230,9 @@ class OtelMetrics:
     """The dispatcher's :class:`~docoutbox.dispatch.engine.metrics.Metrics` through an OTel meter.
 
     Gauges (depth, aggregates, oldest age) report the last backlog measurement
-    (:class:`~docoutbox.dispatch.engine.backlog.BacklogMonitor`).
+    (:class:`~docoutbox.dispatch.engine.backlog.BacklogMonitor`); the
+    ``docoutbox.pending_work.*`` gauges the last pending work per partition or feed range
+    (attributes ``docoutbox.partition`` and ``docoutbox.partition.unit``).
     """
 
     def __init__(self, *, meter_provider: otel_metrics.MeterProvider | None = None) -> None:
@@ -237,6 +240,7 @@ class OtelMetrics:
         self._lock = threading.Lock()
         self._stats: OutboxStats | None = None
         self._stream_lag: float | None = None
+        self._work: PendingWork | None = None
         self._published = meter.create_counter(
             "docoutbox.published", unit="{message}", description="Entries confirmed by the broker"
         )
@@ -268,6 +272,24 @@ class OtelMetrics:
             description="Age of the oldest pending entry",
         )
         meter.create_observable_gauge(
+            "docoutbox.pending_work.entries",
+            [self._observe_work(lambda bucket: bucket.entries)],
+            unit="{message}",
+            description="Pending entries per partition or feed range (0 for an idle one)",
+        )
+        meter.create_observable_gauge(
+            "docoutbox.pending_work.oldest_age",
+            [self._observe_work(lambda bucket: bucket.oldest_age)],
+            unit="s",
+            description="Age of the oldest pending entry per partition or feed range",
+        )
+        meter.create_observable_gauge(
+            "docoutbox.pending_work.partitions",
+            [self._observe_partitions],
+            unit="{partition}",
+            description="How many partitions or feed ranges the work is split into",
+        )
+        meter.create_observable_gauge(
             "docoutbox.stream.lag",
             [self._observe_lag],
             unit="s",
@@ -281,6 +303,30 @@ class OtelMetrics:
             return [] if stats is None else [Observation(figure(stats))]
 
         return callback
+
+    def _observe_work(self, figure: Callable[[Bucket], float]) -> Any:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                work = self._work
+            if work is None:
+                return []
+            return [
+                Observation(
+                    figure(bucket),
+                    {"docoutbox.partition": partition, "docoutbox.partition.unit": work.unit},
+                )
+                for partition, bucket in sorted(work.by_partition.items())
+            ]
+
+        return callback
+
+    def _observe_partitions(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            work = self._work
+        if work is None:
+            return []
+        count = work.partitions if work.partitions is not None else len(work.by_partition)
+        return [Observation(count, {"docoutbox.partition.unit": work.unit})]
 
     def _observe_lag(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
@@ -308,3 +354,7 @@ class OtelMetrics:
     def stream_lag(self, seconds: float) -> None:
         with self._lock:
             self._stream_lag = seconds
+
+    def pending_work(self, work: PendingWork) -> None:
+        with self._lock:
+            self._work = work

@@ -3,8 +3,11 @@
 :class:`PrometheusMetrics` is a dispatcher :class:`~docoutbox.dispatch.engine.metrics.Metrics`;
 the ``docoutbox_outbox_*`` gauges are the outbox backlog as last measured in the database
 by a :class:`~docoutbox.dispatch.engine.backlog.BacklogMonitor` (never the dispatcher's in-memory
-queue, which is ``docoutbox_dispatcher_queued``). :class:`PrometheusStoreObserver` counts
-store conflicts and retries in the processes that handle messages.
+queue, which is ``docoutbox_dispatcher_queued``). The ``docoutbox_pending_work_*`` gauges
+are the pending work per partition or feed range (:mod:`~docoutbox.dispatch.engine.lag`),
+one series per partition (idle ones read 0), labelled ``unit`` (``partition`` or
+``feed_range``): what a scaler reads. :class:`PrometheusStoreObserver` counts store
+conflicts and retries in the processes that handle messages.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from docoutbox.dispatch.engine.backlog import OutboxStats
+from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.model import AggregateId, Message, OutboxMessage
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -82,6 +86,24 @@ class PrometheusMetrics:
         self.queued = Gauge(
             "docoutbox_dispatcher_queued", "Aggregates in the dispatcher's work queue", registry=r
         )
+        self.work_entries = Gauge(
+            "docoutbox_pending_work_entries",
+            "Pending entries per partition or feed range (0 for an idle one)",
+            ["unit", "partition"],
+            registry=r,
+        )
+        self.work_oldest_age = Gauge(
+            "docoutbox_pending_work_oldest_age_seconds",
+            "Age of the oldest pending entry per partition or feed range",
+            ["unit", "partition"],
+            registry=r,
+        )
+        self.work_partitions = Gauge(
+            "docoutbox_pending_work_partitions",
+            "How many partitions or feed ranges the work is split into",
+            ["unit"],
+            registry=r,
+        )
 
     def watch_queue(self, queued: Callable[[], int]) -> None:
         """Report ``queued()`` (e.g. ``dispatcher.queued``) at every scrape."""
@@ -111,6 +133,17 @@ class PrometheusMetrics:
 
     def stream_lag(self, seconds: float) -> None:
         self.stream_lag_seconds.set(seconds)
+
+    def pending_work(self, work: PendingWork) -> None:
+        self.work_entries.clear()
+        self.work_oldest_age.clear()
+        self.work_partitions.clear()
+        for partition, bucket in work.by_partition.items():
+            self.work_entries.labels(work.unit, str(partition)).set(bucket.entries)
+            self.work_oldest_age.labels(work.unit, str(partition)).set(bucket.oldest_age)
+        self.work_partitions.labels(work.unit).set(
+            work.partitions if work.partitions is not None else len(work.by_partition)
+        )
 
     def exposition(self) -> tuple[bytes, str]:
         """The text format of every metric in the registry, and its content type."""

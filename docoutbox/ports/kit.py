@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from docoutbox.codec import WireFormat
 from docoutbox.dispatch.engine.backlog import OutboxStats
+from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.ports.dispatch import (
     AsyncChangeSource,
     AsyncCheckpoints,
@@ -101,6 +102,15 @@ class MeasuredKit(Protocol):
     through ``find_pending``)."""
 
     def outbox_stats(self) -> OutboxStats: ...
+
+
+@runtime_checkable
+class PendingWorkKit(Protocol):
+    """Optional: a kit that measures the pending work per partition (or feed range) in one
+    query, for metrics a scaler reads (:mod:`~docoutbox.dispatch.engine.lag`).
+    ``partitions`` is the stored partitions' count where the kit cannot know it."""
+
+    def pending_work(self, partitions: int | None = None) -> PendingWork: ...
 
 
 @runtime_checkable

@@ -97,6 +97,11 @@ def test_health_reports_the_asyncio_dispatcher(
         assert [json.loads(published.get(timeout=30))["seq"] for _ in range(2)] == [1, 2]
         status, body = _get(port, "/health")
         assert status == 200 and json.loads(body)["live"] is True
+        # The pending work is measured per stored partition (MongoDB, --partitions 16 by
+        # default) or per feed range (Cosmos DB: the local server's four).
+        status, text = _get(port, "/metrics")
+        unit, count = ("feed_range", 4) if KEY_ENV in env else ("partition", 16)
+        assert f'docoutbox_pending_work_partitions{{unit="{unit}"}} {count}.0' in text, text
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)

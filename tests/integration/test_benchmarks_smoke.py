@@ -23,6 +23,7 @@ from benchmarks import (
     endpoint,
     kafka,
     kafka_consume,
+    lag,
     memory,
     rabbitmq,
     store,
@@ -172,3 +173,10 @@ def test_endpoint_against_a_plain_consumer_loop(mongo_uri: str) -> None:
     table = endpoint.run(mongo_uri, QUICK)
     _sane(table)
     assert [row[0] for row in table.rows][:3] == ["plain", "consumer", "endpoint"]
+
+
+def test_lag_benchmark_runs(mongo_uri: str) -> None:
+    """It checks every partition's figures before timing, and raises if they are wrong."""
+    table = lag.run(mongo_uri, QUICK)
+    _sane(table)
+    assert {"count", "work", "stats", "fill_seconds"} == set(table.figures)

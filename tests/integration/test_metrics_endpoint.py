@@ -103,7 +103,8 @@ def test_scraped_backlog_matches_the_database(mongo: Any, mongo_uri: str) -> Non
             status, text = _get(port, "/metrics")
             asked_at = datetime.now(UTC)
             values = _samples(text)
-            if values.get("docoutbox_outbox_pending_entries") == entries:
+            work = {k: v for k, v in values.items() if k.startswith("docoutbox_pending_work_ent")}
+            if values.get("docoutbox_outbox_pending_entries") == sum(work.values()) == entries:
                 break
             assert time.monotonic() < deadline, values
             time.sleep(0.1)
@@ -119,6 +120,10 @@ def test_scraped_backlog_matches_the_database(mongo: Any, mongo_uri: str) -> Non
         for partition, count in by_partition.items():
             key = f'docoutbox_outbox_partition_pending_entries{{partition="{partition}"}}'
             assert values.get(key, 0.0) == count
+            # Pending work per partition: every partition a series, idle ones 0.
+            key = f'docoutbox_pending_work_entries{{partition="{partition}",unit="partition"}}'
+            assert values[key] == count
+        assert values['docoutbox_pending_work_partitions{unit="partition"}'] == 4
 
         assert _get(port, "/healthz")[0] == 200
         status, body = _get(port, "/readyz")

@@ -39,6 +39,7 @@ from urllib3.exceptions import InsecureRequestWarning
 from docoutbox import __version__
 from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.engine.backlog import BacklogProbe, probe_backend
+from docoutbox.dispatch.engine.lag import PendingWorkProbe
 from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
 from docoutbox.model import OutboxMessage
@@ -46,6 +47,7 @@ from docoutbox.ports.dispatch import Closeable, Publisher
 from docoutbox.ports.kit import (
     BrokerSettings,
     MeasuredKit,
+    PendingWorkKit,
     StoreAdapter,
     StoreKit,
     StoreSettings,
@@ -424,7 +426,7 @@ def _dispatch(
         log.info("stopped_before_start")
         return 0
     try:
-        seen = observe.Observability(args, _backlog_probe(kit))
+        seen = observe.Observability(args, _backlog_probe(kit), _work_probe(kit, args.partitions))
     except (ImportError, ValueError) as exc:
         kit.close()
         return _fail(f"{exc}", secrets, code=2)
@@ -554,6 +556,13 @@ def _backlog_probe(kit: StoreKit) -> BacklogProbe:
     if isinstance(kit, MeasuredKit):
         return kit.outbox_stats
     return probe_backend(kit.backend)
+
+
+def _work_probe(kit: StoreKit, partitions: int) -> PendingWorkProbe | None:
+    """The kit's pending work per partition (or feed range), where it measures it."""
+    if isinstance(kit, PendingWorkKit):
+        return lambda: kit.pending_work(partitions)
+    return None
 
 
 def _publisher(args: argparse.Namespace) -> Publisher:

@@ -1,15 +1,20 @@
-"""Operating commands: ``outbox stats``, ``dead-letters ...`` and ``leases``.
+"""Operating commands: ``outbox stats``, ``outbox lag``, ``dead-letters ...`` and
+``leases``.
 
 Each works on MongoDB (``--mongo-uri``) or Cosmos DB (``--cosmos-endpoint``), through the
 adapter's ``admin`` module.
 
 - ``docoutbox outbox stats``: pending entries and aggregates, the oldest entry's age, per
   partition and per type (``--json`` for machines);
-- ``docoutbox dead-letters list | show ID | replay ID... | purge [ID...] --yes``: one place
-  for what the dispatcher quarantined and what consumers rejected. ``replay`` puts a
-  quarantined entry back on its aggregate's outbox (same ``seq``, a new ID, never ahead
-  of a later pending entry), or publishes a rejected delivery again to its queue, and
-  says which it did;
+- ``docoutbox outbox lag``: the pending work per partition (MongoDB) or feed range (Cosmos
+  DB) in one grouping query, what an autoscaler reads (the KEDA recipe is in its help);
+- ``docoutbox dead-letters list | show ID | groups | replay ID... | purge [ID...] --yes``:
+  one place for what the dispatcher quarantined and what consumers rejected. ``groups``
+  summarizes them by failure fingerprint (error type and normalized message);
+  ``replay`` puts a quarantined entry back on its aggregate's outbox (same ``seq``, a new
+  ID, never ahead of a later pending entry), or publishes a rejected delivery again to its
+  queue, and says which it did; ``replay`` and ``purge`` take ``--group FINGERPRINT``
+  instead of IDs;
 - ``docoutbox leases``: which instance owns which partition, since when, until when.
 
 Exit codes: 0 done; 1 a server cannot be used, an unknown ID, an aggregate that is gone
@@ -29,6 +34,7 @@ from typing import Any
 
 from urllib3.exceptions import InsecureRequestWarning
 
+from docoutbox.dispatch.engine.lag import desired_replicas
 from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
 from docoutbox_app import logs
 from docoutbox_app.cli.help import Formatter
@@ -36,6 +42,7 @@ from docoutbox_app.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
     LIMIT,
+    PARTITIONS,
     SERVER_TIMEOUT_HELP,
     STORES,
     TIMEOUT,
@@ -96,6 +103,32 @@ def add_commands(sub: Any) -> None:
     )
     _connection(stats, collection=True)
     stats.set_defaults(run=_stats)
+    lag = osub.add_parser(
+        "lag",
+        help="pending entries and oldest age per partition or feed range (for autoscaling)",
+        description=_LAG,
+        formatter_class=Formatter,
+    )
+    _connection(lag, collection=True)
+    lag.add_argument(
+        "--partitions",
+        type=PARTITIONS,
+        help="MongoDB: the stores' partition count (idle partitions then read 0, and it "
+        "caps --target-per-replica's answer)",
+    )
+    lag.add_argument(
+        "--by",
+        choices=["feed-range", "partition"],
+        default="feed-range",
+        help="Cosmos DB: group by feed range (as the feed-range leases) or stored partition",
+    )
+    lag.add_argument(
+        "--target-per-replica",
+        type=PARTITIONS,
+        metavar="N",
+        help="also print the replicas wanted: ceil(pending / N), at most one per partition",
+    )
+    lag.set_defaults(run=_lag)
 
     dl = sub.add_parser(
         "dead-letters",
@@ -112,6 +145,14 @@ def add_commands(sub: Any) -> None:
     _connection(show, collection=None)
     show.add_argument("id", help="dead letter ID (the entry's ID)")
     show.set_defaults(run=_show)
+    groups = dsub.add_parser(
+        "groups",
+        help="dead letters by failure group (fingerprint), largest first",
+        description=_GROUPS,
+        formatter_class=Formatter,
+    )
+    _connection(groups, collection=None)
+    groups.set_defaults(run=_groups)
     replay = dsub.add_parser(
         "replay",
         help="put dead letters back on their outbox (or queue)",
@@ -119,7 +160,10 @@ def add_commands(sub: Any) -> None:
         formatter_class=Formatter,
     )
     _connection(replay, collection=False)
-    replay.add_argument("ids", nargs="+", metavar="ID", help="dead letter IDs")
+    replay.add_argument("ids", nargs="*", metavar="ID", help="dead letter IDs")
+    replay.add_argument(
+        "--group", metavar="FINGERPRINT", help="every dead letter of this failure group"
+    )
     replay.add_argument(
         "--rabbitmq-url",
         default=os.environ.get("DOCOUTBOX_RABBITMQ_URL"),
@@ -131,6 +175,9 @@ def add_commands(sub: Any) -> None:
     )
     _connection(purge, collection=None)
     purge.add_argument("ids", nargs="*", metavar="ID", help="only these (default: all)")
+    purge.add_argument(
+        "--group", metavar="FINGERPRINT", help="only the dead letters of this failure group"
+    )
     purge.add_argument("--yes", action="store_true", help="really delete")
     purge.set_defaults(run=_purge)
 
@@ -142,9 +189,43 @@ def add_commands(sub: Any) -> None:
     leases.set_defaults(run=_leases)
 
 
+_LAG = """\
+Pending entries, the aggregates holding them and the oldest entry's age, per partition
+(MongoDB: the stored partition number) or per feed range (Cosmos DB: numbered as the
+feed-range leases number them). Every partition has a row; an idle one reads 0.
+
+Cost per run (and per scrape of the dispatcher's metrics, measured every
+--backlog-interval): MongoDB, one aggregation over the partial index
+docoutbox_pending_partition ({partition: 1}, only documents with pending entries; made
+by ensure_indexes), reading as many documents as wait, not the collection. Cosmos DB,
+one cross-partition query returning a small row per pending item, plus one read of the
+feed ranges.
+
+Autoscaling with KEDA: docoutbox dispatch --metrics-port exports
+docoutbox_pending_work_entries{unit,partition} and docoutbox_pending_work_partitions.
+Every instance measures the whole collection, so take one series per partition:
+
+  triggers:
+  - type: prometheus
+    metadata:
+      serverAddress: http://prometheus:9090
+      query: sum(max by (partition) (docoutbox_pending_work_entries{job="orders-dispatch"}))
+      threshold: "1000"          # target pending entries per replica
+
+KEDA then asks for ceil(pending / 1000) replicas; set maxReplicaCount to the partition
+count (docoutbox_pending_work_partitions): an instance beyond one per partition holds no
+lease. --target-per-replica N prints the same decision."""
+
 _DEAD_LETTERS = """\
 One place for the entries the dispatcher quarantined (origin "dispatch") and the
 deliveries consumers rejected (origin "consume")."""
+
+_GROUPS = """\
+A failure group is every dead letter whose error has the same type and the same message
+once the values that vary are replaced (the entry, aggregate and queue names, quoted
+values, timestamps, UUIDs, hex values, words with digits, numbers). Each group shows its
+fingerprint, count, first and last time seen and the oldest dead letter's ID; give the
+fingerprint to replay --group or purge --group."""
 
 _REPLAY = """\
 An entry the dispatcher quarantined goes back on its aggregate's outbox with its seq and
@@ -152,7 +233,8 @@ a new ID (the old one in the docoutbox-replay-of header; attempts reset). The di
 publishes it before any later entry still pending on that aggregate; receivers with exact
 de-duplication see its seq gap filled. A delivery a consumer rejected is published again,
 unchanged, to its queue. Every ID is checked first: if one is unknown or its aggregate
-is gone, nothing is replayed."""
+is gone, nothing is replayed. --group FINGERPRINT replays the failure group's dead
+letters (as listed by groups) instead of named ones."""
 
 
 def _fail(message: str, secrets: Sequence[str], code: int = 1, limit: int = 500) -> int:
@@ -254,6 +336,39 @@ def _stats(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _lag(args: argparse.Namespace) -> int:
+    def body(database: Any, admin: Any) -> int:
+        container = database[args.collection]
+        if store_of(args) == "cosmos":
+            by = "feed_range" if args.by == "feed-range" else "partition"
+            work = admin.pending_work(container, by=by, partitions=args.partitions)
+        else:
+            work = admin.pending_work(container, args.partitions)
+        wanted = None
+        if args.target_per_replica is not None:
+            wanted = desired_replicas(work.entries, args.target_per_replica, work.partitions)
+        if args.json:
+            _print_json({**work.to_json(), "desired_replicas": wanted})
+            return 0
+        unit = work.unit.replace("_", " ")
+        print(f"collection   {args.db}.{args.collection}")
+        print(f"pending      {work.entries} entries on {work.aggregates} aggregates")
+        print(f"oldest       {work.oldest_age:.1f} s")
+        print(f"\n{unit:<12} {'entries':>8} {'aggregates':>10} {'oldest_s':>10}")
+        for key, bucket in sorted(work.by_partition.items()):
+            print(
+                f"{key:<12} {bucket.entries:>8} {bucket.aggregates:>10} {bucket.oldest_age:>10.1f}"
+            )
+        if work.unassigned.entries:
+            u = work.unassigned
+            print(f"{'(none)':<12} {u.entries:>8} {u.aggregates:>10} {u.oldest_age:>10.1f}")
+        if wanted is not None:
+            print(f"\nreplicas     {wanted} (at {args.target_per_replica} entries per replica)")
+        return 0
+
+    return _run(args, body)
+
+
 def _table(title: str, buckets: dict[Any, Any]) -> None:
     if not buckets:
         return
@@ -315,10 +430,45 @@ def _show(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _groups(args: argparse.Namespace) -> int:
+    def body(database: Any, admin: Any) -> int:
+        groups = _dead_letters(args, database, admin).groups()
+        if args.json:
+            _print_json([group.to_json() for group in groups])
+            return 0
+        total = sum(group.count for group in groups)
+        print(f"{total} dead letter(s) in {len(groups)} failure group(s)")
+        for group in groups:
+            first = _json_default(group.first_seen) if group.first_seen else "-"
+            last = _json_default(group.last_seen) if group.last_seen else "-"
+            print(
+                f"{group.fingerprint}  {group.count:>6}  first={first}  last={last}  "
+                f"example={group.example_id}\n    {group.error_type or '-'}: {group.message[:160]}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def _selection(args: argparse.Namespace) -> str | None:
+    """What is wrong with naming IDs and a group together (or neither, for replay)."""
+    if args.ids and args.group:
+        return "name dead letter IDs or --group, not both (nothing changed)"
+    if args.run is _replay and not args.ids and not args.group:
+        return "name at least one dead letter ID, or --group FINGERPRINT"
+    return None
+
+
 def _replay(args: argparse.Namespace) -> int:
+    problem = _selection(args)
+    if problem is not None:
+        return _fail(problem, [], 2)
+
     def body(database: Any, admin: Any) -> int:
         republish = _republisher(args.rabbitmq_url) if args.rabbitmq_url else None
-        done = _dead_letters(args, database, admin).replay(args.ids, republish)
+        dead = _dead_letters(args, database, admin)
+        ids = dead.members(args.group) if args.group else args.ids
+        done = dead.replay(ids, republish)
         for item in done:
             if args.json:
                 continue
@@ -342,12 +492,17 @@ def _republisher(url: str) -> Callable[[str, bytes], None]:
 
 
 def _purge(args: argparse.Namespace) -> int:
+    problem = _selection(args)
+    if problem is not None:
+        return _fail(problem, [], 2)
     if not args.yes:
         what = f"{len(args.ids)} dead letter(s)" if args.ids else "every dead letter"
+        what = f"failure group {args.group}" if args.group else what
         return _fail(f"purge deletes {what}; add --yes to confirm (nothing deleted)", [], 2)
 
     def body(database: Any, admin: Any) -> int:
-        count = _dead_letters(args, database, admin).purge(args.ids)
+        dead = _dead_letters(args, database, admin)
+        count = dead.purge(dead.members(args.group) if args.group else args.ids)
         print(f"purged {count} dead letter(s)")
         return 0
 

@@ -4,7 +4,8 @@ outbox backlog, Prometheus metrics, health endpoints and OpenTelemetry.
 Rule: the backlog is measured in the database every ``--backlog-interval`` seconds, or
 every ``--progress-interval`` seconds when progress lines are more frequent, so that each
 line carries a fresh measurement; the last line, on stop, measures once more (never
-inferred from the in-memory work queue).
+inferred from the in-memory work queue). With it, the pending work per partition or feed
+range, where the store's kit measures it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 from typing import Any
 
 from docoutbox.dispatch.engine.backlog import BacklogMonitor, BacklogProbe, Fanout, ProgressMetrics
+from docoutbox.dispatch.engine.lag import PendingWorkProbe
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.observability.health import Endpoint, Health, Observed
 from docoutbox_app.cli.options import INTERVAL, PORT
@@ -45,7 +47,9 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
 class Observability:
     """Builds the dispatcher's metrics and the monitor, endpoint and tracing around it."""
 
-    def __init__(self, args: argparse.Namespace, probe: BacklogProbe) -> None:
+    def __init__(
+        self, args: argparse.Namespace, probe: BacklogProbe, work: PendingWorkProbe | None = None
+    ) -> None:
         """Raises ValueError for bad settings, ImportError for a missing extra."""
         if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
             raise ValueError("--metrics-port must be between 0 and 65535")
@@ -67,7 +71,7 @@ class Observability:
             targets.append(OtelMetrics())
         self.metrics = Fanout(*targets)
         every = min(args.backlog_interval, args.progress_interval)
-        self.monitor = BacklogMonitor(probe, self.metrics, interval=every)
+        self.monitor = BacklogMonitor(probe, self.metrics, interval=every, work=work)
         self.health.monitor = self.monitor
         self.endpoint: Endpoint | None = None
 

@@ -9,5 +9,7 @@
 - :mod:`~docoutbox.dispatch.engine.trimmed`: what was trimmed lately, so an older copy is
   not published again;
 - :mod:`~docoutbox.dispatch.engine.backlog`: the pending backlog, measured;
+- :mod:`~docoutbox.dispatch.engine.lag`: pending work per partition or feed range, and the
+  scale decision taken from it;
 - :mod:`~docoutbox.dispatch.engine.metrics`: the metrics hooks the engine calls.
 """

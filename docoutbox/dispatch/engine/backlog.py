@@ -10,7 +10,8 @@ documents wait.
   any :class:`~docoutbox.ports.store.StoreBackend`; adapters offer cheaper projections);
 - :class:`BacklogMonitor`: measures every ``interval`` seconds on its own thread and hands
   the figures to the metrics (``backlog(aggregates)``, and ``outbox(stats)`` where the
-  metrics have it);
+  metrics have it; with a ``work`` probe, also ``pending_work(work)`` of
+  :mod:`~docoutbox.dispatch.engine.lag`);
 - :class:`ProgressMetrics`: counting metrics whose periodic ``progress`` line carries the
   backlog, the publish rate and an ETA.
 """
@@ -165,11 +166,20 @@ class OutboxMetrics(Protocol):
     def outbox(self, stats: OutboxStats) -> None: ...
 
 
+@runtime_checkable
+class PendingWorkMetrics(Protocol):
+    """Metrics that take the pending work per partition (optional beside :class:`Metrics`;
+    ``work`` is a :class:`~docoutbox.dispatch.engine.lag.PendingWork`)."""
+
+    def pending_work(self, work: Any) -> None: ...
+
+
 class BacklogMonitor:
     """Measures the backlog every ``interval`` seconds and reports it to ``metrics``.
 
     A failed measurement is logged and retried at the next interval; the last good figures
-    stay (``last``), with ``failures`` counting consecutive failures.
+    stay (``last``), with ``failures`` counting consecutive failures. ``work``, when given,
+    measures the pending work per partition at the same pace (``last_work``).
     """
 
     def __init__(
@@ -178,11 +188,17 @@ class BacklogMonitor:
         metrics: Metrics | Iterable[Metrics],
         *,
         interval: float = 5.0,
+        work: Callable[[], Any] | None = None,
     ) -> None:
         self.probe = probe
         self.metrics = [metrics] if not isinstance(metrics, Iterable) else list(metrics)
+        self.work = work
+        self._work_metrics: list[PendingWorkMetrics] = [
+            m for m in self.metrics if isinstance(m, PendingWorkMetrics)
+        ]
         self.interval = interval
         self.last: OutboxStats | None = None
+        self.last_work: Any = None
         self.failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,7 +220,19 @@ class BacklogMonitor:
             if isinstance(metrics, OutboxMetrics):
                 metrics.outbox(stats)
             metrics.backlog(stats.aggregates)
+        if self.work is not None:
+            self._measure_work(self.work)
         return stats
+
+    def _measure_work(self, probe: Callable[[], Any]) -> None:
+        try:
+            work = probe()
+        except StoreError as exc:
+            log.warning("pending_work_measure_failed error=%r", exc)
+            return
+        self.last_work = work
+        for metrics in self._work_metrics:
+            metrics.pending_work(work)
 
     def start(self) -> None:
         self.measure()
@@ -303,6 +331,7 @@ class Fanout:
         self.targets = targets
         self._outbox = [t for t in targets if isinstance(t, OutboxMetrics)]
         self._lag = [t for t in targets if isinstance(t, StreamLagMetrics)]
+        self._work = [t for t in targets if isinstance(t, PendingWorkMetrics)]
 
     def published(self, entry: OutboxMessage, lag: float) -> None:
         for target in self.targets:
@@ -327,3 +356,7 @@ class Fanout:
     def stream_lag(self, seconds: float) -> None:
         for target in self._lag:
             target.stream_lag(seconds)
+
+    def pending_work(self, work: Any) -> None:
+        for target in self._work:
+            target.pending_work(work)

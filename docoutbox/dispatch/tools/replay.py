@@ -26,6 +26,11 @@ pending entries.
 
 Every ID is checked before anything changes: an unknown ID, a malformed entry, an
 aggregate that no longer exists (or is of another type) fails the whole request.
+
+By failure group (:mod:`docoutbox.dispatch.tools.failures`): :meth:`DeadLetterAdmin.groups`
+summarizes the dead letters by fingerprint; :meth:`DeadLetterAdmin.members` names a
+group's dead letters as they are now, which ``replay`` and ``purge`` then take as IDs
+(a dead letter that joins the group afterwards is left for the next request).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from docoutbox.dispatch.tools.failures import FailureGroup, failure_groups, fingerprint
 from docoutbox.errors import InvalidInput, NotFound
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.document import utcnow
@@ -96,6 +102,18 @@ class DeadLetterAdmin:
         if doc is None:
             raise NotFound(f"no dead letter {dead_letter_id!r}")
         return doc
+
+    def groups(self) -> list[FailureGroup]:
+        """The dead letters by failure group, largest first."""
+        return failure_groups(self.store.listing(0))
+
+    def members(self, group: str) -> list[str]:
+        """The IDs of the dead letters of fingerprint ``group``, oldest first; raises
+        :class:`~docoutbox.errors.NotFound` when none has it."""
+        ids = [str(doc["_id"]) for doc in self.store.listing(0) if fingerprint(doc) == group]
+        if not ids:
+            raise NotFound(f"no dead letter in failure group {group!r}")
+        return ids
 
     def _check(self, doc: Mapping[str, Any], republish: Republish | None) -> None:
         name = doc["_id"]
