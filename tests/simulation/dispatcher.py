@@ -95,6 +95,9 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
         rng=rng,
         metrics=NullMetrics(),
     )
+    # A publisher with confirms in flight (rounds), or one that confirms each publish
+    # before it returns (each run publishes in turn): each schedule draws one.
+    engine.rounds = rng.random() < 0.75
     engine.begin()
     cfg = engine.config
     control: Task | None = None

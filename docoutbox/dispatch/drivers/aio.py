@@ -103,6 +103,7 @@ class AsyncDispatcher:
         self.source = source
         self.checkpoints = checkpoints
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
+        self.engine.rounds = self.ports.pipelined
         #: Trims of concurrent runs go out together.
         self.trims = AsyncGroupWriter(backend, direct_workers=self.config.concurrency)
         self._stopping = False

@@ -63,6 +63,7 @@ class Dispatcher:
         self.source = source
         self.checkpoints = checkpoints
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
+        self.engine.rounds = self.ports.pipelined
         #: Trims of concurrent runs go out together.
         self.trims = GroupWriter(backend, direct_workers=self.config.concurrency)
         self._stop = threading.Event()

@@ -194,7 +194,7 @@ class PublishRound:
 
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
-BatchOp = Load | Quarantine | Write | Sleep | PublishRound | TrimRound
+BatchOp = RunOp | PublishRound | TrimRound
 EngineOp = StreamOp | BatchOp | FindPending
 
 
@@ -329,6 +329,10 @@ class DispatchEngine:
     ) -> None:
         self.config = config
         self.ownership = ownership
+        #: Whether a batch's publishes go out in rounds (:class:`PublishRound`): for a
+        #: publisher with confirmations in flight together. Without one, each publish is
+        #: confirmed before it returns, so a run publishes its entries in turn, as fast.
+        self.rounds = True
         self.stream = stream
         self.checkpoints = checkpoints
         #: Which ownership partition a document belongs to, when the ownership says so
@@ -720,7 +724,9 @@ class DispatchEngine:
         their confirmations in flight, and each run learns its own entry's outcome and
         goes on. Once every run waits at a trim (or is over), their trims go out in one
         :class:`TrimRound`, and so on until every run is over. A run that fails
-        unexpectedly is retried later and does not stop the others.
+        unexpectedly is retried later and does not stop the others. Without rounds
+        (:attr:`rounds` False: a publisher that confirms each publish before it returns),
+        a run's publishes are performed as they come, like its loads.
 
         Rule (I4 with confirms in flight): a round holds at most one entry of an
         aggregate, and the aggregate's next entry goes out in a later round, once this
@@ -740,7 +746,7 @@ class DispatchEngine:
                 publishes: list[tuple[_Lockstep, OutboxMessage]] = []
                 for run in runs:
                     while run.trim is None and (op := run.step()) is not None:
-                        if isinstance(op, Publish):
+                        if isinstance(op, Publish) and self.rounds:
                             publishes.append((run, op.entry))
                             break
                         if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
