@@ -271,10 +271,10 @@ def deterministic_id(source: Column, seq: Column) -> Column:
     )
 
 
-#: Reconciliation statuses of an emitted ``(source, seq)``.
+#: Reconciliation statuses of an emitted ``(source, seq)`` that account for it.
 RECONCILED = ("marks", "pending", "dead_letter")
 _MARK = "struct<consumer:string,hw:bigint,above:array<bigint>>"
-_ISSUE = "struct<seq:bigint,status:string,consumers:array<string>>"
+ISSUE = "struct<seq:bigint,status:string,consumers:array<string>>"
 
 
 def reconcile_sources(
@@ -417,7 +417,7 @@ def reconcile_sources(
                 s.alias("seq"), F.lit("unexpected").alias("status"), who(s).alias("consumers")
             ),
         ),
-    ).cast(f"array<{_ISSUE}>")
+    ).cast(f"array<{ISSUE}>")
     return statuses.select(
         "source",
         "emitted",

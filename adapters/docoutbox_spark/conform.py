@@ -28,7 +28,7 @@ class Conformed:
     documents: DataFrame
     entries: DataFrame
     malformed: DataFrame
-    #: The persisted frames (``conform(raw, persist=...)``): the typed documents and entries.
+    #: The persisted frames (``conform(raw, persist=...)``): the typed documents.
     persisted: tuple[DataFrame, ...] = ()
 
     def unpersist(self) -> None:
@@ -90,8 +90,9 @@ _MARK_RAW = "struct<source:string,hw:string,above:string>"
 def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`).
 
-    With ``persist``, the typed documents (outbox included) and entries are persisted at
-    that level, so the source is read once whatever is computed from the three frames; call
+    With ``persist``, the typed documents (outbox included) are persisted at that level and
+    read at once (one Spark job), so the source is read once whatever is computed from the
+    three frames afterwards; call
     :meth:`Conformed.unpersist` when done. ``documents`` carries ``seqs``, the ``seq`` of
     each readable outbox entry (positive integers only), for per-document checks that need
     no shuffle."""
@@ -163,10 +164,9 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     )
     if persist is not None:
         base = base.persist(persist)
+        base.write.format("noop").mode("overwrite").save()  # read it now, once
     documents = base.drop("_outbox")
     entries = _entries(base)
-    if persist is not None:
-        entries = entries.persist(persist)
     malformed = documents.where(F.size("problems") > 0).select(
         F.lit("malformed").alias("kind"),
         F.col("aggregate_id"),
@@ -188,7 +188,7 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
         documents,
         entries,
         malformed.unionByName(bad_entries),
-        (base, entries) if persist is not None else (),
+        (base,) if persist is not None else (),
     )
 
 

@@ -1,10 +1,11 @@
 """Run every audit over the frames and collect a JSON-ready summary with its findings.
 
-One pass: each source is read once (its conformed rows are persisted), and every finding
-and figure is computed in one query with four shuffles (reconciliation by stream, message
-IDs, the figures' groups, and a per-kind ranking), then collected in one bounded result:
-at most ``sample`` rows per finding kind with each kind's exact count, and the figures
-(totals, percentiles, backlog by type, partitions, size buckets, dead letters by error).
+One pass: each source is read once (its conformed rows persisted, one Spark job each), and
+every finding and figure is computed in one query with three shuffles (reconciliation by
+stream; message IDs and the figures' groups; a per-kind ranking), then collected in one
+bounded result: at most ``sample`` rows per finding kind with each kind's exact count, and
+the figures (totals, percentiles, backlog by type, partitions, size buckets, dead letters
+by error). A producer and a consumer collection take six Spark jobs in all.
 Nothing collected grows with the collections.
 
 Timestamps are carried as microseconds since the epoch and rendered as UTC here, so the
@@ -96,6 +97,45 @@ def _instant(micros: Any) -> str | None:
 # --- the one result frame: (kind, sort, row) --------------------------------------------
 
 _SORT = "struct<a:double,b:string,c:double,d:string>"
+#: A row of the one result: its finding kind (or figure), its order within the kind, the
+#: row as JSON, and a number the kind sums (counts that are not rows).
+_ITEM = f"struct<kind:string,sort:{_SORT},row:string,n:bigint>"
+_CAND = "struct<source:string,seq:bigint>"
+#: A row keyed for the shuffle by message ID and figure (``ns``: ``i`` a message ID in
+#: ``a``; ``f`` a figure, group ``a`` keyed by ``b``, ``c``; ``s`` a stream's issues).
+_KEYED = (
+    "struct<ns:string,a:string,b:string,c:string,cand:struct<source:string,seq:bigint>,"
+    f"consumer:string,producer:string,issues:array<{audit.ISSUE}>,n:bigint,pending:bigint,"
+    "flag:bigint,v:double,x:bigint,t:bigint>"
+)
+
+
+def _json(*columns: Column) -> Column:
+    return F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+
+
+def _item_of(
+    kind: str | Column,
+    row: Column,
+    a: Column | None = None,
+    b: Column | None = None,
+    c: Column | None = None,
+    d: Column | None = None,
+    n: Column | None = None,
+) -> Column:
+    sort = F.struct(
+        (a if a is not None else F.lit(0.0)).cast("double").alias("a"),
+        (b if b is not None else F.lit("")).cast("string").alias("b"),
+        (c if c is not None else F.lit(0.0)).cast("double").alias("c"),
+        (d if d is not None else F.lit("")).cast("string").alias("d"),
+    )
+    label = F.lit(kind) if isinstance(kind, str) else kind
+    return F.struct(
+        label.alias("kind"),
+        sort.alias("sort"),
+        row.alias("row"),
+        (n if n is not None else F.lit(1)).cast("bigint").alias("n"),
+    )
 
 
 def _item(
@@ -106,17 +146,39 @@ def _item(
     c: Column | None = None,
     d: Column | None = None,
 ) -> DataFrame:
-    """``frame``'s rows as ``(kind, sort, row)``: ``row`` is the JSON of every column (nulls
-    kept), ``sort`` the order of the kind's rows (``a, b, c, d``)."""
-    sort = F.struct(
-        (a if a is not None else F.lit(0.0)).cast("double").alias("a"),
-        (b if b is not None else F.lit("")).cast("string").alias("b"),
-        (c if c is not None else F.lit(0.0)).cast("double").alias("c"),
-        (d if d is not None else F.lit("")).cast("string").alias("d"),
-    )
-    row = F.to_json(F.struct(*[F.col(n) for n in frame.columns]), {"ignoreNullFields": "false"})
-    label = F.lit(kind) if isinstance(kind, str) else kind
-    return frame.select(label.alias("kind"), sort.alias("sort"), row.alias("row"))
+    """``frame``'s rows as result rows: ``row`` is the JSON of every column (nulls kept),
+    ``sort`` orders the kind's rows (``a, b, c, d``)."""
+    row = _json(*[F.col(name) for name in frame.columns])
+    return frame.select(_item_of(kind, row, a, b, c, d).alias("item")).select("item.*")
+
+
+def _keyed_of(ns: str, a: Column, **values: Column | None) -> Column:
+    fields = {
+        "b": "string",
+        "c": "string",
+        "cand": _CAND,
+        "consumer": "string",
+        "producer": "string",
+        "issues": f"array<{audit.ISSUE}>",
+        "n": "bigint",
+        "pending": "bigint",
+        "flag": "bigint",
+        "v": "double",
+        "x": "bigint",
+        "t": "bigint",
+    }
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown keyed fields: {sorted(unknown)}")
+    cols = [F.lit(ns).alias("ns"), a.cast("string").alias("a")]
+    for name, kind in fields.items():
+        value = values.get(name)
+        cols.append((value if value is not None else F.lit(None)).cast(kind).alias(name))
+    return F.struct(*cols)
+
+
+def _keyed(frame: DataFrame, ns: str, a: Column, **values: Column | None) -> DataFrame:
+    return frame.select(_keyed_of(ns, a, **values).alias("k")).select("k.*")
 
 
 def _fact(
@@ -126,58 +188,22 @@ def _fact(
     k1: Column | None = None,
     k2: Column | None = None,
     n: Column | None = None,
-    pending: Column | None = None,
-    flag: Column | None = None,
-    v: Column | None = None,
-    x: Column | None = None,
-    t: Column | None = None,
+    **values: Column | None,
 ) -> DataFrame:
     """One contribution to a figure: rows of ``group`` (keyed by ``k1``, ``k2``) are summed
     (``n``, ``pending``, ``flag``), ranked (percentiles and maximum of ``v``), and bounded
     (minimum of ``x``, minimum and maximum of the instant ``t`` in microseconds)."""
-
-    def col(value: Column | None, kind: str) -> Column:
-        return (value if value is not None else F.lit(None)).cast(kind)
-
-    return frame.select(
-        F.lit(group).alias("group"),
-        col(k1, "string").alias("k1"),
-        col(k2, "string").alias("k2"),
-        col(n if n is not None else F.lit(1), "long").alias("n"),
-        col(pending, "long").alias("pending"),
-        col(flag, "long").alias("flag"),
-        col(v, "double").alias("v"),
-        col(x, "long").alias("x"),
-        col(t, "long").alias("t"),
-    )
-
-
-def _figures(facts: DataFrame) -> DataFrame:
-    pct = F.percentile_approx("v", list(audit.PERCENTILES), PERCENTILE_ACCURACY)
-    grouped = facts.groupBy("group", "k1", "k2").agg(
-        F.sum("n").alias("n"),
-        F.sum("pending").alias("pending"),
-        F.sum("flag").alias("flag"),
-        F.count("v").alias("values"),
-        pct.alias("pct"),
-        F.max("v").alias("max"),
-        F.min("x").alias("xmin"),
-        F.min("t").alias("tmin"),
-        F.max("t").alias("tmax"),
-    )
-    return _item(
-        F.concat(F.lit("figure:"), F.col("group")),
-        grouped,
-        a=F.when(F.col("group").isin("backlog", "dead_error"), -F.col("n")).when(
-            F.col("group").isin("partition", "histogram"), F.col("k1").cast("double")
-        ),
-        b=F.col("k1"),
-        d=F.col("k2"),
+    return _keyed(
+        frame, "f", F.lit(group), b=k1, c=k2, n=n if n is not None else F.lit(1), **values
     )
 
 
 def _on(condition: Column) -> Column:
     return F.when(condition, 1).otherwise(0)
+
+
+def _none(ddl: str) -> Column:
+    return F.array().cast(f"array<{ddl}>")
 
 
 def run_audit(
@@ -189,17 +215,19 @@ def run_audit(
     config: AuditConfig | None = None,
     source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Audit raw frames; return the summary (JSON-ready) with findings and figures."""
+    """Audit raw frames; return the summary (JSON-ready) with findings and figures.
+
+    Spark jobs: one per source read (its conformed rows persisted), then one query of
+    three shuffles and its result: six for a producer and a consumer collection."""
     config = config or AuditConfig()
-    produced = conform(producer, persist=LEVEL)
-    persisted: list[Conformed | DataFrame] = [produced]
-    docs, entries = produced.documents, produced.entries
-    items: list[DataFrame] = []
-    facts: list[DataFrame] = []
+    persisted: list[Conformed | DataFrame] = []
     try:
-        _producer_items(produced, config, items, facts)
+        produced = conform(producer, persist=LEVEL)
+        persisted.append(produced)
+        items, keyed = _producer_parts(produced, config)
+        dead = None
         if dead_letters is not None:
-            dead = conform_dead_letters(dead_letters).persist(LEVEL)
+            dead = persist(conform_dead_letters(dead_letters))
             persisted.append(dead)
             items.append(
                 _item(
@@ -208,25 +236,41 @@ def run_audit(
                     b=F.col("id"),
                 )
             )
-            facts.append(
+            keyed.append(
                 _fact(dead, "dead_error", k1=F.col("error"), t=F.unix_micros("quarantined_at"))
             )
-        else:
-            dead = None
         if consumer is not None:
             consumed = conform(consumer, persist=LEVEL)
             persisted.append(consumed)
-            _consumer_items(docs, entries, consumed, dead, config, items, facts, persisted)
-        else:
-            _by_id(entries, None, None, items, facts, persisted)
-        everything = items[0]
-        for more in [*items[1:], _figures(_union(facts))]:
-            everything = everything.unionByName(more)
-        rows = _collect(everything, config.sample)
+            cdocs = consumed.documents
+            items += [
+                _item(
+                    "malformed",
+                    consumed.malformed.withColumn("kind", F.lit("malformed_consumer")),
+                    a=F.lit(1),
+                    b=F.col("aggregate_id"),
+                    d=F.col("entry_id"),
+                ),
+                _saturation(cdocs, "consumer", config),
+            ]
+            keyed += [
+                _fact(cdocs, "consumer_documents"),
+                _keyed(audit.window_ids(cdocs), "i", F.col("id"), consumer=F.col("consumer")),
+                _by_stream(audit.reconcile_sources(produced.documents, cdocs, dead)),
+            ]
+        items.append(_by_key(_union(keyed)))
+        rows = _collect(_union(items), config.sample)
     finally:
         for frame in persisted:
             frame.unpersist()
     return _summary(rows, config, expected_documents, source, consumer is not None, dead)
+
+
+def persist(frame: DataFrame) -> DataFrame:
+    """``frame`` persisted and read now (one Spark job), so that it is read once."""
+    frame = frame.persist(LEVEL)
+    frame.write.format("noop").mode("overwrite").save()
+    return frame
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
@@ -240,16 +284,15 @@ def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> D
     found = audit.inbox_saturation(documents, config.window, config.above_limit, ordered=False)
     found = found.withColumn("collection", F.lit(collection))
     kind = F.when(F.col("kind") == "window", "inbox_window_full").otherwise("inbox_above")
-    return _item(
-        kind, found, b=F.col("collection"), c=None, d=F.concat_ws("/", "aggregate_id", "source")
-    )
+    return _item(kind, found, b=F.col("aggregate_id"), d=F.col("source"))
 
 
-def _producer_items(
-    produced: Conformed, config: AuditConfig, items: list[DataFrame], facts: list[DataFrame]
-) -> None:
+def _producer_parts(
+    produced: Conformed, config: AuditConfig
+) -> tuple[list[DataFrame], list[DataFrame]]:
+    """The producer's findings that need no shuffle, and its rows for the shuffle by key."""
     docs, entries = produced.documents, produced.entries
-    items += [
+    items = [
         _item("malformed", produced.malformed, b=F.col("aggregate_id"), d=F.col("entry_id")),
         _item(
             "stuck",
@@ -288,7 +331,7 @@ def _producer_items(
     bucket = F.least(F.floor(F.col("size_bytes") * 10 / config.size_limit), F.lit(10))
     dated = entries.where(F.col("created_at").isNotNull())
     age = (F.unix_micros(F.lit(config.now)) - F.unix_micros("created_at")) / 1e6
-    facts += [
+    keyed = [
         _fact(
             docs,
             "documents",
@@ -308,179 +351,202 @@ def _producer_items(
             k2=F.coalesce("destination", F.lit("(default)")),
             t=F.unix_micros("created_at"),
         ),
-    ]
-
-
-def _consumer_items(
-    docs: DataFrame,
-    entries: DataFrame,
-    consumed: Conformed,
-    dead: DataFrame | None,
-    config: AuditConfig,
-    items: list[DataFrame],
-    facts: list[DataFrame],
-    persisted: list[Conformed | DataFrame],
-) -> None:
-    cdocs = consumed.documents
-    items += [
-        _item(
-            "malformed",
-            consumed.malformed.withColumn("kind", F.lit("malformed_consumer")),
-            a=F.lit(1),
-            b=F.col("aggregate_id"),
-            d=F.col("entry_id"),
+        _keyed(
+            entries.where(F.col("id").isNotNull()),
+            "i",
+            F.col("id"),
+            producer=F.col("aggregate_id"),
         ),
-        _saturation(cdocs, "consumer", config),
     ]
-    facts.append(_fact(cdocs, "consumer_documents"))
-    # Used twice below: persisted, so that it is computed (and shuffled) once.
-    sources = audit.reconcile_sources(docs, cdocs, dead).persist(LEVEL)
-    persisted.append(sources)
-    counts = sources.select(
-        F.explode(
+    return items, keyed
+
+
+def _by_stream(sources: DataFrame) -> DataFrame:
+    """The reconciliation by stream (:func:`~docoutbox_spark.audit.reconcile_sources`) as
+    rows for the shuffle by key, in one pass over it: each seq to check by ID, the counts,
+    and the stream's other issues."""
+    issues = F.col("issues")
+    candidate = F.filter(issues, lambda i: i["status"] == "candidate")
+    others = F.filter(issues, lambda i: i["status"] != "candidate")
+    counts = [
+        _keyed_of("f", F.lit("reconciliation"), b=F.lit(name), n=F.col(f"counts.{name}"))
+        for name in (*audit.RECONCILED, "duplicated", "lost", "unexpected")
+    ]
+    rows = F.concat(
+        F.transform(
+            candidate,
+            lambda i: _keyed_of(
+                "i",
+                audit.deterministic_id(F.col("source"), i["seq"]),
+                cand=F.struct(F.col("source").alias("source"), i["seq"].alias("seq")),
+            ),
+        ),
+        F.array(
+            _keyed_of("f", F.lit("reconciliation"), b=F.lit("emitted"), n=F.col("emitted")),
+            *counts,
+        ),
+        F.when(
+            F.size(others) > 0, F.array(_keyed_of("s", F.col("source"), issues=others))
+        ).otherwise(_none(_KEYED)),
+    )
+    return sources.select(F.explode(rows.cast(f"array<{_KEYED}>")).alias("k")).select("k.*")
+
+
+def _by_key(keyed: DataFrame) -> DataFrame:
+    """One shuffle by key, and every result row it yields, in one pass over its output:
+    entry IDs in several producers' outboxes, IDs in several consumers' windows, the ID
+    check of streams whose consumers keep no exact marks, the streams' issues, and the
+    figures."""
+    pct = F.percentile_approx("v", list(audit.PERCENTILES), PERCENTILE_ACCURACY)
+    grouped = keyed.groupBy("ns", "a", "b", "c").agg(
+        F.collect_list("cand").alias("cands"),
+        F.array_sort(F.collect_set("consumer")).alias("consumers"),
+        F.array_sort(F.collect_set("producer")).alias("aggregates"),
+        F.flatten(F.collect_list("issues")).alias("issues"),
+        F.sum("n").alias("n"),
+        F.sum("pending").alias("pending"),
+        F.sum("flag").alias("flag"),
+        F.count("v").alias("values"),
+        pct.alias("pct"),
+        F.max("v").alias("max"),
+        F.min("x").alias("xmin"),
+        F.min("t").alias("tmin"),
+        F.max("t").alias("tmax"),
+    )
+    ns, key = F.col("ns"), F.col("a")
+    consumers, cands = F.col("consumers"), F.col("cands")
+
+    def when(condition: Column, values: Column) -> Column:
+        return F.when(condition, values).otherwise(_none(_ITEM))
+
+    is_id = ns == "i"
+    group = F.col("a")
+    figure = _item_of(
+        F.concat(F.lit("figure:"), group),
+        _json(
+            group.alias("group"),
+            F.col("b").alias("k1"),
+            F.col("c").alias("k2"),
+            "n",
+            "pending",
+            "flag",
+            "values",
+            "pct",
+            "max",
+            "xmin",
+            "tmin",
+            "tmax",
+        ),
+        a=F.when(group.isin("backlog", "dead_error"), -F.col("n")).when(
+            group.isin("partition", "histogram"), F.col("b").cast("double")
+        ),
+        b=F.col("b"),
+        d=F.col("c"),
+        n=F.col("n"),
+    )
+    rows = F.concat(
+        when(
+            is_id & (F.size("aggregates") > 1),
             F.array(
-                F.struct(F.lit("emitted").alias("k"), F.col("emitted").alias("n")),
-                *(
-                    F.struct(F.lit(name).alias("k"), F.col(f"counts.{name}").alias("n"))
-                    for name in (*audit.RECONCILED, "duplicated", "lost", "candidate")
+                _item_of(
+                    "duplicate_entry_id",
+                    _json(key.alias("entry_id"), "aggregates"),
+                    b=key,
+                )
+            ),
+        ),
+        when(
+            is_id & (F.size(consumers) > 1),
+            F.array(
+                _item_of(
+                    "duplicated",
+                    _json(key.alias("entry_id"), F.lit("duplicated").alias("status"), consumers),
+                    a=F.lit(1),
+                    b=key,
+                )
+            ),
+        ),
+        when(
+            is_id & (F.size(consumers) == 0),
+            F.transform(
+                cands,
+                lambda c: _item_of(
+                    "unverifiable",
+                    _json(
+                        c["source"].alias("source"),
+                        c["seq"].alias("seq"),
+                        F.lit("unverifiable").alias("status"),
+                    ),
+                    b=c["source"],
+                    c=c["seq"],
                 ),
-                F.struct(F.lit("unexpected").alias("k"), F.col("counts.unexpected").alias("n")),
-            )
-        ).alias("c")
-    )
-    facts.append(_fact(counts, "reconciliation", k1=F.col("c.k"), n=F.col("c.n")))
-    issues = sources.select("source", F.explode("issues").alias("i")).select(
-        "source", "i.seq", "i.status", "i.consumers"
-    )
-    items.append(
-        _item(
-            F.col("status"),
-            issues.where(F.col("status") != "candidate"),
-            b=F.col("source"),
-            c=F.col("seq"),
-        )
-    )
-    _by_id(
-        entries,
-        cdocs,
-        issues.where(F.col("status") == "candidate").select("source", "seq"),
-        items,
-        facts,
-        persisted,
-    )
-
-
-_CAND = "struct<source:string,seq:bigint>"
-
-
-def _by_id(
-    entries: DataFrame,
-    cdocs: DataFrame | None,
-    candidates: DataFrame | None,
-    items: list[DataFrame],
-    facts: list[DataFrame],
-    persisted: list[Conformed | DataFrame],
-) -> None:
-    """One shuffle by message ID: entry IDs in several producers' outboxes, IDs in several
-    consumers' windows, and the ID check of streams whose consumers keep no exact marks."""
-    none = F.lit(None).cast("string")
-    parts = entries.where(F.col("id").isNotNull()).select(
-        "id",
-        F.lit(None).cast(_CAND).alias("cand"),
-        none.alias("consumer"),
-        F.col("aggregate_id").alias("producer"),
-    )
-    if cdocs is not None and candidates is not None:
-        parts = parts.unionByName(
-            candidates.select(
-                audit.deterministic_id(F.col("source"), F.col("seq")).alias("id"),
-                F.struct("source", "seq").cast(_CAND).alias("cand"),
-                none.alias("consumer"),
-                none.alias("producer"),
-            )
-        ).unionByName(
-            audit.window_ids(cdocs).select(
-                "id", F.lit(None).cast(_CAND).alias("cand"), "consumer", none.alias("producer")
-            )
-        )
-    by_id = (
-        parts.groupBy("id")
-        .agg(
-            F.collect_list("cand").alias("cands"),
-            F.array_sort(F.collect_set("consumer")).alias("consumers"),
-            F.array_sort(F.collect_set("producer")).alias("aggregates"),
-        )
-        .persist(LEVEL)
-    )
-    persisted.append(by_id)
-    items.append(
-        _item(
-            "duplicate_entry_id",
-            by_id.where(F.size("aggregates") > 1).select(
-                F.col("id").alias("entry_id"), "aggregates"
             ),
-            b=F.col("entry_id"),
-        )
-    )
-    if cdocs is None:
-        return
-    items += [
-        _item(
-            "duplicated",
-            by_id.where(F.size("consumers") > 1).select(
-                F.col("id").alias("entry_id"), F.lit("duplicated").alias("status"), "consumers"
+        ),
+        when(
+            is_id & (F.size(consumers) > 0) & (F.size(cands) > 0),
+            F.array(_item_of("count:id_window", F.lit("{}"), n=F.size(cands))),
+        ),
+        when(
+            ns == "s",
+            F.transform(
+                F.col("issues"),
+                lambda i: _item_of(
+                    i["status"],
+                    _json(
+                        key.alias("source"),
+                        i["seq"].alias("seq"),
+                        i["status"].alias("status"),
+                        i["consumers"].alias("consumers"),
+                    ),
+                    b=key,
+                    c=i["seq"],
+                ),
             ),
-            a=F.lit(1),
-            b=F.col("entry_id"),
         ),
-        _item(
-            "unverifiable",
-            by_id.where(F.size("consumers") == 0)
-            .select(F.explode("cands").alias("c"))
-            .select("c.source", "c.seq", F.lit("unverifiable").alias("status")),
-            b=F.col("source"),
-            c=F.col("seq"),
-        ),
-    ]
-    facts.append(
-        _fact(
-            by_id.where(F.size("consumers") > 0),
-            "reconciliation",
-            k1=F.lit("id_window"),
-            n=F.size("cands"),
-        )
+        when(ns == "f", F.array(figure)),
     )
+    return grouped.select(F.explode(rows.cast(f"array<{_ITEM}>")).alias("item")).select("item.*")
 
 
-def _collect(everything: DataFrame, sample: int) -> dict[str, tuple[int, list[dict[str, Any]]]]:
-    """Each kind's count and its first rows (``sample`` for findings, every figure row but
-    the longest lists' tails)."""
+_Collected = dict[str, tuple[int, int, list[dict[str, Any]]]]
+
+
+def _collect(everything: DataFrame, sample: int) -> _Collected:
+    """Per kind: its number of rows, the sum of their ``n``, and its first rows
+    (``sample`` for findings, every figure row but the longest lists' tails)."""
     kind = F.col("kind")
     limit = (
         F.when(kind == "figure:backlog", BACKLOG_ROWS)
         .when(kind == "figure:dead_error", DEAD_LETTER_ROWS)
         .when(kind.startswith("figure:"), F.lit(2**31 - 1))
+        .when(kind.startswith("count:"), F.lit(1))
         .otherwise(F.lit(sample))
     )
+    whole = Window.partitionBy("kind")
     ranked = everything.select(
         "kind",
         "row",
-        F.row_number().over(Window.partitionBy("kind").orderBy("sort")).alias("rank"),
-        F.count(F.lit(1)).over(Window.partitionBy("kind")).alias("total"),
+        F.row_number().over(whole.orderBy("sort")).alias("rank"),
+        F.count(F.lit(1)).over(whole).alias("total"),
+        F.sum("n").over(whole).alias("sum"),
     ).where(F.col("rank") <= limit)
-    out: dict[str, tuple[int, list[tuple[int, dict[str, Any]]]]] = {}
+    out: dict[str, tuple[int, int, list[tuple[int, dict[str, Any]]]]] = {}
     for r in ranked.collect():
-        _, rows = out.setdefault(r["kind"], (int(r["total"]), []))
+        _, _, rows = out.setdefault(r["kind"], (int(r["total"]), int(r["sum"] or 0), []))
         rows.append((int(r["rank"]), json.loads(r["row"])))
     return {
-        k: (total, [row for _, row in sorted(rows, key=lambda p: p[0])])
-        for k, (total, rows) in out.items()
+        k: (total, summed, [row for _, row in sorted(rows, key=lambda p: p[0])])
+        for k, (total, summed, rows) in out.items()
     }
 
 
-def _first(rows: dict[str, tuple[int, list[dict[str, Any]]]], kind: str) -> dict[str, Any]:
-    found = rows.get(kind, (0, []))[1]
+def _first(rows: _Collected, kind: str) -> dict[str, Any]:
+    found = _kept(rows, kind)
     return found[0] if found else {}
+
+
+def _kept(rows: _Collected, kind: str) -> list[dict[str, Any]]:
+    return rows.get(kind, (0, 0, []))[2]
 
 
 def _pct(row: dict[str, Any], name: str) -> dict[str, Any]:
@@ -498,7 +564,7 @@ def _integral(value: Any) -> Any:
 
 
 def _summary(
-    rows: dict[str, tuple[int, list[dict[str, Any]]]],
+    rows: _Collected,
     config: AuditConfig,
     expected_documents: int | None,
     source: dict[str, Any] | None,
@@ -509,8 +575,8 @@ def _summary(
     read = int(documents.get("n") or 0)
     counts: dict[str, int] = {}
     found: dict[str, list[dict[str, Any]]] = {}
-    for kind, (total, kept) in rows.items():
-        if not kind.startswith("figure:"):
+    for kind, (total, _, kept) in rows.items():
+        if not kind.startswith(("figure:", "count:")):
             counts[kind] = total
             found[kind] = [_plain(r) for r in kept]
     if expected_documents is not None and read < expected_documents:
@@ -518,7 +584,7 @@ def _summary(
         found["unread_documents"] = [
             {"expected": expected_documents, "read": read, "missing": expected_documents - read}
         ]
-    partitions = _partitions(rows.get("figure:partition", (0, []))[1], config.partitions)
+    partitions = _partitions(_kept(rows, "figure:partition"), config.partitions)
     pending_total = sum(p["pending"] for p in partitions)
     skewed = (
         [p for p in partitions if p["ratio"] > config.skew_ratio]
@@ -564,14 +630,14 @@ def _summary(
                 "pending": r["n"],
                 "oldest": _instant(r["tmin"]),
             }
-            for r in rows.get("figure:backlog", (0, []))[1]
+            for r in _kept(rows, "figure:backlog")
         ],
         "ages": {"pending": int(ages.get("values") or 0), **_pct(ages, "age")},
         "sizes": size_figures,
         "size_histogram": sorted(
             (
                 {"bucket": int(r["k1"]), "documents": r["n"]}
-                for r in rows.get("figure:histogram", (0, []))[1]
+                for r in _kept(rows, "figure:histogram")
             ),
             key=lambda r: r["bucket"],
         ),
@@ -584,7 +650,7 @@ def _summary(
     if dead is not None:
         summary["dead_letters"] = [
             {"error": r["k1"], "count": r["n"], "latest": _instant(r["tmax"])}
-            for r in rows.get("figure:dead_error", (0, []))[1]
+            for r in _kept(rows, "figure:dead_error")
         ]
     if reconciled:
         summary["consumer_totals"] = {
@@ -623,13 +689,11 @@ def _partitions(rows: list[dict[str, Any]], declared: int | None) -> list[dict[s
     return out
 
 
-def _reconciliation(
-    rows: dict[str, tuple[int, list[dict[str, Any]]]], counts: dict[str, int]
-) -> dict[str, Any]:
+def _reconciliation(rows: _Collected, counts: dict[str, int]) -> dict[str, Any]:
     """How the producers' emitted messages were accounted for."""
-    by = {r["k1"]: int(r["n"] or 0) for r in rows.get("figure:reconciliation", (0, []))[1]}
+    by = {r["k1"]: int(r["n"] or 0) for r in _kept(rows, "figure:reconciliation")}
     by_marks = by.get("marks", 0)
-    by_window = by.get("id_window", 0)
+    by_window = rows.get("count:id_window", (0, 0, []))[1]
     pending = by.get("pending", 0)
     dead = by.get("dead_letter", 0)
     return {

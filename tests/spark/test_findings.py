@@ -1,6 +1,6 @@
 """What the audit reports beyond the planted collections: consumer-side saturation,
-timestamps in UTC whatever the time zone, and reconciliation of consumers that keep an
-ID window."""
+timestamps in UTC whatever the time zone, reconciliation of consumers that keep an ID
+window, and how many Spark jobs an audit takes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from docoutbox_spark.readers import write_snapshot
 from docoutbox_spark.run import AuditConfig, run_audit
 from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA
 from tests.spark import planted
+from tests.spark.jobs import counting_jobs
 from tests.spark.test_audit import config, frame
 
 
@@ -152,6 +153,14 @@ def test_a_window_mode_service_that_lost_nothing_passes_and_says_what_it_verifie
     assert "4 by ID window" in printed
     assert "1 could not be verified" in printed
     assert "InboxPolicy(exact=True)" in printed
+
+
+def test_a_two_source_audit_takes_at_most_six_spark_jobs(spark: Any) -> None:
+    producer = frame(spark, planted.producer(big=False))
+    consumer = frame(spark, planted.consumer())
+    with counting_jobs(spark) as counted:
+        run_audit(producer, consumer=consumer, config=config())
+    assert counted.jobs <= 6
 
 
 def test_the_audit_config_defaults_to_the_whole_check() -> None:
