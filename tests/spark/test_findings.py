@@ -166,3 +166,12 @@ def test_a_two_source_audit_takes_at_most_six_spark_jobs(spark: Any) -> None:
 def test_the_audit_config_defaults_to_the_whole_check() -> None:
     assert AuditConfig().thresholds["unverifiable"] is None
     assert AuditConfig().thresholds["lost"] == 0
+
+
+def test_declared_partitions_without_documents_are_listed(spark: Any) -> None:
+    docs = [planted.doc("a", 1, [planted.entry("a", 1)], 3)]
+    summary = run_audit(frame(spark, docs), config=config())
+    assert [p["partition"] for p in summary["partitions"]] == list(range(planted.PARTITIONS))
+    assert {p["partition"]: p["documents"] for p in summary["partitions"]} == {
+        n: int(n == 3) for n in range(planted.PARTITIONS)
+    }
