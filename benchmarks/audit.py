@@ -1,6 +1,7 @@
-"""The Spark audit: time and memory of ``run_audit`` over the MongoDB Spark connector and
-over the project's pymongo data source, against a pymongo-only pass that computes the
-same figures (the baseline), at growing collection sizes, in one run.
+"""The Spark audit: time and memory of ``run_audit`` over the MongoDB Spark connector, over
+the project's pymongo data source and over a Parquet snapshot, against a pymongo-only pass
+that computes the same figures, and against a bare scan and ``count()`` of the same
+sources in the same Spark session, at growing collection sizes, in one run.
 
 Run alone: ``python -m benchmarks.audit [--quick] [--sizes 25000 50000 100000]``; the
 table is merged into ``benchmarks/results.json`` under ``benchmarks.audit``.
@@ -186,17 +187,35 @@ def _jvm_peak_mib(spark: Any) -> float | None:
     return None
 
 
+def _frames(spark: Any, uri: str, database: str, reader: str) -> tuple[Any, Any]:
+    """The producer and consumer frames of ``reader`` (``parquet``: ``database`` is the
+    snapshot's directory)."""
+    from docoutbox_spark.readers import MongoTarget, read_mongo, read_snapshot
+
+    if reader == "parquet":
+        frames = read_snapshot(spark, database)
+        return frames["producer"], frames["consumer"]
+    return (
+        read_mongo(spark, MongoTarget(uri, database, "producer"), reader, partitions=4),
+        read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=4),
+    )
+
+
 def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, Any]:
-    from docoutbox_spark.readers import MongoTarget, count_documents, read_mongo
     from docoutbox_spark.run import AuditConfig, run_audit
 
-    producer = MongoTarget(uri, database, "producer")
+    producer, consumer = _frames(spark, uri, database, reader)
     return run_audit(
-        read_mongo(spark, producer, reader, partitions=4),
-        consumer=read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=4),
-        expected_documents=count_documents(producer),
+        producer,
+        consumer=consumer,
         config=AuditConfig(now=NOW, sla_seconds=SLA, window=WINDOW, partitions=16),
     )
+
+
+def _scan(spark: Any, uri: str, database: str, reader: str) -> int:
+    """A bare scan and ``count()`` of the sources the audit reads."""
+    producer, consumer = _frames(spark, uri, database, reader)
+    return int(producer.count()) + int(consumer.count())
 
 
 def _check(spark_summary: dict[str, Any], baseline: dict[str, Any], reader: str) -> None:
@@ -220,22 +239,26 @@ def _check(spark_summary: dict[str, Any], baseline: dict[str, Any], reader: str)
         raise AssertionError(f"{reader}: pending entries differ from the pymongo pass")
 
 
+READERS = ("connector", "datasource", "parquet")
+
+
 def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
-    from docoutbox_spark.readers import session
+    import tempfile
+
+    from docoutbox_spark.readers import MongoTarget, read_mongo, session, write_snapshot
 
     quick = scale.rounds <= 1
     sizes = sizes or ([300, 600] if quick else [25_000, 50_000, 100_000])
     table = Table(
         "audit",
-        "Spark audit: seconds per run_audit (producer + consumer collections), and ratios "
-        "to a pymongo-only pass computing the same figures",
+        "Spark audit: seconds per run_audit (producer + consumer), per bare scan and count() "
+        "of the same sources in the same session, and for a pymongo-only pass",
         [
             "documents",
             "pymongo pass s",
-            "connector s",
-            "datasource s",
-            "connector / pymongo",
-            "datasource / pymongo",
+            *(f"{r} s" for r in READERS),
+            *(f"{r} scan s" for r in READERS),
+            *(f"{r} / scan" for r in READERS),
             "JVM peak MiB",
         ],
     )
@@ -243,49 +266,65 @@ def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
     spark = session(jars=str(JARS), packages=False, master="local[2]", memory="2g")
     client = connect(uri)
     timings: dict[str, dict[int, float]] = defaultdict(dict)
+    scans: dict[str, dict[int, float]] = defaultdict(dict)
     try:
-        warm = f"bench_audit_warm_{os.getpid()}"
-        generate(client[warm], 200)
-        for reader in ("connector", "datasource"):
-            _spark_audit(spark, uri, warm, reader)
-        client.drop_database(warm)
-        for n in sizes:
-            name = f"bench_audit_{n}_{os.getpid()}"
-            generate(client[name], n)
-            start = time.perf_counter()
-            baseline = pymongo_pass(uri, name)
-            timings["pymongo"][n] = time.perf_counter() - start
+        with tempfile.TemporaryDirectory(prefix="bench-audit-") as scratch:
+            warm = f"bench_audit_warm_{os.getpid()}"
+            generate(client[warm], 200)
             for reader in ("connector", "datasource"):
+                _spark_audit(spark, uri, warm, reader)
+            client.drop_database(warm)
+            for n in sizes:
+                name = f"bench_audit_{n}_{os.getpid()}"
+                generate(client[name], n)
+                snapshot = str(Path(scratch) / name)
+                write_snapshot(
+                    {
+                        role: read_mongo(spark, MongoTarget(uri, name, role), "datasource")
+                        for role in ("producer", "consumer")
+                    },
+                    snapshot,
+                )
                 start = time.perf_counter()
-                summary = _spark_audit(spark, uri, name, reader)
-                timings[reader][n] = time.perf_counter() - start
-                _check(summary, baseline, reader)
-            client.drop_database(name)
-            t = {k: v[n] for k, v in timings.items()}
-            table.add(
-                n,
-                round(t["pymongo"], 2),
-                round(t["connector"], 2),
-                round(t["datasource"], 2),
-                round(t["connector"] / t["pymongo"], 2),
-                round(t["datasource"] / t["pymongo"], 2),
-                _jvm_peak_mib(spark),
-            )
-            print(f"[bench] audit {n}: {t}", file=sys.stderr, flush=True)
+                baseline = pymongo_pass(uri, name)
+                timings["pymongo"][n] = time.perf_counter() - start
+                for reader in READERS:
+                    where = snapshot if reader == "parquet" else name
+                    start = time.perf_counter()
+                    _scan(spark, uri, where, reader)
+                    scans[reader][n] = time.perf_counter() - start
+                    start = time.perf_counter()
+                    summary = _spark_audit(spark, uri, where, reader)
+                    timings[reader][n] = time.perf_counter() - start
+                    _check(summary, baseline, reader)
+                client.drop_database(name)
+                t = {k: v[n] for k, v in timings.items()}
+                c = {k: v[n] for k, v in scans.items()}
+                table.add(
+                    n,
+                    round(t["pymongo"], 2),
+                    *(round(t[r], 2) for r in READERS),
+                    *(round(c[r], 2) for r in READERS),
+                    *(round(t[r] / c[r], 2) for r in READERS),
+                    _jvm_peak_mib(spark),
+                )
+                print(f"[bench] audit {n}: {t} scans {c}", file=sys.stderr, flush=True)
     finally:
         client.close()
         spark.stop()
     small, large = sizes[0], sizes[-1]
-    growth = {k: round((v[large] / v[small]) / (large / small), 2) for k, v in timings.items()}
-    table.figures["growth_vs_linear"] = growth
+    if large > small:
+        growth = {k: round((v[large] / v[small]) / (large / small), 2) for k, v in timings.items()}
+        table.figures["growth_vs_linear"] = growth
+        table.notes.append(
+            f"growth vs linear from {small} to {large} documents (1.0 = linear): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(growth.items()))
+        )
     table.figures["sizes"] = sizes
     table.notes.append(
-        f"growth vs linear from {small} to {large} documents (1.0 = linear): "
-        + ", ".join(f"{k} {v}" for k, v in sorted(growth.items()))
-    )
-    table.notes.append(
         "Every Spark run's finding counts, documents and pending entries are checked against "
-        "the pymongo pass of the same run. Spark: local[2], driver memory 2g."
+        "the pymongo pass of the same run. Spark: local[2], driver memory 2g. The scan is a "
+        "fresh read and count() of the producer and consumer sources, just before the audit."
     )
     return table
 

@@ -20,6 +20,11 @@
 #   start-cosmos      start a long-lived local Cosmos DB server on 127.0.0.1:$COSMOS_PORT
 #                     (default 8081; no-op if ours is running) and print the COSMOS_* exports
 #   stop-cosmos       stop the server start-cosmos started (its pid is in .servers/cosmos.pid)
+#   start-spark-cluster  start a Spark standalone cluster from the venv's pyspark: a master on
+#                     127.0.0.1:$DOCOUTBOX_SPARK_MASTER_PORT and two workers (1 core, 1g each);
+#                     no-op if ours is running; waits until both workers have registered and
+#                     prints the DOCOUTBOX_SPARK_MASTER export
+#   stop-spark-cluster   stop the master and workers start-spark-cluster started (by pid)
 #
 # All subcommands are idempotent, never read stdin and work with CI=true.
 # The MongoDB wire server is not started here: benchmarks/servers.py launches one per
@@ -35,6 +40,9 @@
 #   KAFKA_START_TIMEOUT     seconds to wait for Kafka to come up (default 90)
 #   COSMOS_PORT             port of start-cosmos (default 8081)
 #   COSMOSDB_SERVER_FEED_RANGES  feed ranges per container of start-cosmos (default 4)
+#   DOCOUTBOX_SPARK_MASTER_PORT  the standalone master's port (default 17077); its web UI
+#                           listens on +1, the workers' on +2 and +3
+#   SPARK_CLUSTER_START_TIMEOUT  seconds to wait for the cluster (default 90)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +62,10 @@ KAFKA_HOME="$REPO_ROOT/.servers/kafka"
 KAFKA_PORT="${DOCOUTBOX_KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT=$((KAFKA_PORT + 1))
 KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+SPARK_MASTER_PORT="${DOCOUTBOX_SPARK_MASTER_PORT:-17077}"
+SPARK_CLUSTER_START_TIMEOUT="${SPARK_CLUSTER_START_TIMEOUT:-90}"
+SPARK_CLUSTER_DIR="$STATE_DIR/spark"
+SPARK_WORKERS=2
 
 log() { printf '[servers] %s\n' "$*" >&2; }
 die() { printf '[servers] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -436,6 +448,85 @@ cmd_stop_cosmos() {
     rm -f "$STATE_DIR/cosmos.pid"
 }
 
+# The Spark distribution inside the venv's pyspark package (it has bin/spark-class, no sbin).
+spark_home() {
+    local python="$REPO_ROOT/.venv/bin/python"
+    [[ -x "$python" ]] || python="$(command -v python3)"
+    "$python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null \
+        || die "pyspark is not installed (run scripts/setup)"
+}
+
+# The pid in .servers/spark/NAME.pid when that process is still our Spark daemon.
+spark_daemon_pid() {
+    local file="$SPARK_CLUSTER_DIR/$1.pid" pid
+    [[ -f "$file" ]] || return 1
+    pid="$(cat "$file")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
+        && grep -q "org.apache.spark.deploy" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+}
+
+spark_daemon() {
+    local name="$1"
+    shift
+    (SPARK_DAEMON_MEMORY=256m SPARK_WORKER_DIR="$SPARK_CLUSTER_DIR/$name" \
+        SPARK_LOCAL_IP=127.0.0.1 SPARK_LOG_DIR="$SPARK_CLUSTER_DIR" \
+        exec nohup "$SPARK_HOME/bin/spark-class" "$@" </dev/null \
+        >"$SPARK_CLUSTER_DIR/$name.log" 2>&1) &
+    echo $! >"$SPARK_CLUSTER_DIR/$name.pid"
+}
+
+cmd_start_spark_cluster() {
+    command -v java >/dev/null 2>&1 || die "java not found"
+    SPARK_HOME="$(spark_home)"
+    export SPARK_HOME
+    mkdir -p "$SPARK_CLUSTER_DIR"
+    local master="spark://127.0.0.1:$SPARK_MASTER_PORT" i
+    if spark_daemon_pid master >/dev/null; then
+        log "Spark master already running (pid $(spark_daemon_pid master))"
+    else
+        log "starting the Spark master on $master"
+        spark_daemon master org.apache.spark.deploy.master.Master --host 127.0.0.1 \
+            --port "$SPARK_MASTER_PORT" --webui-port $((SPARK_MASTER_PORT + 1))
+    fi
+    local deadline=$((SECONDS + SPARK_CLUSTER_START_TIMEOUT))
+    until grep -q "I have been elected leader" "$SPARK_CLUSTER_DIR/master.log" 2>/dev/null; do
+        spark_daemon_pid master >/dev/null || { cat "$SPARK_CLUSTER_DIR/master.log" >&2 || true; die "the Spark master exited (is port $SPARK_MASTER_PORT taken?)"; }
+        ((SECONDS < deadline)) || die "the Spark master was not ready within ${SPARK_CLUSTER_START_TIMEOUT} s"
+        sleep 0.5
+    done
+    for ((i = 1; i <= SPARK_WORKERS; i++)); do
+        if spark_daemon_pid "worker-$i" >/dev/null; then
+            log "Spark worker $i already running"
+            continue
+        fi
+        spark_daemon "worker-$i" org.apache.spark.deploy.worker.Worker "$master" \
+            --host 127.0.0.1 --cores 1 --memory 1g --webui-port $((SPARK_MASTER_PORT + 1 + i))
+    done
+    for ((i = 1; i <= SPARK_WORKERS; i++)); do
+        until grep -q "Successfully registered with master" "$SPARK_CLUSTER_DIR/worker-$i.log" 2>/dev/null; do
+            spark_daemon_pid "worker-$i" >/dev/null || { cat "$SPARK_CLUSTER_DIR/worker-$i.log" >&2 || true; die "Spark worker $i exited"; }
+            ((SECONDS < deadline)) || die "Spark worker $i did not register within ${SPARK_CLUSTER_START_TIMEOUT} s"
+            sleep 0.5
+        done
+    done
+    log "Spark cluster ready: $master with $SPARK_WORKERS workers"
+    printf 'export DOCOUTBOX_SPARK_MASTER=%s\n' "$master"
+}
+
+cmd_stop_spark_cluster() {
+    local name pid
+    for name in worker-2 worker-1 master; do
+        if pid="$(spark_daemon_pid "$name")"; then
+            log "stopping Spark $name (pid $pid)"
+            kill "$pid"
+            local deadline=$((SECONDS + 15))
+            while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+            kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+        fi
+        rm -f "$SPARK_CLUSTER_DIR/$name.pid"
+    done
+}
+
 cmd_install() {
     cmd_install_mongo
     cmd_install_rabbitmq
@@ -467,6 +558,8 @@ main() {
         stop-kafka) cmd_stop_kafka ;;
         start-cosmos) cmd_start_cosmos ;;
         stop-cosmos) cmd_stop_cosmos ;;
+        start-spark-cluster) cmd_start_spark_cluster ;;
+        stop-spark-cluster) cmd_stop_spark_cluster ;;
         -h | --help | help) usage ;;
         *) log "unknown subcommand: $1"; usage ;;
     esac

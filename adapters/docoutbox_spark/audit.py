@@ -47,25 +47,26 @@ def age_percentiles(entries: DataFrame, now: datetime) -> DataFrame:
     )
 
 
-def stuck(entries: DataFrame, now: datetime, sla_seconds: float) -> DataFrame:
+def stuck(
+    entries: DataFrame, now: datetime, sla_seconds: float, *, ordered: bool = True
+) -> DataFrame:
     """Entries pending for longer than the SLA."""
-    return (
+    out = (
         entries.where(F.col("created_at").isNotNull())
         .select(
             "aggregate_id", F.col("id").alias("entry_id"), "seq", "type", _age(now).alias("age")
         )
         .where(F.col("age") > sla_seconds)
-        .orderBy(F.desc("age"), "aggregate_id", "seq")
     )
+    return out.orderBy(F.desc("age"), "aggregate_id", "seq") if ordered else out
 
 
-def retries(entries: DataFrame) -> DataFrame:
+def retries(entries: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Entries whose publication failed at least once, with their last error."""
-    return (
-        entries.where(F.col("attempts") > 0)
-        .select("aggregate_id", F.col("id").alias("entry_id"), "seq", "attempts", "last_error")
-        .orderBy(F.desc("attempts"), "aggregate_id", "seq")
+    out = entries.where(F.col("attempts") > 0).select(
+        "aggregate_id", F.col("id").alias("entry_id"), "seq", "attempts", "last_error"
     )
+    return out.orderBy(F.desc("attempts"), "aggregate_id", "seq") if ordered else out
 
 
 def dead_letters_by_error(dead_letters: DataFrame) -> DataFrame:
@@ -77,37 +78,46 @@ def dead_letters_by_error(dead_letters: DataFrame) -> DataFrame:
     )
 
 
-def seq_anomalies(entries: DataFrame) -> DataFrame:
+def seq_anomalies(documents: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Per aggregate, sequence numbers missing between the lowest and highest pending entry
-    (``seq_gap``) and sequence numbers held by more than one entry (``seq_duplicate``)."""
-    numbered = entries.where(F.col("seq").isNotNull())
-    per = numbered.groupBy("aggregate_id").agg(
-        F.min("seq").alias("lo"), F.max("seq").alias("hi"), F.collect_set("seq").alias("seen")
-    )
-    gaps = per.select(
+    (``seq_gap``) and sequence numbers held by more than one entry (``seq_duplicate``).
+
+    Computed per document from its ``seqs`` (no shuffle): an aggregate's entries are all in
+    its own document."""
+    seqs = F.col("seqs")
+    gaps = documents.where(F.size(seqs) > 0).select(
         "aggregate_id",
-        F.explode(F.array_except(F.sequence("lo", "hi"), "seen")).alias("seq"),
-    ).select(
-        "aggregate_id", F.lit("seq_gap").alias("kind"), "seq", F.lit(0).cast("long").alias("count")
+        F.lit("seq_gap").alias("kind"),
+        F.explode(F.array_except(F.sequence(F.array_min(seqs), F.array_max(seqs)), seqs)).alias(
+            "seq"
+        ),
+        F.lit(0).cast("long").alias("count"),
     )
-    dups = (
-        numbered.groupBy("aggregate_id", "seq")
-        .agg(F.count(F.lit(1)).alias("count"))
-        .where(F.col("count") > 1)
-        .select("aggregate_id", F.lit("seq_duplicate").alias("kind"), "seq", "count")
-    )
-    return gaps.unionByName(dups).orderBy("aggregate_id", "seq", "kind")
+    repeated = documents.select(
+        "aggregate_id",
+        F.explode(
+            F.filter(
+                F.transform(
+                    F.array_distinct(seqs),
+                    lambda s: F.struct(
+                        s.alias("seq"),
+                        F.size(F.filter(seqs, lambda x: x == s)).cast("long").alias("count"),
+                    ),
+                ),
+                lambda r: r["count"] > 1,
+            )
+        ).alias("r"),
+    ).select("aggregate_id", F.lit("seq_duplicate").alias("kind"), "r.seq", "r.count")
+    out = gaps.unionByName(repeated)
+    return out.orderBy("aggregate_id", "seq", "kind") if ordered else out
 
 
-def outbox_seq_behind(documents: DataFrame, entries: DataFrame) -> DataFrame:
+def outbox_seq_behind(documents: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Aggregates whose ``outbox_seq`` is lower than the ``seq`` of a pending entry."""
-    top = entries.groupBy("aggregate_id").agg(F.max("seq").alias("max_seq"))
-    return (
-        documents.select("aggregate_id", "outbox_seq")
-        .join(top, "aggregate_id")
-        .where(F.col("outbox_seq").isNotNull() & (F.col("max_seq") > F.col("outbox_seq")))
-        .orderBy("aggregate_id")
-    )
+    out = documents.select(
+        "aggregate_id", "outbox_seq", F.array_max("seqs").alias("max_seq")
+    ).where(F.col("outbox_seq").isNotNull() & (F.col("max_seq") > F.col("outbox_seq")))
+    return out.orderBy("aggregate_id") if ordered else out
 
 
 def duplicate_entry_ids(entries: DataFrame) -> DataFrame:
@@ -135,7 +145,9 @@ def inbox_fill(documents: DataFrame, window: int) -> DataFrame:
     )
 
 
-def inbox_saturation(documents: DataFrame, window: int, above_limit: int) -> DataFrame:
+def inbox_saturation(
+    documents: DataFrame, window: int, above_limit: int, *, ordered: bool = True
+) -> DataFrame:
     """Documents whose ID window is full (``window``: older IDs are being forgotten) and
     exact-mode marks whose ``above`` set reached ``above_limit`` (``above``: a producer's
     sequence numbers are not all reaching this receiver, so the set keeps growing)."""
@@ -154,7 +166,8 @@ def inbox_saturation(documents: DataFrame, window: int, above_limit: int) -> Dat
         F.coalesce(F.size("m.above"), F.lit(0)).alias("size"),
         F.lit(above_limit).alias("limit"),
     ).where(F.col("size") >= above_limit)
-    return full.unionByName(above).orderBy("kind", "aggregate_id", "source")
+    out = full.unionByName(above)
+    return out.orderBy("kind", "aggregate_id", "source") if ordered else out
 
 
 def document_sizes(documents: DataFrame) -> DataFrame:
@@ -177,15 +190,14 @@ def document_sizes(documents: DataFrame) -> DataFrame:
     return row.select(*cols)
 
 
-def near_size_limit(documents: DataFrame, limit: int, fraction: float) -> DataFrame:
+def near_size_limit(
+    documents: DataFrame, limit: int, fraction: float, *, ordered: bool = True
+) -> DataFrame:
     """Documents larger than ``fraction`` of ``limit`` bytes."""
-    return (
-        documents.where(F.col("size_bytes") > limit * fraction)
-        .select(
-            "aggregate_id", "size_bytes", "size_exact", (F.col("size_bytes") / limit).alias("used")
-        )
-        .orderBy(F.desc("size_bytes"), "aggregate_id")
+    out = documents.where(F.col("size_bytes") > limit * fraction).select(
+        "aggregate_id", "size_bytes", "size_exact", (F.col("size_bytes") / limit).alias("used")
     )
+    return out.orderBy(F.desc("size_bytes"), "aggregate_id") if ordered else out
 
 
 def size_histogram(documents: DataFrame, limit: int, buckets: int = 10) -> DataFrame:
@@ -220,106 +232,262 @@ def _everything() -> object:
     return Window.partitionBy(F.lit(0))
 
 
-def _seen(consumer_documents: DataFrame) -> DataFrame:
-    marks = consumer_documents.select(
-        F.col("aggregate_id").alias("consumer"), F.explode("inbox_marks").alias("m")
-    ).where(F.col("m.source").isNotNull() & F.col("m.hw").isNotNull())
-    low = marks.select(
-        "consumer",
-        F.col("m.source").alias("source"),
-        F.explode(
-            F.when(F.col("m.hw") >= 1, F.sequence(F.lit(1).cast("long"), "m.hw")).otherwise(
-                F.array()
-            )
-        ).alias("seq"),
+#: The namespace of deterministic entry IDs (``StoreConfig(deterministic_ids=True)``,
+#: :func:`docoutbox.store.plans.entry_id`).
+DETERMINISTIC_NAMESPACE = "5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21"
+
+
+def deterministic_id(source: Column, seq: Column) -> Column:
+    """The deterministic ID of entry ``seq`` of stream ``source`` (``type/aggregate_id``):
+    the UUID version 5 of ``source/seq`` in :data:`DETERMINISTIC_NAMESPACE`."""
+    name = F.concat(source, F.lit("/"), seq.cast("string"))
+    digest = F.sha1(
+        F.concat(F.unhex(F.lit(DETERMINISTIC_NAMESPACE.replace("-", ""))), F.encode(name, "UTF-8"))
     )
-    high = marks.select(
-        "consumer", F.col("m.source").alias("source"), F.explode_outer("m.above").alias("seq")
-    ).where(F.col("seq").isNotNull())
-    return low.unionByName(high)
+
+    def part(start: int, length: int) -> Column:
+        return F.substring(digest, start + 1, length)
+
+    variant = F.lower(
+        F.conv(
+            ((F.conv(part(16, 1), 16, 10).cast("int").bitwiseAND(3)).bitwiseOR(8)).cast("string"),
+            10,
+            16,
+        )
+    )
+    return F.concat(
+        part(0, 8),
+        F.lit("-"),
+        part(8, 4),
+        F.lit("-5"),
+        part(13, 3),
+        F.lit("-"),
+        variant,
+        part(17, 3),
+        F.lit("-"),
+        part(20, 12),
+    )
+
+
+#: Reconciliation statuses of an emitted ``(source, seq)`` that account for it.
+RECONCILED = ("marks", "pending", "dead_letter")
+_MARK = "struct<consumer:string,hw:bigint,above:array<bigint>>"
+ISSUE = "struct<seq:bigint,status:string,consumers:array<string>>"
+
+
+def reconcile_sources(
+    producer_documents: DataFrame,
+    consumer_documents: DataFrame,
+    dead_letters: DataFrame | None = None,
+) -> DataFrame:
+    """Per producer stream (``type/_id``): how its emitted seqs are accounted for.
+
+    A producer document with ``outbox_seq`` n emitted seqs 1..n of its stream. Each is
+    ``pending`` in its outbox, quarantined (``dead_letter``), or recorded by the consumers'
+    exact-mode ``inbox_marks`` (every seq up to ``hw``, plus ``above``): by exactly one
+    consumer document (``marks``) or by several (``duplicated``). A seq none of these
+    accounts for is ``lost`` when some consumer document keeps an exact mark for the
+    stream; when none does, its consumers de-duplicate by ID window only, which cannot
+    prove a message was processed, so it is a ``candidate`` for an ID check
+    (:func:`reconcile`). ``unexpected``: a consumer recorded a seq the producer never
+    emitted.
+
+    One row per stream: ``source``, ``emitted``, ``counts`` (a struct of the number of seqs
+    in each status) and ``issues`` (``seq``, ``status``, ``consumers``) for every seq not
+    reconciled. One shuffle, by stream.
+    """
+    producers = producer_documents.where(F.col("outbox_seq").isNotNull()).select(
+        F.concat("type", F.lit("/"), "aggregate_id").alias("source"),
+        F.col("outbox_seq"),
+        F.col("seqs").alias("pending"),
+        F.lit(None).cast(_MARK).alias("mark"),
+        F.lit(None).cast("bigint").alias("dead"),
+    )
+    marks = (
+        consumer_documents.select("aggregate_id", F.explode("inbox_marks").alias("m"))
+        .where(F.col("m.source").isNotNull() & F.col("m.hw").isNotNull())
+        .select(
+            F.col("m.source").alias("source"),
+            F.lit(None).cast("bigint").alias("outbox_seq"),
+            F.lit(None).cast("array<bigint>").alias("pending"),
+            F.struct(
+                F.col("aggregate_id").alias("consumer"),
+                F.col("m.hw").alias("hw"),
+                F.filter(
+                    F.coalesce("m.above", F.array().cast("array<bigint>")),
+                    lambda a: a.isNotNull(),
+                ).alias("above"),
+            ).alias("mark"),
+            F.lit(None).cast("bigint").alias("dead"),
+        )
+    )
+    parts = producers.unionByName(marks)
+    if dead_letters is not None:
+        parts = parts.unionByName(
+            dead_letters.where(F.col("source").isNotNull() & F.col("seq").isNotNull()).select(
+                "source",
+                F.lit(None).cast("bigint").alias("outbox_seq"),
+                F.lit(None).cast("array<bigint>").alias("pending"),
+                F.lit(None).cast(_MARK).alias("mark"),
+                F.col("seq").alias("dead"),
+            )
+        )
+    grouped = (
+        parts.groupBy("source")
+        .agg(
+            F.max("outbox_seq").alias("emitted"),
+            F.flatten(F.collect_list("pending")).alias("pending"),
+            F.collect_list("mark").alias("marks"),
+            F.collect_list("dead").alias("dead"),
+        )
+        .where(F.col("emitted").isNotNull())
+    )
+    m = F.col("marks")
+    emitted = F.col("emitted")
+
+    def seen(mark: Column, seq: Column) -> Column:
+        return (seq <= mark["hw"]) | F.array_contains(mark["above"], seq)
+
+    def who(seq: Column) -> Column:
+        return F.array_sort(
+            F.array_distinct(
+                F.transform(F.filter(m, lambda k: seen(k, seq)), lambda k: k["consumer"])
+            )
+        )
+
+    def status(seq: Column) -> Column:
+        n = F.size(F.filter(m, lambda k: seen(k, seq)))
+        return (
+            F.when(n == 1, F.lit("marks"))
+            .when(n > 1, F.lit("duplicated"))
+            .when(F.array_contains("pending", seq), F.lit("pending"))
+            .when(F.array_contains("dead", seq), F.lit("dead_letter"))
+            .when(F.size(m) > 0, F.lit("lost"))
+            .otherwise(F.lit("candidate"))
+        )
+
+    every = F.when(emitted >= 1, F.sequence(F.lit(1).cast("bigint"), emitted)).otherwise(
+        F.array().cast("array<bigint>")
+    )
+    beyond = F.array_sort(
+        F.array_distinct(
+            F.flatten(
+                F.transform(
+                    m,
+                    lambda k: F.concat(
+                        F.when(k["hw"] > emitted, F.sequence(emitted + 1, k["hw"])).otherwise(
+                            F.array().cast("array<bigint>")
+                        ),
+                        F.filter(k["above"], lambda a: a > emitted),
+                    ),
+                )
+            )
+        )
+    )
+    statuses = grouped.select(
+        "source",
+        "emitted",
+        F.transform(every, lambda s: F.struct(s.alias("seq"), status(s).alias("status"))).alias(
+            "st"
+        ),
+        beyond.alias("beyond"),
+        "marks",
+    )
+    st = F.col("st")
+
+    def count(name: str) -> Column:
+        return F.size(F.filter(st, lambda x: x["status"] == name)).cast("long").alias(name)
+
+    issues = F.concat(
+        F.transform(
+            F.filter(st, lambda x: ~x["status"].isin(*RECONCILED)),
+            lambda x: F.struct(
+                x["seq"].alias("seq"),
+                x["status"].alias("status"),
+                F.when(x["status"] == "duplicated", who(x["seq"]))
+                .otherwise(F.array().cast("array<string>"))
+                .alias("consumers"),
+            ),
+        ),
+        F.transform(
+            F.col("beyond"),
+            lambda s: F.struct(
+                s.alias("seq"), F.lit("unexpected").alias("status"), who(s).alias("consumers")
+            ),
+        ),
+    ).cast(f"array<{ISSUE}>")
+    return statuses.select(
+        "source",
+        "emitted",
+        F.struct(
+            *(count(name) for name in (*RECONCILED, "duplicated", "lost", "candidate")),
+            F.size("beyond").cast("long").alias("unexpected"),
+        ).alias("counts"),
+        issues.alias("issues"),
+    )
+
+
+def window_ids(consumer_documents: DataFrame) -> DataFrame:
+    """``(id, consumer)``: every message ID held in a consumer document's ID window."""
+    return consumer_documents.select(
+        F.explode("inbox").alias("id"), F.col("aggregate_id").alias("consumer")
+    ).where(F.col("id").isNotNull())
 
 
 def reconcile(
     producer_documents: DataFrame,
-    producer_entries: DataFrame,
     consumer_documents: DataFrame,
     dead_letters: DataFrame | None = None,
 ) -> DataFrame:
     """Match what producers emitted against what consumers recorded, by source and seq.
 
-    A producer document with ``outbox_seq`` n emitted seqs 1..n of its stream
-    (``type/_id``). Each must be pending in its outbox, quarantined as a dead letter, or
-    seen by exactly one consumer document (its exact-mode ``inbox_marks``: every seq up to
-    ``hw``, plus ``above``). Rows: ``lost`` (none of these), ``duplicated`` (seen by more
-    than one consumer document), ``unexpected`` (a consumer saw a seq the producer never
-    emitted). ``consumers`` lists the consumer documents that saw it.
+    Rows ``(source, seq, status, consumers)`` for each emitted seq that is not reconciled
+    (see :func:`reconcile_sources`): ``lost``, ``duplicated``, ``unexpected``, and
+    ``unverifiable``. A stream whose consumers keep no exact mark for it (ID-window
+    de-duplication) is checked by ID instead: a seq whose deterministic ID
+    (:func:`deterministic_id`) is still in a consumer's ID window is reconciled (or
+    ``duplicated`` when in several); any other is ``unverifiable``, neither proven
+    processed nor proven lost: the window forgets old IDs, and random IDs cannot be
+    recomputed. Exact mode (``InboxPolicy(exact=True)``) gives the full check.
     """
-    producers = producer_documents.where(F.col("outbox_seq").isNotNull()).select(
-        F.concat("type", F.lit("/"), "aggregate_id").alias("source"),
-        F.col("aggregate_id").alias("producer"),
-        "outbox_seq",
+    issues = (
+        reconcile_sources(producer_documents, consumer_documents, dead_letters)
+        .select("source", F.explode("issues").alias("i"))
+        .select("source", "i.seq", "i.status", "i.consumers")
     )
-    emitted = producers.select(
-        "source",
-        "producer",
-        F.explode(
-            F.when(
-                F.col("outbox_seq") >= 1, F.sequence(F.lit(1).cast("long"), "outbox_seq")
-            ).otherwise(F.array())
-        ).alias("seq"),
+    candidates = issues.where(F.col("status") == "candidate").select(
+        "source", "seq", deterministic_id(F.col("source"), F.col("seq")).alias("id")
     )
-    pending = (
-        producer_entries.where(F.col("seq").isNotNull())
-        .select(F.concat("aggregate_type", F.lit("/"), "aggregate_id").alias("source"), "seq")
-        .distinct()
-        .withColumn("pending", F.lit(True))
+    held = (
+        window_ids(consumer_documents)
+        .groupBy("id")
+        .agg(F.array_sort(F.collect_set("consumer")).alias("held_by"))
     )
-    seen = (
-        _seen(consumer_documents)
-        .join(producers.select("source", "outbox_seq"), "source")
-        .groupBy("source", "seq", "outbox_seq")
-        .agg(
-            F.array_sort(F.collect_set("consumer")).alias("consumers"),
-            F.count(F.lit(1)).alias("count"),
-        )
-    )
-    joined = emitted.join(seen.drop("outbox_seq"), ["source", "seq"], "left").join(
-        pending, ["source", "seq"], "left"
-    )
-    if dead_letters is not None:
-        dead = (
-            dead_letters.where(F.col("seq").isNotNull())
-            .select("source", "seq")
-            .distinct()
-            .withColumn("dead", F.lit(True))
-        )
-        joined = joined.join(dead, ["source", "seq"], "left")
-    else:
-        joined = joined.withColumn("dead", F.lit(None).cast("boolean"))
-    lost = joined.where(
-        F.col("consumers").isNull() & F.col("pending").isNull() & F.col("dead").isNull()
-    ).select(
+    checked = candidates.join(held, "id", "left").select(
         "source",
         "seq",
-        F.lit("lost").alias("status"),
-        F.array().cast("array<string>").alias("consumers"),
+        F.when(F.col("held_by").isNull(), F.lit("unverifiable"))
+        .when(F.size("held_by") > 1, F.lit("duplicated"))
+        .otherwise(F.lit("reconciled"))
+        .alias("status"),
+        F.coalesce(
+            F.when(F.size("held_by") > 1, F.col("held_by")), F.array().cast("array<string>")
+        ).alias("consumers"),
     )
-    duplicated = joined.where(F.col("count") > 1).select(
-        "source", "seq", F.lit("duplicated").alias("status"), "consumers"
+    return (
+        issues.where(F.col("status") != "candidate")
+        .unionByName(checked.where(F.col("status") != "reconciled"))
+        .orderBy("status", "source", "seq")
     )
-    unexpected = seen.where(F.col("seq") > F.col("outbox_seq")).select(
-        "source", "seq", F.lit("unexpected").alias("status"), "consumers"
-    )
-    return lost.unionByName(duplicated).unionByName(unexpected).orderBy("status", "source", "seq")
 
 
 def reconcile_ids(consumer_documents: DataFrame) -> DataFrame:
     """Message IDs recorded in the ID window of more than one consumer document
     (``duplicated``), for consumers without exact-mode marks."""
     return (
-        consumer_documents.select("aggregate_id", F.explode("inbox").alias("id"))
+        window_ids(consumer_documents)
         .groupBy("id")
-        .agg(F.array_sort(F.collect_set("aggregate_id")).alias("consumers"))
+        .agg(F.array_sort(F.collect_set("consumer")).alias("consumers"))
         .where(F.size("consumers") > 1)
         .select("id", F.lit("duplicated").alias("status"), "consumers")
         .orderBy("id")

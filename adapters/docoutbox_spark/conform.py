@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -27,6 +28,12 @@ class Conformed:
     documents: DataFrame
     entries: DataFrame
     malformed: DataFrame
+    #: The persisted frames (``conform(raw, persist=...)``): the typed documents.
+    persisted: tuple[DataFrame, ...] = ()
+
+    def unpersist(self) -> None:
+        for frame in self.persisted:
+            frame.unpersist()
 
 
 def _is_array(raw: Column) -> Column:
@@ -80,8 +87,15 @@ _ENTRY_RAW = (
 _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
 
-def conform(raw: DataFrame) -> Conformed:
-    """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`)."""
+def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
+    """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`).
+
+    With ``persist``, the typed documents (outbox included) are persisted at that level and
+    read at once (one Spark job), so the source is read once whatever is computed from the
+    three frames afterwards; call
+    :meth:`Conformed.unpersist` when done. ``documents`` carries ``seqs``, the ``seq`` of
+    each readable outbox entry (positive integers only), for per-document checks that need
+    no shuffle."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
     estimate = sum(
         (F.coalesce(F.octet_length(F.col(c)), F.lit(0)) + F.lit(len(c) + 2) for c in raw_cols),
@@ -127,6 +141,10 @@ def conform(raw: DataFrame) -> Conformed:
         ),
     )
     outbox = _array(F.col("outbox"))
+    seqs = F.filter(
+        F.transform(outbox, lambda r: F.when(_object(r), _long(F.from_json(r, _ENTRY_RAW)["seq"]))),
+        lambda s: s.isNotNull() & (s >= 1),
+    )
     base = raw.select(
         F.col("_id").alias("aggregate_id"),
         F.col("type"),
@@ -141,8 +159,12 @@ def conform(raw: DataFrame) -> Conformed:
         F.col(SIZE_FIELD).isNotNull().alias("size_exact"),
         outbox.alias("_outbox"),
         F.coalesce(F.size(outbox), F.lit(0)).alias("pending"),
+        F.coalesce(seqs, F.array().cast("array<bigint>")).alias("seqs"),
         problems.alias("problems"),
     )
+    if persist is not None:
+        base = base.persist(persist)
+        base.write.format("noop").mode("overwrite").save()  # read it now, once
     documents = base.drop("_outbox")
     entries = _entries(base)
     malformed = documents.where(F.size("problems") > 0).select(
@@ -162,7 +184,12 @@ def conform(raw: DataFrame) -> Conformed:
             F.array_join("problems", "; "),
         ).alias("detail"),
     )
-    return Conformed(documents, entries, malformed.unionByName(bad_entries))
+    return Conformed(
+        documents,
+        entries,
+        malformed.unionByName(bad_entries),
+        (base,) if persist is not None else (),
+    )
 
 
 def _entries(base: DataFrame) -> DataFrame:

@@ -27,37 +27,72 @@ PARTITIONER = "com.mongodb.spark.sql.connector.read.partitioner.PaginateIntoPart
 READERS = ("connector", "datasource")
 
 
+#: log4j2 settings that keep Spark's own lines (WARN and below) out of the user's output.
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+
+def session_config(
+    *,
+    jars: str | None = None,
+    master: str = "local[1]",
+    memory: str = "512m",
+    packages: bool = True,
+    verbose: bool = False,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The configuration of a new audit session (see :func:`session`)."""
+    config = {
+        "spark.master": master,
+        "spark.app.name": "docoutbox-audit",
+        "spark.driver.memory": memory,
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "true" if verbose else "false",
+    }
+    if not verbose:
+        config["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+        )
+    jar_list = _jars(jars)
+    if jar_list:
+        config["spark.jars"] = ",".join(jar_list)
+    elif packages:
+        config["spark.jars.packages"] = CONNECTOR
+    config.update(extra or {})
+    return config
+
+
 def session(
     *,
     jars: str | None = None,
     master: str = "local[1]",
     memory: str = "512m",
     packages: bool = True,
+    verbose: bool = False,
     extra: dict[str, str] | None = None,
 ) -> SparkSession:
-    """A SparkSession for the audit. ``jars``: a directory of jars (or a comma-separated
-    list) holding the MongoDB Spark connector; without it, the connector is resolved from
-    Maven Central (``spark.jars.packages``) unless ``packages`` is False."""
+    """A SparkSession for the audit.
+
+    An active session (one made by ``spark-submit``, a notebook or a cluster) is used as
+    it is: its configuration is left alone. Otherwise a new one is made with
+    :func:`session_config`. ``jars``: a directory of jars (or a comma-separated list)
+    holding the MongoDB Spark connector; without it, the connector is resolved from Maven
+    Central (``spark.jars.packages``) unless ``packages`` is False: only the connector
+    reader needs it, so the data sources and Parquet pass False and touch no network.
+    Shuffle partitions are left to adaptive query execution. Spark's own log lines and
+    progress bar are shown only when ``verbose``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("docoutbox-audit")
-        .config("spark.driver.memory", memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
-    jar_list = _jars(jars)
-    if jar_list:
-        builder = builder.config("spark.jars", ",".join(jar_list))
-    elif packages:
-        builder = builder.config("spark.jars.packages", CONNECTOR)
-    for key, value in (extra or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        builder = SparkSession.builder
+        config = session_config(
+            jars=jars, master=master, memory=memory, packages=packages, verbose=verbose, extra=extra
+        )
+        for key, value in config.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     spark.dataSource.register(MongoSource)
     spark.dataSource.register(CosmosSource)
     return spark

@@ -31,12 +31,15 @@ def _num(value: Any) -> str:
 
 
 def bar_chart(
-    title: str, items: list[tuple[str, float]], colors: list[str] | None = None, unit: str = ""
+    title: str,
+    items: list[tuple[str, float | None]],
+    colors: list[str] | None = None,
+    unit: str = "",
 ) -> str:
-    """A horizontal bar chart as inline SVG."""
+    """A horizontal bar chart as inline SVG; a None value is drawn as no bar and "-"."""
     width, label_w, row_h = 720, 230, 24
     height = 34 + row_h * max(1, len(items))
-    top = max((v for _, v in items), default=0) or 1
+    top = max((v for _, v in items if v is not None), default=0) or 1
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
         f'role="img" aria-label="{escape(title)}">',
@@ -46,6 +49,12 @@ def bar_chart(
         parts.append('<text x="0" y="44" font-size="12" fill="#666">nothing to show</text>')
     for i, (label, value) in enumerate(items):
         y = 28 + i * row_h
+        if value is None:
+            parts.append(
+                f'<text x="0" y="{y + 15}" font-size="12">{escape(label[:34])}</text>'
+                f'<text x="{label_w}" y="{y + 15}" font-size="12">-</text>'
+            )
+            continue
         w = 0 if value <= 0 else max(2, int((width - label_w - 90) * value / top))
         color = (colors or [])[i] if colors and i < len(colors) else BAR
         parts.append(
@@ -57,10 +66,31 @@ def bar_chart(
     return "".join(parts)
 
 
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Every column of ``rows``, in order of first appearance: rows of one finding kind
+    may differ in shape (a ``duplicated`` seq has a source, a duplicated ID an entry_id)."""
+    cols: dict[str, None] = {}
+    for row in rows:
+        cols.update(dict.fromkeys(row))
+    return list(cols)
+
+
+def _fraction(value: Any) -> str:
+    """A fraction as a percentage, never rounded up to 100% (or down to 0%) unless it is."""
+    if value is None:
+        return "-"
+    number = float(value)
+    for digits in range(1, 9):
+        text = f"{number * 100:.{digits}f}"
+        if (number >= 1 or float(text) < 100) and (number <= 0 or float(text) > 0):
+            return f"{text}%"
+    return f"{number * 100:g}%"
+
+
 def _table(rows: list[dict[str, Any]], limit: int = 50) -> str:
     if not rows:
         return "<p class='none'>none</p>"
-    cols = list(rows[0].keys())
+    cols = _columns(rows[:limit])
     head = "".join(f"<th>{escape(c)}</th>" for c in cols)
     body = "".join(
         "<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>"
@@ -104,8 +134,12 @@ def render_html(summary: dict[str, Any]) -> str:
     )
     ages = summary.get("ages", {})
     age_chart = bar_chart(
-        "Age of pending entries (seconds)",
-        [(p, float(ages.get(p) or 0)) for p in ("p50", "p90", "p99", "max")],
+        "Age of pending entries (seconds)"
+        + ("" if ages.get("pending") else ": no pending entry has a date"),
+        [
+            (p, None if ages.get(p) is None else float(ages[p]))
+            for p in ("p50", "p90", "p99", "max")
+        ],
         unit=" s",
     )
     limit = summary.get("config", {}).get("size_limit") or 1
@@ -118,7 +152,11 @@ def render_html(summary: dict[str, Any]) -> str:
     parts_chart = bar_chart(
         "Pending entries per partition",
         [
-            (f"partition {r['partition']}", r["pending"] or 0)
+            (
+                f"partition {r['partition']}"
+                + ("" if r.get("documents", 1) else " (no documents)"),
+                r["pending"] or 0,
+            )
             for r in summary.get("partitions", [])[:64]
         ],
     )
@@ -134,33 +172,45 @@ def render_html(summary: dict[str, Any]) -> str:
         else "<span class='status pass'>PASSED</span>"
     )
     sizes = summary.get("sizes", {})
-    figures = {
-        "documents": totals.get("documents"),
-        "expected documents": totals.get("expected_documents"),
-        "pending entries": totals.get("pending_entries"),
-        "documents with pending entries": totals.get("documents_with_pending"),
-        "largest document (bytes)": sizes.get("max"),
-        "headroom under 16 MiB at max": sizes.get("headroom_mongodb_max"),
-        "headroom under 2 MiB at p99": sizes.get("headroom_cosmos_p99"),
-        "headroom under 2 MiB at max": sizes.get("headroom_cosmos_max"),
+    expected = totals.get("expected_documents")
+    figures: dict[str, str] = {
+        "documents read": _num(totals.get("documents")),
+        "documents in the collection": (
+            f"{_num(expected)} (counted by the database apart from Spark: more than were read "
+            "means some were not read, an unread_documents finding)"
+            if expected is not None
+            else "- (not counted: no manifest or count for this source)"
+        ),
+        "pending entries": _num(totals.get("pending_entries")),
+        "documents with pending entries": _num(totals.get("documents_with_pending")),
+        "largest document (bytes)": _num(sizes.get("max")),
+        "headroom under 16 MiB at max": _fraction(sizes.get("headroom_mongodb_max")),
+        "headroom under 2 MiB at p99": _fraction(sizes.get("headroom_cosmos_p99")),
+        "headroom under 2 MiB at max": _fraction(sizes.get("headroom_cosmos_max")),
         "inbox size p99 / max": f"{_num(summary.get('inbox_fill', {}).get('p99'))} / "
         f"{_num(summary.get('inbox_fill', {}).get('max'))}",
     }
-    fig_rows = "".join(
-        f"<tr><th>{escape(k)}</th><td>{_num(v)}</td></tr>" for k, v in figures.items()
-    )
+    rec = summary.get("reconciliation")
+    if rec is not None:
+        figures["messages reconciled"] = escape(reconciliation_text(rec))
+    fig_rows = "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in figures.items())
     detail = "".join(
         f"<h3>{escape(k)} ({findings[k]['count']}, threshold "
         f"{_num(findings[k]['threshold'])})</h3>{_table(summary['rows'].get(k, []))}"
         for k in kinds
         if findings[k]["count"]
     )
-    source = escape(json.dumps(summary.get("source", {}), default=str))
+    source = "".join(
+        f"<tr><th>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+        for k, v in (summary.get("source") or {}).items()
+        if v is not None
+    )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         "<title>docoutbox audit</title>"
         f"<style>{_STYLE}</style></head><body>"
-        f"<h1>docoutbox audit</h1><p>{escape(str(summary.get('generated_at')))} - {source}</p>"
+        f"<h1>docoutbox audit</h1><p>as of {escape(str(summary.get('generated_at')))}</p>"
+        f"<table class='source'>{source}</table>"
         f"{status}<table>{fig_rows}</table>"
         f"<div class='grid'>{finding_chart}{backlog_chart}{age_chart}{size_chart}"
         f"{parts_chart}{dead_chart}</div>"
@@ -171,3 +221,22 @@ def render_html(summary: dict[str, Any]) -> str:
 
 def write_html(summary: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(render_html(summary))
+
+
+def reconciliation_text(rec: dict[str, Any]) -> str:
+    """What reconciliation could and could not verify, in one paragraph."""
+    text = (
+        f"{rec['reconciled']:,} of {rec['emitted']:,} emitted messages reconciled "
+        f"({rec['by_exact_marks']:,} by exact marks, {rec['by_id_window']:,} by ID window, "
+        f"{rec['pending']:,} pending, {rec['dead_letters']:,} dead letters); "
+        f"lost {rec['lost']:,}, duplicated {rec['duplicated']:,}, "
+        f"unexpected {rec['unexpected']:,}"
+    )
+    if rec["unverifiable"]:
+        text += (
+            f"; {rec['unverifiable']:,} could not be verified: their consumers keep no exact "
+            "marks for their stream, only an ID window, which no longer holds their ID (or "
+            "the IDs are not deterministic). Exact de-duplication "
+            "(InboxPolicy(exact=True)) makes every message verifiable"
+        )
+    return text

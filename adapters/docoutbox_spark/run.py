@@ -1,17 +1,31 @@
-"""Run every audit over the frames and collect a JSON-ready summary with its findings."""
+"""Run every audit over the frames and collect a JSON-ready summary with its findings.
+
+One pass: each source is read once (its conformed rows persisted, one Spark job each), and
+every finding and figure is computed in one query with three shuffles (reconciliation by
+stream; message IDs and the figures' groups; a per-kind ranking), then collected in one
+bounded result: at most ``sample`` rows per finding kind with each kind's exact count, and
+the figures (totals, percentiles, backlog by type, partitions, size buckets, dead letters
+by error). A producer and a consumer collection take six Spark jobs in all.
+Nothing collected grows with the collections.
+
+Timestamps are carried as microseconds since the epoch and rendered as UTC here, so the
+summary is the same whatever the machine's or the Spark session's time zone.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from docoutbox_spark import audit
-from docoutbox_spark.conform import conform, conform_dead_letters
+from docoutbox_spark.conform import Conformed, conform, conform_dead_letters
 
 # Finding kinds, and how many of each are allowed before the audit fails (None: never).
 DEFAULT_THRESHOLDS: dict[str, int | None] = {
@@ -27,11 +41,19 @@ DEFAULT_THRESHOLDS: dict[str, int | None] = {
     "lost": 0,
     "duplicated": 0,
     "unexpected": 0,
+    "unverifiable": None,
     "retrying": None,
     "dead_letter": None,
     "inbox_window_full": None,
     "partition_skew": None,
 }
+
+LEVEL = StorageLevel.MEMORY_AND_DISK
+#: Rows kept of the figures that are lists.
+BACKLOG_ROWS = 500
+DEAD_LETTER_ROWS = 200
+#: Relative rank error of the percentiles (``percentile_approx`` accuracy 10,000).
+PERCENTILE_ACCURACY = 10_000
 
 
 @dataclass(frozen=True)
@@ -49,62 +71,139 @@ class AuditConfig:
     thresholds: dict[str, int | None] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
 
 
-def _rows(frame: DataFrame, limit: int | None = None) -> list[dict[str, Any]]:
-    rows = frame.limit(limit).collect() if limit is not None else frame.collect()
-    return [_plain(r.asDict(recursive=True)) for r in rows]
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC).isoformat() if value.tzinfo is None else value.isoformat()
+        aware = value if value.tzinfo is not None else value.astimezone()
+        return aware.astimezone(UTC).isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
 
-def _one(frame: DataFrame) -> dict[str, Any]:
-    rows = _rows(frame)
-    return rows[0] if rows else {}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class Findings:
-    def __init__(self, sample: int) -> None:
-        self.sample = sample
-        self.counts: dict[str, int] = {}
-        self.rows: dict[str, list[dict[str, Any]]] = {}
+def _instant(micros: Any) -> str | None:
+    """Microseconds since the epoch as an ISO 8601 UTC instant."""
+    if micros is None:
+        return None
+    return (_EPOCH + timedelta(microseconds=int(micros))).isoformat()
 
-    def add(self, kind: str, frame: DataFrame, where: Any = None) -> None:
-        if where is not None:
-            frame = frame.where(where)
-        rows = _rows(frame, self.sample + 1)
-        count = len(rows) if len(rows) <= self.sample else int(frame.count())
-        self.counts[kind] = self.counts.get(kind, 0) + count
-        self.rows.setdefault(kind, []).extend(rows[: self.sample])
 
-    def split(self, frame: DataFrame, column: str, kinds: dict[str, str]) -> None:
-        """Add the rows of ``frame`` to the kind named by their ``column`` value."""
-        rows = _rows(frame, self.sample + 1)
-        exact = len(rows) <= self.sample
-        counts: dict[str, int] = {}
-        if not exact:
-            counts = {
-                r[column]: r["n"]
-                for r in _rows(frame.groupBy(column).agg(F.count(F.lit(1)).alias("n")))
-            }
-        for value, kind in kinds.items():
-            mine = [r for r in rows if r[column] == value]
-            self.counts[kind] = self.counts.get(kind, 0) + (
-                len(mine) if exact else counts.get(value, 0)
-            )
-            self.rows.setdefault(kind, []).extend(mine[: self.sample])
+# --- the one result frame: (kind, sort, row) --------------------------------------------
 
-    def add_rows(self, kind: str, rows: list[dict[str, Any]]) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + len(rows)
-        self.rows.setdefault(kind, []).extend(rows[: self.sample])
+_SORT = "struct<a:double,b:string,c:double,d:string>"
+#: A row of the one result: its finding kind (or figure), its order within the kind, the
+#: row as JSON, and a number the kind sums (counts that are not rows).
+_ITEM = f"struct<kind:string,sort:{_SORT},row:string,n:bigint>"
+_CAND = "struct<source:string,seq:bigint>"
+#: A row keyed for the shuffle by message ID and figure (``ns``: ``i`` a message ID in
+#: ``a``; ``f`` a figure, group ``a`` keyed by ``b``, ``c``; ``s`` a stream's issues).
+_KEYED = (
+    "struct<ns:string,a:string,b:string,c:string,cand:struct<source:string,seq:bigint>,"
+    f"consumer:string,producer:string,issues:array<{audit.ISSUE}>,n:bigint,pending:bigint,"
+    "flag:bigint,v:double,x:bigint,t:bigint>"
+)
+
+
+def _json(*columns: Column) -> Column:
+    return F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+
+
+def _item_of(
+    kind: str | Column,
+    row: Column,
+    a: Column | None = None,
+    b: Column | None = None,
+    c: Column | None = None,
+    d: Column | None = None,
+    n: Column | None = None,
+) -> Column:
+    sort = F.struct(
+        (a if a is not None else F.lit(0.0)).cast("double").alias("a"),
+        (b if b is not None else F.lit("")).cast("string").alias("b"),
+        (c if c is not None else F.lit(0.0)).cast("double").alias("c"),
+        (d if d is not None else F.lit("")).cast("string").alias("d"),
+    )
+    label = F.lit(kind) if isinstance(kind, str) else kind
+    return F.struct(
+        label.alias("kind"),
+        sort.alias("sort"),
+        row.alias("row"),
+        (n if n is not None else F.lit(1)).cast("bigint").alias("n"),
+    )
+
+
+def _item(
+    kind: str | Column,
+    frame: DataFrame,
+    a: Column | None = None,
+    b: Column | None = None,
+    c: Column | None = None,
+    d: Column | None = None,
+) -> DataFrame:
+    """``frame``'s rows as result rows: ``row`` is the JSON of every column (nulls kept),
+    ``sort`` orders the kind's rows (``a, b, c, d``)."""
+    row = _json(*[F.col(name) for name in frame.columns])
+    return frame.select(_item_of(kind, row, a, b, c, d).alias("item")).select("item.*")
+
+
+def _keyed_of(ns: str, a: Column, **values: Column | None) -> Column:
+    fields = {
+        "b": "string",
+        "c": "string",
+        "cand": _CAND,
+        "consumer": "string",
+        "producer": "string",
+        "issues": f"array<{audit.ISSUE}>",
+        "n": "bigint",
+        "pending": "bigint",
+        "flag": "bigint",
+        "v": "double",
+        "x": "bigint",
+        "t": "bigint",
+    }
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown keyed fields: {sorted(unknown)}")
+    cols = [F.lit(ns).alias("ns"), a.cast("string").alias("a")]
+    for name, kind in fields.items():
+        value = values.get(name)
+        cols.append((value if value is not None else F.lit(None)).cast(kind).alias(name))
+    return F.struct(*cols)
+
+
+def _keyed(frame: DataFrame, ns: str, a: Column, **values: Column | None) -> DataFrame:
+    return frame.select(_keyed_of(ns, a, **values).alias("k")).select("k.*")
+
+
+def _fact(
+    frame: DataFrame,
+    group: str,
+    *,
+    k1: Column | None = None,
+    k2: Column | None = None,
+    n: Column | None = None,
+    **values: Column | None,
+) -> DataFrame:
+    """One contribution to a figure: rows of ``group`` (keyed by ``k1``, ``k2``) are summed
+    (``n``, ``pending``, ``flag``), ranked (percentiles and maximum of ``v``), and bounded
+    (minimum of ``x``, minimum and maximum of the instant ``t`` in microseconds)."""
+    return _keyed(
+        frame, "f", F.lit(group), b=k1, c=k2, n=n if n is not None else F.lit(1), **values
+    )
+
+
+def _on(condition: Column) -> Column:
+    return F.when(condition, 1).otherwise(0)
+
+
+def _none(ddl: str) -> Column:
+    return F.array().cast(f"array<{ddl}>")
 
 
 def run_audit(
@@ -116,50 +215,396 @@ def run_audit(
     config: AuditConfig | None = None,
     source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Audit raw frames; return the summary (JSON-ready) with findings and figures."""
+    """Audit raw frames; return the summary (JSON-ready) with findings and figures.
+
+    Spark jobs: one per source read (its conformed rows persisted), then one query of
+    three shuffles and its result: six for a producer and a consumer collection."""
     config = config or AuditConfig()
-    cached = [producer.cache()]
-    produced = conform(producer)
-    docs = produced.documents
-    entries = produced.entries
-    findings = Findings(config.sample)
-    read = int(docs.count())
-    if expected_documents is not None and read < expected_documents:
-        findings.add_rows(
-            "unread_documents",
-            [{"expected": expected_documents, "read": read, "missing": expected_documents - read}],
-        )
-    findings.add("malformed", produced.malformed)
-    totals = _one(
-        docs.agg(
-            F.count(F.lit(1)).alias("documents"),
-            F.sum("pending").alias("pending_entries"),
-            F.sum(F.when(F.col("pending") > 0, 1).otherwise(0)).alias("documents_with_pending"),
-        )
+    persisted: list[Conformed | DataFrame] = []
+    try:
+        produced = conform(producer, persist=LEVEL)
+        persisted.append(produced)
+        items, keyed = _producer_parts(produced, config)
+        dead = None
+        if dead_letters is not None:
+            dead = persist(conform_dead_letters(dead_letters))
+            persisted.append(dead)
+            items.append(
+                _item(
+                    "dead_letter",
+                    dead.select("id", "aggregate_id", "entry_id", "error"),
+                    b=F.col("id"),
+                )
+            )
+            keyed.append(
+                _fact(dead, "dead_error", k1=F.col("error"), t=F.unix_micros("quarantined_at"))
+            )
+        if consumer is not None:
+            consumed = conform(consumer, persist=LEVEL)
+            persisted.append(consumed)
+            cdocs = consumed.documents
+            items += [
+                _item(
+                    "malformed",
+                    consumed.malformed.withColumn("kind", F.lit("malformed_consumer")),
+                    a=F.lit(1),
+                    b=F.col("aggregate_id"),
+                    d=F.col("entry_id"),
+                ),
+                _saturation(cdocs, "consumer", config),
+            ]
+            keyed += [
+                _fact(cdocs, "consumer_documents"),
+                _keyed(audit.window_ids(cdocs), "i", F.col("id"), consumer=F.col("consumer")),
+                _by_stream(audit.reconcile_sources(produced.documents, cdocs, dead)),
+            ]
+        items.append(_by_key(_union(keyed)))
+        rows = _collect(_union(items), config.sample)
+    finally:
+        for frame in persisted:
+            frame.unpersist()
+    return _summary(rows, config, expected_documents, source, consumer is not None, dead)
+
+
+def persist(frame: DataFrame) -> DataFrame:
+    """``frame`` persisted and read now (one Spark job), so that it is read once."""
+    frame = frame.persist(LEVEL)
+    frame.write.format("noop").mode("overwrite").save()
+    return frame
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> DataFrame:
+    found = audit.inbox_saturation(documents, config.window, config.above_limit, ordered=False)
+    found = found.withColumn("collection", F.lit(collection))
+    kind = F.when(F.col("kind") == "window", "inbox_window_full").otherwise("inbox_above")
+    return _item(kind, found, b=F.col("aggregate_id"), d=F.col("source"))
+
+
+def _producer_parts(
+    produced: Conformed, config: AuditConfig
+) -> tuple[list[DataFrame], list[DataFrame]]:
+    """The producer's findings that need no shuffle, and its rows for the shuffle by key."""
+    docs, entries = produced.documents, produced.entries
+    items = [
+        _item("malformed", produced.malformed, b=F.col("aggregate_id"), d=F.col("entry_id")),
+        _item(
+            "stuck",
+            audit.stuck(entries, config.now, config.sla_seconds, ordered=False),
+            a=-F.col("age"),
+            b=F.col("aggregate_id"),
+            c=F.col("seq"),
+        ),
+        _item(
+            "retrying",
+            audit.retries(entries, ordered=False),
+            a=-F.col("attempts"),
+            b=F.col("aggregate_id"),
+            c=F.col("seq"),
+        ),
+        _item(
+            F.col("kind"),
+            audit.seq_anomalies(docs, ordered=False),
+            b=F.col("aggregate_id"),
+            c=F.col("seq"),
+        ),
+        _item(
+            "outbox_seq_behind",
+            audit.outbox_seq_behind(docs, ordered=False),
+            b=F.col("aggregate_id"),
+        ),
+        _item(
+            "near_size_limit",
+            audit.near_size_limit(docs, config.size_limit, config.size_fraction, ordered=False),
+            a=-F.col("size_bytes"),
+            b=F.col("aggregate_id"),
+        ),
+        _saturation(docs, "producer", config),
+    ]
+    inbox = F.coalesce(F.size("inbox"), F.lit(0))
+    bucket = F.least(F.floor(F.col("size_bytes") * 10 / config.size_limit), F.lit(10))
+    dated = entries.where(F.col("created_at").isNotNull())
+    age = (F.unix_micros(F.lit(config.now)) - F.unix_micros("created_at")) / 1e6
+    keyed = [
+        _fact(
+            docs,
+            "documents",
+            pending=F.col("pending"),
+            flag=_on(F.col("pending") > 0),
+            v=F.col("size_bytes"),
+            x=F.col("size_exact").cast("int"),
+        ),
+        _fact(docs, "inbox", v=inbox, flag=_on(inbox >= config.window)),
+        _fact(docs, "partition", k1=F.col("partition"), pending=F.col("pending")),
+        _fact(docs, "histogram", k1=bucket),
+        _fact(dated, "ages", v=age),
+        _fact(
+            entries,
+            "backlog",
+            k1=F.coalesce("type", F.lit("(unknown)")),
+            k2=F.coalesce("destination", F.lit("(default)")),
+            t=F.unix_micros("created_at"),
+        ),
+        _keyed(
+            entries.where(F.col("id").isNotNull()),
+            "i",
+            F.col("id"),
+            producer=F.col("aggregate_id"),
+        ),
+    ]
+    return items, keyed
+
+
+def _by_stream(sources: DataFrame) -> DataFrame:
+    """The reconciliation by stream (:func:`~docoutbox_spark.audit.reconcile_sources`) as
+    rows for the shuffle by key, in one pass over it: each seq to check by ID, the counts,
+    and the stream's other issues."""
+    issues = F.col("issues")
+    candidate = F.filter(issues, lambda i: i["status"] == "candidate")
+    others = F.filter(issues, lambda i: i["status"] != "candidate")
+    counts = [
+        _keyed_of("f", F.lit("reconciliation"), b=F.lit(name), n=F.col(f"counts.{name}"))
+        for name in (*audit.RECONCILED, "duplicated", "lost", "unexpected")
+    ]
+    rows = F.concat(
+        F.transform(
+            candidate,
+            lambda i: _keyed_of(
+                "i",
+                audit.deterministic_id(F.col("source"), i["seq"]),
+                cand=F.struct(F.col("source").alias("source"), i["seq"].alias("seq")),
+            ),
+        ),
+        F.array(
+            _keyed_of("f", F.lit("reconciliation"), b=F.lit("emitted"), n=F.col("emitted")),
+            *counts,
+        ),
+        F.when(
+            F.size(others) > 0, F.array(_keyed_of("s", F.col("source"), issues=others))
+        ).otherwise(_none(_KEYED)),
     )
-    stuck = audit.stuck(entries, config.now, config.sla_seconds)
-    findings.add("stuck", stuck)
-    findings.add("retrying", audit.retries(entries))
-    findings.split(
-        audit.seq_anomalies(entries),
+    return sources.select(F.explode(rows.cast(f"array<{_KEYED}>")).alias("k")).select("k.*")
+
+
+def _by_key(keyed: DataFrame) -> DataFrame:
+    """One shuffle by key, and every result row it yields, in one pass over its output:
+    entry IDs in several producers' outboxes, IDs in several consumers' windows, the ID
+    check of streams whose consumers keep no exact marks, the streams' issues, and the
+    figures."""
+    pct = F.percentile_approx("v", list(audit.PERCENTILES), PERCENTILE_ACCURACY)
+    grouped = keyed.groupBy("ns", "a", "b", "c").agg(
+        F.collect_list("cand").alias("cands"),
+        F.array_sort(F.collect_set("consumer")).alias("consumers"),
+        F.array_sort(F.collect_set("producer")).alias("aggregates"),
+        F.flatten(F.collect_list("issues")).alias("issues"),
+        F.sum("n").alias("n"),
+        F.sum("pending").alias("pending"),
+        F.sum("flag").alias("flag"),
+        F.count("v").alias("values"),
+        pct.alias("pct"),
+        F.max("v").alias("max"),
+        F.min("x").alias("xmin"),
+        F.min("t").alias("tmin"),
+        F.max("t").alias("tmax"),
+    )
+    ns, key = F.col("ns"), F.col("a")
+    consumers, cands = F.col("consumers"), F.col("cands")
+
+    def when(condition: Column, values: Column) -> Column:
+        return F.when(condition, values).otherwise(_none(_ITEM))
+
+    is_id = ns == "i"
+    group = F.col("a")
+    figure = _item_of(
+        F.concat(F.lit("figure:"), group),
+        _json(
+            group.alias("group"),
+            F.col("b").alias("k1"),
+            F.col("c").alias("k2"),
+            "n",
+            "pending",
+            "flag",
+            "values",
+            "pct",
+            "max",
+            "xmin",
+            "tmin",
+            "tmax",
+        ),
+        a=F.when(group.isin("backlog", "dead_error"), -F.col("n")).when(
+            group.isin("partition", "histogram"), F.col("b").cast("double")
+        ),
+        b=F.col("b"),
+        d=F.col("c"),
+        n=F.col("n"),
+    )
+    rows = F.concat(
+        when(
+            is_id & (F.size("aggregates") > 1),
+            F.array(
+                _item_of(
+                    "duplicate_entry_id",
+                    _json(key.alias("entry_id"), "aggregates"),
+                    b=key,
+                )
+            ),
+        ),
+        when(
+            is_id & (F.size(consumers) > 1),
+            F.array(
+                _item_of(
+                    "duplicated",
+                    _json(key.alias("entry_id"), F.lit("duplicated").alias("status"), consumers),
+                    a=F.lit(1),
+                    b=key,
+                )
+            ),
+        ),
+        when(
+            is_id & (F.size(consumers) == 0),
+            F.transform(
+                cands,
+                lambda c: _item_of(
+                    "unverifiable",
+                    _json(
+                        c["source"].alias("source"),
+                        c["seq"].alias("seq"),
+                        F.lit("unverifiable").alias("status"),
+                    ),
+                    b=c["source"],
+                    c=c["seq"],
+                ),
+            ),
+        ),
+        when(
+            is_id & (F.size(consumers) > 0) & (F.size(cands) > 0),
+            F.array(_item_of("count:id_window", F.lit("{}"), n=F.size(cands))),
+        ),
+        when(
+            ns == "s",
+            F.transform(
+                F.col("issues"),
+                lambda i: _item_of(
+                    i["status"],
+                    _json(
+                        key.alias("source"),
+                        i["seq"].alias("seq"),
+                        i["status"].alias("status"),
+                        i["consumers"].alias("consumers"),
+                    ),
+                    b=key,
+                    c=i["seq"],
+                ),
+            ),
+        ),
+        when(ns == "f", F.array(figure)),
+    )
+    return grouped.select(F.explode(rows.cast(f"array<{_ITEM}>")).alias("item")).select("item.*")
+
+
+_Collected = dict[str, tuple[int, int, list[dict[str, Any]]]]
+
+
+def _collect(everything: DataFrame, sample: int) -> _Collected:
+    """Per kind: its number of rows, the sum of their ``n``, and its first rows
+    (``sample`` for findings, every figure row but the longest lists' tails)."""
+    kind = F.col("kind")
+    limit = (
+        F.when(kind == "figure:backlog", BACKLOG_ROWS)
+        .when(kind == "figure:dead_error", DEAD_LETTER_ROWS)
+        .when(kind.startswith("figure:"), F.lit(2**31 - 1))
+        .when(kind.startswith("count:"), F.lit(1))
+        .otherwise(F.lit(sample))
+    )
+    whole = Window.partitionBy("kind")
+    ranked = everything.select(
         "kind",
-        {"seq_gap": "seq_gap", "seq_duplicate": "seq_duplicate"},
+        "row",
+        F.row_number().over(whole.orderBy("sort")).alias("rank"),
+        F.count(F.lit(1)).over(whole).alias("total"),
+        F.sum("n").over(whole).alias("sum"),
+    ).where(F.col("rank") <= limit)
+    out: dict[str, tuple[int, int, list[tuple[int, dict[str, Any]]]]] = {}
+    for r in ranked.collect():
+        _, _, rows = out.setdefault(r["kind"], (int(r["total"]), int(r["sum"] or 0), []))
+        rows.append((int(r["rank"]), json.loads(r["row"])))
+    return {
+        k: (total, summed, [row for _, row in sorted(rows, key=lambda p: p[0])])
+        for k, (total, summed, rows) in out.items()
+    }
+
+
+def _first(rows: _Collected, kind: str) -> dict[str, Any]:
+    found = _kept(rows, kind)
+    return found[0] if found else {}
+
+
+def _kept(rows: _Collected, kind: str) -> list[dict[str, Any]]:
+    return rows.get(kind, (0, 0, []))[2]
+
+
+def _pct(row: dict[str, Any], name: str) -> dict[str, Any]:
+    pct = row.get("pct") or [None] * len(audit.PERCENTILES)
+    return {
+        "p50": pct[0],
+        "p90": pct[1],
+        "p99": pct[2],
+        "max": row.get("max"),
+    }
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _summary(
+    rows: _Collected,
+    config: AuditConfig,
+    expected_documents: int | None,
+    source: dict[str, Any] | None,
+    reconciled: bool,
+    dead: DataFrame | None,
+) -> dict[str, Any]:
+    documents = _first(rows, "figure:documents")
+    read = int(documents.get("n") or 0)
+    counts: dict[str, int] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for kind, (total, _, kept) in rows.items():
+        if not kind.startswith(("figure:", "count:")):
+            counts[kind] = total
+            found[kind] = [_plain(r) for r in kept]
+    if expected_documents is not None and read < expected_documents:
+        counts["unread_documents"] = 1
+        found["unread_documents"] = [
+            {"expected": expected_documents, "read": read, "missing": expected_documents - read}
+        ]
+    partitions = _partitions(_kept(rows, "figure:partition"), config.partitions)
+    pending_total = sum(p["pending"] for p in partitions)
+    skewed = (
+        [p for p in partitions if p["ratio"] > config.skew_ratio]
+        if pending_total >= config.skew_min_pending
+        else []
     )
-    findings.add("outbox_seq_behind", audit.outbox_seq_behind(docs, entries))
-    findings.add("duplicate_entry_id", audit.duplicate_entry_ids(entries))
-    saturation = audit.inbox_saturation(docs, config.window, config.above_limit)
-    findings.split(saturation, "kind", {"window": "inbox_window_full", "above": "inbox_above"})
-    findings.add(
-        "near_size_limit", audit.near_size_limit(docs, config.size_limit, config.size_fraction)
-    )
-    skew = _rows(audit.partition_skew(docs, config.partitions))
-    pending_total = sum(int(r["pending"] or 0) for r in skew)
-    if pending_total >= config.skew_min_pending:
-        findings.add_rows(
-            "partition_skew", [r for r in skew if (r["ratio"] or 0) > config.skew_ratio]
-        )
-    else:
-        findings.add_rows("partition_skew", [])
+    counts["partition_skew"] = len(skewed)
+    found["partition_skew"] = skewed[: config.sample]
+    sizes = {k: _integral(v) for k, v in _pct(documents, "size").items()}
+    size_figures: dict[str, Any] = {
+        "documents": read,
+        **sizes,
+        "exact": documents.get("xmin"),
+    }
+    for name, limit in (("mongodb", audit.MONGODB_LIMIT), ("cosmos", audit.COSMOS_LIMIT)):
+        for p in ("p50", "p90", "p99", "max"):
+            value = sizes[p]
+            size_figures[f"headroom_{name}_{p}"] = None if value is None else 1 - value / limit
+    inbox = _first(rows, "figure:inbox")
+    ages = _first(rows, "figure:ages")
     summary: dict[str, Any] = {
         "generated_at": _plain(config.now),
         "source": source or {},
@@ -172,43 +617,97 @@ def run_audit(
             "partitions": config.partitions,
             "skew_ratio": config.skew_ratio,
         },
-        "totals": {**totals, "expected_documents": expected_documents},
-        "backlog": _rows(audit.backlog(entries), 500),
-        "ages": _one(audit.age_percentiles(entries, config.now)),
-        "sizes": _one(audit.document_sizes(docs)),
-        "size_histogram": _rows(audit.size_histogram(docs, config.size_limit)),
-        "inbox_fill": _one(audit.inbox_fill(docs, config.window)),
-        "partitions": skew,
+        "totals": {
+            "documents": read,
+            "pending_entries": int(documents.get("pending") or 0),
+            "documents_with_pending": int(documents.get("flag") or 0),
+            "expected_documents": expected_documents,
+        },
+        "backlog": [
+            {
+                "type": r["k1"],
+                "destination": r["k2"],
+                "pending": r["n"],
+                "oldest": _instant(r["tmin"]),
+            }
+            for r in _kept(rows, "figure:backlog")
+        ],
+        "ages": {"pending": int(ages.get("values") or 0), **_pct(ages, "age")},
+        "sizes": size_figures,
+        "size_histogram": sorted(
+            (
+                {"bucket": int(r["k1"]), "documents": r["n"]}
+                for r in _kept(rows, "figure:histogram")
+            ),
+            key=lambda r: r["bucket"],
+        ),
+        "inbox_fill": {
+            **{k: _integral(v) for k, v in _pct(inbox, "inbox").items()},
+            "full": int(inbox.get("flag") or 0),
+        },
+        "partitions": partitions,
     }
-    if dead_letters is not None:
-        cached.append(dead_letters.cache())
-        dead = conform_dead_letters(dead_letters)
-        by_error = _rows(audit.dead_letters_by_error(dead), 200)
-        summary["dead_letters"] = by_error
-        findings.add("dead_letter", dead.select("id", "aggregate_id", "entry_id", "error"))
-    else:
-        dead = None
-    if consumer is not None:
-        cached.append(consumer.cache())
-        consumed = conform(consumer)
-        cdocs = consumed.documents
-        findings.add(
-            "malformed", consumed.malformed.withColumn("kind", F.lit("malformed_consumer"))
-        )
-        rec = audit.reconcile(docs, entries, cdocs, dead)
-        findings.split(rec, "status", {s: s for s in ("lost", "duplicated", "unexpected")})
-        ids = audit.reconcile_ids(cdocs)
-        findings.add("duplicated", ids.select(F.col("id").alias("entry_id"), "status", "consumers"))
-        summary["consumer_totals"] = _one(cdocs.agg(F.count(F.lit(1)).alias("documents")))
+    if dead is not None:
+        summary["dead_letters"] = [
+            {"error": r["k1"], "count": r["n"], "latest": _instant(r["tmax"])}
+            for r in _kept(rows, "figure:dead_error")
+        ]
+    if reconciled:
+        summary["consumer_totals"] = {
+            "documents": int(_first(rows, "figure:consumer_documents").get("n") or 0)
+        }
+        summary["reconciliation"] = _reconciliation(rows, counts)
     summary["findings"] = {
-        kind: {"count": findings.counts.get(kind, 0), "threshold": config.thresholds.get(kind)}
+        kind: {"count": counts.get(kind, 0), "threshold": config.thresholds.get(kind)}
         for kind in config.thresholds
     }
-    summary["rows"] = findings.rows
+    summary["rows"] = {kind: found.get(kind, []) for kind in config.thresholds}
     summary["failed"] = failures(summary)
-    for frame in cached:
-        frame.unpersist()
     return summary
+
+
+def _partitions(rows: list[dict[str, Any]], declared: int | None) -> list[dict[str, Any]]:
+    """Documents and pending entries per dispatcher partition (every declared partition,
+    documents or not), each partition's pending entries as a multiple of the mean."""
+    seen = {int(r["k1"]): r for r in rows}
+    numbers = sorted(set(seen) | set(range(declared or 0)))
+    count = declared or len(seen)
+    total = sum(int(r["pending"] or 0) for r in seen.values())
+    mean = total / count if count else 0.0
+    out = []
+    for number in numbers:
+        r = seen.get(number, {})
+        pending = int(r.get("pending") or 0)
+        out.append(
+            {
+                "partition": number,
+                "documents": int(r.get("n") or 0),
+                "pending": pending,
+                "ratio": pending / mean if mean > 0 else 0.0,
+            }
+        )
+    return out
+
+
+def _reconciliation(rows: _Collected, counts: dict[str, int]) -> dict[str, Any]:
+    """How the producers' emitted messages were accounted for."""
+    by = {r["k1"]: int(r["n"] or 0) for r in _kept(rows, "figure:reconciliation")}
+    by_marks = by.get("marks", 0)
+    by_window = rows.get("count:id_window", (0, 0, []))[1]
+    pending = by.get("pending", 0)
+    dead = by.get("dead_letter", 0)
+    return {
+        "emitted": by.get("emitted", 0),
+        "reconciled": by_marks + by_window + pending + dead,
+        "by_exact_marks": by_marks,
+        "by_id_window": by_window,
+        "pending": pending,
+        "dead_letters": dead,
+        "lost": by.get("lost", 0),
+        "duplicated": by.get("duplicated", 0),
+        "unexpected": by.get("unexpected", 0),
+        "unverifiable": counts.get("unverifiable", 0),
+    }
 
 
 def failures(summary: dict[str, Any]) -> list[str]:

@@ -66,5 +66,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.spark)
-            # Each audit is a few dozen Spark jobs: allow for a slow shared machine.
+            # Audits are slow on a shared machine, and the cluster test starts a driver of
+            # its own: allow for it.
             item.add_marker(pytest.mark.timeout(900))

@@ -130,6 +130,13 @@ def consumer() -> list[dict[str, Any]]:
         c("w-unexpected", mark("Wallet/w-unexpected", 3)),
         c("w-dead", mark("Wallet/w-dead", 1)),
         c("w-skew", mark("Wallet/w-skew", 0)),
+        # A consumer whose ID window is full and whose exact-mode marks of a source keep
+        # growing: saturation on the consumer side.
+        c(
+            "sat",
+            mark("Other/y", 0, list(range(2, 2 + 2 * ABOVE_LIMIT, 2))),
+            inbox=[f"c-m{i}" for i in range(WINDOW)],
+        ),
     ]
     return docs
 
@@ -171,14 +178,15 @@ EXPECTED: dict[str, set[Any]] = {
     "seq_duplicate": {("w-dup-seq", 2)},
     "outbox_seq_behind": {"w-behind"},
     "duplicate_entry_id": {"shared-id"},
-    "inbox_window_full": {"w-window"},
-    "inbox_above": {("w-above", "Other/x")},
+    "inbox_window_full": {"w-window", "c-sat"},
+    "inbox_above": {("w-above", "Other/x"), ("c-sat", "Other/y")},
     "near_size_limit": {"w-big"},
     "partition_skew": {7},
     "lost": {("Wallet/w-lost", 4), ("Wallet/w-lost", 5)},
     "duplicated": {("Wallet/w-duplicated", 2), "m-dup"},
     "unexpected": {("Wallet/w-unexpected", 2), ("Wallet/w-unexpected", 3)},
     "dead_letter": {"w-dead-e2", "w-x/malformed/abc"},
+    "unverifiable": set(),
 }
 
 
@@ -195,7 +203,7 @@ def key(kind: str, row: dict[str, Any]) -> Any:
         return (row["aggregate_id"], row["source"])
     if kind == "partition_skew":
         return row["partition"]
-    if kind in ("lost", "unexpected"):
+    if kind in ("lost", "unexpected", "unverifiable"):
         return (row["source"], row["seq"])
     if kind == "duplicated":
         return (row["source"], row["seq"]) if "source" in row else row["entry_id"]

@@ -125,7 +125,6 @@ def test_reconcile_without_dead_letters_reports_the_quarantined_seq_as_lost(spar
     # The dead letter is what accounts for w-dead's seq 2: without it, it is lost.
     result = audit.reconcile(
         conform(frame(spark, planted.producer(big=False))).documents,
-        conform(frame(spark, planted.producer(big=False))).entries,
         conform(frame(spark, planted.consumer())).documents,
     )
     lost = {(r.source, r.seq) for r in result.where("status = 'lost'").collect()}

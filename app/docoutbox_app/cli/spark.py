@@ -122,6 +122,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds between progress lines on stderr (0: none)",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Spark's own log lines (WARN and above) and its progress bar",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -279,26 +284,37 @@ def _check_cosmos(args: argparse.Namespace) -> str | None:
 
 @contextmanager
 def progress(spark: Any, interval: float, label: str) -> Iterator[None]:
-    """Print the running Spark stages' task counts to stderr every ``interval`` seconds."""
+    """Print how far the audit is to stderr every ``interval`` seconds: the Spark jobs and
+    tasks completed so far (counts that only grow), and the tasks running."""
     if interval <= 0:
         yield
         return
     stop = threading.Event()
     started = time.monotonic()
+    context = spark.sparkContext
+    group = f"docoutbox-{label}-{os.getpid()}-{time.time_ns()}"
+    context.setJobGroup(group, f"docoutbox {label}")
 
     def loop() -> None:
-        tracker = spark.sparkContext.statusTracker()
+        tracker = context.statusTracker()
+        done: dict[int, int] = {}  # stage -> tasks completed, highest seen
         while not stop.wait(interval):
-            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            stages = [s for s in stages if s]
-            if not stages:
-                continue
-            text = ", ".join(
-                f"{s.name.split(' at ')[0]} {s.numCompletedTasks}/{s.numTasks}" for s in stages
-            )
+            jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+            finished = sum(1 for j in jobs if j is not None and j.status == "SUCCEEDED")
+            running = 0
+            for job in jobs:
+                for stage_id in job.stageIds if job is not None else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is None:
+                        continue
+                    done[stage_id] = max(done.get(stage_id, 0), stage.numCompletedTasks)
+                    running += stage.numActiveTasks
             elapsed = time.monotonic() - started
             print(
-                f"docoutbox: {label} {elapsed:.0f}s: tasks done {text}", file=sys.stderr, flush=True
+                f"docoutbox: {label} {elapsed:.0f}s: {finished} Spark jobs done, "
+                f"{sum(done.values())} tasks done, {running} running",
+                file=sys.stderr,
+                flush=True,
             )
 
     thread = threading.Thread(target=loop, name="audit-progress", daemon=True)
@@ -308,6 +324,8 @@ def progress(spark: Any, interval: float, label: str) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
 
 
 def _frames(
@@ -423,8 +441,16 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
     owned = SparkSession.getActiveSession() is None
+    # Only the connector reader needs a Maven package; the others resolve nothing.
+    connector = args.reader == "connector" and not getattr(args, "from_parquet", None)
     try:
-        spark = session(jars=args.spark_jars, master=args.spark_master, memory=args.driver_memory)
+        spark = session(
+            jars=args.spark_jars if connector else None,
+            master=args.spark_master,
+            memory=args.driver_memory,
+            packages=connector,
+            verbose=args.verbose,
+        )
     except (PySparkException, Py4JError) as exc:
         return _failed("cannot start Spark", exc, secrets)
     try:
@@ -489,6 +515,10 @@ def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | Non
         f"{summary['totals']['pending_entries'] or 0} pending entries; findings: "
         + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none")
     )
+    if "reconciliation" in summary:
+        from docoutbox_spark.report import reconciliation_text  # noqa: PLC0415
+
+        print(f"reconciliation: {reconciliation_text(summary['reconciliation'])}")
     if args.report:
         print(f"report: {Path(args.report).resolve()}")
     if args.json:
