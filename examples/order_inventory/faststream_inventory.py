@@ -31,7 +31,7 @@ running: dict[str, Any] = {}
 
 @app.on_startup
 async def open_stock() -> None:
-    kit = await open_async_kit(os.environ.get("MONGODB_URL", "mongodb://127.0.0.1"), SHOP, "stock")
+    kit = await open_async_kit(os.environ.get("MONGODB_URI", "mongodb://127.0.0.1"), SHOP, "stock")
     stock = StoreSubscriber(
         AsyncAggregateStore(kit.backend, domain.Stock),
         domain.inventory,

@@ -2,7 +2,7 @@
 
     docoutbox run examples.order_inventory.mongo:orders examples.order_inventory.mongo:inventory
 
-``MONGODB_URL`` and ``RABBITMQ_URL`` come from the environment; ``SHOP`` names the
+``MONGODB_URI`` and ``RABBITMQ_URL`` come from the environment; ``SHOP`` names the
 exchange, the queues (``<SHOP>.orders``, ``<SHOP>.inventory``) and the database (default
 ``shop``); ``python -m examples.order_inventory.topology`` declares them.
 """
@@ -15,7 +15,7 @@ from docoutbox_app.endpoint import Broker, Endpoint, RabbitQueue, Store, env, pa
 from examples.order_inventory import domain
 
 SHOP = os.environ.get("SHOP", "shop")
-MONGO = env("MONGODB_URL", "mongodb://127.0.0.1:27017")
+MONGO = env("MONGODB_URI", "mongodb://127.0.0.1:27017")
 RABBIT = env("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 OUTPUT = Broker("rabbitmq", RABBIT, destination=SHOP)
 

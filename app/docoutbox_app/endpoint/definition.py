@@ -236,7 +236,7 @@ class Endpoint(Generic[S]):
 
     >>> orders = Endpoint(
     ...     "orders", Order, handlers,
-    ...     store=Store("mongo", env("MONGO_URL"), "shop", "orders"),
+    ...     store=Store("mongo", env("MONGODB_URI"), "shop", "orders"),
     ...     inputs=[RabbitQueue(queue="orders", route=payload_field("order_id"),
     ...                         creates={"PlaceOrder"})],
     ...     output=Broker("rabbitmq", env("RABBITMQ_URL"), destination="shop"),

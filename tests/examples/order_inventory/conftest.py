@@ -78,7 +78,7 @@ def shop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         box.queues += [f"{name}.orders", f"{name}.inventory"]
         if request.param == "mongo":
             uri: str = request.getfixturevalue("mongo_uri")
-            monkeypatch.setenv("MONGODB_URL", uri)
+            monkeypatch.setenv("MONGODB_URI", uri)
             yield Shop(name, url, box, "mongo", StoreSettings(uri, name, "orders"))
 
             with MongoClient(uri) as client:

@@ -46,7 +46,7 @@ def test_docoutbox_run_serves_both_endpoints_and_stops_on_sigterm(shop: Shop) ->
             "json",
         ],
         cwd=ROOT,
-        env={**os.environ},  # SHOP, MONGODB_URL, RABBITMQ_URL from the fixture
+        env={**os.environ},  # SHOP, MONGODB_URI, RABBITMQ_URL from the fixture
         stderr=subprocess.PIPE,
         text=True,
     )
