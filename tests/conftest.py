@@ -11,6 +11,7 @@ a summary of what was skipped and why.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,6 +54,19 @@ for _server in SERVER_KINDS:
     STORE_KINDS += [f"{_server}-sync", f"{_server}-async", f"{_server}-motor"]
 #: Cosmos DB (the local server, or COSMOS_ENDPOINT/COSMOS_KEY): azure-cosmos sync and aio.
 STORE_KINDS += ["cosmos-sync", "cosmos-aio"]
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """Each test leaves the root logger as it found it: a command run in-process configures
+    logging on the stream of its test's output capture, which is closed afterwards, and a
+    later test's library log line (say, py4j collecting a Spark connection) would then be
+    reported as a logging error in that test's output."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from tests.examples.order_inventory.conftest import Shop
 
 pytestmark = pytest.mark.rabbitmq
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[3] / "examples" / "order_inventory"
 ORDERS = 6
 
 

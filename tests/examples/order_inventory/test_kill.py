@@ -26,7 +26,7 @@ from tests.examples.order_inventory.conftest import Shop
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SKUS = ("apple", "pear", "plum")
 ORDERS = 60
 STOCK = 1000

@@ -21,7 +21,7 @@ from tests.examples.order_inventory.conftest import Shop
 
 pytestmark = pytest.mark.rabbitmq
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ORDERS = 6
 
 
