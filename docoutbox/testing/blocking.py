@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from typing import Any
 
 
@@ -30,7 +30,7 @@ class BlockingStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             result = fn(*args, **kwargs)
-            if not hasattr(result, "__aiter__"):
+            if not isinstance(result, AsyncIterable):
                 return result
 
             async def collect() -> list[Any]:
