@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from tests.conftest import missing
 from tests.spark import planted
 from tests.spark.conftest import JARS
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # cluster, auditing each source in turn through the command.
 CHILD = """
 import json, sys
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from docoutbox_spark.readers import session
 
 master, jars, runs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from docoutbox.cli import main
 from docoutbox.store.plans import entry_id
+from docoutbox_app.cli import main
 from docoutbox_spark.readers import write_snapshot
 from docoutbox_spark.run import AuditConfig, run_audit
 from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA

@@ -10,7 +10,7 @@ import pytest
 from pyspark.errors import PySparkRuntimeError
 
 import docoutbox_spark.readers
-from docoutbox.cli import main
+from docoutbox_app.cli import main
 from docoutbox_spark.readers import CONNECTOR, session_config
 from docoutbox_spark.report import render_html
 from tests.spark import planted
