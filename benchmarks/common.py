@@ -190,6 +190,32 @@ def additive_bound(publish: Sequence[float], dispatch: Sequence[float]) -> float
     )
 
 
+def against_ceilings(
+    candidate: Sequence[float], raw: Sequence[float], memory: Sequence[float] | None
+) -> dict[str, Any]:
+    """A broker dispatcher's rates, per round, against its two ceilings: the raw publish
+    loop (``ratio_to_raw``, with its interquartile ``low``/``high``) and, when given, the
+    same driver publishing to memory (``ratio_to_memory``); ``ratio_to_lower_ceiling``
+    takes the lower of the two round by round, and ``additive_bound`` is
+    :func:`additive_bound`. The ``memory`` figures are None without it."""
+    low, high = ratio_range(candidate, raw)
+    figures: dict[str, Any] = {
+        "per_s": median(candidate),
+        "ratio_to_raw": paired_ratio(candidate, raw),
+        "low": low,
+        "high": high,
+        "ratio_to_memory": None,
+        "ratio_to_lower_ceiling": None,
+        "additive_bound": None,
+    }
+    if memory is not None:
+        lower = [min(r, m) for r, m in zip(raw, memory, strict=True)]
+        figures["ratio_to_memory"] = paired_ratio(candidate, memory)
+        figures["ratio_to_lower_ceiling"] = paired_ratio(candidate, lower)
+        figures["additive_bound"] = additive_bound(raw, memory)
+    return figures
+
+
 def ratio_range(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
     """The interquartile range of the per-round ratios (min and max below 4 rounds)."""
     ratios = sorted(c / b for c, b in zip(candidate, baseline, strict=True))

@@ -337,6 +337,12 @@ def drain_dispatcher(client: Any, entries: int, per_aggregate: int, kind: str) -
     bench = backlog(client, entries, per_aggregate)
     reader = DispatchReader(bench, kind)
     gc.collect()
+    return timed_drain(reader, entries)
+
+
+def timed_drain(reader: Any, entries: int) -> float:
+    """Start ``reader`` (a :class:`DispatchReader` or a broker's twin of it), wait until it
+    saw ``entries`` publishes, stop it: entries per second to the last publish."""
     began = time.perf_counter()
     reader.start()
     _wait(lambda: len(reader.seen) >= entries)

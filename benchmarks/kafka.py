@@ -36,14 +36,18 @@ from confluent_kafka import Producer
 from benchmarks.common import (
     Scale,
     Table,
-    additive_bound,
+    against_ceilings,
     connect,
     interleaved,
-    median,
-    paired_ratio,
-    ratio_range,
 )
-from benchmarks.dispatch import TIMEOUT, DispatchReader, TimedPublisher, Workbench, _wait, backlog
+from benchmarks.dispatch import (
+    TIMEOUT,
+    DispatchReader,
+    TimedPublisher,
+    Workbench,
+    backlog,
+    timed_drain,
+)
 from benchmarks.servers import Topics, kafka_available, kafka_bootstrap
 from docoutbox import OutboxMessage
 from docoutbox.codec import encode_entry
@@ -208,11 +212,7 @@ def dispatcher(
         if kind.endswith("memory")
         else KafkaDispatch(bench, driver, bootstrap, topic)
     )
-    began = time.perf_counter()
-    reader.start()
-    _wait(lambda: len(reader.seen) >= entries)
-    rate = entries / (max(reader.seen.values()) - began)
-    reader.finish()
+    rate = timed_drain(reader, entries)
     if sink is not None:
         sink.extend(reader.publisher.published)
     return rate
@@ -290,35 +290,23 @@ def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int
         for name, label in LABELS.items():
             if name not in by_kind:
                 continue
-            low, high = ratio_range(by_kind[name], by_kind["raw"])
-            to_raw = paired_ratio(by_kind[name], by_kind["raw"])
             memory = MEMORY.get(name)
-            to_memory = paired_ratio(by_kind[name], by_kind[memory]) if memory else None
-            lower = (
-                paired_ratio(
-                    by_kind[name],
-                    [min(r, m) for r, m in zip(by_kind["raw"], by_kind[memory], strict=True)],
-                )
-                if memory
-                else None
+            found = against_ceilings(
+                by_kind[name], by_kind["raw"], by_kind[memory] if memory else None
             )
-            bound = additive_bound(by_kind["raw"], by_kind[memory]) if memory else None
+            low, high = found.pop("low"), found.pop("high")
+            to_memory, lower = found["ratio_to_memory"], found["ratio_to_lower_ceiling"]
+            bound = found["additive_bound"]
             table.add(
                 density,
                 label,
-                median(by_kind[name]),
-                f"{to_raw:.3f}x ({low:.3f}-{high:.3f})",
+                found["per_s"],
+                f"{found['ratio_to_raw']:.3f}x ({low:.3f}-{high:.3f})",
                 "" if to_memory is None else f"{to_memory:.2f}x",
                 "" if lower is None else f"{lower:.2f}x",
                 "" if bound is None else f"{bound:.2f}x",
             )
-            figures[name] = {
-                "per_s": median(by_kind[name]),
-                "ratio_to_raw": to_raw,
-                "ratio_to_memory": to_memory,
-                "ratio_to_lower_ceiling": lower,
-                "additive_bound": bound,
-            }
+            figures[name] = found
         table.figures[f"per_aggregate_{density}"] = figures
     table.notes += [
         f"{entries:,} records per round (one entry per commit, 1 or 10 pending entries per "

@@ -36,14 +36,17 @@ import aio_pika
 from benchmarks.common import (
     Scale,
     Table,
-    additive_bound,
+    against_ceilings,
     connect,
     interleaved,
-    median,
-    paired_ratio,
-    ratio_range,
 )
-from benchmarks.dispatch import DispatchReader, TimedPublisher, Workbench, _wait, backlog
+from benchmarks.dispatch import (
+    DispatchReader,
+    TimedPublisher,
+    Workbench,
+    backlog,
+    timed_drain,
+)
 from benchmarks.rabbit import Sandbox, rabbitmq_available, rabbitmq_url
 from docoutbox import OutboxMessage
 from docoutbox.codec import WireFormat
@@ -167,11 +170,7 @@ def dispatcher(
         if kind.endswith("memory")
         else RabbitDispatch(bench, driver, url, exchange, pipelined=kind.endswith("pipelined"))
     )
-    began = time.perf_counter()
-    reader.start()
-    _wait(lambda: len(reader.seen) >= entries)
-    rate = entries / (max(reader.seen.values()) - began)
-    reader.finish()
+    rate = timed_drain(reader, entries)
     if sink is not None:
         sink.extend(reader.publisher.published)
     return rate
@@ -260,36 +259,23 @@ def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int
     for density, by_kind in samples.items():
         figures: dict[str, Any] = {}
         for name, label in LABELS.items():
-            low, high = ratio_range(by_kind[name], by_kind["raw"])
-            to_raw = paired_ratio(by_kind[name], by_kind["raw"])
             memory = MEMORY.get(name)
-            to_memory = paired_ratio(by_kind[name], by_kind[memory]) if memory else None
-            # The lower ceiling, round by round: the raw loop or the same driver -> memory.
-            lower = (
-                paired_ratio(
-                    by_kind[name],
-                    [min(r, m) for r, m in zip(by_kind["raw"], by_kind[memory], strict=True)],
-                )
-                if memory
-                else None
+            found = against_ceilings(
+                by_kind[name], by_kind["raw"], by_kind[memory] if memory else None
             )
-            bound = additive_bound(by_kind["raw"], by_kind[memory]) if memory else None
+            low, high = found.pop("low"), found.pop("high")
+            to_memory, lower = found["ratio_to_memory"], found["ratio_to_lower_ceiling"]
+            bound = found["additive_bound"]
             table.add(
                 density,
                 label,
-                median(by_kind[name]),
-                f"{to_raw:.2f}x ({low:.2f}-{high:.2f})",
+                found["per_s"],
+                f"{found['ratio_to_raw']:.2f}x ({low:.2f}-{high:.2f})",
                 "" if to_memory is None else f"{to_memory:.2f}x",
                 "" if lower is None else f"{lower:.2f}x",
                 "" if bound is None else f"{bound:.2f}x",
             )
-            figures[name] = {
-                "per_s": median(by_kind[name]),
-                "ratio_to_raw": to_raw,
-                "ratio_to_memory": to_memory,
-                "ratio_to_lower_ceiling": lower,
-                "additive_bound": bound,
-            }
+            figures[name] = found
         table.figures[f"per_aggregate_{density}"] = figures
     table.notes += [
         f"{entries:,} entries per round ({entries:,} or {entries // 10:,} aggregates), "
