@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from aiormq.abc import DeliveredMessage
 from faststream.middlewares import AckPolicy
 from pydantic import BaseModel
 
@@ -137,7 +138,10 @@ class FastStreamPublisher:
     :class:`~docoutbox.ports.dispatch.AsyncPublisher`): to ``exchange`` (or the entry's
     own ``destination``), with the entry's type as routing key (or ``routing_key``),
     persistent and mandatory, waiting for the broker's confirm. A failure raises
-    :class:`~docoutbox.errors.PublishError`, so the entry stays pending."""
+    :class:`~docoutbox.errors.PublishError`, so the entry stays pending: a refused
+    connection, a nack, and a message the broker returns because no queue is bound to
+    its exchange and routing key (FastStream hands the return back as the publish's
+    result instead of raising it)."""
 
     def __init__(
         self,
@@ -156,7 +160,7 @@ class FastStreamPublisher:
         encoded = encode(entry, self.wire)
         headers: dict[str, Any] = {**entry.headers, **encoded.headers("cloudEvents:")}
         try:
-            await self.broker.publish(
+            confirmation = await self.broker.publish(
                 encoded.body,
                 exchange=entry.destination or self.exchange,
                 routing_key=self.routing_key or entry.type,
@@ -174,3 +178,9 @@ class FastStreamPublisher:
             raise PublishError(
                 f"entry {entry.id}: FastStream publish failed: {type(exc).__name__}: {exc}"
             ) from exc
+        if isinstance(confirmation, DeliveredMessage):  # basic.return, confirmed after it
+            raise PublishError(
+                f"entry {entry.id}: returned unroutable by the broker: no queue is bound to "
+                f"exchange {entry.destination or self.exchange or '(default)'!r} with routing "
+                f"key {self.routing_key or entry.type!r}"
+            )

@@ -154,3 +154,38 @@ def test_a_failed_publish_raises_and_names_the_entry() -> None:
     )
     with pytest.raises(PublishError, match="entry e-1: FastStream publish failed: ConnectionError"):
         asyncio.run(FastStreamPublisher(Refusing()).publish(entry))
+
+
+@pytest.mark.rabbitmq
+def test_an_unroutable_publish_raises_instead_of_being_dropped(box: Sandbox) -> None:
+    """RabbitMQ returns a mandatory message no queue is bound for, then confirms it;
+    FastStream hands the return back as the publish's result. The entry must stay
+    pending, not be counted as published."""
+    url = require_rabbitmq()
+    exchange, queue, _ = box.names()
+    box.channel.exchange_declare(exchange, exchange_type="direct")
+    box.channel.queue_declare(queue)
+    box.channel.queue_bind(queue, exchange, routing_key="StockReserved")
+    entry = OutboxMessage.model_validate(
+        {
+            "id": "e-2",
+            "type": "StockRefused",
+            "payload": {},
+            "created_at": "2026-01-01T00:00:00Z",
+            "seq": 1,
+            "aggregate_id": "apple",
+            "aggregate_type": "Stock",
+        }
+    )
+
+    async def run() -> None:
+        broker = RabbitBroker(url)
+        async with broker:
+            publisher = FastStreamPublisher(broker, exchange=exchange)
+            with pytest.raises(PublishError, match="entry e-2: returned unroutable"):
+                await publisher.publish(entry)
+            routed = entry.model_copy(update={"id": "e-3", "type": "StockReserved"})
+            await publisher.publish(routed)  # a routed one still goes through
+
+    asyncio.run(run())
+    assert [props.message_id for props, _ in box.drain(queue)] == ["e-3"]
