@@ -46,8 +46,9 @@ RECONNECT_DELAY = 1.0
 #: The longest wait between reads of the change stream that bring nothing, unless the
 #: endpoint's :class:`~docoutbox_app.wiring.DispatchOptions` say: the endpoint's own
 #: commits of new entries wake its dispatcher at once, so the waits only delay entries
-#: committed by other processes, after a quiet spell.
-STREAM_WAIT = 0.5
+#: committed by other processes, after a quiet spell. MongoDB itself holds an empty read
+#: for 1 s (``maxAwaitTimeMS``'s default), so there it delays nothing.
+STREAM_WAIT = 1.0
 
 
 class EndpointHealth(Health):
