@@ -11,7 +11,11 @@ consumed into a fresh collection of the wire server, in the same run:
 - endpoint: :func:`docoutbox_app.endpoint.runtime.run_endpoint` on the same kind of store,
   i.e. ``AsyncRabbitConsumer`` (prefetch 16, handler retries, dead letters) beside the
   endpoint's leased dispatcher of the collection (idle: the handlers emit nothing) and its
-  health;
+  health. Its change stream brings nothing, so its reads space out up to one a second
+  (:data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
+- endpoint, reading every 0.05 s: the same, its stream read every 0.05 s as before
+  ``max_stream_wait`` (``DispatchOptions(max_stream_wait=0.05)``). On the wire server
+  every read scans the whole oplog, which grows with every round;
 - endpoint, sweeping: the same, its dispatcher sweeping every second instead of following
   the change stream (``DispatchOptions(poll_interval=1.0)``).
 
@@ -22,6 +26,7 @@ start-up left out): the steady rate of handling.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -141,7 +146,12 @@ async def consumer(uri: str, url: str, queue: str, count: int) -> float:
 
 
 async def endpoint(
-    uri: str, url: str, queue: str, count: int, poll_interval: float | None = None
+    uri: str,
+    url: str,
+    queue: str,
+    count: int,
+    poll_interval: float | None = None,
+    max_stream_wait: float | None = None,
 ) -> float:
 
     collection = f"endpoint_run_{uuid.uuid4().hex[:8]}"
@@ -155,7 +165,7 @@ async def endpoint(
         ],
         output=MemoryPublisher(),
         config=EXACT,
-        dispatch=DispatchOptions(poll_interval=poll_interval),
+        dispatch=DispatchOptions(poll_interval=poll_interval, max_stream_wait=max_stream_wait),
     )
     observation = Observation()
     stop = asyncio.Event()
@@ -195,6 +205,9 @@ def run(uri: str, scale: Scale) -> Table:
         "plain": partial(one, plain, uri, url, count),
         "consumer": partial(one, consumer, uri, url, count),
         "endpoint": partial(one, endpoint, uri, url, count),
+        "endpoint, reading every 0.05 s": partial(
+            one, partial(endpoint, max_stream_wait=0.05), uri, url, count
+        ),
         "endpoint, sweeping": partial(one, partial(endpoint, poll_interval=1.0), uri, url, count),
     }
     samples = interleaved(plan, min(scale.rounds, ROUNDS), scale.warmup)
@@ -213,6 +226,7 @@ def run(uri: str, scale: Scale) -> Table:
         f"{PRODUCERS} producing aggregates, prefetch {PREFETCH}, into a fresh collection of "
         "the wire server (AsyncMongoClient, exact de-duplication); timed from the first "
         "delivery applied to the last (start-up left out). The endpoint also runs its leased "
-        "dispatcher (idle) and health. Ratios are medians of per-round ratios (IQR).",
+        "dispatcher (idle) and health. Ratios are medians of per-round ratios (IQR). "
+        f"Load average when the run ended: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
     ]
     return table
