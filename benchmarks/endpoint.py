@@ -11,17 +11,24 @@ consumed into a fresh collection of the wire server, in the same run:
 - endpoint: :func:`docoutbox_app.endpoint.runtime.run_endpoint` on the same kind of store,
   i.e. ``AsyncRabbitConsumer`` (prefetch 16, handler retries, dead letters) beside the
   endpoint's leased dispatcher of the collection (idle: the handlers emit nothing) and its
-  health;
+  health. Its change stream brings nothing, so its reads space out up to one a second
+  (:data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
+- endpoint, reading every 0.05 s: the same, its stream read every 0.05 s as before
+  ``max_stream_wait`` (``DispatchOptions(max_stream_wait=0.05)``). On the wire server
+  every read scans the whole oplog, which grows with every round;
 - endpoint, sweeping: the same, its dispatcher sweeping every second instead of following
   the change stream (``DispatchOptions(poll_interval=1.0)``).
 
 Each is timed from its first delivery applied to its last (connections, lease taking and
-start-up left out): the steady rate of handling.
+start-up left out): the steady rate of handling, and the CPU time this process spent
+meanwhile per message (every thread's: the endpoint's lease keeper and drivers too; not
+the servers'), which a loaded machine disturbs much less than the rate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -51,10 +58,28 @@ from docoutbox_app.wiring import DispatchOptions
 from docoutbox_mongo import open_async_kit
 from docoutbox_rabbitmq.aio import AsyncRabbitConsumer
 
-ROUNDS = 5
+ROUNDS = 8
 PRODUCERS = 20
 PREFETCH = 16
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
+
+
+class Span:
+    """From the first delivery applied to the last: the rate, and this process's CPU
+    milliseconds per message."""
+
+    def __init__(self) -> None:
+        self.started: tuple[float, float] | None = None
+
+    def begin(self) -> None:
+        if self.started is None:
+            self.started = (time.perf_counter(), time.process_time())
+
+    def end(self, count: int) -> tuple[float, float]:
+        assert self.started is not None
+        wall, cpu = self.started
+        handled = count - 1
+        return handled / (time.perf_counter() - wall), (time.process_time() - cpu) * 1e3 / handled
 
 
 def fill(url: str, count: int) -> str:
@@ -77,10 +102,10 @@ def drop_queue(url: str, queue: str) -> None:
         connection.channel().queue_delete(queue)
 
 
-async def plain(uri: str, url: str, queue: str, count: int) -> float:
+async def plain(uri: str, url: str, queue: str, count: int) -> tuple[float, float]:
 
     collection = f"endpoint_plain_{uuid.uuid4().hex[:8]}"
-    start = 0.0
+    span = Span()
     kit = await open_async_kit(uri, DATABASE, collection)
     store = AsyncAggregateStore(kit.backend, Ledger, EXACT)
     handled = 0
@@ -99,25 +124,24 @@ async def plain(uri: str, url: str, queue: str, count: int) -> float:
                 await delivery.ack()
                 handled += 1
                 if handled == 1:
-                    start = time.perf_counter()
+                    span.begin()
                 if handled == count:
                     break
-        return (count - 1) / (time.perf_counter() - start)
+        return span.end(count)
     finally:
         await connection.close()
         await kit.close()
 
 
-async def consumer(uri: str, url: str, queue: str, count: int) -> float:
+async def consumer(uri: str, url: str, queue: str, count: int) -> tuple[float, float]:
 
     collection = f"endpoint_consumer_{uuid.uuid4().hex[:8]}"
     kit = await open_async_kit(uri, DATABASE, collection)
     store = AsyncAggregateStore(kit.backend, Ledger, EXACT)
-    times: list[float] = []
+    span = Span()
 
     def first(verdict: Any, redelivered: bool) -> None:
-        if not times:
-            times.append(time.perf_counter())
+        span.begin()
 
     made = AsyncRabbitConsumer(
         url,
@@ -132,17 +156,22 @@ async def consumer(uri: str, url: str, queue: str, count: int) -> float:
     )
     try:
         stats = await made.run(max_messages=count, idle_timeout=30)
-        rate = (count - 1) / (time.perf_counter() - times[0])
+        measured = span.end(count)
         assert stats.applied == count, stats
-        return rate
+        return measured
     finally:
         await made.close()
         await kit.close()
 
 
 async def endpoint(
-    uri: str, url: str, queue: str, count: int, poll_interval: float | None = None
-) -> float:
+    uri: str,
+    url: str,
+    queue: str,
+    count: int,
+    poll_interval: float | None = None,
+    max_stream_wait: float | None = None,
+) -> tuple[float, float]:
 
     collection = f"endpoint_run_{uuid.uuid4().hex[:8]}"
     made = Endpoint(
@@ -155,35 +184,38 @@ async def endpoint(
         ],
         output=MemoryPublisher(),
         config=EXACT,
-        dispatch=DispatchOptions(poll_interval=poll_interval),
+        dispatch=DispatchOptions(poll_interval=poll_interval, max_stream_wait=max_stream_wait),
     )
     observation = Observation()
     stop = asyncio.Event()
-    start = 0.0
+    span = Span()
     running = asyncio.create_task(run_endpoint(made, made.settings(), stop, observation))
     label = made.inputs[0].label
     while True:
         health = observation.health.endpoints.get("bench")
         stats = health.stats.get(label) if health is not None else None
-        if stats is not None and stats.applied >= 1 and not start:
-            start = time.perf_counter()
+        if stats is not None and stats.applied >= 1:
+            span.begin()
         if stats is not None and stats.applied >= count:
             break
         if running.done():
             running.result()  # raises what stopped it
         await asyncio.sleep(0.01)
-    rate = (count - 1) / (time.perf_counter() - start)
+    measured = span.end(count)
     stop.set()
     await running
     assert (stats.applied, stats.rejected) == (count, 0), stats
-    return rate
+    return measured
 
 
-def one(variant: Callable[..., Any], uri: str, url: str, count: int) -> float:
+def one(variant: Callable[..., Any], uri: str, url: str, count: int, cpu: list[float]) -> float:
+    """One round of ``variant`` on a freshly filled queue: its rate (its CPU per message
+    goes to ``cpu``)."""
     queue = fill(url, count)
     try:
-        rate: float = asyncio.run(variant(uri, url, queue, count))
-        return rate
+        rate, per_message = asyncio.run(variant(uri, url, queue, count))
+        cpu.append(per_message)
+        return float(rate)
     finally:
         drop_queue(url, queue)
 
@@ -191,28 +223,48 @@ def one(variant: Callable[..., Any], uri: str, url: str, count: int) -> float:
 def run(uri: str, scale: Scale) -> Table:
     url = rabbitmq_url()
     count = scale.dispatch_entries
-    plan = {
-        "plain": partial(one, plain, uri, url, count),
-        "consumer": partial(one, consumer, uri, url, count),
-        "endpoint": partial(one, endpoint, uri, url, count),
-        "endpoint, sweeping": partial(one, partial(endpoint, poll_interval=1.0), uri, url, count),
+    variants: dict[str, Callable[..., Any]] = {
+        "plain": plain,
+        "consumer": consumer,
+        "endpoint": endpoint,
+        "endpoint, reading every 0.05 s": partial(endpoint, max_stream_wait=0.05),
+        "endpoint, sweeping": partial(endpoint, poll_interval=1.0),
     }
-    samples = interleaved(plan, min(scale.rounds, ROUNDS), scale.warmup)
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    plan = {name: partial(one, v, uri, url, count, cpu[name]) for name, v in variants.items()}
+    rounds = min(scale.rounds, ROUNDS)
+    samples = interleaved(plan, rounds, scale.warmup)
     table = Table(
         "endpoint",
         "Endpoint consuming from RabbitMQ vs a plain consumer loop (same store.handle)",
-        ["variant", "messages/s", "vs plain loop"],
+        ["variant", "messages/s", "vs plain loop", "client CPU ms/msg", "CPU vs plain loop"],
     )
+    used = {name: taken[-rounds:] for name, taken in cpu.items()}  # after the warm-up
     for name in plan:
         low, high = ratio_range(samples[name], samples["plain"])
         ratio = paired_ratio(samples[name], samples["plain"])
-        table.add(name, median(samples[name]), f"{ratio:.2f}x ({low:.2f}-{high:.2f})")
-        table.figures[name] = {"per_s": median(samples[name]), "ratio": ratio}
+        cpu_ratio = paired_ratio(used[name], used["plain"])
+        table.add(
+            name,
+            median(samples[name]),
+            f"{ratio:.2f}x ({low:.2f}-{high:.2f})",
+            f"{median(used[name]):.3f}",
+            f"{cpu_ratio:.2f}x",
+        )
+        table.figures[name] = {
+            "per_s": median(samples[name]),
+            "ratio": ratio,
+            "cpu_ms_per_message": median(used[name]),
+            "cpu_ratio": cpu_ratio,
+        }
     table.notes += [
         f"{count:,} deliveries per round from a pre-filled queue of the local RabbitMQ, "
         f"{PRODUCERS} producing aggregates, prefetch {PREFETCH}, into a fresh collection of "
         "the wire server (AsyncMongoClient, exact de-duplication); timed from the first "
         "delivery applied to the last (start-up left out). The endpoint also runs its leased "
-        "dispatcher (idle) and health. Ratios are medians of per-round ratios (IQR).",
+        "dispatcher (idle) and health. Ratios are medians of per-round ratios (IQR). Client "
+        "CPU: this process's CPU time (all threads) per message over the same span, not the "
+        f"servers'. {rounds} rounds. Load average when the run ended: "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
     ]
     return table

@@ -411,7 +411,10 @@ class AsyncRabbitConsumer(Settlement[AsyncAggregateStore[S], AnyRejects], Generi
                 idle_since = loop.time()
                 while True:
                     try:
-                        delivery = await asyncio.wait_for(inbox.get(), poll)
+                        if inbox.empty():
+                            delivery = await asyncio.wait_for(inbox.get(), poll)
+                        else:  # prefetched meanwhile: no timer (wait_for makes a task each)
+                            delivery = inbox.get_nowait()
                     except TimeoutError:
                         if channel.is_closed:
                             self._connection = None

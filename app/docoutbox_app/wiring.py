@@ -57,6 +57,10 @@ class DispatchOptions:
       ``lease_ttl``: seconds, the fail-over time; ``partitions``: the stores'
       ``StoreConfig.partitions`` (a lease table with partitions of its own overrides it);
     - ``poll_interval``: without a change stream, sweep every this many seconds;
+    - ``max_stream_wait``: while reads of the change stream bring nothing, space them out
+      up to this many seconds (:attr:`DispatcherConfig.max_stream_wait`; None: read every
+      0.05 s, except in an endpoint, whose own commits wake its dispatcher: there up to
+      :data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -70,6 +74,7 @@ class DispatchOptions:
     sweep_interval: float = 60.0
     grace: float = 30.0
     poll_interval: float | None = None
+    max_stream_wait: float | None = None
     checkpoint_interval: float = 1.0
 
     def config(self) -> DispatcherConfig:
@@ -84,6 +89,7 @@ class DispatchOptions:
             sweep_interval=sweep,
             grace=0.0 if polling else self.grace,
             checkpoint_interval=self.checkpoint_interval,
+            max_stream_wait=self.max_stream_wait,
         )
 
 

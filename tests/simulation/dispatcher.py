@@ -76,6 +76,7 @@ def config(env: Env, rng: random.Random) -> DispatcherConfig:
         max_backlog=1_000_000,
         checkpoint_interval=0.0,
         backoff=Backoff(base=0.005, cap=0.05),
+        max_stream_wait=s.stream_wait_ms / 1000 or None,
     )
 
 

@@ -101,6 +101,9 @@ class Schedule:
     #: Percent of entries the broker refuses at every attempt while faults are on, so
     #: they exhaust their publish attempts and are quarantined.
     stuck: int = 0
+    #: Log mode: the dispatcher's reads of the log space out up to this many milliseconds
+    #: while they bring nothing (``DispatcherConfig.max_stream_wait``; 0: they do not).
+    stream_wait_ms: int = 0
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -137,7 +140,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     )
     # Drawn last, so that every earlier field of a seed stays what it was.
     schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
-    return replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
+    schedule = replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
+    return replace(schedule, stream_wait_ms=rng.choice((0, 0, 200)))
 
 
 def _parse(kind: type | str, text: str) -> object:

@@ -92,6 +92,12 @@ def test_polling_mode_has_no_stream_and_no_grace() -> None:
     assert dispatcher.config.grace == 0.0
 
 
+def test_the_stream_waits_are_the_options_and_do_not_grow_by_default() -> None:
+    assert build_dispatcher(Kit(), MemoryPublisher()).config.max_stream_wait is None
+    options = DispatchOptions(max_stream_wait=2.0)
+    assert build_dispatcher(Kit(), MemoryPublisher(), options).config.max_stream_wait == 2.0
+
+
 @pytest.mark.parametrize("kit", [None, object(), "mongodb://localhost"])
 def test_what_is_not_a_kit_is_refused(kit: Any) -> None:
     with pytest.raises(InvalidConfig, match="needs a StoreKit"):
@@ -130,6 +136,7 @@ def test_the_command_s_options_are_the_root_s() -> None:
         sweep_interval=11.0,
         grace=1.5,
         poll_interval=None,
+        max_stream_wait=2.0,
         checkpoint_interval=0.5,
     )
     assert _options(args, "n") == DispatchOptions(
@@ -143,5 +150,6 @@ def test_the_command_s_options_are_the_root_s() -> None:
         sweep_interval=11.0,
         grace=1.5,
         poll_interval=None,
+        max_stream_wait=2.0,
         checkpoint_interval=0.5,
     )

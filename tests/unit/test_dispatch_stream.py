@@ -15,7 +15,7 @@ from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.checkpoint import Sweep
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PollChanges
 from docoutbox.dispatch.engine.scheduler import RunOutcome
-from docoutbox.errors import ChangeStreamLost
+from docoutbox.errors import ChangeStreamLost, InvalidConfig
 from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.store.core import FindPending
 from docoutbox.store.document import REVISION
@@ -372,6 +372,86 @@ def test_a_drained_stream_is_read_again_after_the_poll_interval_not_on_every_tur
     clock.now = 0.05
     assert "PollChanges" in turn_ops(engine, [pending(1)])
     assert "PollChanges" in turn_ops(engine)  # a read that brought changes: read on
+
+
+def waiting_engine(clock: Clock, **options: Any) -> DispatchEngine:
+    """An engine reading every 1/16 s, its stream open (times stay exact in binary)."""
+    engine = engine_of(
+        DispatcherConfig(name="w", poll_interval=1 / 16, checkpoint_interval=0, **options),
+        monotonic=clock,
+    )
+    engine.begin()
+    turn_ops(engine)  # opens the stream
+    return engine
+
+
+def reads_at(engine: DispatchEngine, clock: Clock, until: float) -> list[float]:
+    """Turn every 1/64 s up to ``until`` (every read brings nothing): when it read, in
+    sixteenths of a second."""
+    read = []
+    for tick in range(round(clock.now * 64), round(until * 64) + 1):
+        clock.now = tick / 64
+        if "PollChanges" in turn_ops(engine):
+            read.append(clock.now * 16)
+    return read
+
+
+def test_reads_that_bring_nothing_space_out_up_to_max_stream_wait() -> None:
+    """An idle stream is read ever less often (on the wire server every read scans the
+    whole oplog): the wait doubles from poll_interval up to max_stream_wait."""
+    clock = Clock()
+    engine = waiting_engine(clock, max_stream_wait=0.5)
+    assert reads_at(engine, clock, 3) == [0, 1, 3, 7, 15, 23, 31, 39, 47]
+    due = engine.next_due()
+    assert due is not None and due == 0.5 - 1 / 16  # drivers sleep until then
+
+
+def test_a_read_that_brings_a_pending_document_starts_the_waits_over() -> None:
+    clock = Clock()
+    engine = waiting_engine(clock, max_stream_wait=1.0)
+    assert reads_at(engine, clock, 7 / 16) == [0, 1, 3, 7]  # the next at 15/16
+    clock.now = 15 / 16
+    assert "PollChanges" in turn_ops(engine, [pending(1)])  # a document: read on
+    assert "PollChanges" in turn_ops(engine)  # nothing: wait poll_interval again
+    assert reads_at(engine, clock, 18 / 16) == [16, 18]
+
+
+def test_a_position_only_read_counts_as_bringing_nothing() -> None:
+    """Writes that leave no pending entry move the stream's position, not its waits."""
+    clock = Clock()
+    engine = waiting_engine(clock, max_stream_wait=1.0)
+    moved = ChangeEvent({"resume_after": {"_data": "0009"}}, None)
+    assert "PollChanges" in turn_ops(engine, [moved])
+    clock.now = 1 / 16
+    assert "PollChanges" in turn_ops(engine, [moved])
+    clock.now = 3 / 16 - 1 / 64
+    assert "PollChanges" not in turn_ops(engine)  # the wait doubled
+    clock.now = 3 / 16
+    assert "PollChanges" in turn_ops(engine)
+
+
+def test_read_soon_reads_at_the_next_turn_and_starts_the_waits_over() -> None:
+    clock = Clock()
+    engine = waiting_engine(clock, max_stream_wait=1.0)
+    assert reads_at(engine, clock, 7 / 16) == [0, 1, 3, 7]
+    clock.now = 8 / 16
+    assert "PollChanges" not in turn_ops(engine)  # waits until 15/16
+    engine.read_soon()
+    assert engine.next_due() is None
+    assert "PollChanges" in turn_ops(engine)
+    assert reads_at(engine, clock, 12 / 16) == [9, 11]
+
+
+def test_without_max_stream_wait_an_idle_stream_is_read_every_poll_interval() -> None:
+    clock = Clock()
+    engine = waiting_engine(clock)
+    assert reads_at(engine, clock, 1) == list(range(17))
+
+
+@pytest.mark.parametrize("wait", [0.01, -1.0, "1"])
+def test_max_stream_wait_below_poll_interval_or_not_seconds_is_refused(wait: Any) -> None:
+    with pytest.raises(InvalidConfig, match="max_stream_wait"):
+        DispatcherConfig(poll_interval=0.05, max_stream_wait=wait)
 
 
 def test_the_stream_is_not_read_while_the_backlog_is_full() -> None:

@@ -237,6 +237,12 @@ def _parser() -> argparse.ArgumentParser:
         help="polling mode, without change streams: sweep every this many seconds, no grace",
     )
     d.add_argument(
+        "--max-stream-wait",
+        type=INTERVAL,
+        help="while reads of the change stream bring nothing, space them out up to this many "
+        "seconds (default: read every 0.05 s)",
+    )
+    d.add_argument(
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
     d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
@@ -389,6 +395,7 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         sweep_interval=args.sweep_interval,
         grace=args.grace,
         poll_interval=args.poll_interval,
+        max_stream_wait=args.max_stream_wait,
         checkpoint_interval=args.checkpoint_interval,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,12 +37,18 @@ from docoutbox_app.endpoint.definition import (
     RabbitQueue,
     Settings,
 )
-from docoutbox_app.wiring import build_async_dispatcher
+from docoutbox_app.wiring import DispatchOptions, build_async_dispatcher
 
 log = logging.getLogger("docoutbox.endpoint")
 
 #: Seconds between attempts to reach a broker an input lost.
 RECONNECT_DELAY = 1.0
+#: The longest wait between reads of the change stream that bring nothing, unless the
+#: endpoint's :class:`~docoutbox_app.wiring.DispatchOptions` say: the endpoint's own
+#: commits of new entries wake its dispatcher at once, so the waits only delay entries
+#: committed by other processes, after a quiet spell. MongoDB itself holds an empty read
+#: for 1 s (``maxAwaitTimeMS``'s default), so there it delays nothing.
+STREAM_WAIT = 1.0
 
 
 class EndpointHealth(Health):
@@ -155,6 +162,15 @@ def _consumer(
     )
 
 
+def _options(endpoint: Endpoint[Any]) -> DispatchOptions:
+    """The endpoint's dispatch options; its stream waits up to :data:`STREAM_WAIT`
+    unless they say otherwise."""
+    options = endpoint.dispatch
+    if options.max_stream_wait is None:
+        return dataclasses.replace(options, max_stream_wait=STREAM_WAIT)
+    return options
+
+
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
@@ -219,7 +235,9 @@ async def run_endpoint(
     try:
         publisher = await _open_publisher(endpoint, settings)
         store = AsyncAggregateStore(kit.backend, endpoint.aggregate, endpoint.config)
-        dispatcher = build_async_dispatcher(kit, publisher, endpoint.dispatch, metrics=metrics)
+        dispatcher = build_async_dispatcher(kit, publisher, _options(endpoint), metrics=metrics)
+        # A commit that added entries reads the stream at once (its waits start over).
+        store.commit_listeners.append(lambda _: dispatcher.nudge())
         health.dispatcher = dispatcher
         consumers = {
             item.label: _consumer(endpoint, item, settings.inputs.get(item.label), store, kit)

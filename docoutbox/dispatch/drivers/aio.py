@@ -142,6 +142,19 @@ class AsyncDispatcher:
         self._crashed = True
         self.stop()
 
+    def nudge(self) -> None:
+        """Read the change stream now, and start its waits over
+        (:meth:`~docoutbox.dispatch.engine.loop.DispatchEngine.read_soon`): entries were
+        just committed. A store's commit listener, say; safe to call from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not running yet: its first turn reads the stream anyway
+        loop.call_soon_threadsafe(self._read_soon)
+
+    def _read_soon(self) -> None:
+        self.engine.read_soon()
+        self._wake.set()
+
     def _signal(self) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():

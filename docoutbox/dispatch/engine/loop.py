@@ -9,8 +9,10 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
   page (taking turns with stream reads, so a long sweep never keeps the stream unread
   and the checkpoint still), poll the change stream (opening it from the checkpoint, or
   fresh behind a :class:`~docoutbox.dispatch.engine.checkpoint.Gate`; paced: not while a round
-  of runs waits for workers, and once drained only every ``poll_interval``), and save
-  the checkpoint behind the completed prefix of events (I5);
+  of runs waits for workers, and once drained only every ``poll_interval``, a wait that
+  doubles while reads keep bringing nothing, up to ``max_stream_wait``, and starts over
+  on :meth:`DispatchEngine.read_soon`), and save the checkpoint behind the completed
+  prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
   this instance trimmed since are left out) or load it, then publish its pending
@@ -61,6 +63,7 @@ from docoutbox.dispatch.engine.trimmed import TrimmedIds
 from docoutbox.errors import (
     BrokerUnavailable,
     ChangeStreamLost,
+    InvalidConfig,
     PartitionMismatch,
     StoreError,
 )
@@ -100,6 +103,14 @@ class DispatcherConfig:
     sweep_interval: float = 60.0
     grace: float = 30.0
     poll_interval: float = 0.05
+    #: The longest wait between two reads of the change stream while reads bring no
+    #: pending document: after each such read the wait doubles, from ``poll_interval`` up
+    #: to this; a read that brings one, or :meth:`DispatchEngine.read_soon`, starts it
+    #: over. None: every ``poll_interval``. Waits count from a read's start, so a server
+    #: that holds an empty read itself (MongoDB's ``maxAwaitTimeMS``, 1 s by default) is
+    #: read again at once; one that answers at once (the wire server, whose every read
+    #: scans its whole oplog; Cosmos DB, which bills every read) is read less often.
+    max_stream_wait: float | None = None
     batch_size: int = 500
     sweep_page: int = 100
     max_outstanding: int = 10_000
@@ -123,6 +134,13 @@ class DispatcherConfig:
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)
         for name in ("grace", "checkpoint_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name))
+        if self.max_stream_wait is not None:
+            check_seconds("DispatcherConfig.max_stream_wait", self.max_stream_wait)
+            if self.max_stream_wait < self.poll_interval:
+                raise InvalidConfig(
+                    f"DispatcherConfig.max_stream_wait ({self.max_stream_wait}) must be at "
+                    f"least poll_interval ({self.poll_interval})"
+                )
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -371,6 +389,8 @@ class DispatchEngine:
         self._next_sweep = 0.0
         #: No poll before this (set after a poll that brought no change).
         self._next_poll = 0.0
+        #: Reads in a row that brought no pending document (they space out the next).
+        self._quiet_reads = 0
         #: A sweep page was fetched since the stream's last read (see _page_waits).
         self._paged = False
 
@@ -579,10 +599,28 @@ class DispatchEngine:
             done = self.request(event.document, reuse=event.current)
             self.tracker.add_event(event.position, done or always_done, event.lane)
         self._resume = self.tracker.latest
-        if not any(event.document is not None for event in events):
-            # The stream is drained: read again after poll_interval, not on every wake.
-            self._next_poll = now + self.config.poll_interval
+        if any(event.document is not None for event in events):
+            self._quiet_reads = 0
+        else:
+            # The stream is drained: read again after a wait, not on every wake.
+            self._quiet_reads += 1
+            self._next_poll = now + self._quiet_wait()
         return bool(events)
+
+    def _quiet_wait(self) -> float:
+        """The wait after the latest of ``_quiet_reads`` reads in a row that brought no
+        pending document: ``poll_interval``, doubled for each further one, up to
+        ``max_stream_wait``."""
+        base, top = self.config.poll_interval, self.config.max_stream_wait
+        if top is None:
+            return base
+        return min(top, base * 2.0 ** min(self._quiet_reads - 1, 30))
+
+    def read_soon(self) -> None:
+        """Read the stream at the next turn, and start its waits over: entries were
+        just committed (say, by the consumers of the process this dispatcher runs in)."""
+        self._next_poll = 0.0
+        self._quiet_reads = 0
 
     def _poll_room(self, now: float) -> int:
         """How many events to read from the stream now (0: not now).
