@@ -1,0 +1,706 @@
+"""What a Cosmos DB entry costs to dispatch: ``python -m benchmarks.cosmos_dispatch``.
+
+Two workloads, each run by every contestant on its own container, in turn:
+
+- **drain**: a backlog of aggregates with pending entries, dispatched from a position
+  taken before it was written;
+- **hot**: writers commit to every aggregate about once a second (one entry each time)
+  while the dispatcher runs, then stop; the run ends when every entry is published.
+
+Contestants:
+
+- ``hand-written``: :class:`HandWrittenDispatcher`, what a user writes with azure-cosmos
+  alone: read a page of each feed range from its continuation, publish each item's new
+  entries to memory, patch the item to remove them (if-match on the item's ``_etag``,
+  re-read on 412), keep the continuation;
+- ``dispatcher``: docoutbox's threaded Dispatcher as shipped (publish, then trim);
+- ``publish-only``: the same dispatcher whose trims are not sent (:class:`PublishOnly`,
+  benchmark-only): its ceiling. Nothing is trimmed, so the outboxes only grow;
+- ``deferred trims (D s)``: the same dispatcher whose trims are held and coalesced per
+  aggregate, each aggregate trimmed at most once every D seconds
+  (:class:`DeferredTrims`, benchmark-only). It measures what deferred trims can save; it
+  is not crash-safe (the checkpoint may pass entries whose trim is still held), which is
+  why deferral belongs in the engine, behind the checkpoint rule.
+
+Requests are counted from every response (change-feed pages and 304s included), by kind,
+with the request charge each response reports (``x-ms-request-charge``). The local server
+reports 1 RU for every request, whatever it does: there, RU per entry is requests per
+entry, and only a real account gives real RU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.cosmos import exceptions as cosmos_errors
+
+from benchmarks.common import Scale, Table, median, paired_ratio, ratio_range
+from benchmarks.cosmos import DEFAULT_OUT, SCALE, record
+from benchmarks.cosmos_common import cosmos_account, fill, new_container
+from benchmarks.workload import Account, Feed, account_ids, handlers
+from docoutbox import AggregateStore
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.model import OutboxMessage
+from docoutbox.store.plans import TrimPlan, WritePlan
+from docoutbox.testing.dispatch import MemoryCheckpoints
+from docoutbox.testing.publisher import MemoryDeadLetters
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.changes import CosmosChangeSource
+from docoutbox_cosmos.items import MAX_PATCH_OPS, parse_time
+
+NAMES = ["drain", "hot"]
+#: The drain's poll interval once the feed is drained (as in benchmarks.cosmos's drain).
+DRAIN_POLL = 0.005
+HAND_WRITTEN = "hand-written"
+DISPATCHER = "dispatcher"
+PUBLISH_ONLY = "publish-only"
+#: Seconds the emulated deferred trims hold an aggregate's trims, per contestant.
+DEFERRED = {"deferred trims (5 s)": 5.0, "deferred trims (10 s)": 10.0}
+CONTESTANTS = [HAND_WRITTEN, DISPATCHER, PUBLISH_ONLY, *DEFERRED]
+#: A drain shows each aggregate once: one deferral is enough there.
+DRAIN_CONTESTANTS = [HAND_WRITTEN, DISPATCHER, PUBLISH_ONLY, "deferred trims (10 s)"]
+
+
+@dataclass
+class Scaled:
+    """This module's own counts, for a full run and a quick one."""
+
+    drain_aggregates: int = 200
+    drain_per_aggregate: int = 10
+    drain_rounds: int = 5
+    hot_aggregates: int = 100
+    hot_seconds: float = 30.0
+    hot_rounds: int = 3
+    writers: int = 2
+
+    @classmethod
+    def quick(cls) -> Scaled:
+        return cls(20, 3, 1, 10, 3.0, 1, 2)
+
+
+class KindMeter:
+    """Responses and their request charge per kind of request, thread-safely."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.charge = 0.0
+        self._lock = threading.Lock()
+
+    def count(self, kind: str, charge: float) -> None:
+        with self._lock:
+            self.requests[kind] += 1
+            self.charge += charge
+
+    def on_charge(self, kind: str, status: int, charge: float) -> None:
+        """A :class:`~docoutbox_cosmos.backend.CosmosBackend` ``on_charge`` hook; refused
+        requests (412: the guard failed) also count as ``<kind> 412``."""
+        self.count(kind, charge)
+        if status == 412:
+            with self._lock:
+                self.requests[f"{kind} 412"] += 1
+
+    def raw_hook(self, kind: str) -> Callable[[Any], None]:
+        """A ``raw_response_hook`` counting ``kind``."""
+
+        def hook(response: Any) -> None:
+            self.count(kind, _charge(response.http_response.headers))
+
+        return hook
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(n for kind, n in self.requests.items() if not kind.endswith(" 412"))
+
+
+def _charge(headers: Any) -> float:
+    return float(headers.get("x-ms-request-charge") or 0.0)
+
+
+class FeedMeter:
+    """A container whose change-feed responses count as ``feed`` on a meter."""
+
+    def __init__(self, container: Any, meter: KindMeter) -> None:
+        self._container = container
+        self._meter = meter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._container, name)
+
+    def query_items_change_feed(self, **kwargs: Any) -> Any:
+        hook = kwargs.get("response_hook")
+
+        def counted(headers: Any, result: Any) -> None:
+            self._meter.count("feed", _charge(headers))
+            if hook is not None:
+                hook(headers, result)
+
+        return self._container.query_items_change_feed(**{**kwargs, "response_hook": counted})
+
+
+class MemorySink:
+    """Counts publishes and keeps each entry's delivery lag (publish time - created_at)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lags: list[float] = []
+        self._lock = threading.Lock()
+
+    def record(self, created_at: object) -> None:
+        now = datetime.now(UTC)
+        with self._lock:
+            self.count += 1
+            if isinstance(created_at, datetime):
+                self.lags.append((now - created_at).total_seconds())
+
+    def publish(self, entry: OutboxMessage) -> None:
+        self.record(entry.created_at)
+
+
+class PublishOnly(CosmosBackend):
+    """A backend whose trims are not sent: the dispatcher's publish-only ceiling.
+
+    The engine takes each trim as done, so it still leaves the entries out of later
+    copies of the aggregate (they are not published twice); the outboxes only grow.
+    """
+
+    def write(self, plan: WritePlan) -> bool:
+        if isinstance(plan, TrimPlan):
+            return True
+        return super().write(plan)
+
+
+@dataclass
+class _Held:
+    """An aggregate's held trims: since when, the entry IDs, the stored order of its outbox
+    as the copies showed it, and the newest copy's ETag while that copy shows them all."""
+
+    since: float
+    ids: dict[str, None] = field(default_factory=dict)
+    order: dict[str | None, None] = field(default_factory=dict)
+    revision: str | None = None
+
+
+class DeferredTrims(CosmosBackend):
+    """A backend that holds each aggregate's trims for ``delay`` seconds, coalescing the
+    trims that come meanwhile into one.
+
+    Benchmark-only: it answers "trimmed" before trimming, so a crash would leave the held
+    entries for a sweep to publish again. :meth:`flush` sends every held trim.
+
+    The engine leaves the entries it takes as trimmed out of later copies, and out of their
+    trims' position hints: the hint of a coalesced trim is the first copy's stored order
+    with the entries later copies show appended (commits only append, and nothing else
+    removes while a trim is held), so the trim needs no read.
+    """
+
+    def __init__(self, container: Any, *, delay: float, **options: Any) -> None:
+        super().__init__(container, **options)
+        self.delay = delay
+        self._held: dict[Any, _Held] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def write(self, plan: WritePlan) -> bool:
+        if not isinstance(plan, TrimPlan):
+            return super().write(plan)
+        with self._lock:
+            held = self._held.setdefault(plan.aggregate_id, _Held(time.monotonic()))
+            held.ids.update(dict.fromkeys(plan.entry_ids))
+            if plan.outbox is None:
+                held.order.clear()  # no hint: the trim reads the item
+            else:
+                held.order.update(dict.fromkeys(plan.outbox))
+            shows_all = plan.outbox is not None and set(held.ids) <= set(plan.outbox)
+            held.revision = plan.revision if shows_all else None
+        return True
+
+    def _due(self, everything: bool) -> list[TrimPlan]:
+        now = time.monotonic()
+        with self._lock:
+            due = [k for k, h in self._held.items() if everything or now - h.since >= self.delay]
+            plans = []
+            for key in due:
+                held = self._held.pop(key)
+                order = tuple(held.order) if held.order else None
+                plans.append(TrimPlan(key, tuple(held.ids), order, held.revision))
+        return plans
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            for plan in self._due(False):
+                super().write(plan)
+
+    def flush(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for plan in self._due(True):
+            super().write(plan)
+
+
+def _keep(into: list[Any]) -> Callable[[Any, Any], None]:
+    """A change-feed ``response_hook`` keeping each response's headers."""
+
+    def hook(headers: Any, _result: Any) -> None:
+        into.append(headers)
+
+    return hook
+
+
+class HandWrittenDispatcher:
+    """A change-feed dispatcher as a user writes it with azure-cosmos alone.
+
+    Per feed range: read one page from the continuation; for each item, publish the
+    entries above the last ``seq`` published for its aggregate, then remove every entry
+    published so far with patches of at most 10 removals, each if-match on the ``_etag``
+    of the copy in hand (a 412 re-reads the item); then keep the page's continuation.
+    """
+
+    def __init__(
+        self, container: Any, tokens: dict[str, str], sink: MemorySink, meter: KindMeter
+    ) -> None:
+        self.container = FeedMeter(container, meter)
+        self.tokens = dict(tokens)
+        self.sink = sink
+        self.meter = meter
+        self.published: dict[str, int] = {}
+
+    def poll(self, page_size: int = 100) -> int:
+        """One page of every feed range; the number of items read."""
+        read = 0
+        for key, token in list(self.tokens.items()):
+            last: list[Any] = []  # the SDK puts the continuation in them after the hook
+            pager = self.container.query_items_change_feed(
+                continuation=token, max_item_count=page_size, response_hook=_keep(last)
+            )
+            items: list[dict[str, Any]] = []
+            for page in pager.by_page():
+                items = list(page)
+                break
+            for item in items:
+                self._dispatch(item)
+            read += len(items)
+            self.tokens[key] = last[-1]["etag"]
+        return read
+
+    def _dispatch(self, item: dict[str, Any]) -> None:
+        aggregate = item["id"]
+        last = self.published.get(aggregate, 0)
+        for entry in sorted(item.get("outbox") or [], key=lambda e: e["seq"]):
+            if entry["seq"] > last:
+                self.sink.record(parse_time(entry["created_at"]))
+                last = entry["seq"]
+        self.published[aggregate] = last
+        fresh: dict[str, Any] | None = item
+        while fresh is not None:
+            fresh = self._trim(fresh, last)
+
+    def _trim(self, item: dict[str, Any], last: int) -> dict[str, Any] | None:
+        """Remove the entries up to ``last``; the item to try again from, or None."""
+        indexes = [i for i, e in enumerate(item.get("outbox") or []) if e["seq"] <= last]
+        etag = item["_etag"]
+        try:
+            while indexes:
+                chunk, indexes = indexes[-MAX_PATCH_OPS:], indexes[:-MAX_PATCH_OPS]
+                ops = [{"op": "remove", "path": f"/outbox/{i}"} for i in reversed(chunk)]
+                written = self.container.patch_item(
+                    item["id"],
+                    partition_key=item["id"],
+                    patch_operations=ops,
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                    raw_response_hook=self.meter.raw_hook("patch"),
+                )
+                etag = written["_etag"]
+        except cosmos_errors.CosmosHttpResponseError as exc:
+            if exc.status_code == 404:
+                return None
+            if exc.status_code != 412:
+                raise
+            fresh: dict[str, Any] = self.container.read_item(
+                item["id"], partition_key=item["id"], raw_response_hook=self.meter.raw_hook("read")
+            )
+            return fresh
+        return None
+
+
+@dataclass
+class Outcome:
+    """One contestant's run: wall seconds, entries published, requests by kind, charge."""
+
+    seconds: float
+    published: int
+    requests: Counter[str]
+    charge: float
+    lags: list[float] = field(default_factory=list)
+    max_outbox: int = 0
+    left: int = 0
+    #: Hot workload: commits per second the writers made while the dispatcher ran.
+    writes_per_s: float = 0.0
+    #: Entries committed: what ``published`` must equal (no entry lost or published twice).
+    expected: int = 0
+
+
+def _backend(name: str, container: Any, meter: KindMeter) -> CosmosBackend:
+    if name == PUBLISH_ONLY:
+        return PublishOnly(container, on_charge=meter.on_charge)
+    if name in DEFERRED:
+        return DeferredTrims(container, delay=DEFERRED[name], on_charge=meter.on_charge)
+    return CosmosBackend(container, on_charge=meter.on_charge)
+
+
+class Running:
+    """A contestant dispatching ``container`` from ``marker`` on a thread of its own."""
+
+    def __init__(self, name: str, container: Any, marker: Any, poll_interval: float) -> None:
+        self.name = name
+        self.meter = KindMeter()
+        self.sink = MemorySink()
+        self._stop = threading.Event()
+        self.backend: CosmosBackend | None = None
+        self.dispatcher: Dispatcher | None = None
+        if name == HAND_WRITTEN:
+            hand = HandWrittenDispatcher(container, marker["ranges"], self.sink, self.meter)
+            self.thread = threading.Thread(
+                target=self._hand, args=(hand, poll_interval), daemon=True
+            )
+        else:
+            checkpoints = MemoryCheckpoints()
+            checkpoints.save("bench", marker)
+            self.backend = _backend(name, container, self.meter)
+            self.dispatcher = Dispatcher(
+                self.backend,
+                self.sink,
+                MemoryDeadLetters(),
+                source=CosmosChangeSource(FeedMeter(container, self.meter)),
+                checkpoints=checkpoints,
+                config=DispatcherConfig(
+                    name="bench",
+                    concurrency=8,
+                    sweep_interval=3600,
+                    poll_interval=poll_interval,
+                ),
+            )
+            self.thread = threading.Thread(target=self.dispatcher.run, daemon=True)
+        self.thread.start()
+
+    def _hand(self, hand: HandWrittenDispatcher, poll_interval: float) -> None:
+        while not self._stop.is_set():
+            if not hand.poll():
+                time.sleep(poll_interval)
+
+    def wait_for(self, expected: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while self.sink.count < expected:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise AssertionError(f"{self.name}: published {self.sink.count} of {expected}")
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.stop()  # finishes in-flight work, trims included
+        self._stop.set()
+        self.thread.join(60)
+        if isinstance(self.backend, DeferredTrims):
+            self.backend.flush()
+
+
+def _outbox_lengths(container: Any) -> list[int]:
+    return list(
+        container.query_items(
+            "SELECT VALUE ARRAY_LENGTH(c.outbox) FROM c", enable_cross_partition_query=True
+        )
+    )
+
+
+def drain_once(database: Any, name: str, aggregates: int, per: int) -> Outcome:
+    container = new_container(database, "cdrain")
+    try:
+        marker = CosmosChangeSource(container).start_marker()
+        fill(container, aggregates, per)
+        began = time.perf_counter()
+        running = Running(name, container, marker, DRAIN_POLL)
+        running.wait_for(aggregates * per)
+        seconds = time.perf_counter() - began
+        running.stop()
+        lengths = _outbox_lengths(container)
+        return Outcome(
+            seconds,
+            running.sink.count,
+            running.meter.requests,
+            running.meter.charge,
+            max_outbox=max(lengths, default=0),
+            left=sum(lengths),
+            expected=aggregates * per,
+        )
+    finally:
+        database.delete_container(container.id)
+
+
+def hot_once(database: Any, name: str, scaled: Scaled) -> Outcome:
+    """Writers commit to every aggregate about once a second for ``hot_seconds`` while
+    ``name`` dispatches; ends when every entry is published."""
+    container = new_container(database, "chot")
+    try:
+        accounts = account_ids(scaled.hot_aggregates)
+        setup = AggregateStore(CosmosBackend(container), Account)
+        for account in accounts:
+            setup.create(account, Account())
+        marker = CosmosChangeSource(container).start_marker()
+        running = Running(name, container, marker, DispatcherConfig().poll_interval)
+        written = [0] * scaled.writers
+        max_outbox = [0]
+        stop = threading.Event()
+
+        def write(index: int) -> None:
+            mine = accounts[index :: scaled.writers]
+            store = AggregateStore(CosmosBackend(container), Account)
+            feed = Feed(mine, emit=True)
+            began = time.monotonic()
+            turn = 0
+            while not stop.is_set():
+                # Every aggregate once per second: the writer is on time or behind.
+                ahead = began + turn / len(mine) - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+                ((account, message),) = feed.take(1)
+                if not store.handle(account, message, handlers).applied:
+                    raise AssertionError(f"{account}: not applied")
+                written[index] += 1
+                turn += 1
+
+        def sample() -> None:
+            while not stop.wait(1.0):
+                max_outbox[0] = max(max_outbox[0], *_outbox_lengths(container), 0)
+
+        began = time.perf_counter()
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(scaled.writers)]
+        threads.append(threading.Thread(target=sample))
+        for t in threads:
+            t.start()
+        time.sleep(scaled.hot_seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        running.wait_for(sum(written))
+        seconds = time.perf_counter() - began
+        running.stop()
+        lengths = _outbox_lengths(container)
+        return Outcome(
+            seconds,
+            running.sink.count,
+            running.meter.requests,
+            running.meter.charge,
+            lags=running.sink.lags,
+            writes_per_s=sum(written) / scaled.hot_seconds,
+            expected=sum(written),
+            max_outbox=max(max_outbox[0], *lengths, 0),
+            left=sum(lengths),
+        )
+    finally:
+        database.delete_container(container.id)
+
+
+def _sent(requests: Counter[str]) -> int:
+    """Requests sent (``<kind> 412`` counts some of them again)."""
+    return sum(n for kind, n in requests.items() if not kind.endswith(" 412"))
+
+
+def _trims(requests: Counter[str]) -> int:
+    """Requests sent for trims: the patches and the reads they needed."""
+    return requests["patch"] + requests["read"]
+
+
+def _percentile(values: list[float], share: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _table(key: str, title: str, outcomes: dict[str, list[Outcome]], *, hot: bool) -> Table:
+    columns = [
+        "contestant",
+        "entries/s",
+        "vs publish-only",
+        "vs hand-written",
+        "trim requests / entry",
+        "requests / entry",
+        "RU / entry",
+        "max outbox",
+    ]
+    if hot:
+        columns += ["lag p50 s", "lag p95 s", "writes/s"]
+    table = Table(key, title, columns)
+    rates = {n: [o.published / o.seconds for o in runs] for n, runs in outcomes.items()}
+    for name, runs in outcomes.items():
+        published = sum(o.published for o in runs)
+        requests: Counter[str] = sum((o.requests for o in runs), Counter())
+        charge = sum(o.charge for o in runs)
+        lags = [lag for o in runs for lag in o.lags]
+        ceiling = paired_ratio(rates[name], rates[PUBLISH_ONLY])
+        hand = paired_ratio(rates[name], rates[HAND_WRITTEN])
+        row: list[Any] = [
+            name,
+            median(rates[name]),
+            f"{ceiling:.2f}x ({_range(rates[name], rates[PUBLISH_ONLY])})",
+            f"{hand:.2f}x ({_range(rates[name], rates[HAND_WRITTEN])})",
+            _trims(requests) / published,
+            _sent(requests) / published,
+            charge / published,
+            max(o.max_outbox for o in runs),
+        ]
+        if hot:
+            row += [
+                _percentile(lags, 0.5),
+                _percentile(lags, 0.95),
+                median([o.writes_per_s for o in runs]),
+            ]
+        table.add(*row)
+        table.figures[name] = {
+            "per_s": median(rates[name]),
+            "vs_publish_only": ceiling,
+            "vs_hand_written": hand,
+            "trim_requests_per_entry": _trims(requests) / published,
+            "requests_per_entry": _sent(requests) / published,
+            "requests_by_kind_per_entry": {k: v / published for k, v in requests.items()},
+            "ru_per_entry": charge / published,
+            "max_outbox": max(o.max_outbox for o in runs),
+            "left_after_stop": sum(o.left for o in runs),
+            "published": published,
+            "published_more_than_once": published - sum(o.expected for o in runs),
+            "rounds": len(runs),
+            **(
+                {
+                    "lag_p50_s": _percentile(lags, 0.5),
+                    "lag_p95_s": _percentile(lags, 0.95),
+                    "writes_per_s": median([o.writes_per_s for o in runs]),
+                }
+                if hot
+                else {}
+            ),
+        }
+    table.figures["load_average_end"] = list(os.getloadavg())
+    return table
+
+
+def _range(candidate: list[float], baseline: list[float]) -> str:
+    low, high = ratio_range(candidate, baseline)
+    return f"{low:.2f}-{high:.2f}"
+
+
+def drain(database: Any, scaled: Scaled, contestants: list[str] = DRAIN_CONTESTANTS) -> Table:
+    outcomes: dict[str, list[Outcome]] = {n: [] for n in contestants}
+    for index in range(scaled.drain_rounds + 1):  # the first round warms up
+        shift = index % len(contestants)
+        for name in contestants[shift:] + contestants[:shift]:
+            outcome = drain_once(
+                database, name, scaled.drain_aggregates, scaled.drain_per_aggregate
+            )
+            if index:
+                outcomes[name].append(outcome)
+    table = _table(
+        "cosmos_dispatch_drain",
+        f"Cosmos DB: drain of {scaled.drain_aggregates} aggregates x "
+        f"{scaled.drain_per_aggregate} entries, per contestant",
+        outcomes,
+        hot=False,
+    )
+    table.notes.append(
+        "Each contestant drains its own copy of the backlog, in turn (order rotated each "
+        "round); ratios are medians of per-round ratios (range in brackets). Trim requests: "
+        "patches and the reads they needed. RU: as the server reports (the local server "
+        "reports 1 per request). max outbox: after the drain (publish-only trims nothing)."
+    )
+    return table
+
+
+def hot(database: Any, scaled: Scaled, contestants: list[str] = CONTESTANTS) -> Table:
+    outcomes: dict[str, list[Outcome]] = {n: [] for n in contestants}
+    for index in range(scaled.hot_rounds):
+        shift = index % len(contestants)
+        for name in contestants[shift:] + contestants[:shift]:
+            outcomes[name].append(hot_once(database, name, scaled))
+    table = _table(
+        "cosmos_dispatch_hot",
+        f"Cosmos DB: hot workload, {scaled.hot_aggregates} aggregates each written about "
+        f"once a second for {scaled.hot_seconds:g} s while dispatching",
+        outcomes,
+        hot=True,
+    )
+    table.notes.append(
+        f"{scaled.writers} writer threads commit one entry per write (docoutbox store, "
+        "cached: one patch per write), every aggregate about once a second, in the same "
+        "process as the dispatcher. entries/s: entries published / time from the first "
+        "write to the last publish (the offered rate when the dispatcher keeps up). "
+        "lag: publish time - entry created_at. max outbox: the longest outbox seen, sampled "
+        "every second and at the end."
+    )
+    return table
+
+
+def _alone(run: Callable[[Any, Scaled], Table], scale: Scale) -> Table:
+    scaled = Scaled.quick() if scale == Scale.quick() else Scaled()
+    with cosmos_account() as account, account.client() as client:
+        database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            table = run(database, scaled)
+        finally:
+            client.delete_database(database.id)
+    table.figures["scale"] = scaled.__dict__
+    return table
+
+
+def drain_bench(_uri: str, scale: Scale) -> Table:
+    """The drain alone (``scripts/bench --only cosmos_dispatch_drain``)."""
+    return _alone(drain, scale)
+
+
+def hot_bench(_uri: str, scale: Scale) -> Table:
+    """The hot workload alone (``scripts/bench --only cosmos_dispatch_hot``)."""
+    return _alone(hot, scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.cosmos_dispatch", description=__doc__
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny counts: proves the code runs")
+    parser.add_argument("--only", nargs="+", choices=NAMES)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    scaled = Scaled.quick() if args.quick else Scaled()
+    began, load = time.perf_counter(), os.getloadavg()[0]
+    tables = []
+    with cosmos_account() as account, account.client() as client:
+        database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            if args.only is None or "drain" in args.only:
+                tables.append(drain(database, scaled))
+            if args.only is None or "hot" in args.only:
+                tables.append(hot(database, scaled))
+        finally:
+            client.delete_database(database.id)
+    for table in tables:
+        print(table.to_markdown() + "\n", flush=True)
+    scale = Scale.quick() if args.quick else SCALE
+    for table in tables:
+        table.figures["scale"] = scaled.__dict__
+    record(tables, args.out, quick=args.quick, scale=scale, began=began, load=load)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
