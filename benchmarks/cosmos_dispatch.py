@@ -31,6 +31,7 @@ entry, and only a real account gives real RU.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import threading
 import time
@@ -47,16 +48,19 @@ from azure.cosmos import exceptions as cosmos_errors
 
 from benchmarks.common import Scale, Table, median, paired_ratio, ratio_range
 from benchmarks.cosmos import DEFAULT_OUT, SCALE, record
+from benchmarks.cosmos_aio import AsyncNoDeadLetters, AsyncStartCheckpoints
 from benchmarks.cosmos_common import cosmos_account, fill, new_container
+from benchmarks.servers import CosmosAccount
 from benchmarks.workload import Account, Feed, account_ids, handlers
 from docoutbox import AggregateStore
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.model import OutboxMessage
 from docoutbox.store.plans import TrimPlan, WritePlan
 from docoutbox.testing.dispatch import MemoryCheckpoints
 from docoutbox.testing.publisher import MemoryDeadLetters
-from docoutbox_cosmos import CosmosBackend
-from docoutbox_cosmos.changes import CosmosChangeSource
+from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 from docoutbox_cosmos.items import MAX_PATCH_OPS, parse_time
 
 NAMES = ["drain", "hot"]
@@ -65,11 +69,12 @@ DRAIN_POLL = 0.005
 HAND_WRITTEN = "hand-written"
 DISPATCHER = "dispatcher"
 PUBLISH_ONLY = "publish-only"
+ASYNC = "AsyncDispatcher (azure.cosmos.aio)"
 #: Seconds the emulated deferred trims hold an aggregate's trims, per contestant.
 DEFERRED = {"deferred trims (5 s)": 5.0, "deferred trims (10 s)": 10.0}
 CONTESTANTS = [HAND_WRITTEN, DISPATCHER, PUBLISH_ONLY, *DEFERRED]
 #: A drain shows each aggregate once: one deferral is enough there.
-DRAIN_CONTESTANTS = [HAND_WRITTEN, DISPATCHER, PUBLISH_ONLY, "deferred trims (10 s)"]
+DRAIN_CONTESTANTS = [HAND_WRITTEN, DISPATCHER, ASYNC, PUBLISH_ONLY, "deferred trims (10 s)"]
 
 
 @dataclass
@@ -425,28 +430,86 @@ def _outbox_lengths(container: Any) -> list[int]:
     )
 
 
-def drain_once(database: Any, name: str, aggregates: int, per: int) -> Outcome:
+def drain_once(
+    database: Any, name: str, aggregates: int, per: int, account: CosmosAccount
+) -> Outcome:
     container = new_container(database, "cdrain")
     try:
         marker = CosmosChangeSource(container).start_marker()
         fill(container, aggregates, per)
-        began = time.perf_counter()
-        running = Running(name, container, marker, DRAIN_POLL)
-        running.wait_for(aggregates * per)
-        seconds = time.perf_counter() - began
-        running.stop()
+        if name == ASYNC:
+            meter, sink = KindMeter(), MemorySink()
+            seconds = asyncio.run(
+                _aio_drain(
+                    account, database.id, container.id, marker, aggregates * per, meter, sink
+                )
+            )
+        else:
+            began = time.perf_counter()
+            running = Running(name, container, marker, DRAIN_POLL)
+            running.wait_for(aggregates * per)
+            seconds = time.perf_counter() - began
+            running.stop()
+            meter, sink = running.meter, running.sink
         lengths = _outbox_lengths(container)
         return Outcome(
             seconds,
-            running.sink.count,
-            running.meter.requests,
-            running.meter.charge,
+            sink.count,
+            meter.requests,
+            meter.charge,
             max_outbox=max(lengths, default=0),
             left=sum(lengths),
             expected=aggregates * per,
         )
     finally:
         database.delete_container(container.id)
+
+
+class _AsyncSink:
+    def __init__(self, sink: MemorySink) -> None:
+        self.sink = sink
+
+    async def publish(self, entry: OutboxMessage) -> None:
+        self.sink.publish(entry)
+
+
+async def _aio_drain(
+    account: CosmosAccount,
+    database: str,
+    container: str,
+    marker: Any,
+    expected: int,
+    meter: KindMeter,
+    sink: MemorySink,
+) -> float:
+    """The AsyncDispatcher's drain on a client of its own; its wall time in seconds (from
+    the dispatcher's start, the client already open)."""
+    client = account.async_client()  # made inside the running loop
+    try:
+        aio = client.get_database_client(database).get_container_client(container)
+        began = time.perf_counter()
+        dispatcher = AsyncDispatcher(
+            AsyncCosmosBackend(aio, on_charge=meter.on_charge),
+            _AsyncSink(sink),
+            AsyncNoDeadLetters(),
+            source=AsyncCosmosChangeSource(FeedMeter(aio, meter)),
+            checkpoints=AsyncStartCheckpoints(marker),
+            config=DispatcherConfig(
+                name="bench", concurrency=8, sweep_interval=3600, poll_interval=DRAIN_POLL
+            ),
+        )
+        task = asyncio.ensure_future(dispatcher.run())
+        while sink.count < expected:
+            if task.done():
+                await task
+                raise AssertionError(f"{ASYNC}: published {sink.count} of {expected}")
+            await asyncio.sleep(0.002)
+        seconds = time.perf_counter() - began
+        dispatcher.stop()  # finishes in-flight work, trims included
+        await asyncio.wait_for(task, 60)
+        return seconds
+    finally:
+        await client.close()
 
 
 def hot_once(database: Any, name: str, scaled: Scaled) -> Outcome:
@@ -601,13 +664,18 @@ def _range(candidate: list[float], baseline: list[float]) -> str:
     return f"{low:.2f}-{high:.2f}"
 
 
-def drain(database: Any, scaled: Scaled, contestants: list[str] = DRAIN_CONTESTANTS) -> Table:
+def drain(
+    database: Any,
+    account: CosmosAccount,
+    scaled: Scaled,
+    contestants: list[str] = DRAIN_CONTESTANTS,
+) -> Table:
     outcomes: dict[str, list[Outcome]] = {n: [] for n in contestants}
     for index in range(scaled.drain_rounds + 1):  # the first round warms up
         shift = index % len(contestants)
         for name in contestants[shift:] + contestants[:shift]:
             outcome = drain_once(
-                database, name, scaled.drain_aggregates, scaled.drain_per_aggregate
+                database, name, scaled.drain_aggregates, scaled.drain_per_aggregate, account
             )
             if index:
                 outcomes[name].append(outcome)
@@ -627,7 +695,12 @@ def drain(database: Any, scaled: Scaled, contestants: list[str] = DRAIN_CONTESTA
     return table
 
 
-def hot(database: Any, scaled: Scaled, contestants: list[str] = CONTESTANTS) -> Table:
+def hot(
+    database: Any,
+    _account: CosmosAccount,
+    scaled: Scaled,
+    contestants: list[str] = CONTESTANTS,
+) -> Table:
     outcomes: dict[str, list[Outcome]] = {n: [] for n in contestants}
     for index in range(scaled.hot_rounds):
         shift = index % len(contestants)
@@ -651,12 +724,12 @@ def hot(database: Any, scaled: Scaled, contestants: list[str] = CONTESTANTS) -> 
     return table
 
 
-def _alone(run: Callable[[Any, Scaled], Table], scale: Scale) -> Table:
+def _alone(run: Callable[[Any, CosmosAccount, Scaled], Table], scale: Scale) -> Table:
     scaled = Scaled.quick() if scale == Scale.quick() else Scaled()
     with cosmos_account() as account, account.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
-            table = run(database, scaled)
+            table = run(database, account, scaled)
         finally:
             client.delete_database(database.id)
     table.figures["scale"] = scaled.__dict__
@@ -688,9 +761,9 @@ def main(argv: list[str] | None = None) -> int:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
             if args.only is None or "drain" in args.only:
-                tables.append(drain(database, scaled))
+                tables.append(drain(database, account, scaled))
             if args.only is None or "hot" in args.only:
-                tables.append(hot(database, scaled))
+                tables.append(hot(database, account, scaled))
         finally:
             client.delete_database(database.id)
     for table in tables:

@@ -29,8 +29,8 @@ def test_drain_and_hot_workload_count_trims_per_entry(cosmos_server: CosmosAccou
     with cosmos_server.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
-            drain = bench.drain(database, scaled, CONTESTANTS)
-            hot = bench.hot(database, scaled, CONTESTANTS)
+            drain = bench.drain(database, cosmos_server, scaled, [*CONTESTANTS, bench.ASYNC])
+            hot = bench.hot(database, cosmos_server, scaled, CONTESTANTS)
         finally:
             client.delete_database(database.id)
     for table in (drain, hot):
@@ -44,6 +44,7 @@ def test_drain_and_hot_workload_count_trims_per_entry(cosmos_server: CosmosAccou
         for name in (bench.HAND_WRITTEN, bench.DISPATCHER, "deferred trims (5 s)"):
             assert table.figures[name]["left_after_stop"] == 0, (table.key, name)
     # Nothing writes during a drain: one patch per aggregate, if-match on the feed's copy.
-    for name in (bench.HAND_WRITTEN, bench.DISPATCHER, "deferred trims (5 s)"):
+    for name in (bench.HAND_WRITTEN, bench.DISPATCHER, bench.ASYNC, "deferred trims (5 s)"):
         assert drain.figures[name]["trim_requests_per_entry"] == pytest.approx(1 / 3)
+        assert drain.figures[name]["published_more_than_once"] == 0
     assert drain.figures[bench.PUBLISH_ONLY]["max_outbox"] == 3
