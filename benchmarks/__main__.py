@@ -73,6 +73,7 @@ OPTIONAL: dict[str, Bench] = {
     "cosmos_handle_aio": cosmos_aio.handle_bench,
     "cosmos_drain_aio": cosmos_aio.drain_bench,
     "cosmos_dispatch_drain": cosmos_dispatch.drain_bench,
+    "cosmos_dispatch_drain_1": cosmos_dispatch.single_bench,
     "cosmos_dispatch_hot": cosmos_dispatch.hot_bench,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"

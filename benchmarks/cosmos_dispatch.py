@@ -17,7 +17,8 @@ Contestants:
 - ``publish-only``: the same dispatcher whose trims are not sent (:class:`PublishOnly`,
   benchmark-only): its ceiling. Nothing is trimmed, so the outboxes only grow;
 - ``deferred trims (D s)``: the same dispatcher whose trims are held and coalesced per
-  aggregate, each aggregate trimmed at most once every D seconds
+  aggregate, each aggregate trimmed after D seconds or once 10 entries are held (what one
+  patch removes), whichever comes first
   (:class:`DeferredTrims`, benchmark-only). It measures what deferred trims can save; it
   is not crash-safe (the checkpoint may pass entries whose trim is still held), which is
   why deferral belongs in the engine, behind the checkpoint rule.
@@ -40,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,7 @@ from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource, CosmosChangeSource
 from docoutbox_cosmos.items import MAX_PATCH_OPS, parse_time
 
-NAMES = ["drain", "hot"]
+NAMES = ["drain", "drain-1", "hot"]
 #: The drain's poll interval once the feed is drained (as in benchmarks.cosmos's drain).
 DRAIN_POLL = 0.005
 HAND_WRITTEN = "hand-written"
@@ -83,15 +85,17 @@ class Scaled:
 
     drain_aggregates: int = 200
     drain_per_aggregate: int = 10
-    drain_rounds: int = 5
+    drain_rounds: int = 9
     hot_aggregates: int = 100
     hot_seconds: float = 30.0
     hot_rounds: int = 3
     writers: int = 2
+    #: The drain of one entry per aggregate (``drain-1``): this many aggregates.
+    single_aggregates: int = 1000
 
     @classmethod
     def quick(cls) -> Scaled:
-        return cls(20, 3, 1, 10, 3.0, 1, 2)
+        return cls(20, 3, 1, 10, 3.0, 1, 2, 30)
 
 
 class KindMeter:
@@ -197,8 +201,9 @@ class _Held:
 
 
 class DeferredTrims(CosmosBackend):
-    """A backend that holds each aggregate's trims for ``delay`` seconds, coalescing the
-    trims that come meanwhile into one.
+    """A backend that holds each aggregate's trims for ``delay`` seconds, or until they
+    name 10 entries (what one patch removes), coalescing the trims that come meanwhile
+    into one.
 
     Benchmark-only: it answers "trimmed" before trimming, so a crash would leave the held
     entries for a sweep to publish again. :meth:`flush` sends every held trim.
@@ -235,7 +240,11 @@ class DeferredTrims(CosmosBackend):
     def _due(self, everything: bool) -> list[TrimPlan]:
         now = time.monotonic()
         with self._lock:
-            due = [k for k, h in self._held.items() if everything or now - h.since >= self.delay]
+            due = [
+                k
+                for k, h in self._held.items()
+                if everything or now - h.since >= self.delay or len(h.ids) >= MAX_PATCH_OPS
+            ]
             plans = []
             for key in due:
                 held = self._held.pop(key)
@@ -669,20 +678,26 @@ def drain(
     account: CosmosAccount,
     scaled: Scaled,
     contestants: list[str] = DRAIN_CONTESTANTS,
+    *,
+    single: bool = False,
 ) -> Table:
+    """The drain of ``drain_aggregates`` x ``drain_per_aggregate`` entries, or with
+    ``single`` of ``single_aggregates`` x 1 (the shape of a backlog after an outage)."""
+    aggregates, per = (
+        (scaled.single_aggregates, 1)
+        if single
+        else (scaled.drain_aggregates, scaled.drain_per_aggregate)
+    )
     outcomes: dict[str, list[Outcome]] = {n: [] for n in contestants}
     for index in range(scaled.drain_rounds + 1):  # the first round warms up
         shift = index % len(contestants)
         for name in contestants[shift:] + contestants[:shift]:
-            outcome = drain_once(
-                database, name, scaled.drain_aggregates, scaled.drain_per_aggregate, account
-            )
+            outcome = drain_once(database, name, aggregates, per, account)
             if index:
                 outcomes[name].append(outcome)
     table = _table(
-        "cosmos_dispatch_drain",
-        f"Cosmos DB: drain of {scaled.drain_aggregates} aggregates x "
-        f"{scaled.drain_per_aggregate} entries, per contestant",
+        "cosmos_dispatch_drain_1" if single else "cosmos_dispatch_drain",
+        f"Cosmos DB: drain of {aggregates} aggregates x {per} entries, per contestant",
         outcomes,
         hot=False,
     )
@@ -741,6 +756,11 @@ def drain_bench(_uri: str, scale: Scale) -> Table:
     return _alone(drain, scale)
 
 
+def single_bench(_uri: str, scale: Scale) -> Table:
+    """The drain of one entry per aggregate alone (``--only cosmos_dispatch_drain_1``)."""
+    return _alone(partial(drain, single=True), scale)
+
+
 def hot_bench(_uri: str, scale: Scale) -> Table:
     """The hot workload alone (``scripts/bench --only cosmos_dispatch_hot``)."""
     return _alone(hot, scale)
@@ -762,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.only is None or "drain" in args.only:
                 tables.append(drain(database, account, scaled))
+            if args.only is None or "drain-1" in args.only:
+                tables.append(drain(database, account, scaled, single=True))
             if args.only is None or "hot" in args.only:
                 tables.append(hot(database, account, scaled))
         finally:

@@ -25,12 +25,20 @@ def test_drain_and_hot_workload_count_trims_per_entry(cosmos_server: CosmosAccou
         hot_seconds=1.5,
         hot_rounds=1,
         writers=2,
+        single_aggregates=5,
     )
     with cosmos_server.client() as client:
         database = client.create_database(f"docoutbox_bench_{uuid.uuid4().hex[:8]}")
         try:
             drain = bench.drain(database, cosmos_server, scaled, [*CONTESTANTS, bench.ASYNC])
             hot = bench.hot(database, cosmos_server, scaled, CONTESTANTS)
+            single = bench.drain(
+                database,
+                cosmos_server,
+                scaled,
+                [bench.HAND_WRITTEN, bench.DISPATCHER, bench.PUBLISH_ONLY],
+                single=True,
+            )
         finally:
             client.delete_database(database.id)
     for table in (drain, hot):
@@ -48,3 +56,7 @@ def test_drain_and_hot_workload_count_trims_per_entry(cosmos_server: CosmosAccou
         assert drain.figures[name]["trim_requests_per_entry"] == pytest.approx(1 / 3)
         assert drain.figures[name]["published_more_than_once"] == 0
     assert drain.figures[bench.PUBLISH_ONLY]["max_outbox"] == 3
+    # One entry per aggregate: one trim per entry.
+    for name in (bench.HAND_WRITTEN, bench.DISPATCHER):
+        assert single.figures[name]["trim_requests_per_entry"] == 1
+        assert single.figures[name]["published"] == 5
