@@ -521,9 +521,14 @@ async def _aio_drain(
         await client.close()
 
 
-def hot_once(database: Any, name: str, scaled: Scaled) -> Outcome:
+def hot_once(
+    database: Any, name: str, scaled: Scaled, poll_interval: float | None = None
+) -> Outcome:
     """Writers commit to every aggregate about once a second for ``hot_seconds`` while
-    ``name`` dispatches; ends when every entry is published."""
+    ``name`` dispatches (with ``poll_interval``, by default the dispatcher's); ends when
+    every entry is published."""
+    if poll_interval is None:
+        poll_interval = DispatcherConfig().poll_interval
     container = new_container(database, "chot")
     try:
         accounts = account_ids(scaled.hot_aggregates)
@@ -531,7 +536,7 @@ def hot_once(database: Any, name: str, scaled: Scaled) -> Outcome:
         for account in accounts:
             setup.create(account, Account())
         marker = CosmosChangeSource(container).start_marker()
-        running = Running(name, container, marker, DispatcherConfig().poll_interval)
+        running = Running(name, container, marker, poll_interval)
         written = [0] * scaled.writers
         max_outbox = [0]
         stop = threading.Event()
