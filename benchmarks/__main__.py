@@ -29,6 +29,7 @@ from benchmarks import (
     batch,
     cosmos,
     cosmos_aio,
+    cosmos_dispatch,
     dispatch,
     endpoint,
     immediate,
@@ -71,6 +72,9 @@ OPTIONAL: dict[str, Bench] = {
     "cosmos_handle": cosmos.handle_bench,
     "cosmos_handle_aio": cosmos_aio.handle_bench,
     "cosmos_drain_aio": cosmos_aio.drain_bench,
+    "cosmos_dispatch_drain": cosmos_dispatch.drain_bench,
+    "cosmos_dispatch_drain_1": cosmos_dispatch.single_bench,
+    "cosmos_dispatch_hot": cosmos_dispatch.hot_bench,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 #: Where a --quick run writes by default: its figures mean nothing, so it never replaces
