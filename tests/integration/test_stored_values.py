@@ -1,0 +1,150 @@
+"""Encrypted, compressed and upcast stored values on every database backend (the MongoDB
+wire server and the session's Cosmos DB account), read back raw from the database: no
+plaintext payload, header or state value is stored, metadata stays plain, entries written
+under a rotated key still read, and documents of the previous model version read back as
+the current one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from docoutbox import Aggregate, AggregateStore, Decision, Message, StoreConfig, emit
+from docoutbox.stored import AesGcm, Codec, Keyring, Upcasters, Zlib
+from tests.support.backends import Bundle
+
+SECRET = "Ada Lovelace"
+OLD_KEY = bytes(range(32))
+NEW_KEY = bytes(range(100, 132))
+
+
+def codec(current: str = "2026-05", **keys: bytes) -> Codec:
+    return Codec(Zlib(), AesGcm(Keyring(keys or {"2026-05": OLD_KEY}, current=current)))
+
+
+def rotated() -> Codec:
+    return codec("2026-11", **{"2026-05": OLD_KEY, "2026-11": NEW_KEY})
+
+
+class Patient(Aggregate):
+    name: str = ""
+    visits: int = 0
+
+
+def visit(state: Patient, message: Message) -> Decision[Patient]:
+    name = str(message.payload["name"])
+    return Decision(
+        Patient(name=name, visits=state.visits + 1),
+        [emit("Visited", {"name": name, "note": "x" * 400}, headers={"who": name})],
+    )
+
+
+def raw_documents(bundle: Bundle) -> list[dict[str, Any]]:
+    if bundle.kind == "mongo":
+        return list(bundle.coll.find({}))
+    return list(bundle.coll.query_items("SELECT * FROM c", enable_cross_partition_query=True))
+
+
+def store(bundle: Bundle, model: type[Any] = Patient, **config: Any) -> AggregateStore[Any]:
+    return AggregateStore(bundle.store_backend(), model, StoreConfig(**config))
+
+
+def test_no_plaintext_value_is_stored_and_metadata_stays_plain(bundle: Bundle) -> None:
+    patients = store(bundle, codec=codec())
+    for i in range(3):
+        message = {"id": f"m-{i}", "type": "Visit", "payload": {"name": SECRET}}
+        assert patients.handle("p-1", message, visit, create=True).applied
+    docs = raw_documents(bundle)
+    text = json.dumps(docs, default=str)
+    assert "Lovelace" not in text and '"note"' not in text and '"who"' not in text
+    (doc,) = [d for d in docs if d.get("type") == "Patient"]
+    assert isinstance(doc["state"], str) and doc["state"].startswith("dx1:zlib+aesgcm:")
+    assert (
+        doc["version"] == 3
+        and doc["outbox_seq"] == 3
+        and doc["inbox"]
+        == [
+            "m-0",
+            "m-1",
+            "m-2",
+        ]
+    )
+    assert [(e["seq"], e["type"], e["attempts"]) for e in doc["outbox"]] == [
+        (1, "Visited", 0),
+        (2, "Visited", 0),
+        (3, "Visited", 0),
+    ]
+    assert all(
+        isinstance(e["payload"], str) and isinstance(e["headers"], str) for e in doc["outbox"]
+    )
+    snapshot = store(bundle, codec=codec()).get("p-1")
+    assert snapshot.state == Patient(name=SECRET, visits=3)
+    assert snapshot.outbox[0].payload["name"] == SECRET
+    assert snapshot.outbox[0].headers == {"who": SECRET}
+    assert [s.aggregate_id for s in store(bundle, codec=codec()).pending()] == ["p-1"]
+
+
+def test_after_key_rotation_old_entries_still_read(bundle: Bundle) -> None:
+    store(bundle, codec=codec()).handle(
+        "p-1", {"id": "m-1", "type": "Visit", "payload": {"name": "old"}}, visit, create=True
+    )
+    patients = store(bundle, codec=rotated())
+    patients.handle("p-1", {"id": "m-2", "type": "Visit", "payload": {"name": "new"}}, visit)
+    (doc,) = raw_documents(bundle)
+    keys = [e["payload"] for e in doc["outbox"]]
+    assert len(set(keys)) == 2
+    snapshot = store(bundle, codec=rotated()).get("p-1")
+    assert [e.payload["name"] for e in snapshot.outbox] == ["old", "new"]
+    assert snapshot.state == Patient(name="new", visits=2)
+
+
+class PatientV1(Aggregate):
+    aggregate_type = "Patient"
+    name: str = ""
+
+
+class PatientV2(Aggregate):
+    aggregate_type = "Patient"
+    first: str = ""
+    last: str = ""
+
+
+def upcasters() -> Upcasters:
+    found = Upcasters()
+
+    @found.state("Patient", 1)
+    def split(old: dict[str, Any]) -> dict[str, Any]:
+        first, _, last = old.pop("name").partition(" ")
+        return {**old, "first": first, "last": last}
+
+    @found.payload("Named", 1)
+    def split_payload(old: dict[str, Any]) -> dict[str, Any]:
+        first, _, last = old["name"].partition(" ")
+        return {"first": first, "last": last}
+
+    return found
+
+
+def name_v1(state: PatientV1, message: Message) -> Decision[PatientV1]:
+    return Decision(PatientV1(name=SECRET), [emit("Named", {"name": SECRET})])
+
+
+def touch_v2(state: PatientV2, message: Message) -> Decision[PatientV2]:
+    return Decision(state, [emit("Named", {"first": state.first, "last": state.last})])
+
+
+def test_documents_of_the_previous_model_read_back_as_the_current_one(bundle: Bundle) -> None:
+    store(bundle, PatientV1, codec=codec()).handle(
+        "p-1", {"id": "m-1", "type": "Name"}, name_v1, create=True
+    )
+    current = store(bundle, PatientV2, codec=codec(), upcasters=upcasters())
+    snapshot = current.get("p-1")
+    assert snapshot.state == PatientV2(first="Ada", last="Lovelace")
+    assert snapshot.outbox[0].payload == {"first": "Ada", "last": "Lovelace"}
+    assert current.handle("p-1", {"id": "m-2", "type": "Touch"}, touch_v2).applied
+    (doc,) = raw_documents(bundle)
+    assert doc["state_version"] == 2
+    assert [e.get("payload_version") for e in doc["outbox"]] == [None, 2]
+    again = store(bundle, PatientV2, codec=codec(), upcasters=upcasters()).get("p-1")
+    assert [e.payload for e in again.outbox] == [{"first": "Ada", "last": "Lovelace"}] * 2
+    assert again.state == PatientV2(first="Ada", last="Lovelace")
