@@ -7,11 +7,13 @@ the current one."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from docoutbox import Aggregate, AggregateStore, Decision, Message, StoreConfig, emit
 from docoutbox.stored import AesGcm, Codec, Keyring, Upcasters, Zlib
-from tests.support.backends import Bundle
+from docoutbox.testing import MemoryPublisher
+from tests.support.backends import CONFIG, Bundle, DispatchEnv, wait_until
 
 SECRET = "Ada Lovelace"
 OLD_KEY = bytes(range(32))
@@ -148,3 +150,20 @@ def test_documents_of_the_previous_model_read_back_as_the_current_one(bundle: Bu
     again = store(bundle, PatientV2, codec=codec(), upcasters=upcasters()).get("p-1")
     assert [e.payload for e in again.outbox] == [{"first": "Ada", "last": "Lovelace"}] * 2
     assert again.state == PatientV2(first="Ada", last="Lovelace")
+
+
+def test_the_dispatcher_publishes_decoded_entries_of_both_keys(dispatch_env: DispatchEnv) -> None:
+    """Entries written under the old key and under the current one, on every dispatcher
+    driver: the broker gets the plain payloads and headers, and every entry is trimmed."""
+    before = store(dispatch_env.bundle, codec=codec())
+    after = store(dispatch_env.bundle, codec=rotated())
+    for i in range(4):
+        writer = before if i % 2 == 0 else after
+        message = {"id": f"m-{i}", "type": "Visit", "payload": {"name": f"{SECRET} {i}"}}
+        assert writer.handle(f"p-{i % 2}", message, visit, create=True).applied
+    publisher = MemoryPublisher()
+    dispatch_env.start(publisher, config=replace(CONFIG, codec=rotated()))
+    wait_until(lambda: dispatch_env.pending() == 0 and len(publisher.published) == 4)
+    names = sorted(str(e.payload["name"]) for e in publisher.published)
+    assert names == [f"{SECRET} {i}" for i in range(4)]
+    assert all(e.headers == {"who": e.payload["name"]} for e in publisher.published)

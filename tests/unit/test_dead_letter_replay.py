@@ -101,6 +101,11 @@ def test_a_replay_over_a_pending_seq_appends_nothing_and_says_so() -> None:
         (letter("e9", 9, aggregate_id="gone"), NotFound, "no longer exists"),
         ({"_id": "m", "entry": {"id": "m"}}, InvalidInput, "malformed entry"),
         (
+            {"_id": "s", "entry": {**letter("s", 3)["entry"], "payload": "dx1:zlib:AHt9"}},
+            InvalidInput,
+            "encoded by a store codec",
+        ),
+        (
             {"_id": "c", "origin": "consume", "queue": "q", "body": "{}"},
             InvalidInput,
             "needs a broker",

@@ -76,6 +76,9 @@ from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
+from docoutbox.stored.codec import Codec
+from docoutbox.stored.upcast import Upcasters
+from docoutbox.stored.values import StoredValues
 
 log = logging.getLogger("docoutbox.dispatcher")
 
@@ -106,6 +109,11 @@ class DispatcherConfig:
     max_backlog: int = 1_000
     checkpoint_interval: float = 1.0
     backoff: Backoff = field(default_factory=Backoff)
+    #: Decodes the stored entries (the stores' codec, or one holding every key they may
+    #: have written under); None: entries are plain (:mod:`docoutbox.stored`).
+    codec: Codec | None = None
+    #: Upcasts the payloads of old stored entries before they are published.
+    upcasters: Upcasters | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -123,6 +131,7 @@ class DispatcherConfig:
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)
         for name in ("grace", "checkpoint_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name))
+        StoredValues(self.codec, self.upcasters)  # refuses a codec or upcasters of a wrong type
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -350,6 +359,8 @@ class DispatchEngine:
         self._mono = monotonic
         self._clock = clock
         self._rng = rng
+        #: Decodes and upcasts stored entries before they are published (None: plain).
+        self._values = StoredValues.of(config.codec, config.upcasters)
         #: Runs that all workers take at once: ready beyond it, a run waits for a worker.
         self._full_round = config.concurrency * config.run_batch
         self.queue = AggregateQueue(workers=self._full_round, backoff=config.backoff, rng=rng)
@@ -800,7 +811,7 @@ class DispatchEngine:
         self, doc: Document, partition: int
     ) -> Generator[RunOp, Any, DispatchResult | None]:
         """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
-        flow = dispatch_document(doc, self.config.policy, self._rng)
+        flow = dispatch_document(doc, self.config.policy, self._rng, self._values)
         send: Any = None
         error: Exception | None = None
         while True:

@@ -131,8 +131,16 @@ class DeadLetterAdmin:
             raise InvalidInput(
                 f"dead letter {name!r} belongs to an outbox: name its collection (--collection)"
             )
+        stored = doc.get("entry")
+        if isinstance(stored, dict) and any(
+            isinstance(stored.get(name), str) for name in ("payload", "headers")
+        ):
+            raise InvalidInput(
+                f"dead letter {name!r} holds an entry encoded by a store codec "
+                "(docoutbox.stored); replay does not decode entries: purge it once handled"
+            )
         try:
-            entry = OutboxMessage.parse(doc.get("entry"))
+            entry = OutboxMessage.parse(stored)
         except InvalidInput as exc:
             raise InvalidInput(
                 f"dead letter {name!r} holds a malformed entry and cannot be replayed "
