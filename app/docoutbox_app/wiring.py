@@ -46,6 +46,7 @@ from docoutbox.ports.dispatch import (
     StreamLeases,
 )
 from docoutbox.ports.kit import AsyncStoreKit, StoreKit
+from docoutbox.stored import Codec, Upcasters
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class DispatchOptions:
       ``lease_ttl``: seconds, the fail-over time; ``partitions``: the stores'
       ``StoreConfig.partitions`` (a lease table with partitions of its own overrides it);
     - ``poll_interval``: without a change stream, sweep every this many seconds;
+    - ``codec``, ``upcasters``: the stores' (:mod:`docoutbox.stored`), to publish their
+      entries decoded and current;
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -71,6 +74,8 @@ class DispatchOptions:
     grace: float = 30.0
     poll_interval: float | None = None
     checkpoint_interval: float = 1.0
+    codec: Codec | None = None
+    upcasters: Upcasters | None = None
 
     def config(self) -> DispatcherConfig:
         polling = self.poll_interval is not None
@@ -84,6 +89,8 @@ class DispatchOptions:
             sweep_interval=sweep,
             grace=0.0 if polling else self.grace,
             checkpoint_interval=self.checkpoint_interval,
+            codec=self.codec,
+            upcasters=self.upcasters,
         )
 
 

@@ -77,6 +77,11 @@ class AesGcm:
         current = keyring.current.encode("ascii")
         self._head = bytes([len(current)]) + current
 
+    def __reduce__(self) -> tuple[type[AesGcm], tuple[Keyring]]:
+        """Pickled as its keyring (the ciphers are rebuilt), so a reader can ship it to
+        other processes, such as Spark executors."""
+        return (AesGcm, (self.keyring,))
+
     def encode(self, data: bytes) -> bytes:
         nonce = os.urandom(_NONCE)
         header = self._head + nonce

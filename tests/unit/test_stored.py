@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -433,3 +434,10 @@ def test_a_created_aggregate_and_a_batch_stamp_the_state_version() -> None:
     assert [r.applied for r in outcome.results] == [True, True]
     assert backend.docs["p-1"]["state_version"] == 3
     assert AggregateStore(backend, ProfileV3, config).get("p-1").state.tags == ["0", "1"]
+
+
+def test_a_codec_pickles_with_its_keys_for_other_processes() -> None:
+    codec = crypto("k2", k1=KEY_1, k2=KEY_2)
+    text = codec.encode({"a": 1})
+    copy = pickle.loads(pickle.dumps(codec))
+    assert copy.decode(text) == {"a": 1} and copy.decode(copy.encode({"b": 2})) == {"b": 2}
