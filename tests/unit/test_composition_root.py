@@ -131,6 +131,7 @@ def test_the_command_s_options_are_the_root_s() -> None:
         grace=1.5,
         poll_interval=None,
         checkpoint_interval=0.5,
+        decode=None,
     )
     assert _options(args, "n") == DispatchOptions(
         name="n",

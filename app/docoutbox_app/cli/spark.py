@@ -22,7 +22,6 @@ cannot be read, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -36,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from docoutbox.errors import DocOutboxError, InvalidConfig
-from docoutbox.stored import Codec, StoredValues, Upcasters
 from docoutbox_app import logs
 from docoutbox_app.cli.options import (
     AT_LEAST_ONE,
@@ -45,6 +43,7 @@ from docoutbox_app.cli.options import (
     Parser,
     add_cosmos_options,
     number,
+    stored_values,
 )
 
 EXIT_FINDINGS = 3
@@ -571,26 +570,3 @@ def _export(spark: Any, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def stored_values(target: str) -> StoredValues:
-    """The :class:`~docoutbox.stored.StoredValues` ``target`` (``module:name``) names, from a
-    ``StoredValues``, a ``Codec`` or an ``Upcasters``; InvalidConfig saying what is wrong."""
-    module_name, colon, attribute = target.partition(":")
-    if not colon or not module_name or not attribute:
-        raise InvalidConfig(f"--decode {target!r} is not module:name (for example shop.keys:codec)")
-    try:
-        value = getattr(importlib.import_module(module_name), attribute)
-    except ImportError as exc:
-        raise InvalidConfig(f"--decode {target}: importing {module_name} failed: {exc}") from exc
-    except AttributeError:
-        raise InvalidConfig(f"--decode {target}: {module_name} has no {attribute!r}") from None
-    if isinstance(value, StoredValues):
-        return value
-    if isinstance(value, Codec):
-        return StoredValues(codec=value)
-    if isinstance(value, Upcasters):
-        return StoredValues(upcasters=value)
-    raise InvalidConfig(
-        f"--decode {target} is a {type(value).__name__}, not a StoredValues, Codec or Upcasters"
-    )
