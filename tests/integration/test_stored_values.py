@@ -7,12 +7,20 @@ the current one."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from docoutbox import Aggregate, AggregateStore, Decision, Message, StoreConfig, emit
+from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
+from docoutbox.errors import PermanentPublishError
 from docoutbox.stored import AesGcm, Codec, Keyring, Upcasters, Zlib
 from docoutbox.testing import MemoryPublisher
+from docoutbox_app.cli import main
+from docoutbox_mongo import MongoBackend
+from docoutbox_mongo.kit import open_kit
 from tests.support.backends import CONFIG, Bundle, DispatchEnv, wait_until
 
 SECRET = "Ada Lovelace"
@@ -167,3 +175,60 @@ def test_the_dispatcher_publishes_decoded_entries_of_both_keys(dispatch_env: Dis
     names = sorted(str(e.payload["name"]) for e in publisher.published)
     assert names == [f"{SECRET} {i}" for i in range(4)]
     assert all(e.headers == {"who": e.payload["name"]} for e in publisher.published)
+
+
+#: What ``--decode tests.integration.test_stored_values:ROTATED`` names.
+ROTATED = rotated()
+
+
+def test_a_refused_encrypted_entry_is_dead_lettered_encoded_and_replayed(
+    mongo: Any, mongo_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the wire server: the dead letter holds the entry as stored (no plaintext); the
+    command replays it with the stores' codec, sealed again under the current key, and a
+    dispatcher then publishes it decoded."""
+    patients = AggregateStore(MongoBackend(mongo["patients"]), Patient, StoreConfig(codec=codec()))
+    message = {"id": "m-1", "type": "Visit", "payload": {"name": SECRET}}
+    assert patients.handle("p-1", message, visit, create=True).applied
+    kit = open_kit(mongo_uri, mongo.name, "patients")
+    refused = MemoryPublisher(fail=lambda entry: PermanentPublishError("refused"))
+    config = DispatcherConfig(name="stored-dlq", sweep_interval=0.2, grace=0, codec=ROTATED)
+    dispatcher = Dispatcher(
+        kit.backend, refused, kit.dead_letters, source=kit.source, checkpoints=kit.checkpoints,
+        config=config,
+    )  # fmt: skip
+    thread = threading.Thread(target=dispatcher.run, daemon=True)
+    thread.start()
+    dead = mongo["docoutbox_dead_letters"]
+    try:
+        wait_until(lambda: dead.count_documents({}) == 1 and not patients.get("p-1").outbox)
+    finally:
+        dispatcher.stop()
+        thread.join(15)
+    (letter,) = list(dead.find({}))
+    assert "Lovelace" not in json.dumps(letter, default=str)
+    common = ["--mongo-uri", mongo_uri, "--db", mongo.name, "--collection", "patients"]
+    capsys.readouterr()
+    assert main(["dead-letters", "replay", *common, str(letter["_id"])]) == 2
+    assert "replay it with the stores' codec" in capsys.readouterr().err
+    decode = ["--decode", "tests.integration.test_stored_values:ROTATED"]
+    assert main(["dead-letters", "replay", *common, *decode, str(letter["_id"])]) == 0
+    assert "re-appended" in capsys.readouterr().out
+    (doc,) = list(mongo["patients"].find({}))
+    assert "Lovelace" not in json.dumps(doc, default=str)
+    publisher = MemoryPublisher()
+    config = replace(config, name="stored-dlq-2")
+    again = Dispatcher(
+        kit.backend, publisher, kit.dead_letters, source=kit.source, checkpoints=kit.checkpoints,
+        config=config,
+    )  # fmt: skip
+    thread = threading.Thread(target=again.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(publisher.published) == 1)
+    finally:
+        again.stop()
+        thread.join(15)
+    (entry,) = publisher.published
+    assert entry.payload["name"] == SECRET and entry.headers["docoutbox-replay-of"]
+    assert entry.seq == 1
