@@ -28,6 +28,7 @@ from typing import Any
 from docoutbox.model import OutboxMessage
 from docoutbox.store.document import Document
 from tests.simulation.actors import Command
+from tests.simulation.schedule import CODEC
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,10 @@ def check(record: Record, producers: Docs, sinks: Docs) -> list[Violation]:
 
 
 def _state(doc: Document | None, key: str) -> list[str]:
-    return list(doc["state"][key]) if doc is not None else []
+    if doc is None:
+        return []
+    state = doc["state"]
+    return list((CODEC.decode(state) if isinstance(state, str) else state)[key])
 
 
 def command_once(record: Record, producers: Docs) -> Iterator[Violation]:

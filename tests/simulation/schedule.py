@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, fields, replace
 
+from docoutbox.stored import Codec, Zlib
+
 #: Every fault the simulator injects, and what it does.
 FAULTS: dict[str, str] = {
     "crash": "a process dies between two steps; its unacknowledged deliveries come back",
@@ -57,6 +59,11 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+#: What an encoded schedule's stores encode with: compression of every value (no
+#: randomness, so a seed replays exactly; encryption goes through the same code).
+CODEC = Codec(Zlib(min_size=0))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The shape of one run. Defaults are placeholders; :func:`draw` sets every field."""
@@ -101,6 +108,8 @@ class Schedule:
     #: Percent of entries the broker refuses at every attempt while faults are on, so
     #: they exhaust their publish attempts and are quarantined.
     stuck: int = 0
+    #: The stores encode what they store (:data:`CODEC`) and the dispatcher decodes it.
+    encoded: bool = False
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -137,7 +146,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     )
     # Drawn last, so that every earlier field of a seed stays what it was.
     schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
-    return replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
+    schedule = replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
+    return replace(schedule, encoded=rng.random() < 0.3)
 
 
 def _parse(kind: type | str, text: str) -> object:
