@@ -17,7 +17,7 @@ from docoutbox import Aggregate, AggregateStore, Decision, Message, StoreConfig,
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.errors import PermanentPublishError
 from docoutbox.stored import AesGcm, Codec, Keyring, Upcasters, Zlib
-from docoutbox.testing import MemoryPublisher
+from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox_app.cli import main
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.kit import open_kit
@@ -232,3 +232,36 @@ def test_a_refused_encrypted_entry_is_dead_lettered_encoded_and_replayed(
     (entry,) = publisher.published
     assert entry.payload["name"] == SECRET and entry.headers["docoutbox-replay-of"]
     assert entry.seq == 1
+
+
+def test_a_dispatcher_missing_the_key_leaves_entries_pending_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not quarantined: the run fails with UnknownKey (logged), the entries stay pending,
+    and a dispatcher given the key publishes them."""
+    backend = MemoryBackend()
+    writer = AggregateStore(backend, Patient, StoreConfig(codec=rotated()))
+    message = {"id": "m-1", "type": "Visit", "payload": {"name": SECRET}}
+    assert writer.handle("p-1", message, visit, create=True).applied
+    dead = MemoryDeadLetters()
+    publisher = MemoryPublisher()
+    for config, done in [
+        (
+            DispatcherConfig.polling(0.05, codec=codec()),  # the old key only
+            lambda: "UnknownKey" in caplog.text,
+        ),
+        (DispatcherConfig.polling(0.05, codec=rotated()), lambda: bool(publisher.published)),
+    ]:
+        dispatcher = Dispatcher(backend, publisher, dead, config=config)
+        thread = threading.Thread(target=dispatcher.run, daemon=True)
+        thread.start()
+        try:
+            wait_until(done)
+        finally:
+            dispatcher.stop()
+            thread.join(15)
+        if not publisher.published:
+            assert "dispatch_run_failed" in caplog.text and not dead.entries
+            assert len(backend.docs["p-1"]["outbox"]) == 1
+    assert publisher.published[0].payload["name"] == SECRET and not dead.entries
+    assert backend.docs["p-1"]["outbox"] == []

@@ -21,7 +21,8 @@ Stored values (:mod:`docoutbox.stored`): each entry is decoded and upcast before
 published, so the broker gets the plain, current payload. An entry that does not decode
 (:class:`~docoutbox.errors.CorruptValue`) or upcast is malformed and quarantined; one that
 needs a codec or key the dispatcher was not given (:class:`~docoutbox.errors.CodecError`)
-stops the flow with that error, since quarantining every entry of a misconfigured
+stops the flow with that error (the engine logs the failed run and retries the aggregate
+later, its entries pending), since quarantining every entry of a misconfigured
 dispatcher would be wrong. With a codec, the dead-letter store gets the entry as stored
 (encoded), never its plaintext. Entries after a still-failing entry are never published
 ahead of it (per-aggregate order, I4).
