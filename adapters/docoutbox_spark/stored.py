@@ -56,7 +56,11 @@ def open_row(row: dict[str, Any], values: StoredValues) -> dict[str, Any]:
         if state is not None:
             stored = state if state.startswith("dx1:") else _json(state)
             if stored is not None:
-                doc = {"state": stored, STATE_VERSION: _version(row.get(STATE_VERSION))}
+                doc = {
+                    "_id": row.get("_id"),
+                    "state": stored,
+                    STATE_VERSION: _version(row.get(STATE_VERSION)),
+                }
                 opened["state"] = _text(values.open_state(str(row.get("type")), doc))
         outbox = _json(row.get("outbox"))
         if isinstance(outbox, list):

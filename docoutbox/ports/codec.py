@@ -20,14 +20,19 @@ class ValueCodec(Protocol):
     1 to 16 characters; ``zlib`` and ``aesgcm`` are docoutbox's). ``decode`` raises
     :class:`~docoutbox.errors.CorruptValue` for bytes it cannot undo and
     :class:`~docoutbox.errors.UnknownKey` for a key it does not hold.
+
+    ``context`` says where the value is stored (its aggregate, entry and field). A step
+    that authenticates binds the value to it, so that a value copied to another place
+    fails to decode there; other steps ignore it.
     """
 
     name: str
 
-    def encode(self, data: bytes) -> bytes:
-        """``data`` encoded; :meth:`decode` of the result gives ``data`` back."""
+    def encode(self, data: bytes, context: bytes) -> bytes:
+        """``data`` encoded; :meth:`decode` of the result, in the same ``context``, gives
+        ``data`` back."""
         ...
 
-    def decode(self, data: bytes) -> bytes:
-        """The bytes :meth:`encode` was given."""
+    def decode(self, data: bytes, context: bytes) -> bytes:
+        """The bytes :meth:`encode` was given in ``context``."""
         ...

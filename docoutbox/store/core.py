@@ -513,7 +513,7 @@ class Core(Generic[S]):
         values = self.values
         version = None
         if values is not None:
-            state, version = values.seal_state(self.aggregate_type, state)
+            state, version = values.seal_state(self.aggregate_type, aggregate_id, state)
         doc = new_document(
             aggregate_id,
             self.aggregate_type,
@@ -530,7 +530,7 @@ class Core(Generic[S]):
         values = self.values
         if values is None:
             return plan
-        state, version = values.seal_state(self.aggregate_type, plan.state)
+        state, version = values.seal_state(self.aggregate_type, plan.aggregate_id, plan.state)
         pushed = tuple(values.seal_entry(entry) for entry in plan.outbox_push)
         return replace(plan, state=state, state_version=version, outbox_push=pushed)
 

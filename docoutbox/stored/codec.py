@@ -60,15 +60,17 @@ class Codec:
         self._known = known
         self._head = f"{PREFIX}:{'+'.join(step.name for step in steps)}:"
 
-    def encode(self, value: Any) -> str:
-        """``value`` (JSON data) as an encoded string."""
+    def encode(self, value: Any, context: str = "") -> str:
+        """``value`` (JSON data) as an encoded string, bound to ``context`` (where it is
+        stored) by the steps that authenticate."""
         data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        where = context.encode()
         for step in self.steps:
-            data = step.encode(data)
+            data = step.encode(data, where)
         return self._head + base64.b64encode(data).decode("ascii")
 
-    def decode(self, text: str) -> Any:
-        """The JSON data ``text`` encodes.
+    def decode(self, text: str, context: str = "") -> Any:
+        """The JSON data ``text`` encodes, read where it was encoded for (``context``).
 
         :class:`~docoutbox.errors.CorruptValue` if it is not an encoded value or does not
         decode, :class:`~docoutbox.errors.UnknownCodec` if it names a step this codec was
@@ -82,6 +84,7 @@ class Codec:
             data = base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise CorruptValue(f"an encoded value is not base64: {exc}") from exc
+        where = context.encode()
         for name in reversed(names.split("+")):
             step = self._known.get(name)
             if step is None:
@@ -89,7 +92,7 @@ class Codec:
                     f"a stored value was encoded with {name!r}; this codec knows "
                     f"{sorted(self._known)}: pass that step to Codec(..., readers=[...])"
                 )
-            data = step.decode(data)
+            data = step.decode(data, where)
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -124,14 +127,14 @@ class Zlib:
         self.level = level
         self.min_size = min_size
 
-    def encode(self, data: bytes) -> bytes:
+    def encode(self, data: bytes, context: bytes = b"") -> bytes:
         if len(data) >= self.min_size:
             packed = zlib.compress(data, self.level)
             if len(packed) < len(data):
                 return _DEFLATED + packed
         return _RAW + data
 
-    def decode(self, data: bytes) -> bytes:
+    def decode(self, data: bytes, context: bytes = b"") -> bytes:
         flag, body = data[:1], data[1:]
         if flag == _RAW:
             return body

@@ -12,8 +12,10 @@ The bytes of an encrypted value (step ``aesgcm``)::
     <1 byte: length n of the key ID> <n bytes: key ID, ASCII> <12 bytes: nonce>
     <ciphertext and 16-byte tag>
 
-The key ID and the nonce are authenticated too (associated data), so neither can be
-swapped. Needs the ``cryptography`` package: ``pip install docoutbox[crypto]``.
+The key ID, the nonce and the value's context (where it is stored: its aggregate type
+and ID, and its entry and field) are authenticated too (associated data), so a value
+copied to another document, entry or field fails authentication there. Needs the
+``cryptography`` package: ``pip install docoutbox[crypto]``.
 """
 
 from __future__ import annotations
@@ -82,13 +84,14 @@ class AesGcm:
         other processes, such as Spark executors."""
         return (AesGcm, (self.keyring,))
 
-    def encode(self, data: bytes) -> bytes:
+    def encode(self, data: bytes, context: bytes = b"") -> bytes:
         nonce = os.urandom(_NONCE)
         header = self._head + nonce
-        sealed: bytes = self._ciphers[self.keyring.current].encrypt(nonce, data, header)
+        cipher = self._ciphers[self.keyring.current]
+        sealed: bytes = cipher.encrypt(nonce, data, header + context)
         return header + sealed
 
-    def decode(self, data: bytes) -> bytes:
+    def decode(self, data: bytes, context: bytes = b"") -> bytes:
         if not data:
             raise CorruptValue("aesgcm: empty value")
         size = data[0]
@@ -107,7 +110,10 @@ class AesGcm:
             )
         nonce = data[1 + size : header_end]
         try:
-            plain: bytes = cipher.decrypt(nonce, data[header_end:], data[:header_end])
+            plain: bytes = cipher.decrypt(nonce, data[header_end:], data[:header_end] + context)
         except self._invalid_tag as exc:
-            raise CorruptValue(f"aesgcm: value under key {key_id!r} fails authentication") from exc
+            raise CorruptValue(
+                f"aesgcm: value under key {key_id!r} fails authentication (altered, or copied "
+                "from another document, entry or field)"
+            ) from exc
         return plain

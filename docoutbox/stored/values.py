@@ -8,6 +8,10 @@ and each entry's ``payload`` and ``headers`` (headers are user data too, trace c
 included); every other field is left exactly as it is. An encoded value found by a
 reader given no codec raises :class:`~docoutbox.errors.UnknownCodec`: it is never taken
 for a malformed document.
+
+Each value is encoded for its place (:func:`state_context`, :func:`entry_context`), which
+an encrypting step authenticates: a value copied to another document, entry or field
+does not decode there.
 """
 
 from __future__ import annotations
@@ -50,11 +54,15 @@ class StoredValues:
 
     # -- writes ------------------------------------------------------------------------
 
-    def seal_state(self, aggregate_type: str, state: dict[str, Any]) -> tuple[Any, int | None]:
+    def seal_state(
+        self, aggregate_type: str, aggregate_id: object, state: dict[str, Any]
+    ) -> tuple[Any, int | None]:
         """The stored form of a state in plain form, and the state version to stamp
         (None: none)."""
         version = None if self.upcasters is None else self.upcasters.state_version(aggregate_type)
-        return (state if self.codec is None else self.codec.encode(state)), version
+        if self.codec is None:
+            return state, version
+        return self.codec.encode(state, state_context(aggregate_type, aggregate_id)), version
 
     def seal_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
         """A new outbox entry (plain, as sealed by the store) in stored form."""
@@ -65,16 +73,18 @@ class StoredValues:
                 sealed[PAYLOAD_VERSION] = version
         codec = self.codec
         if codec is not None:
-            sealed["payload"] = codec.encode(entry.get("payload", {}))
+            sealed["payload"] = codec.encode(
+                entry.get("payload", {}), entry_context(entry, "payload")
+            )
             if entry.get("headers"):
-                sealed["headers"] = codec.encode(entry["headers"])
+                sealed["headers"] = codec.encode(entry["headers"], entry_context(entry, "headers"))
         return sealed
 
     # -- reads -------------------------------------------------------------------------
 
     def open_state(self, aggregate_type: str, doc: dict[str, Any]) -> Any:
         """The state of a stored document, decoded and upcast to the current version."""
-        value = self._decoded(doc["state"])
+        value = self._decoded(doc["state"], state_context(aggregate_type, doc.get("_id")))
         if self.upcasters is not None:
             value = self.upcasters.upcast_state(aggregate_type, doc.get(STATE_VERSION), value)
         return value
@@ -84,7 +94,7 @@ class StoredValues:
         opened = dict(entry)
         for name in ENTRY_VALUES:
             if isinstance(entry.get(name), str):
-                opened[name] = self._decoded(entry[name])
+                opened[name] = self._decoded(entry[name], entry_context(entry, name))
         if self.upcasters is not None and isinstance(opened.get("payload"), dict):
             opened["payload"] = self.upcasters.upcast_payload(
                 str(entry.get("type")), entry.get(PAYLOAD_VERSION), opened["payload"]
@@ -101,12 +111,26 @@ class StoredValues:
             opened["outbox"] = [open_entry(self, e) for e in outbox]
         return opened
 
-    def _decoded(self, value: Any) -> Any:
+    def _decoded(self, value: Any, context: str) -> Any:
         if not isinstance(value, str):
             return value
         if self.codec is None:
             raise _no_codec()
-        return self.codec.decode(value)
+        return self.codec.decode(value, context)
+
+
+def state_context(aggregate_type: str, aggregate_id: object) -> str:
+    """Where a state is stored: its aggregate (an ID is taken as text, as every reader,
+    the Spark readers included, can give it)."""
+    return f"docoutbox/{aggregate_type}/{aggregate_id}/state"
+
+
+def entry_context(entry: dict[str, Any], field: str) -> str:
+    """Where an entry's value is stored: its aggregate, its entry ID and the field."""
+    return (
+        f"docoutbox/{entry.get('aggregate_type')}/{entry.get('aggregate_id')}/"
+        f"{entry.get('id')}/{field}"
+    )
 
 
 def open_entry(values: StoredValues | None, entry: Any) -> Any:

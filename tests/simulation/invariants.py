@@ -27,6 +27,7 @@ from typing import Any
 
 from docoutbox.model import OutboxMessage
 from docoutbox.store.document import Document
+from docoutbox.stored import StoredValues
 from tests.simulation.actors import Command
 from tests.simulation.schedule import CODEC
 
@@ -78,8 +79,7 @@ def check(record: Record, producers: Docs, sinks: Docs) -> list[Violation]:
 def _state(doc: Document | None, key: str) -> list[str]:
     if doc is None:
         return []
-    state = doc["state"]
-    return list((CODEC.decode(state) if isinstance(state, str) else state)[key])
+    return list(StoredValues(CODEC).open_state(str(doc.get("type")), doc)[key])
 
 
 def command_once(record: Record, producers: Docs) -> Iterator[Violation]:

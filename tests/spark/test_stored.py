@@ -51,7 +51,7 @@ def sealed(doc: dict[str, Any]) -> dict[str, Any]:
     """A planted document as a store with :data:`CODEC` would hold it."""
     out = dict(doc)
     if isinstance(doc.get("state"), dict):
-        out["state"] = CODEC.encode(doc["state"])
+        out["state"], _ = SEALED.seal_state(doc["type"], doc["_id"], doc["state"])
     if isinstance(doc.get("outbox"), list):
         out["outbox"] = [
             SEALED.seal_entry(e) if isinstance(e, dict) and "payload" in e else e

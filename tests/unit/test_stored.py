@@ -441,3 +441,33 @@ def test_a_codec_pickles_with_its_keys_for_other_processes() -> None:
     text = codec.encode({"a": 1})
     copy = pickle.loads(pickle.dumps(codec))
     assert copy.decode(text) == {"a": 1} and copy.decode(copy.encode({"b": 2})) == {"b": 2}
+
+
+def test_an_encrypted_value_copied_to_another_place_does_not_decrypt() -> None:
+    backend = MemoryBackend()
+    profiles = store(backend, codec=crypto())
+    for aggregate in ("p-1", "p-2"):
+        message = {"id": f"m-{aggregate}", "type": "Rename", "payload": {"name": aggregate}}
+        profiles.handle(aggregate, message, rename, create=True)
+    profiles.handle("p-1", {"id": "m-3", "type": "Rename", "payload": {"name": "x"}}, rename)
+    one, two = backend.docs["p-1"], backend.docs["p-2"]
+    two["state"] = one["state"]  # another document's state
+    with pytest.raises(CorruptValue, match="copied"):
+        store(backend, codec=crypto()).get("p-2")
+    first, second = one["outbox"]
+    second["payload"] = first["payload"]  # another entry's payload
+    with pytest.raises(CorruptValue):
+        store(backend, codec=crypto()).get("p-1").outbox  # noqa: B018 - decodes the entries
+    first["headers"], first["payload"] = first["payload"], first["headers"]  # swapped fields
+    with pytest.raises(CorruptValue):
+        StoredValues(crypto()).open_entry(first)
+
+
+def test_the_context_is_part_of_what_an_encrypted_value_authenticates() -> None:
+    codec = crypto()
+    text = codec.encode({"a": 1}, "here")
+    assert codec.decode(text, "here") == {"a": 1}
+    with pytest.raises(CorruptValue):
+        codec.decode(text, "there")
+    compressed = Codec(Zlib()).encode({"a": 1}, "here")  # nothing to authenticate with
+    assert Codec(Zlib()).decode(compressed, "there") == {"a": 1}
