@@ -27,6 +27,7 @@ import pymongo
 from benchmarks import (
     audit,
     batch,
+    codec,
     cosmos,
     cosmos_aio,
     cosmos_dispatch,
@@ -59,6 +60,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "group": (batch.group_commit, None),
     "immediate": (immediate.run, None),
     "tracing": (tracing.run, None),
+    "codec": (codec.run, None),
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),

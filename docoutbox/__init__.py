@@ -13,6 +13,8 @@ This package re-exports the names a user needs; the rest is imported from its mo
 - :mod:`docoutbox.receive`: how received entries are settled (ack after commit);
 - :mod:`docoutbox.drive`: the loop that drives every sans-IO flow;
 - :mod:`docoutbox.store`: the aggregate store;
+- :mod:`docoutbox.stored`: what is stored, as stored: encoding (compression, encryption)
+  and upcasting of old model versions;
 - :mod:`docoutbox.dispatch`: the dispatcher;
 - :mod:`docoutbox.ports`: every Protocol an adapter implements;
 - :mod:`docoutbox.observability`: OpenTelemetry, Prometheus and health;

@@ -11,6 +11,7 @@ Every error the library raises derives from :class:`DocOutboxError`::
     │   ├── UnknownMessageType
     │   ├── InvalidConfig (also a TypeError)  a configuration value of the wrong type or range
     │   └── MalformedDocument                 a stored document the core cannot read
+    │       └── CorruptValue                  an encoded value fails to decode (tampered, cut)
     ├── ConcurrencyConflict                   the optimistic-concurrency guard did not match
     ├── NotFound
     ├── DocumentTooLarge                      the write would exceed the store's item limit
@@ -21,7 +22,10 @@ Every error the library raises derives from :class:`DocOutboxError`::
     │   └── ChangeStreamLost                  the stream position cannot be resumed
     ├── PublishError                          a broker refused or did not confirm a message
     │   └── PermanentPublishError             the broker will never accept this message
-    └── BrokerUnavailable                     the broker cannot be reached: not the message's fault
+    ├── BrokerUnavailable                     the broker cannot be reached: not the message's fault
+    └── CodecError                            a stored value needs what the reader lacks
+        ├── UnknownKey                        written under a key ID the keyring does not hold
+        └── UnknownCodec                      encoded by a codec the reader was not given
 
 Adapters translate their driver's errors in exactly one place, using structured
 codes, never message text.
@@ -66,6 +70,12 @@ class InvalidConfig(InvalidInput, TypeError):
 
 class MalformedDocument(InvalidInput):
     """A stored document does not have the layout docoutbox writes."""
+
+
+class CorruptValue(MalformedDocument):
+    """An encoded stored value does not decode: cut, altered, or not written by docoutbox.
+
+    The dispatcher quarantines an entry that holds one (I7), as any malformed entry."""
 
 
 class ConcurrencyConflict(DocOutboxError):
@@ -148,3 +158,18 @@ class PartitionMismatch(DocOutboxError):
 
     Leased dispatchers would strand every aggregate of a partition no instance owns.
     """
+
+
+class CodecError(DocOutboxError):
+    """A stored value was encoded with something this reader was not given.
+
+    A configuration problem, not the data's: nothing is quarantined for it; the reader
+    stops with this error until it is given the codec or key."""
+
+
+class UnknownKey(CodecError):
+    """An encrypted value names a key ID the keyring does not hold."""
+
+
+class UnknownCodec(CodecError):
+    """An encoded value names a codec the reader was not given."""

@@ -262,8 +262,10 @@ class CosmosDeadLetterStore:
 class DeadLetterAdmin(replay.DeadLetterAdmin):
     """List, show, replay and purge the dead letters of one database."""
 
-    def __init__(self, dead_letters: Any, aggregates: Any | None = None) -> None:
-        super().__init__(CosmosDeadLetterStore(dead_letters, aggregates))
+    def __init__(
+        self, dead_letters: Any, aggregates: Any | None = None, values: Any | None = None
+    ) -> None:
+        super().__init__(CosmosDeadLetterStore(dead_letters, aggregates), values)
 
 
 class CosmosDatabase:

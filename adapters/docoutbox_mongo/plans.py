@@ -44,6 +44,8 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
         update["$push"] = push
     if plan.inbox_marks is not None:
         update["$set"]["inbox_marks"] = list(plan.inbox_marks)
+    if plan.state_version is not None:
+        update["$set"]["state_version"] = plan.state_version
     return {"_id": plan.aggregate_id, "version": plan.expected_version}, update
 
 

@@ -4,6 +4,8 @@
 - :mod:`docoutbox_spark.readers`: the MongoDB Spark connector, the pymongo data source
   (:mod:`docoutbox_spark.datasource`), the Cosmos DB data source
   (:mod:`docoutbox_spark.cosmos_source`) and Parquet snapshots;
+- :mod:`docoutbox_spark.stored`: raw rows with values a store codec encoded decoded, and
+  old versions upcast (the audit itself needs neither);
 - :mod:`docoutbox_spark.conform`: typed frames, with malformed documents as findings;
 - :mod:`docoutbox_spark.audit`: the audit functions (DataFrame in, DataFrame out);
 - :mod:`docoutbox_spark.run` and :mod:`docoutbox_spark.report`: the summary, its JSON and

@@ -18,9 +18,12 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from docoutbox.stored.codec import PREFIX
 from docoutbox_spark.schema import SIZE_FIELD
 
 FINDING_COLUMNS = ("kind", "aggregate_id", "entry_id", "detail")
+#: How an encoded stored value begins.
+ENCODED = f"{PREFIX}:"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,12 @@ def _optional_ts(raw: Column, name: str) -> Column:
 
 def _object(raw: Column) -> Column:
     return F.ltrim(raw).startswith("{")
+
+
+def _value(raw: Column) -> Column:
+    """A stored value: a JSON object, or a value a store codec encoded (``dx1:...``,
+    :mod:`docoutbox.stored`), which the audit never needs to read."""
+    return _object(raw) | raw.startswith(ENCODED)
 
 
 _ENTRY_RAW = (
@@ -212,8 +221,8 @@ def _entries(base: DataFrame) -> DataFrame:
             req("id"),
             req("type"),
             req("payload"),
-            _problem(f["payload"].isNotNull() & ~_object(f["payload"]), "payload: not an object"),
-            _problem(f["headers"].isNotNull() & ~_object(f["headers"]), "headers: not an object"),
+            _problem(f["payload"].isNotNull() & ~_value(f["payload"]), "payload: not an object"),
+            _problem(f["headers"].isNotNull() & ~_value(f["headers"]), "headers: not an object"),
             req("created_at"),
             _problem(
                 f["created_at"].isNotNull() & _ts(f["created_at"]).isNull(),

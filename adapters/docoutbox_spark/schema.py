@@ -67,6 +67,8 @@ DOCUMENT_SCHEMA = StructType(
         StructField("outbox_seq", LongType(), False),
         StructField("created_at", TimestampType(), True),
         StructField("updated_at", TimestampType(), True),
+        # The model version of ``state``, for upcasting (docoutbox.stored); usually absent.
+        StructField("state_version", LongType(), True),
     ]
 )
 

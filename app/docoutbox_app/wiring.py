@@ -46,6 +46,7 @@ from docoutbox.ports.dispatch import (
     StreamLeases,
 )
 from docoutbox.ports.kit import AsyncStoreKit, StoreKit
+from docoutbox.stored import Codec, Upcasters
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class DispatchOptions:
       up to this many seconds (:attr:`DispatcherConfig.max_stream_wait`; None: read every
       0.05 s, except in an endpoint, whose own commits wake its dispatcher: there up to
       :data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
+    - ``codec``, ``upcasters``: the stores' (:mod:`docoutbox.stored`), to publish their
+      entries decoded and current;
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -76,6 +79,8 @@ class DispatchOptions:
     poll_interval: float | None = None
     max_stream_wait: float | None = None
     checkpoint_interval: float = 1.0
+    codec: Codec | None = None
+    upcasters: Upcasters | None = None
 
     def config(self) -> DispatcherConfig:
         polling = self.poll_interval is not None
@@ -90,6 +95,8 @@ class DispatchOptions:
             grace=0.0 if polling else self.grace,
             checkpoint_interval=self.checkpoint_interval,
             max_stream_wait=self.max_stream_wait,
+            codec=self.codec,
+            upcasters=self.upcasters,
         )
 
 

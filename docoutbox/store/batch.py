@@ -47,8 +47,6 @@ from docoutbox.store.core import Core, Flow, Load, Outcome, Sleep, Status, Write
 from docoutbox.store.document import (
     Document,
     Snapshot,
-    new_document,
-    partition_of,
     read_snapshot,
 )
 from docoutbox.store.inbox import Mark, is_duplicate, uses_marks
@@ -152,6 +150,7 @@ def merge_plans(plans: Sequence[CommitPlan]) -> CommitPlan:
         inbox_after=inbox_after,
         inbox_marks=marks,
         updated_at=last.updated_at,
+        state_version=last.state_version,
     )
 
 
@@ -213,7 +212,11 @@ class BatchCore(Generic[S]):
                     self._fail(aggregate_id, items, todo, results, exc, seen, version)
                     break
             try:
-                snapshot = None if doc is None else read_snapshot(doc, self.core.model)
+                snapshot = (
+                    None
+                    if doc is None
+                    else read_snapshot(doc, self.core.model, values=self.core.values)
+                )
                 version = snapshot.version if snapshot is not None else 0
             except DocOutboxError as exc:
                 self._fail(aggregate_id, items, todo, results, exc, seen, version)
@@ -317,7 +320,9 @@ class BatchCore(Generic[S]):
                         NotFound(f"{self.core.aggregate_type} {aggregate_id!r} does not exist"),
                     )
                     continue
-                current = read_snapshot(self._new(aggregate_id), self.core.model)
+                current = read_snapshot(
+                    self._new(aggregate_id), self.core.model, values=self.core.values
+                )
             if is_duplicate(policy, current.inbox, current.marks, msg):
                 chunk.others[index] = Outcome(Status.DUPLICATE, aggregate_id, version, attempt)
                 if windowed and snapshot is not None and msg.id in snapshot.inbox:
@@ -346,7 +351,7 @@ class BatchCore(Generic[S]):
         extra: dict[str, Any] = {}
         extra["state"], _ = self.core._state_document(decision.state, InvalidHandlerResult)
         try:
-            return plan_commit(
+            plan, entries = plan_commit(
                 snapshot,
                 message,
                 decision,
@@ -355,6 +360,7 @@ class BatchCore(Generic[S]):
                 deterministic_ids=config.deterministic_ids,
                 **extra,
             )
+            return self.core.seal(plan), entries
         except PydanticSerializationError as exc:
             raise InvalidPayload(f"state of {snapshot.aggregate_id!r} does not serialize") from exc
 
@@ -401,18 +407,11 @@ class BatchCore(Generic[S]):
         return self._size_of(after)
 
     def _new(self, aggregate_id: AggregateId) -> Document:
-        config = self.core.config
         try:
             state = self.core.model().model_dump(mode="json")
         except PydanticSerializationError as exc:
             raise InvalidPayload(f"{self.core.model.__name__} does not serialize") from exc
-        return new_document(
-            aggregate_id,
-            self.core.aggregate_type,
-            state,
-            partition_of(aggregate_id, config.partitions),
-            config.clock(),
-        )
+        return self.core.new_document(aggregate_id, state)
 
     @staticmethod
     def _settle(
@@ -447,7 +446,11 @@ class BatchCore(Generic[S]):
         gave up after a conflict."""
         try:
             doc = yield Load(aggregate_id)
-            snapshot = None if doc is None else read_snapshot(doc, self.core.model)
+            snapshot = (
+                None
+                if doc is None
+                else read_snapshot(doc, self.core.model, values=self.core.values)
+            )
         except DocOutboxError as exc:
             self._fail(aggregate_id, items, todo, results, exc, seen, 0)
             return

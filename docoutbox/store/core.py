@@ -86,6 +86,9 @@ from docoutbox.store.plans import (
     plan_commit,
     plan_trim,
 )
+from docoutbox.stored.codec import Codec
+from docoutbox.stored.upcast import STATE_VERSION, Upcasters
+from docoutbox.stored.values import StoredValues
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
@@ -144,6 +147,11 @@ class StoreConfig:
     observer: StoreObserver | None = None
     #: Seconds on a monotonic clock, which ``retry.deadline`` is measured with.
     timer: Callable[[], float] = time.monotonic
+    #: Encodes the state and entry values it stores (compression, encryption); None:
+    #: stored plain (:mod:`docoutbox.stored`).
+    codec: Codec | None = None
+    #: Turn old stored states and entry payloads into the current model on read.
+    upcasters: Upcasters | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.inbox, InboxPolicy):
@@ -168,6 +176,7 @@ class StoreConfig:
             raise InvalidConfig(
                 f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
             )
+        StoredValues(self.codec, self.upcasters)  # refuses a codec or upcasters of a wrong type
         if self.observer is not None and not isinstance(self.observer, StoreObserver):
             raise InvalidConfig(
                 "StoreConfig.observer must implement docoutbox.store.observe.StoreObserver, "
@@ -203,7 +212,7 @@ class Outcome(Generic[S]):
     version: int
     attempts: int
     state: S | None = None
-    #: The outbox entries this commit added, as stored.
+    #: The outbox entries this commit added, in plain form (decoded, whatever the codec).
     entries: tuple[dict[str, Any], ...] = ()
 
     @cached_property
@@ -289,6 +298,8 @@ class Core(Generic[S]):
         self.aggregate_type = aggregate_type_of(model)
         self.config = config
         self.cache = DocumentCache(config.cache_size)
+        #: What encodes, decodes and upcasts stored values (None: the plain path).
+        self.values = StoredValues.of(config.codec, config.upcasters)
         self._size_of = size_of
         self._limit = limit
         self._warned = False
@@ -352,7 +363,7 @@ class Core(Generic[S]):
                 if doubt is not None and (landed := self._landed(doc, msg, doubt, attempt)):
                     return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
-            snapshot = read_snapshot(base, self.model, state)
+            snapshot = read_snapshot(base, self.model, state, self.values)
             if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
                 if doc is not None:
                     self.cache.put(aggregate_id, doc, known, snapshot.state)
@@ -426,7 +437,7 @@ class Core(Generic[S]):
         present = {e.get("id") for e in doc.get("outbox") or () if isinstance(e, dict)}
         if not all(entry["id"] in present for entry in doubt.entries):
             return None
-        snapshot = read_snapshot(doc, self.model)
+        snapshot = read_snapshot(doc, self.model, values=self.values)
         if not is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, message):
             return None
         self.cache.put(doc[ID], doc, None)
@@ -495,13 +506,33 @@ class Core(Generic[S]):
 
     def _new_document(self, aggregate_id: AggregateId, state: object) -> Document:
         stored, _ = self._state_document(state, InvalidPayload)
-        return new_document(
+        return self.new_document(aggregate_id, stored)
+
+    def new_document(self, aggregate_id: AggregateId, state: dict[str, Any]) -> Document:
+        """A new document holding ``state`` (in plain stored form), sealed."""
+        values = self.values
+        version = None
+        if values is not None:
+            state, version = values.seal_state(self.aggregate_type, aggregate_id, state)
+        doc = new_document(
             aggregate_id,
             self.aggregate_type,
-            stored,
+            state,
             partition_of(aggregate_id, self.config.partitions),
             self.config.clock(),
         )
+        if version is not None:
+            doc[STATE_VERSION] = version
+        return doc
+
+    def seal(self, plan: CommitPlan) -> CommitPlan:
+        """``plan`` with its state and new entries in stored form (encoded, versioned)."""
+        values = self.values
+        if values is None:
+            return plan
+        state, version = values.seal_state(self.aggregate_type, plan.aggregate_id, plan.state)
+        pushed = tuple(values.seal_entry(entry) for entry in plan.outbox_push)
+        return replace(plan, state=state, state_version=version, outbox_push=pushed)
 
     def _state_document(
         self, state: object, invalid: type[InvalidInput]
@@ -553,7 +584,7 @@ class Core(Generic[S]):
         if observer is not None and entries:
             entries = with_headers(entries, observer.headers(message))
             plan = replace(plan, outbox_push=tuple(entries))
-        return plan, entries
+        return self.seal(plan), entries
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)
@@ -561,16 +592,16 @@ class Core(Generic[S]):
         guard_size(doc, aggregate_id, self._size_of, self._limit)
         if (yield Write(InsertPlan(aggregate_id, doc))):
             self.cache.put(aggregate_id, doc, None)
-            return Created(True, read_snapshot(doc, self.model))
+            return Created(True, read_snapshot(doc, self.model, values=self.values))
         existing = yield Load(aggregate_id)
         if existing is None:
             raise ConcurrencyConflict(f"{aggregate_id!r} existed on insert, then vanished")
-        return Created(False, read_snapshot(existing, self.model))
+        return Created(False, read_snapshot(existing, self.model, values=self.values))
 
     def load(self, aggregate_id: AggregateId) -> Flow[Snapshot[S] | None]:
         check_aggregate_id(aggregate_id)
         doc = yield Load(aggregate_id)
-        return None if doc is None else read_snapshot(doc, self.model)
+        return None if doc is None else read_snapshot(doc, self.model, values=self.values)
 
     def trim(self, aggregate_id: AggregateId, entry_ids: Collection[str]) -> Flow[bool]:
         check_aggregate_id(aggregate_id)
@@ -631,7 +662,7 @@ class Core(Generic[S]):
         partitions: Collection[int] | None,
     ) -> Flow[list[Snapshot[S]]]:
         docs = yield FindPending(after, limit, older_than, partitions)
-        return [read_snapshot(doc, self.model) for doc in docs]
+        return [read_snapshot(doc, self.model, values=self.values) for doc in docs]
 
 
 def _check_entry_id(entry_id: object) -> str:

@@ -6,7 +6,11 @@
       inbox: ["msg-id", ...],                          newest last, bounded
       inbox_marks: [{source, hw, above: [...]}, ...],  exact de-duplication
       outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...}],
-      outbox_seq, created_at, updated_at }
+      outbox_seq, created_at, updated_at,
+      state_version }                                  only for versioned models
+
+With a codec (:mod:`docoutbox.stored`), ``state`` and each entry's ``payload`` and
+``headers`` hold encoded strings instead of objects; nothing else changes.
 
 Business state lives under one key so that "set the state" is a single operation on
 every store (a Cosmos patch allows at most 10 operations).
@@ -23,9 +27,10 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from docoutbox.errors import InvalidConfig, MalformedDocument
+from docoutbox.errors import InvalidConfig, MalformedDocument, UnknownCodec
 from docoutbox.model import AggregateId, OutboxMessage, with_article
 from docoutbox.store.inbox import Mark
+from docoutbox.stored.values import StoredValues, open_entry
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
@@ -115,20 +120,28 @@ class Snapshot(Generic[S]):
     outbox_seq: int
     partition: int
     updated_at: datetime | None
+    #: The entries as stored (encoded, with a codec).
     raw_outbox: tuple[dict[str, Any], ...] = field(repr=False)
+    #: What decodes and upcasts the entries (None: they are plain).
+    values: StoredValues | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def outbox(self) -> tuple[OutboxMessage, ...]:
-        """The pending entries, in stored order (ascending ``seq``)."""
-        return tuple(OutboxMessage.parse(entry) for entry in self.raw_outbox)
+        """The pending entries, in stored order (ascending ``seq``), decoded."""
+        values = self.values
+        return tuple(OutboxMessage.parse(open_entry(values, e)) for e in self.raw_outbox)
 
 
-def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snapshot[S]:
+def read_snapshot(
+    doc: Document, model: type[S], state: S | None = None, values: StoredValues | None = None
+) -> Snapshot[S]:
     """Parse a stored document; raise MalformedDocument if it is not docoutbox's layout.
 
     ``state``, when given, is ``doc["state"]`` already read as ``model`` (kept by the
-    store's cache), and is used as is.
+    store's cache), and is used as is. ``values`` decodes and upcasts what is stored.
     """
+    if state is None and values is not None:
+        state = _open_state(doc, model, values)
     try:
         marks = {
             m["source"]: Mark(m["source"], int(m["hw"]), tuple(m.get("above", ())))
@@ -151,9 +164,27 @@ def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snap
             partition=int(doc.get("partition", 0)),
             updated_at=doc.get("updated_at"),
             raw_outbox=tuple(doc.get("outbox") or ()),
+            values=values,
         )
         return snapshot
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        if isinstance(doc.get("state"), str):
+            raise UnknownCodec(
+                f"document {doc.get(ID)!r} holds an encoded state and this store has no "
+                "codec: give it the Codec (and keyring) the writer uses"
+            ) from exc
+        raise MalformedDocument(
+            f"document {doc.get(ID)!r} is not {with_article(model.__name__)} aggregate: {exc!r}"
+        ) from exc
+
+
+def _open_state(doc: Document, model: type[S], values: StoredValues) -> S:
+    """``doc``'s state decoded, upcast and read as ``model``."""
+    try:
+        plain = values.open_state(str(doc.get("type")), doc)
+        state: S = model.__pydantic_validator__.validate_python(plain)
+        return state
+    except (KeyError, TypeError, ValidationError) as exc:
         raise MalformedDocument(
             f"document {doc.get(ID)!r} is not {with_article(model.__name__)} aggregate: {exc!r}"
         ) from exc

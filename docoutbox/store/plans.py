@@ -38,7 +38,8 @@ class InsertPlan:
 class CommitPlan:
     aggregate_id: AggregateId
     expected_version: int
-    state: dict[str, Any]
+    #: In stored form: a JSON object, or an encoded string (:mod:`docoutbox.stored`).
+    state: Any
     outbox_push: tuple[dict[str, Any], ...]
     outbox_seq: int
     inbox_push: tuple[str, ...]
@@ -48,6 +49,8 @@ class CommitPlan:
     inbox_after: tuple[str, ...] | None
     inbox_marks: tuple[dict[str, Any], ...] | None
     updated_at: datetime
+    #: The model version of ``state`` to store as ``state_version`` (None: not versioned).
+    state_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
+    if plan.state_version is not None:
+        after["state_version"] = plan.state_version
     return after
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import benchmarks.__main__ as runner
 from benchmarks import (
+    codec,
     dispatch,
     endpoint,
     kafka,
@@ -102,6 +103,20 @@ def test_tracing_benchmark_runs(mongo_uri: str) -> None:
     _sane(table)
     assert len(table.rows) == 4
     assert {"handle_wire", "handle_memory", "dispatch_wire", "publish_memory"} == set(table.figures)
+
+
+def test_codec_benchmark_runs(mongo_uri: str) -> None:
+    table = codec.run(mongo_uri, QUICK)
+    _sane(table)
+    assert set(table.figures) == {
+        "handle_wire",
+        "handle_memory",
+        "handle_memory_backlog",
+        "dispatch_flow_memory",
+        "stored_bytes",
+    }
+    assert len(table.rows) == 4 * 5
+    assert table.figures["stored_bytes"]["zlib"] < table.figures["stored_bytes"]["plain"]
 
 
 def test_memory_benchmark_runs(mongo_uri: str) -> None:

@@ -29,7 +29,7 @@ from docoutbox.ports.store import StoreBackend
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.batch import BatchCore, Failed, Item
 from docoutbox.store.core import Core, Op, Status, StoreConfig
-from tests.simulation.schedule import Schedule
+from tests.simulation.schedule import CODEC, Schedule
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -143,6 +143,7 @@ class Env:
             deterministic_ids=self.schedule.deterministic_ids,
             clock=self.clock,
             rng=rng,
+            codec=CODEC if self.schedule.encoded else None,
         )
         return Core(model, config, backend.document_size, backend.max_document_bytes)
 

@@ -45,6 +45,7 @@ from docoutbox.errors import StoreError
 from docoutbox.retry import Backoff
 from docoutbox.store.core import Sleep, Write
 from tests.simulation.actors import Env, Idle, Process
+from tests.simulation.schedule import CODEC
 
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -77,6 +78,7 @@ def config(env: Env, rng: random.Random) -> DispatcherConfig:
         checkpoint_interval=0.0,
         backoff=Backoff(base=0.005, cap=0.05),
         max_stream_wait=s.stream_wait_ms / 1000 or None,
+        codec=CODEC if s.encoded else None,
     )
 
 

@@ -27,7 +27,9 @@ from typing import Any
 
 from docoutbox.model import OutboxMessage
 from docoutbox.store.document import Document
+from docoutbox.stored import StoredValues
 from tests.simulation.actors import Command
+from tests.simulation.schedule import CODEC
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,9 @@ def check(record: Record, producers: Docs, sinks: Docs) -> list[Violation]:
 
 
 def _state(doc: Document | None, key: str) -> list[str]:
-    return list(doc["state"][key]) if doc is not None else []
+    if doc is None:
+        return []
+    return list(StoredValues(CODEC).open_state(str(doc.get("type")), doc)[key])
 
 
 def command_once(record: Record, producers: Docs) -> Iterator[Violation]:

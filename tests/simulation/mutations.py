@@ -149,9 +149,11 @@ def trim_first() -> Iterator[None]:
 def attempts_off() -> Iterator[None]:
     publish_with_retries = dispatch._publish_with_retries
 
-    def one_more(entry: Any, policy: dispatch.DispatchPolicy, rng: Any) -> Generator[Any, Any, str]:
+    def one_more(
+        entry: Any, policy: dispatch.DispatchPolicy, rng: Any, *rest: Any
+    ) -> Generator[Any, Any, str]:
         late = replace(policy, max_attempts=policy.max_attempts + 1)
-        return (yield from publish_with_retries(entry, late, rng))
+        return (yield from publish_with_retries(entry, late, rng, *rest))
 
     with mock.patch.object(dispatch, "_publish_with_retries", one_more):
         yield
@@ -177,9 +179,9 @@ def run_ahead() -> Iterator[None]:
     pending: dict[Any, list[Any]] = {}
     dispatch_document = loop.dispatch_document
 
-    def remembering(doc: Document, policy: Any, rng: Any) -> Generator[Any, Any, Any]:
+    def remembering(doc: Document, policy: Any, rng: Any, *rest: Any) -> Generator[Any, Any, Any]:
         pending[doc["_id"]] = dispatch.pending_entries(doc)
-        return dispatch_document(doc, policy, rng)
+        return dispatch_document(doc, policy, rng, *rest)
 
     def later(entry: OutboxMessage) -> list[OutboxMessage]:
         found: list[OutboxMessage] = []

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, fields, replace
 
+from docoutbox.stored import Codec, Zlib
+
 #: Every fault the simulator injects, and what it does.
 FAULTS: dict[str, str] = {
     "crash": "a process dies between two steps; its unacknowledged deliveries come back",
@@ -55,6 +57,11 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "inbox-oldest": (("consumer_exact", "false"), ("consumer_window", "2")),
     "attempts-off": (("stuck", "30"),),
 }
+
+
+#: What an encoded schedule's stores encode with: compression of every value (no
+#: randomness, so a seed replays exactly; encryption goes through the same code).
+CODEC = Codec(Zlib(min_size=0))
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,8 @@ class Schedule:
     #: Log mode: the dispatcher's reads of the log space out up to this many milliseconds
     #: while they bring nothing (``DispatcherConfig.max_stream_wait``; 0: they do not).
     stream_wait_ms: int = 0
+    #: The stores encode what they store (:data:`CODEC`) and the dispatcher decodes it.
+    encoded: bool = False
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -141,7 +150,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     # Drawn last, so that every earlier field of a seed stays what it was.
     schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
     schedule = replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
-    return replace(schedule, stream_wait_ms=rng.choice((0, 0, 200)))
+    schedule = replace(schedule, stream_wait_ms=rng.choice((0, 0, 200)))
+    return replace(schedule, encoded=rng.random() < 0.3)
 
 
 def _parse(kind: type | str, text: str) -> object:

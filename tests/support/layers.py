@@ -16,10 +16,10 @@ Rings, inside out; a module imports its own ring and those inside it, never outw
    imports ``tests``.
 
 Inside the core, layers bottom up: the base modules (model, errors, handlers, retry, codec,
-drive), then ``store`` and ``ports``, then ``dispatch`` (its ``engine``, then ``drivers``,
-then ``extras`` and ``tools``), then ``receive``, ``testing`` and ``observability``, then the
-package ``docoutbox`` itself. A core module may import its own layer and those below it;
-``from docoutbox import ...`` is left to the cycle check.
+drive), then ``store``, ``stored`` and ``ports``, then ``dispatch`` (its ``engine``, then
+``drivers``, then ``extras`` and ``tools``), then ``receive``, ``testing`` and
+``observability``, then the package ``docoutbox`` itself. A core module may import its own
+layer and those below it; ``from docoutbox import ...`` is left to the cycle check.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ ADAPTER_ALLOWLIST: frozenset[tuple[str, str]] = frozenset({("docoutbox_spark", "
 #: Layers inside the core, by the module's first names under ``docoutbox``.
 CORE_LAYERS: dict[tuple[str, ...], tuple[int, int]] = {
     ("store",): (1, 0),
+    ("stored",): (1, 0),
     ("ports",): (1, 0),
     # Kits bundle the ports of every layer below the dispatcher's: they sit at its layer.
     ("ports", "kit"): (2, 0),

@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from docoutbox.stored import Codec, Zlib
 from docoutbox_app import cli
 from docoutbox_app.cli import demo, main, spark
+from docoutbox_app.cli.options import stored_values
 
 
 def _numeric(
@@ -77,3 +79,25 @@ def test_grace_nan_is_the_one_line_the_issue_quoted(capsys: pytest.CaptureFixtur
         "docoutbox dispatch: error: argument --grace: must be a finite number at least 0: "
         "nan (see docoutbox dispatch --help)\n"
     )
+
+
+#: What ``--decode tests.unit.test_cli_arguments:CODEC`` names.
+CODEC = Codec(Zlib())
+
+
+def test_dispatch_decode_names_the_stores_codec(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    argv += ["--publisher", "memory", "--discard-entries"]
+    for bad, says in [
+        ("json", "not module:name"),
+        ("tests.unit.test_cli_arguments:pytest", "not a StoredValues, Codec or Upcasters"),
+        ("tests.unit.test_cli_arguments:nothing", "has no 'nothing'"),
+        ("no_such_module_anywhere:x", "importing no_such_module_anywhere failed"),
+    ]:
+        assert main([*argv, "--decode", bad]) == 2
+        assert says in capsys.readouterr().err
+    args = cli._parser().parse_args([*argv, "--decode", "tests.unit.test_cli_arguments:CODEC"])
+    args.decode = stored_values(args.decode)
+    config = cli._options(args, "n").config()
+    assert config.codec is CODEC and config.upcasters is None
+    assert stored_values("tests.unit.test_cli_arguments:CODEC").codec is CODEC

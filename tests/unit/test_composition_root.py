@@ -138,6 +138,7 @@ def test_the_command_s_options_are_the_root_s() -> None:
         poll_interval=None,
         max_stream_wait=2.0,
         checkpoint_interval=0.5,
+        decode=None,
     )
     assert _options(args, "n") == DispatchOptions(
         name="n",

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from docoutbox.dispatch.tools.replay import GONE, DeadLetterAdmin, Replayed
-from docoutbox.errors import InvalidInput, NotFound
+from docoutbox.errors import InvalidInput, NotFound, UnknownKey
 from docoutbox.model import AggregateId
+from docoutbox.stored import AesGcm, Codec, Keyring, StoredValues, Zlib
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
+KEY_OLD, KEY_NEW = bytes(range(32)), bytes(range(32, 64))
 
 
 def entry(entry_id: str, seq: int, aggregate_id: str = "o1") -> dict[str, Any]:
@@ -101,6 +103,11 @@ def test_a_replay_over_a_pending_seq_appends_nothing_and_says_so() -> None:
         (letter("e9", 9, aggregate_id="gone"), NotFound, "no longer exists"),
         ({"_id": "m", "entry": {"id": "m"}}, InvalidInput, "malformed entry"),
         (
+            {"_id": "s", "entry": {**letter("s", 3)["entry"], "payload": "dx1:zlib:AHt9"}},
+            InvalidInput,
+            "encoded by a store codec",
+        ),
+        (
             {"_id": "c", "origin": "consume", "queue": "q", "body": "{}"},
             InvalidInput,
             "needs a broker",
@@ -155,3 +162,24 @@ def test_purge_checks_every_id_first_and_deletes_all_when_none_is_named() -> Non
     assert admin.purge(["e0"]) == 1 and admin.purge() == 2 and admin.count() == 0
     with pytest.raises(InvalidInput, match="at least one"):
         admin.replay([])
+
+
+def test_an_encoded_entry_is_replayed_sealed_again_under_the_current_key() -> None:
+    old = Codec(Zlib(), AesGcm(Keyring({"old": KEY_OLD}, current="old")))
+    new = StoredValues(Codec(Zlib(), AesGcm(Keyring({"old": KEY_OLD, "new": KEY_NEW}, "new"))))
+    sealed = StoredValues(old).seal_entry(
+        {**entry("e2", 2), "payload": {"name": "Ada Lovelace"}, "headers": {"who": "Ada"}}
+    )
+    store = DictStore()
+    name = store.quarantine({"_id": "e2", "aggregate_id": "o1", "entry": sealed})
+    with pytest.raises(InvalidInput, match="replay it with the stores' codec"):
+        DeadLetterAdmin(store).replay([name])
+    [done] = DeadLetterAdmin(store, new).replay([name])
+    [appended] = store.outboxes["o1"]
+    assert done.action == "re-appended" and "Lovelace" not in str(appended)
+    assert ":" in appended["payload"] and appended["payload"] != sealed["payload"]
+    opened = new.open_entry(appended)
+    assert opened["payload"] == {"name": "Ada Lovelace"} and opened["seq"] == 2
+    assert opened["headers"]["who"] == "Ada" and opened["headers"]["docoutbox-replay-of"] == "e2"
+    with pytest.raises(UnknownKey):  # written under the current key, not the old one
+        StoredValues(old).open_entry(appended)

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from docoutbox import Aggregate, Handlers, Message
+from docoutbox import Aggregate, Handlers, Message, StoreConfig
 from docoutbox.errors import InvalidConfig
+from docoutbox.stored import Codec, Upcasters, Zlib
 from docoutbox.testing import MemoryPublisher
 from docoutbox_app.endpoint import (
     Broker,
@@ -22,6 +23,7 @@ from docoutbox_app.endpoint import (
     payload_field,
 )
 from docoutbox_app.testing import TestBus
+from docoutbox_app.wiring import DispatchOptions
 
 
 class Thing(Aggregate):
@@ -55,6 +57,16 @@ def test_a_well_formed_endpoint() -> None:
     endpoint = make()
     assert endpoint.dispatch.name == "things"
     assert repr(endpoint) == "<Endpoint things Thing inputs=[rabbitmq:things]>"
+
+
+def test_the_dispatcher_decodes_what_the_store_encodes() -> None:
+    codec, upcasters = Codec(Zlib()), Upcasters()
+    config = make(config=StoreConfig(codec=codec, upcasters=upcasters)).dispatch.config()
+    assert config.codec is codec and config.upcasters is upcasters
+    own = Codec(Zlib(level=1))
+    chosen = make(config=StoreConfig(codec=codec), dispatch=DispatchOptions(codec=own))
+    assert chosen.dispatch.config().codec is own
+    assert make().dispatch.config().codec is None
 
 
 @pytest.mark.parametrize(

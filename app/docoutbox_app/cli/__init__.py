@@ -41,7 +41,7 @@ from docoutbox.codec import WireFormat, encode_entry
 from docoutbox.dispatch.engine.backlog import BacklogProbe, probe_backend
 from docoutbox.dispatch.engine.lag import PendingWorkProbe
 from docoutbox.dispatch.engine.leases import LeaseTiming
-from docoutbox.errors import BrokerUnavailable, DocOutboxError, PartitionMismatch
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, InvalidConfig, PartitionMismatch
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import Closeable, Publisher
 from docoutbox.ports.kit import (
@@ -73,6 +73,7 @@ from docoutbox_app.cli.options import (
     key_value,
     names_problem,
     store_of,
+    stored_values,
 )
 from docoutbox_app.registry import AdapterMissing
 from docoutbox_app.wiring import DispatchOptions, build_async_dispatcher, build_dispatcher
@@ -246,6 +247,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
     d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
+    d.add_argument(
+        "--decode",
+        metavar="MODULE:NAME",
+        help="the stores' docoutbox.stored.StoredValues (or Codec, or Upcasters): entries "
+        "they encoded are published decoded, old payloads upcast",
+    )
     d.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
@@ -297,6 +304,11 @@ def _check(args: argparse.Namespace) -> str | None:
         try:
             LeaseTiming(ttl=args.lease_ttl)
         except ValueError as exc:
+            return str(exc)
+    if args.decode:
+        try:
+            args.decode = stored_values(args.decode)
+        except InvalidConfig as exc:
             return str(exc)
     if args.publisher == "kafka" and not args.kafka_bootstrap:
         return "--publisher kafka needs --kafka-bootstrap (or DOCOUTBOX_KAFKA_BOOTSTRAP)"
@@ -397,6 +409,8 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         poll_interval=args.poll_interval,
         max_stream_wait=args.max_stream_wait,
         checkpoint_interval=args.checkpoint_interval,
+        codec=None if args.decode is None else args.decode.codec,
+        upcasters=None if args.decode is None else args.decode.upcasters,
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.dispatch.engine.lag import desired_replicas
-from docoutbox.errors import DocOutboxError, InvalidInput, NotFound
+from docoutbox.errors import DocOutboxError, InvalidConfig, InvalidInput, NotFound
 from docoutbox_app import logs
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
@@ -51,6 +51,7 @@ from docoutbox_app.cli.options import (
     connection_problem,
     names_problem,
     store_of,
+    stored_values,
 )
 
 Runner = Callable[[argparse.Namespace], int]
@@ -168,6 +169,12 @@ def add_commands(sub: Any) -> None:
         "--rabbitmq-url",
         default=os.environ.get("DOCOUTBOX_RABBITMQ_URL"),
         help="broker for deliveries a consumer rejected (or DOCOUTBOX_RABBITMQ_URL)",
+    )
+    replay.add_argument(
+        "--decode",
+        metavar="MODULE:NAME",
+        help="the stores' docoutbox.stored.StoredValues (or Codec): replays entries they "
+        "encoded, sealed again under the current key",
     )
     replay.set_defaults(run=_replay)
     purge = dsub.add_parser(
@@ -380,7 +387,9 @@ def _table(title: str, buckets: dict[Any, Any]) -> None:
 def _dead_letters(args: argparse.Namespace, database: Any, admin: Any) -> Any:
     collection = getattr(args, "collection", None)
     return admin.DeadLetterAdmin(
-        database[args.dead_letters], database[collection] if collection else None
+        database[args.dead_letters],
+        database[collection] if collection else None,
+        getattr(args, "decode", None),
     )
 
 
@@ -461,6 +470,11 @@ def _selection(args: argparse.Namespace) -> str | None:
 
 def _replay(args: argparse.Namespace) -> int:
     problem = _selection(args)
+    if problem is None and args.decode:
+        try:
+            args.decode = stored_values(args.decode)
+        except InvalidConfig as exc:
+            problem = str(exc)
     if problem is not None:
         return _fail(problem, [], 2)
 

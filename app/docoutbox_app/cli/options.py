@@ -9,14 +9,17 @@ printed (:class:`Parser`): no usage dump before it; ``--help`` shows the usage.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 from typing import Any, NoReturn
 
+from docoutbox.errors import InvalidConfig
 from docoutbox.ports.kit import name_problem as kit_name_problem
 from docoutbox.retry import MAX_COUNT
 from docoutbox.retry import MAX_SECONDS as MAX_INTERVAL
 from docoutbox.store.core import MAX_PARTITIONS
+from docoutbox.stored import Codec, StoredValues, Upcasters
 from docoutbox_app import registry
 from docoutbox_app.registry import AdapterMissing
 
@@ -253,3 +256,26 @@ def adapter_missing(store: str, exc: ImportError) -> str:
 
 #: Each built-in store's name in messages, and the extra that installs its adapter.
 STORES = {"mongo": ("MongoDB", "mongodb"), "cosmos": ("Cosmos DB", "cosmos")}
+
+
+def stored_values(target: str) -> StoredValues:
+    """The :class:`~docoutbox.stored.StoredValues` ``target`` (``module:name``) names, from a
+    ``StoredValues``, a ``Codec`` or an ``Upcasters``; InvalidConfig saying what is wrong."""
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise InvalidConfig(f"--decode {target!r} is not module:name (for example shop.keys:codec)")
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except ImportError as exc:
+        raise InvalidConfig(f"--decode {target}: importing {module_name} failed: {exc}") from exc
+    except AttributeError:
+        raise InvalidConfig(f"--decode {target}: {module_name} has no {attribute!r}") from None
+    if isinstance(value, StoredValues):
+        return value
+    if isinstance(value, Codec):
+        return StoredValues(codec=value)
+    if isinstance(value, Upcasters):
+        return StoredValues(upcasters=value)
+    raise InvalidConfig(
+        f"--decode {target} is a {type(value).__name__}, not a StoredValues, Codec or Upcasters"
+    )

@@ -8,7 +8,12 @@
   (``--from-parquet DIR``); writes a JSON summary and an HTML report.
 - ``export`` writes such a snapshot: ``DIR/producer``, ``DIR/consumer``,
   ``DIR/dead_letters`` (raw rows, so malformed documents survive) and ``DIR/manifest.json``
-  (the collections' document counts, checked again when the snapshot is audited).
+  (the collections' document counts, checked again when the snapshot is audited). Values
+  encoded by a store codec (:mod:`docoutbox.stored`) are written as stored; with
+  ``--decode module:name`` (the service's codec and upcasters) the producer and consumer
+  states and entries are written decoded and upcast. Dead letters stay as stored.
+
+The audit reads metadata only, so it runs on encoded documents as they are.
 
 Exit codes: 0 when no finding crosses its threshold, 3 when one does, 1 when the data
 cannot be read, 2 for bad arguments.
@@ -29,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from docoutbox.errors import DocOutboxError
+from docoutbox.errors import DocOutboxError, InvalidConfig
 from docoutbox_app import logs
 from docoutbox_app.cli.options import (
     AT_LEAST_ONE,
@@ -38,6 +43,7 @@ from docoutbox_app.cli.options import (
     Parser,
     add_cosmos_options,
     number,
+    stored_values,
 )
 
 EXIT_FINDINGS = 3
@@ -182,6 +188,13 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a Parquet snapshot of the collections")
     _common(e)
     e.add_argument("--out", required=True, metavar="DIR")
+    e.add_argument(
+        "--decode",
+        metavar="MODULE:NAME",
+        help="a docoutbox.stored.StoredValues (or Codec, or Upcasters) of your service: the "
+        "states and entries of the producer and consumer collections are written decoded "
+        "(PLAINTEXT) and upcast; by default they are written as stored (encoded)",
+    )
     return top
 
 
@@ -419,6 +432,11 @@ def main(argv: list[str]) -> int:
             thresholds = _thresholds(args.threshold)
         except ValueError as exc:
             problem = str(exc)
+    if problem is None and args.command == "export" and args.decode:
+        try:
+            args.decode = stored_values(args.decode)
+        except InvalidConfig as exc:
+            problem = str(exc)
     if problem:
         print(f"docoutbox: error: {logs.mask(problem, secrets)}", file=sys.stderr)
         return 2
@@ -533,6 +551,13 @@ def _export(spark: Any, args: argparse.Namespace) -> int:
     from docoutbox_spark.readers import write_snapshot  # noqa: PLC0415
 
     frames, collection_count, source = _frames(spark, args)
+    if args.decode is not None:
+        from docoutbox_spark.stored import open_values  # noqa: PLC0415
+
+        for name in ("producer", "consumer"):
+            if name in frames:
+                frames[name] = open_values(frames[name], args.decode)
+        source["decoded"] = True
     expected = {"producer": collection_count or 0}
     counts = write_snapshot(frames, args.out)
     manifest = {"source": source, "counts": counts, "collection_counts": expected}

@@ -318,8 +318,15 @@ class Endpoint(Generic[S]):
         self.inputs: tuple[Input, ...] = tuple(listed)
         self.output = output
         self.config = config or StoreConfig()
+        options = dispatch or DispatchOptions()
+        # The dispatcher decodes what the store encodes, unless told otherwise.
         self.dispatch = DispatchOptions(
-            **{**(dispatch or DispatchOptions()).__dict__, "name": name}
+            **{
+                **options.__dict__,
+                "name": name,
+                "codec": options.codec or self.config.codec,
+                "upcasters": options.upcasters or self.config.upcasters,
+            }
         )
         self.retry = retry or HandlerRetry()
 

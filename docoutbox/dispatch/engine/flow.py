@@ -15,14 +15,23 @@ Failure handling, per entry:
   document later. It never counts against an entry.
 
 A quarantined entry is written to the dead-letter store *before* it is trimmed, and the
-entries after it keep flowing. Entries after a still-failing entry are never published
+entries after it keep flowing.
+
+Stored values (:mod:`docoutbox.stored`): each entry is decoded and upcast before it is
+published, so the broker gets the plain, current payload. An entry that does not decode
+(:class:`~docoutbox.errors.CorruptValue`) or upcast is malformed and quarantined; one that
+needs a codec or key the dispatcher was not given (:class:`~docoutbox.errors.CodecError`)
+stops the flow with that error (the engine logs the failed run and retries the aggregate
+later, its entries pending), since quarantining every entry of a misconfigured
+dispatcher would be wrong. With a codec, the dead-letter store gets the entry as stored
+(encoded), never its plaintext. Entries after a still-failing entry are never published
 ahead of it (per-aggregate order, I4).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +46,7 @@ from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
+from docoutbox.stored.values import StoredValues, open_entry
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,17 @@ def pending_entries(doc: Document) -> list[dict[str, Any]]:
 
 
 def dispatch_document(
-    doc: Document, policy: DispatchPolicy, rng: random.Random
+    doc: Document,
+    policy: DispatchPolicy,
+    rng: random.Random,
+    values: StoredValues | None = None,
 ) -> Generator[DispatchOp, Any, DispatchResult]:
-    """Publish the document's pending entries in order, quarantine poison, trim in batches."""
+    """Publish the document's pending entries in order, quarantine poison, trim in batches.
+
+    ``values`` decodes and upcasts the stored entries (None: they are plain)."""
+    sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
-    stored = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    ids = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
     removable: list[str] = []
@@ -116,7 +132,7 @@ def dispatch_document(
     for raw in pending_entries(doc):
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         try:
-            entry: OutboxMessage = OutboxMessage.parse(raw)
+            entry: OutboxMessage = OutboxMessage.parse(open_entry(values, raw))
         except InvalidInput as exc:
             yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
@@ -126,7 +142,8 @@ def dispatch_document(
         if blocked:
             result.held.append(entry.id)
             continue
-        outcome = yield from _publish_with_retries(entry, policy, rng)
+        stored = _as_dict(raw) if sealed else None
+        outcome = yield from _publish_with_retries(entry, policy, rng, stored)
         if outcome == "published":
             result.published.append(entry.id)
             removable.append(entry.id)
@@ -137,12 +154,12 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
-            plan = plan_trim(result.aggregate_id, removable, stored, revision)
+            plan = plan_trim(result.aggregate_id, removable, ids, revision)
             trims.append(bool((yield Write(plan))))
             gone = set(removable)
-            stored, revision, removable = [i for i in stored if i not in gone], None, []
+            ids, revision, removable = [i for i in ids if i not in gone], None, []
     if removable:
-        plan = plan_trim(result.aggregate_id, removable, stored, revision)
+        plan = plan_trim(result.aggregate_id, removable, ids, revision)
         trims.append(bool((yield Write(plan))))
     result.trimmed = bool(trims) and all(trims)
     return result
@@ -157,23 +174,30 @@ def _stored_ids(doc: Document) -> list[str | None]:
 
 
 def _publish_with_retries(
-    entry: OutboxMessage, policy: DispatchPolicy, rng: random.Random
+    entry: OutboxMessage,
+    policy: DispatchPolicy,
+    rng: random.Random,
+    stored: dict[str, Any] | None = None,
 ) -> Generator[DispatchOp, Any, str]:
-    """Attempts count from the entry's stored ``attempts``, so they survive restarts."""
+    """Attempts count from the entry's stored ``attempts``, so they survive restarts.
+
+    ``stored``: the entry as stored, quarantined instead of its plain form (encoded
+    values stay encoded in the dead-letter store)."""
     attempt = entry.attempts
+    dead: Callable[[], dict[str, Any]] = entry.model_dump if stored is None else stored.copy
     while True:
         attempt += 1
         try:
             yield Publish(entry)
             return "published"
         except PermanentPublishError as exc:
-            yield Quarantine(entry.aggregate_id, entry.model_dump(), _describe(exc), attempt)
+            yield Quarantine(entry.aggregate_id, dead(), _describe(exc), attempt)
             return "quarantined"
         except BrokerUnavailable:
             return "held"
         except PublishError as exc:
             if attempt >= policy.max_attempts:
-                yield Quarantine(entry.aggregate_id, entry.model_dump(), _describe(exc), attempt)
+                yield Quarantine(entry.aggregate_id, dead(), _describe(exc), attempt)
                 return "quarantined"
             error = _describe(exc)[:1000]
             yield Write(FailurePlan(entry.aggregate_id, entry.id, attempt, error))

@@ -79,6 +79,9 @@ from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
+from docoutbox.stored.codec import Codec
+from docoutbox.stored.upcast import Upcasters
+from docoutbox.stored.values import StoredValues
 
 log = logging.getLogger("docoutbox.dispatcher")
 
@@ -117,6 +120,11 @@ class DispatcherConfig:
     max_backlog: int = 1_000
     checkpoint_interval: float = 1.0
     backoff: Backoff = field(default_factory=Backoff)
+    #: Decodes the stored entries (the stores' codec, or one holding every key they may
+    #: have written under); None: entries are plain (:mod:`docoutbox.stored`).
+    codec: Codec | None = None
+    #: Upcasts the payloads of old stored entries before they are published.
+    upcasters: Upcasters | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -141,6 +149,7 @@ class DispatcherConfig:
                     f"DispatcherConfig.max_stream_wait ({self.max_stream_wait}) must be at "
                     f"least poll_interval ({self.poll_interval})"
                 )
+        StoredValues(self.codec, self.upcasters)  # refuses a codec or upcasters of a wrong type
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -368,6 +377,8 @@ class DispatchEngine:
         self._mono = monotonic
         self._clock = clock
         self._rng = rng
+        #: Decodes and upcasts stored entries before they are published (None: plain).
+        self._values = StoredValues.of(config.codec, config.upcasters)
         #: Runs that all workers take at once: ready beyond it, a run waits for a worker.
         self._full_round = config.concurrency * config.run_batch
         self.queue = AggregateQueue(workers=self._full_round, backoff=config.backoff, rng=rng)
@@ -838,7 +849,7 @@ class DispatchEngine:
         self, doc: Document, partition: int
     ) -> Generator[RunOp, Any, DispatchResult | None]:
         """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
-        flow = dispatch_document(doc, self.config.policy, self._rng)
+        flow = dispatch_document(doc, self.config.policy, self._rng, self._values)
         send: Any = None
         error: Exception | None = None
         while True:

@@ -24,6 +24,12 @@ pending entries.
 - A consumer dead letter is published again, body unchanged, to the queue it came from
   (``republish``), then deleted.
 
+Entries encoded by a store codec (:mod:`docoutbox.stored`) are replayed only by an admin
+given the stores' values (``values=``): the entry is decoded (and its payload upcast),
+given its new ID and replay headers, and sealed again as the store would (encrypted under
+the current key), so no plaintext reaches the outbox. Without them, such a dead letter is
+refused by name.
+
 Every ID is checked before anything changes: an unknown ID, a malformed entry, an
 aggregate that no longer exists (or is of another type) fails the whole request.
 
@@ -44,6 +50,7 @@ from docoutbox.dispatch.tools.failures import FailureGroup, failure_groups, fing
 from docoutbox.errors import InvalidInput, NotFound
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.document import utcnow
+from docoutbox.stored.values import StoredValues
 
 #: Publishes a raw body to a queue (consumer dead letters).
 Republish = Callable[[str, bytes], None]
@@ -88,8 +95,10 @@ class Replayed:
 class DeadLetterAdmin:
     """List, show, replay and purge the dead letters of one store."""
 
-    def __init__(self, store: DeadLetterStore) -> None:
+    def __init__(self, store: DeadLetterStore, values: StoredValues | None = None) -> None:
         self.store = store
+        #: Decodes and seals again entries a store codec encoded (None: refuse them).
+        self.values = values
 
     def listing(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.listing(limit)
@@ -131,8 +140,14 @@ class DeadLetterAdmin:
             raise InvalidInput(
                 f"dead letter {name!r} belongs to an outbox: name its collection (--collection)"
             )
+        stored = doc.get("entry")
+        if _encoded(stored) and self.values is None:
+            raise InvalidInput(
+                f"dead letter {name!r} holds an entry encoded by a store codec "
+                "(docoutbox.stored): replay it with the stores' codec (--decode)"
+            )
         try:
-            entry = OutboxMessage.parse(doc.get("entry"))
+            entry = OutboxMessage.parse(self._opened(stored))
         except InvalidInput as exc:
             raise InvalidInput(
                 f"dead letter {name!r} holds a malformed entry and cannot be replayed "
@@ -167,13 +182,15 @@ class DeadLetterAdmin:
             republish(doc["queue"], body.encode() if isinstance(body, str) else body)
             self.store.delete([name])
             return Replayed(name, "republished", f"queue {doc['queue']}")
-        entry = dict(doc["entry"])
+        entry = self._opened(doc["entry"])
         headers = dict(entry.get("headers") or {})
         headers["docoutbox-replay-of"] = str(entry["id"])
         headers["docoutbox-replayed-at"] = utcnow().isoformat()
         new_id = f"{entry['id']}~r{uuid.uuid4().hex[:8]}"
         entry.update(id=new_id, attempts=0, last_error=None, headers=headers)
         aggregate_id = entry["aggregate_id"]
+        if _encoded(doc["entry"]) and self.values is not None:
+            entry = self.values.seal_entry(entry)  # stored as the store would store it
         appended = self.store.append(aggregate_id, entry)
         self.store.delete([name])
         where = f"{self.store.aggregates}/{aggregate_id!r} seq {entry['seq']}"
@@ -181,8 +198,21 @@ class DeadLetterAdmin:
             return Replayed(name, "re-appended", f"{where} as {new_id}")
         return Replayed(name, "already pending", where)
 
+    def _opened(self, stored: Any) -> Any:
+        """The dead letter's entry decoded and upcast, when it is encoded."""
+        if _encoded(stored) and self.values is not None:
+            return self.values.open_entry(stored)
+        return dict(stored) if isinstance(stored, dict) else stored
+
     def purge(self, ids: Sequence[str] = ()) -> int:
         """Delete the named dead letters (all of them if none is named); how many went."""
         for name in ids:
             self.get(name)  # unknown IDs fail before anything is deleted
         return self.store.delete(list(ids) if ids else None)
+
+
+def _encoded(entry: object) -> bool:
+    """Whether a dead letter's entry holds values a store codec encoded."""
+    return isinstance(entry, dict) and any(
+        isinstance(entry.get(name), str) for name in ("payload", "headers")
+    )
