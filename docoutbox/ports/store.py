@@ -102,6 +102,27 @@ class AsyncStoreBackend(Protocol):
 
 
 @runtime_checkable
+class DueBackend(Protocol):
+    """Optional: a store backend (sync or async alike) that finds documents whose
+    scheduled entries fell due, by an index on their ``earliest_due`` hint.
+
+    ``find_due`` returns (or, async, resolves to) the documents whose ``earliest_due`` is
+    at or before ``due_before``, in ``_id`` order strictly after ``after``, at most
+    ``limit``, in ``partitions`` when given. Without it, a dispatcher publishes scheduled
+    entries only when a sweep or a change brings their document after they fell due.
+    """
+
+    def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> Any: ...
+
+
+@runtime_checkable
 class BatchWriter(Protocol):
     """Optional: a :class:`StoreBackend` that writes several plans in one round trip.
 

@@ -5,8 +5,10 @@
     { _id, type, version, partition, state: {...},
       inbox: ["msg-id", ...],                          newest last, bounded
       inbox_marks: [{source, hw, above: [...]}, ...],  exact de-duplication
-      outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...}],
-      outbox_seq, created_at, updated_at }
+      outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...,
+                due?, key?, released?}],                scheduled entries: see schedule.py
+      outbox_seq, created_at, updated_at,
+      earliest_due?, cancelled?: ["entry-id", ...] }
 
 Business state lives under one key so that "set the state" is a single operation on
 every store (a Cosmos patch allows at most 10 operations).
@@ -116,6 +118,8 @@ class Snapshot(Generic[S]):
     partition: int
     updated_at: datetime | None
     raw_outbox: tuple[dict[str, Any], ...] = field(repr=False)
+    #: IDs of scheduled entries cancelled and not yet trimmed.
+    cancelled: tuple[str, ...] = ()
 
     @cached_property
     def outbox(self) -> tuple[OutboxMessage, ...]:
@@ -151,6 +155,7 @@ def read_snapshot(doc: Document, model: type[S], state: S | None = None) -> Snap
             partition=int(doc.get("partition", 0)),
             updated_at=doc.get("updated_at"),
             raw_outbox=tuple(doc.get("outbox") or ()),
+            cancelled=tuple(doc.get("cancelled") or ()),
         )
         return snapshot
     except (KeyError, TypeError, ValueError, ValidationError) as exc:

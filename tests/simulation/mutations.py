@@ -177,9 +177,9 @@ def run_ahead() -> Iterator[None]:
     pending: dict[Any, list[Any]] = {}
     dispatch_document = loop.dispatch_document
 
-    def remembering(doc: Document, policy: Any, rng: Any) -> Generator[Any, Any, Any]:
+    def remembering(doc: Document, policy: Any, rng: Any, *now: Any) -> Generator[Any, Any, Any]:
         pending[doc["_id"]] = dispatch.pending_entries(doc)
-        return dispatch_document(doc, policy, rng)
+        return dispatch_document(doc, policy, rng, *now)
 
     def later(entry: OutboxMessage) -> list[OutboxMessage]:
         found: list[OutboxMessage] = []

@@ -50,7 +50,9 @@ def test_commit_without_emits_or_inbox_pushes_nothing() -> None:
 def test_trim_never_touches_version() -> None:
     query, update = trim_update(TrimPlan("a", ("e1", "e2")))
     assert query == {"_id": "a"}
-    assert update == {"$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}}}
+    assert update == {
+        "$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}, "cancelled": {"$in": ["e1", "e2"]}}
+    }
 
 
 def test_pending_filter_pages_across_id_types() -> None:

@@ -17,6 +17,10 @@ Failure handling, per entry:
 A quarantined entry is written to the dead-letter store *before* it is trimmed, and the
 entries after it keep flowing. Entries after a still-failing entry are never published
 ahead of it (per-aggregate order, I4).
+
+Scheduled entries (:mod:`~docoutbox.dispatch.engine.due`): only those due at ``now`` are
+published, each after a release write that fails if it was cancelled; cancelled ones are
+trimmed unpublished; the run ends with a settle of the document's due-time hint.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from __future__ import annotations
 import random
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from docoutbox.dispatch.engine.due import bad_due, due_order, release_plan, settle_plan
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidInput,
@@ -85,6 +91,10 @@ class DispatchResult:
     #: Entries left pending because the broker became unavailable.
     held: list[str] = field(default_factory=list)
     trimmed: bool = False
+    #: Cancelled scheduled entries trimmed without a publish.
+    dropped: list[str] = field(default_factory=list)
+    #: The earliest due time of the entries left because they were not due yet.
+    next_due: datetime | None = None
 
     @property
     def unavailable(self) -> bool:
@@ -103,20 +113,28 @@ def pending_entries(doc: Document) -> list[dict[str, Any]]:
 
 
 def dispatch_document(
-    doc: Document, policy: DispatchPolicy, rng: random.Random
+    doc: Document, policy: DispatchPolicy, rng: random.Random, now: datetime | None = None
 ) -> Generator[DispatchOp, Any, DispatchResult]:
-    """Publish the document's pending entries in order, quarantine poison, trim in batches."""
+    """Publish the document's pending entries in order, quarantine poison, trim in batches.
+
+    ``now``: the time scheduled entries are due against (None: none is due)."""
     result = DispatchResult(doc[ID])
     stored = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
-    removable: list[str] = []
+    order = due_order(doc, now, pending_entries(doc))
+    result.next_due = order.next_due
+    result.dropped.extend(order.cancelled)
+    removable: list[str] = list(order.cancelled)
+    removed: list[str] = []
     trims: list[bool] = []
     blocked = False
-    for raw in pending_entries(doc):
+    for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         try:
             entry: OutboxMessage = OutboxMessage.parse(raw)
+            if bad_due(raw):
+                raise InvalidInput(f"due {raw.get('due')!r} is not a time")
         except InvalidInput as exc:
             yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
@@ -125,6 +143,12 @@ def dispatch_document(
             continue
         if blocked:
             result.held.append(entry.id)
+            continue
+        release = release_plan(result.aggregate_id, raw)
+        if release is not None and not (yield Write(release)):
+            # Cancelled (or published and trimmed by another instance): never published.
+            result.dropped.append(entry.id)
+            removable.append(entry.id)
             continue
         outcome = yield from _publish_with_retries(entry, policy, rng)
         if outcome == "published":
@@ -140,11 +164,16 @@ def dispatch_document(
             plan = plan_trim(result.aggregate_id, removable, stored, revision)
             trims.append(bool((yield Write(plan))))
             gone = set(removable)
+            removed.extend(removable)
             stored, revision, removable = [i for i in stored if i not in gone], None, []
     if removable:
         plan = plan_trim(result.aggregate_id, removable, stored, revision)
         trims.append(bool((yield Write(plan))))
+        removed.extend(removable)
     result.trimmed = bool(trims) and all(trims)
+    settle = settle_plan(doc, removed)
+    if settle is not None:
+        yield Write(settle)  # not applied: an entry came since, with a hint of its own
     return result
 
 
