@@ -48,6 +48,7 @@ from docoutbox_cosmos.items import (
     ItemCodec,
     PatchOps,
     commit_patch,
+    due_queries,
     failure_patch,
     pending_queries,
     trim_patches,
@@ -222,10 +223,24 @@ def find_pending(
     older_than: datetime | None,
     partitions: Collection[int] | None,
 ) -> Flow:
+    return (yield from _paged(codec, limit, pending_queries(after, limit, older_than, partitions)))
+
+
+def find_due(
+    codec: ItemCodec,
+    due_before: datetime,
+    after: AggregateId | None,
+    limit: int,
+    partitions: Collection[int] | None,
+) -> Flow:
+    return (yield from _paged(codec, limit, due_queries(due_before, after, limit, partitions)))
+
+
+def _paged(codec: ItemCodec, limit: int, queries: list[tuple[str, Any]]) -> Flow:
     docs: list[Document] = []
     if limit <= 0:
         return docs
-    for sql, parameters in pending_queries(after, limit, older_than, partitions):
+    for sql, parameters in queries:
         params = [
             {"name": "@limit", "value": limit - len(docs)} if p["name"] == "@limit" else p
             for p in parameters

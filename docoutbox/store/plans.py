@@ -329,8 +329,11 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
-    if plan.cancel_ids:
-        after[CANCELLED] = [*doc.get(CANCELLED, ()), *plan.cancel_ids]
+    if plan.cancel_ids or doc.get(CANCELLED):
+        # IDs of cancelled entries trimmed since (a store whose trims leave them) go.
+        present = {e.get("id") for e in after["outbox"]}
+        kept = [i for i in (*doc.get(CANCELLED, ()), *plan.cancel_ids) if i in present]
+        after[CANCELLED] = kept
     if plan.sets_due:
         after[EARLIEST_DUE] = plan.earliest_due
         if plan.earliest_due is None:
