@@ -52,7 +52,7 @@ from docoutbox.store.document import (
     read_snapshot,
 )
 from docoutbox.store.inbox import Mark, is_duplicate, uses_marks
-from docoutbox.store.plans import CommitPlan, InsertPlan, apply_plan, plan_commit
+from docoutbox.store.plans import CommitPlan, InsertPlan, apply_plan, cancelled_keys, plan_commit
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -118,6 +118,8 @@ class _Step(Generic[S]):
     plan: CommitPlan
     entries: list[dict[str, Any]]
     state: S
+    #: The keys of the scheduled entries this message's decision cancelled.
+    cancelled: tuple[str, ...] = ()
 
 
 @dataclass
@@ -277,6 +279,7 @@ class BatchCore(Generic[S]):
                         attempt,
                         step.state,
                         tuple(step.entries),
+                        step.cancelled,
                     )
                 self._settle(chunk, results, todo, items, seen)
                 doc, known, fresh, attempt = after, size, False, 0
@@ -339,7 +342,8 @@ class BatchCore(Generic[S]):
             except Exception as exc:  # noqa: BLE001 - a handler's failure belongs to its message
                 chunk.others[index] = Failed(aggregate_id, msg.id, exc)
                 continue
-            chunk.steps.append(_Step(index, plan, entries, decision.state))
+            keys = cancelled_keys(current, plan) if plan.cancel_ids else ()
+            chunk.steps.append(_Step(index, plan, entries, decision.state, keys))
             current = _advance(current, plan, decision.state)
             if windowed:
                 ids += 1

@@ -312,3 +312,23 @@ def test_without_a_due_query_the_engine_issues_none() -> None:
     for _ in range(steps_for(1)):
         world.step()
     assert world.published() == []  # left to the sweeps (sweep_interval: an hour here)
+
+
+def test_a_batch_reports_its_cancels_and_never_stores_what_it_schedules_and_cancels() -> None:
+    world = World()
+    world.handle("t", msg("m0", "Start", after=10, key="old"))
+    batch = world.timers.handle_batch(
+        "t",
+        [
+            msg("m1", "Start", after=10, key="new"),
+            msg("m2", "Stop", key="new"),
+            msg("m3", "Stop", key="old"),
+        ],
+        handlers,
+    )
+    cancelled = [outcome.cancelled for outcome in batch.results]  # type: ignore[union-attr]
+    assert cancelled == [(), ("new",), ("old",)]
+    doc = world.backend.docs["t"]
+    assert [e.get("key") for e in doc["outbox"]] == ["old"]  # "new" was never stored
+    assert doc["cancelled"] == [doc["outbox"][0]["id"]]
+    assert "earliest_due" not in doc
