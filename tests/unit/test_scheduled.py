@@ -332,3 +332,15 @@ def test_a_batch_reports_its_cancels_and_never_stores_what_it_schedules_and_canc
     assert [e.get("key") for e in doc["outbox"]] == ["old"]  # "new" was never stored
     assert doc["cancelled"] == [doc["outbox"][0]["id"]]
     assert "earliest_due" not in doc
+
+
+def test_the_due_query_clears_the_hint_a_run_died_before_settling() -> None:
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    doc = world.backend.docs["t"]
+    # Published and trimmed, then the run died: the hint stays, the outbox is empty.
+    assert world.timers.trim("t", [doc["outbox"][0]["id"]])
+    assert world.backend.docs["t"]["earliest_due"] is not None
+    world.until(lambda: "earliest_due" not in world.backend.docs["t"])
+    assert world.published() == []

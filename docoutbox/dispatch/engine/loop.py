@@ -48,6 +48,7 @@ from docoutbox.dispatch.engine.checkpoint import (
     Sweep,
     always_done,
 )
+from docoutbox.dispatch.engine.due import settle_plan
 from docoutbox.dispatch.engine.due_clock import DueClock
 from docoutbox.dispatch.engine.flow import (
     DispatchPolicy,
@@ -607,6 +608,18 @@ class DispatchEngine:
             self._next_poll = now + self.config.poll_interval
         return bool(events)
 
+    def _settle_idle(self, doc: Document) -> Generator[EngineOp, Any, None]:
+        """Remove the due-time hint of a document left with no pending entry (a run that
+        trimmed its last scheduled entry died before its settle): no run would ever start
+        for it, and every due query would find it again."""
+        plan = settle_plan(doc, [])
+        if plan is None:
+            return
+        try:
+            yield Write(plan)
+        except StoreError as exc:
+            log.warning("settle_failed aggregate=%r error=%r", doc.get(ID), exc)
+
     def _poll_room(self, now: float) -> int:
         """How many events to read from the stream now (0: not now).
 
@@ -741,7 +754,8 @@ class DispatchEngine:
             return False
         located = scope if self._locate is not None else None
         for doc in docs:
-            self.request(doc, scope=located)
+            if self.request(doc, scope=located) is None and not doc.get("outbox"):
+                yield from self._settle_idle(doc)
         full = len(docs) >= self.config.sweep_page
         self.due.scanned(now, docs[-1][ID] if full else None)
         return bool(docs)
