@@ -1,15 +1,16 @@
 """When the dispatcher next queries for scheduled entries fallen due (pure, thread-safe).
 
-Rule (the bound): a query runs every ``interval`` seconds, and sooner at the earliest due
-time the dispatcher has seen (a change event's ``earliest_due``, a run's entries left
-for later), and at once after a partition or feed range is acquired. A due entry
-therefore waits for its run at most ``interval`` plus one turn of the loop; the run
-then publishes it. A timer lost to a race (two runs reporting at once) only falls back
-on the periodic query.
+Rule (the bound): a query runs every ``interval`` seconds, and sooner at each due time
+the dispatcher has seen (a change event's ``earliest_due``, a run's entries left for
+later; at most :data:`MAX_TIMERS` of them, the rest wait for the periodic query), and at
+once after a partition or feed range is acquired. A due entry therefore waits for its
+run at most ``interval`` plus one turn of the loop, and usually one turn; the run then
+publishes it.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections.abc import Callable
@@ -18,6 +19,9 @@ from typing import Any
 
 from docoutbox.model import AggregateId
 from docoutbox.store.schedule import EARLIEST_DUE, as_utc
+
+#: Due times remembered at once; beyond them, entries wait for the periodic query.
+MAX_TIMERS = 10_000
 
 
 class DueClock:
@@ -31,13 +35,14 @@ class DueClock:
         self._mono = monotonic
         self._clock = clock
         self._periodic = -math.inf  # the first turn queries at once
-        self._timer = math.inf
+        #: Monotonic times to query at, earliest first.
+        self._timers: list[float] = []
         self._lock = threading.Lock()
         #: Where the next page of an unfinished query starts (None: from the first).
         self.after: AggregateId | None = None
 
     def _next(self) -> float:
-        return min(self._periodic, self._timer)
+        return min(self._periodic, self._timers[0]) if self._timers else self._periodic
 
     def ready(self, now: float) -> bool:
         """Whether to query now."""
@@ -67,7 +72,8 @@ class DueClock:
         delay = max(0.0, (due - self._clock()).total_seconds())
         at = self._mono() + delay
         with self._lock:
-            self._timer = min(self._timer, at)
+            if len(self._timers) < MAX_TIMERS:
+                heapq.heappush(self._timers, at)
 
     def scanned(self, started: float, after: AggregateId | None) -> None:
         """A query that began at ``started`` (monotonic) is answered; ``after``: where
@@ -77,5 +83,5 @@ class DueClock:
             if after is not None:
                 return
             self._periodic = started + self._interval
-            if self._timer <= started:
-                self._timer = math.inf
+            while self._timers and self._timers[0] <= started:
+                heapq.heappop(self._timers)
