@@ -352,7 +352,11 @@ def pending_queries(
     common = ["ARRAY_LENGTH(c.outbox) > 0"]
     params: list[dict[str, Any]] = [{"name": "@limit", "value": int(limit)}]
     if older_than is not None:
-        common.append("EXISTS(SELECT VALUE e FROM e IN c.outbox WHERE e.created_at < @older)")
+        # A scheduled entry counts from its due time (the due query finds it before).
+        common.append(
+            "EXISTS(SELECT VALUE e FROM e IN c.outbox WHERE e.created_at < @older"
+            " AND (NOT IS_DEFINED(e.due) OR e.due < @older))"
+        )
         params.append({"name": "@older", "value": format_time(older_than)})
     return _paged(common, params, after, partitions)
 

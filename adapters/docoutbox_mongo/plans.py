@@ -8,7 +8,7 @@ from typing import Any
 
 from docoutbox.model import AggregateId
 from docoutbox.store.plans import CommitPlan, FailurePlan, ReleasePlan, SettlePlan, TrimPlan
-from docoutbox.store.schedule import CANCELLED, EARLIEST_DUE, RELEASED
+from docoutbox.store.schedule import CANCELLED, DUE, EARLIEST_DUE, RELEASED
 
 Filter = dict[str, Any]
 Update = dict[str, Any]
@@ -135,7 +135,12 @@ def pending_filter(
     elif after is not None:
         clauses.append({"_id": {"$gt": after}})
     if older_than is not None:
-        clauses.append({"outbox": {"$elemMatch": {"created_at": {"$lt": older_than}}}})
+        # A scheduled entry counts from its due time (the due query finds it before).
+        aged = {
+            "created_at": {"$lt": older_than},
+            "$or": [{DUE: {"$exists": False}}, {DUE: {"$lt": older_than}}],
+        }
+        clauses.append({"outbox": {"$elemMatch": aged}})
     if partitions is not None:
         clauses.append({"partition": {"$in": sorted(partitions)}})
     return clauses[0] if len(clauses) == 1 else {"$and": clauses}

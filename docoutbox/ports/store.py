@@ -68,7 +68,11 @@ class StoreBackend(Protocol):
     ) -> list[Document]:
         """Documents with a non-empty outbox, in ``_id`` order, strictly after ``after``.
 
-        ``older_than`` keeps only those whose oldest pending entry was created before it.
+        ``older_than`` keeps only those whose oldest pending entry was created before it;
+        a scheduled entry counts from its due time instead, once that is also before it
+        (a periodic sweep then leaves documents whose entries wait for later to the due
+        query). A backend that counts scheduled entries from their creation only makes
+        its sweeps run such documents for nothing.
         """
         ...
 

@@ -61,7 +61,8 @@ def test_pending_filter_pages_across_id_types() -> None:
     assert numeric == {"$or": [{"_id": {"$gt": 5}}, {"_id": {"$type": "string"}}]}
     full = pending_filter("k", NOW, {3, 1})["$and"]
     assert {"_id": {"$gt": "k"}} in full
-    assert {"outbox": {"$elemMatch": {"created_at": {"$lt": NOW}}}} in full
+    aged = {"created_at": {"$lt": NOW}, "$or": [{"due": {"$exists": False}}, {"due": {"$lt": NOW}}]}
+    assert {"outbox": {"$elemMatch": aged}} in full
     assert {"partition": {"$in": [1, 3]}} in full
 
 
