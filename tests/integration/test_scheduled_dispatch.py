@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from docoutbox import AggregateStore, OutboxMessage
+from docoutbox.dispatch.extras.immediate import ImmediateDispatcher
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import ReleasePlan, SettlePlan
-from docoutbox.testing import MemoryPublisher
+from docoutbox.testing import MemoryBackend, MemoryPublisher
 from tests.support.backends import (
     BACKENDS,
     DISPATCH_DRIVERS,
@@ -138,3 +139,20 @@ def test_release_cancel_settle_and_the_due_query_on_the_server(bundle: Any) -> N
     assert not backend.write(SettlePlan("a", seq + 1, None))
     assert backend.write(SettlePlan("a", seq, None))
     assert backend.find_due(due_before=soon, after=None, limit=10) == []
+
+
+def test_the_immediate_path_leaves_scheduled_entries_to_the_dispatcher() -> None:
+    backend = MemoryBackend()
+    store = AggregateStore(backend, Timer)
+    publisher = MemoryPublisher()
+    immediate = ImmediateDispatcher(store, publisher).start()
+    try:
+        store.handle("t", msg("s1", "Start", after=3600, key="a"), handlers, create=True)
+        [pong] = store.handle("t", msg("p1", "Ping"), handlers).emitted  # reloads: a gap
+        wait_until(lambda: publisher.ids() == [pong.id])
+        immediate.drain()
+    finally:
+        immediate.stop()
+    assert publisher.ids() == [pong.id]
+    [left] = backend.docs["t"]["outbox"]
+    assert left["key"] == "a"  # still pending, for the dispatcher once due
