@@ -13,34 +13,37 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from docoutbox.errors import InvalidConfig, InvalidHandlerResult, UnknownMessageType
-from docoutbox.model import AggregateId, Emit, Message
+from docoutbox.model import AggregateId, Cancel, Emit, Message
 
 S = TypeVar("S", bound=BaseModel)
 
 
 @dataclass(frozen=True, init=False)
 class Decision(Generic[S]):
-    """What a handler decided: the new state and the messages to send with it."""
+    """What a handler decided: the new state, the messages to send with it, and the
+    scheduled messages to cancel (:func:`~docoutbox.model.cancel`)."""
 
     state: S
     emits: tuple[Emit, ...]
+    cancels: tuple[str, ...] = ()
 
-    def __init__(self, state: S, *emits: Emit | Iterable[Emit]) -> None:
+    def __init__(self, state: S, *emits: Emit | Cancel | Iterable[Emit | Cancel]) -> None:
         if not isinstance(state, BaseModel):
             raise InvalidHandlerResult(
                 f"a Decision's state must be a pydantic model, got {type(state).__name__}"
             )
         flat: list[Emit] = []
+        cancels: list[str] = []
         for item in emits:
-            if isinstance(item, Emit):
-                flat.append(item)
+            if isinstance(item, Emit | Cancel):
+                _add(item, flat, cancels)
                 continue
             if isinstance(item, str | bytes | dict | BaseModel) or not isinstance(item, Iterable):
                 raise InvalidHandlerResult(
@@ -48,14 +51,22 @@ class Decision(Generic[S]):
                     f"{type(item).__name__}; use docoutbox.emit()"
                 )
             for sub in item:
-                if not isinstance(sub, Emit):
+                if not isinstance(sub, Emit | Cancel):
                     raise InvalidHandlerResult(
                         f"a Decision takes Emit values, got {type(sub).__name__} in "
                         f"{type(item).__name__}; use docoutbox.emit()"
                     )
-                flat.append(sub)
+                _add(sub, flat, cancels)
         object.__setattr__(self, "state", state)
         object.__setattr__(self, "emits", tuple(flat))
+        object.__setattr__(self, "cancels", tuple(dict.fromkeys(cancels)))
+
+
+def _add(item: Emit | Cancel, emits: list[Emit], cancels: list[str]) -> None:
+    if isinstance(item, Cancel):
+        cancels.append(item.key)
+    else:
+        emits.append(item)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +90,17 @@ class Context:
     correlation_id: str | None
     causation_id: str | None
     now: datetime
+    #: The aggregate's scheduled entries that may still be cancelled: key -> due time.
+    scheduled: Mapping[str, datetime] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, aggregate_id: AggregateId, aggregate_type: str, message: Message, now: datetime
+        cls,
+        aggregate_id: AggregateId,
+        aggregate_type: str,
+        message: Message,
+        now: datetime,
+        scheduled: Mapping[str, datetime] | None = None,
     ) -> Context:
         """The context of handling ``message`` on the aggregate ``aggregate_id``."""
         return cls(
@@ -94,6 +112,7 @@ class Context:
             message.correlation_id,
             message.causation_id,
             now,
+            scheduled if scheduled is not None else {},
         )
 
 
@@ -147,7 +166,7 @@ def check_result(result: object, model: type[S]) -> Decision[S]:
         # The common case, a bare state: the Decision Decision(result) would make, built
         # without its argument checks (none of which can fail here).
         decision = object.__new__(Decision)
-        decision.__dict__.update(state=result, emits=())
+        decision.__dict__.update(state=result, emits=(), cancels=())
         return decision
     if isinstance(result, Decision):
         decision = result

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import builtins
 import math
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import (
@@ -268,8 +269,19 @@ class Message(_Strict):
             ) from exc
 
 
+#: The longest key of a scheduled entry.
+MAX_KEY_LENGTH = 256
+#: The furthest ahead an entry may be scheduled (``deliver_after``).
+MAX_DELAY = timedelta(days=3650)
+
+
 class Emit(_Strict):
-    """An outgoing message a handler asks to send; the store seals it into the outbox."""
+    """An outgoing message a handler asks to send; the store seals it into the outbox.
+
+    A *scheduled* emit (``deliver_at`` or ``deliver_after``) is published once it is due,
+    not before; its ``key``, if any, lets a later handler of the same aggregate cancel it
+    (:func:`cancel`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     _invalid: ClassVar[type[InvalidInput]] = InvalidMessage
@@ -279,13 +291,38 @@ class Emit(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     destination: str | None = None
     id: str | None = Field(default=None, min_length=1, max_length=512)
+    deliver_at: datetime | None = None
+    deliver_after: timedelta | None = None
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_KEY_LENGTH)
 
     _payload_in = field_validator("payload", mode="before")(_json_object)
 
     @model_validator(mode="after")
     def _storable(self) -> Emit:
-        check_storable((self.type, self.destination, self.id), self.payload, self.headers)
+        check_storable((self.type, self.destination, self.id, self.key), self.payload, self.headers)
+        if self.deliver_at is not None:
+            if self.deliver_after is not None:
+                raise ValueError("give deliver_at or deliver_after, not both")
+            if self.deliver_at.tzinfo is None:
+                raise ValueError("deliver_at must be a timezone-aware datetime")
+        if self.deliver_after is not None and not (timedelta(0) <= self.deliver_after <= MAX_DELAY):
+            raise ValueError(f"deliver_after must be from 0 to {MAX_DELAY}")
+        if self.key is not None and not self.scheduled:
+            raise ValueError("a key is only for a scheduled emit (deliver_at or deliver_after)")
         return self
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether this emit is due later (``deliver_at`` or ``deliver_after``)."""
+        return self.deliver_at is not None or self.deliver_after is not None
+
+    def due(self, now: datetime) -> datetime | None:
+        """When this emit falls due if committed at ``now`` (None: not scheduled)."""
+        if self.deliver_at is not None:
+            return self.deliver_at.astimezone(UTC)
+        if self.deliver_after is not None:
+            return now + self.deliver_after
+        return None
 
 
 def emit(
@@ -295,15 +332,52 @@ def emit(
     destination: str | None = None,
     headers: dict[str, str] | None = None,
     id: str | None = None,
+    deliver_at: datetime | None = None,
+    deliver_after: timedelta | float | None = None,
+    key: str | None = None,
 ) -> Emit:
-    """Describe an outgoing message. Pure: nothing is sent until the commit succeeds."""
+    """Describe an outgoing message. Pure: nothing is sent until the commit succeeds.
+
+    ``deliver_at`` (an aware datetime) or ``deliver_after`` (a timedelta, or seconds)
+    schedule it: it is published once due, never before. ``key`` names a scheduled
+    message so that a later handler of the same aggregate can :func:`cancel` it.
+    """
+    if isinstance(deliver_after, int | float) and not isinstance(deliver_after, bool):
+        if not math.isfinite(deliver_after):
+            raise InvalidMessage(f"deliver_after must be finite, got {deliver_after!r}")
+        deliver_after = timedelta(seconds=min(deliver_after, MAX_DELAY.total_seconds() + 1))
     return Emit(
         type=type,
         payload=payload if payload is not None else {},
         destination=destination,
         headers=headers if headers is not None else {},
         id=id,
+        deliver_at=deliver_at,
+        deliver_after=deliver_after,
+        key=key,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A handler's request to cancel its aggregate's pending scheduled entry ``key``.
+
+    Part of a :class:`~docoutbox.handlers.Decision`, written in the same conditional write
+    as the rest of it. An entry already released for publishing (it fell due), published
+    or never scheduled is not cancelled: the handler can tell beforehand from
+    ``Context.scheduled``, and afterwards from ``Outcome.cancelled``.
+    """
+
+    key: str
+
+
+def cancel(key: str) -> Cancel:
+    """Cancel the pending scheduled entry ``key`` of the handled aggregate (pure)."""
+    if type(key) is not str or not 1 <= len(key) <= MAX_KEY_LENGTH or not is_utf8(key):
+        raise InvalidMessage(
+            f"a key is UTF-8 text of 1 to {MAX_KEY_LENGTH} characters, got {key!r}"
+        )
+    return Cancel(key)
 
 
 class OutboxMessage(_Strict):

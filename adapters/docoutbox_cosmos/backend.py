@@ -228,6 +228,20 @@ class CosmosBackend(_Base):
         docs: list[Document] = self._run(flow)
         return docs
 
+    def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        """Documents whose scheduled entries fell due by ``due_before`` (one query across
+        partitions; a dispatcher owning feed ranges keeps those of its ranges)."""
+        flow = flows.find_due(self.codec, due_before, after, limit, partitions)
+        docs: list[Document] = self._run(flow)
+        return docs
+
     def ensure_indexes(self) -> None:
         """Check the container exists (:class:`~docoutbox_cosmos.errors.ContainerNotFound`
         otherwise); no index to create: Cosmos DB's default indexing policy covers every
@@ -285,6 +299,18 @@ class AsyncCosmosBackend(_Base):
         partitions: Collection[int] | None = None,
     ) -> list[Document]:
         flow = flows.find_pending(self.codec, after, limit, older_than, partitions)
+        docs: list[Document] = await self._run(flow)
+        return docs
+
+    async def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        flow = flows.find_due(self.codec, due_before, after, limit, partitions)
         docs: list[Document] = await self._run(flow)
         return docs
 

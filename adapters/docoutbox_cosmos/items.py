@@ -32,6 +32,7 @@ from docoutbox.errors import InvalidAggregateId, InvalidPayload
 from docoutbox.model import AggregateId, check_aggregate_id
 from docoutbox.store.document import ID, Document
 from docoutbox.store.plans import CommitPlan, FailurePlan
+from docoutbox.store.schedule import DUE, EARLIEST_DUE
 
 #: The largest item Cosmos DB accepts, in bytes.
 MAX_ITEM_BYTES = 2 * 1024 * 1024
@@ -229,18 +230,23 @@ class ItemCodec:
             if key in SYSTEM_FIELDS or (key == self.field and self.field != "id"):
                 continue
             doc[key] = value
-        for key in ("created_at", "updated_at"):
+        for key in ("created_at", "updated_at", EARLIEST_DUE):
             if key in doc:
                 doc[key] = parse_time(doc[key])
         outbox = doc.get("outbox")
         if isinstance(outbox, list):
-            doc["outbox"] = [
-                {**e, "created_at": parse_time(e["created_at"])}
-                if isinstance(e, dict) and "created_at" in e
-                else e
-                for e in outbox
-            ]
+            doc["outbox"] = [_entry_times(e) for e in outbox]
         return doc
+
+
+def _entry_times(entry: object) -> object:
+    """A stored entry with its times (``created_at``, and ``due`` if scheduled) parsed."""
+    if not isinstance(entry, dict) or "created_at" not in entry:
+        return entry
+    parsed = {**entry, "created_at": parse_time(entry["created_at"])}
+    if DUE in entry:
+        parsed[DUE] = parse_time(entry[DUE])
+    return parsed
 
 
 def item_size(item: object) -> int:
@@ -316,6 +322,24 @@ def failure_patch(outbox: list[Any], plan: FailurePlan) -> tuple[PatchOps, str] 
 Query = tuple[str, list[dict[str, Any]]]
 
 
+def due_queries(
+    due_before: datetime,
+    after: AggregateId | None,
+    limit: int,
+    partitions: Collection[int] | None,
+) -> list[Query]:
+    """Parameterized queries for documents whose ``earliest_due`` is at or before
+    ``due_before``, after ``after`` (in :func:`pending_queries`' order). Times are
+    stored as fixed-width UTC text, so they compare as text; the default indexing
+    policy indexes the field."""
+    common = ["IS_DEFINED(c.earliest_due)", "c.earliest_due <= @due"]
+    params: list[dict[str, Any]] = [
+        {"name": "@limit", "value": int(limit)},
+        {"name": "@due", "value": format_time(due_before)},
+    ]
+    return _paged(common, params, after, partitions)
+
+
 def pending_queries(
     after: AggregateId | None,
     limit: int,
@@ -330,8 +354,22 @@ def pending_queries(
     common = ["ARRAY_LENGTH(c.outbox) > 0"]
     params: list[dict[str, Any]] = [{"name": "@limit", "value": int(limit)}]
     if older_than is not None:
-        common.append("EXISTS(SELECT VALUE e FROM e IN c.outbox WHERE e.created_at < @older)")
+        # A scheduled entry counts from its due time (the due query finds it before).
+        common.append(
+            "EXISTS(SELECT VALUE e FROM e IN c.outbox WHERE e.created_at < @older"
+            " AND (NOT IS_DEFINED(e.due) OR e.due < @older))"
+        )
         params.append({"name": "@older", "value": format_time(older_than)})
+    return _paged(common, params, after, partitions)
+
+
+def _paged(
+    common: list[str],
+    params: list[dict[str, Any]],
+    after: AggregateId | None,
+    partitions: Collection[int] | None,
+) -> list[Query]:
+    """``common`` conditions, paged by ``aid`` after ``after``, in ``partitions``."""
     if partitions is not None:
         common.append("ARRAY_CONTAINS(@partitions, c.partition)")
         params.append({"name": "@partitions", "value": sorted(int(p) for p in partitions)})

@@ -36,6 +36,8 @@ from docoutbox.store.plans import (
     CommitPlan,
     FailurePlan,
     InsertPlan,
+    ReleasePlan,
+    SettlePlan,
     TrimPlan,
     WritePlan,
     apply_plan,
@@ -46,6 +48,7 @@ from docoutbox_cosmos.items import (
     ItemCodec,
     PatchOps,
     commit_patch,
+    due_queries,
     failure_patch,
     pending_queries,
     trim_patches,
@@ -120,7 +123,8 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
         return not isinstance(answer, Refusal)
     item_id, pk = codec.key(plan.aggregate_id)
     if isinstance(plan, CommitPlan):
-        patch = commit_patch(plan)
+        # A commit that cancels or moves the due-time hint replaces the item.
+        patch = None if plan.cancel_ids or plan.sets_due else commit_patch(plan)
         if patch is not None:
             answer = yield Patch(item_id, pk, *patch)
             return not isinstance(answer, Refusal)
@@ -128,7 +132,9 @@ def write(codec: ItemCodec, plan: WritePlan) -> Flow:
         done = yield from _trim_unchanged(plan, item_id, pk, plan.revision, plan.outbox)
         if done is not None:
             return done
-    recall = not isinstance(plan, CommitPlan)  # a trim first trusts the remembered outbox
+    # A trim or failure record first trusts the remembered outbox; a release or settle
+    # reads the item and replaces it guarded by its ETag, like a large commit.
+    recall = isinstance(plan, TrimPlan | FailurePlan)
     for _ in range(MAX_RACES):
         if recall and isinstance(plan, TrimPlan) and plan.outbox is not None:
             item = hinted(plan.outbox)  # the positions the dispatcher saw: no request
@@ -178,7 +184,7 @@ def _trim_unchanged(
 
 def _conditional(
     codec: ItemCodec,
-    plan: CommitPlan | TrimPlan | FailurePlan,
+    plan: CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan,
     item: Item,
     item_id: str,
     pk: str,
@@ -217,10 +223,24 @@ def find_pending(
     older_than: datetime | None,
     partitions: Collection[int] | None,
 ) -> Flow:
+    return (yield from _paged(codec, limit, pending_queries(after, limit, older_than, partitions)))
+
+
+def find_due(
+    codec: ItemCodec,
+    due_before: datetime,
+    after: AggregateId | None,
+    limit: int,
+    partitions: Collection[int] | None,
+) -> Flow:
+    return (yield from _paged(codec, limit, due_queries(due_before, after, limit, partitions)))
+
+
+def _paged(codec: ItemCodec, limit: int, queries: list[tuple[str, Any]]) -> Flow:
     docs: list[Document] = []
     if limit <= 0:
         return docs
-    for sql, parameters in pending_queries(after, limit, older_than, partitions):
+    for sql, parameters in queries:
         params = [
             {"name": "@limit", "value": limit - len(docs)} if p["name"] == "@limit" else p
             for p in parameters

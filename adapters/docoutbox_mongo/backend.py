@@ -17,16 +17,30 @@ from pymongo.errors import DuplicateKeyError
 from docoutbox.errors import InvalidPayload
 from docoutbox.model import AggregateId
 from docoutbox.store.document import Document
-from docoutbox.store.plans import CommitPlan, FailurePlan, InsertPlan, TrimPlan, WritePlan
+from docoutbox.store.plans import (
+    CommitPlan,
+    FailurePlan,
+    InsertPlan,
+    ReleasePlan,
+    SettlePlan,
+    TrimPlan,
+    WritePlan,
+)
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import (
+    DUE_FILTER,
+    DUE_INDEX,
+    DUE_KEYS,
     INDEXES,
     PENDING_PARTITION_FILTER,
     PENDING_PARTITION_INDEX,
     PENDING_PARTITION_KEYS,
     commit_update,
+    due_filter,
     failure_update,
     pending_filter,
+    release_update,
+    settle_update,
     trim_update,
 )
 
@@ -72,12 +86,16 @@ def _ascii_strings_size(items: list[Any]) -> int | None:
 
 
 def _update_args(
-    plan: CommitPlan | TrimPlan | FailurePlan,
+    plan: CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     if isinstance(plan, CommitPlan):
         return commit_update(plan)
     if isinstance(plan, TrimPlan):
         return trim_update(plan)
+    if isinstance(plan, ReleasePlan):
+        return release_update(plan)
+    if isinstance(plan, SettlePlan):
+        return settle_update(plan)
     return failure_update(plan)
 
 
@@ -139,6 +157,18 @@ class MongoBackend:
         with translated():
             return list(self.collection.find(query).sort("_id", ASCENDING).limit(limit))
 
+    def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        query = due_filter(due_before, after, partitions)
+        with translated():
+            return list(self.collection.find(query).sort("_id", ASCENDING).limit(limit))
+
     def ensure_indexes(self) -> None:
         with translated():
             for name, keys in INDEXES:
@@ -147,6 +177,9 @@ class MongoBackend:
                 PENDING_PARTITION_KEYS,
                 name=PENDING_PARTITION_INDEX,
                 partialFilterExpression=PENDING_PARTITION_FILTER,
+            )
+            self.collection.create_index(
+                DUE_KEYS, name=DUE_INDEX, partialFilterExpression=DUE_FILTER
             )
 
 
@@ -205,6 +238,19 @@ class AsyncMongoBackend:
             cursor = self.collection.find(query).sort("_id", ASCENDING).limit(limit)
             return [doc async for doc in cursor]
 
+    async def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        query = due_filter(due_before, after, partitions)
+        with translated():
+            cursor = self.collection.find(query).sort("_id", ASCENDING).limit(limit)
+            return [doc async for doc in cursor]
+
     async def ensure_indexes(self) -> None:
         with translated():
             for name, keys in INDEXES:
@@ -213,4 +259,7 @@ class AsyncMongoBackend:
                 PENDING_PARTITION_KEYS,
                 name=PENDING_PARTITION_INDEX,
                 partialFilterExpression=PENDING_PARTITION_FILTER,
+            )
+            await self.collection.create_index(
+                DUE_KEYS, name=DUE_INDEX, partialFilterExpression=DUE_FILTER
             )

@@ -7,7 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from docoutbox.model import AggregateId
-from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
+from docoutbox.store.plans import CommitPlan, FailurePlan, ReleasePlan, SettlePlan, TrimPlan
+from docoutbox.store.schedule import CANCELLED, DUE, EARLIEST_DUE, RELEASED
 
 Filter = dict[str, Any]
 Update = dict[str, Any]
@@ -23,6 +24,12 @@ INDEXES: tuple[tuple[str, list[tuple[str, int]]], ...] = (
 PENDING_PARTITION_INDEX = "docoutbox_pending_partition"
 PENDING_PARTITION_KEYS = [("partition", 1)]
 PENDING_PARTITION_FILTER: Filter = {"outbox.0": {"$exists": True}}
+
+#: The partial index of the due query: only documents with pending scheduled entries
+#: carry ``earliest_due``, so it holds as many keys as such documents.
+DUE_INDEX = "docoutbox_due"
+DUE_KEYS = [(EARLIEST_DUE, 1)]
+DUE_FILTER: Filter = {EARLIEST_DUE: {"$exists": True}}
 
 
 def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
@@ -46,15 +53,67 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
         update["$set"]["inbox_marks"] = list(plan.inbox_marks)
     if plan.state_version is not None:
         update["$set"]["state_version"] = plan.state_version
-    return {"_id": plan.aggregate_id, "version": plan.expected_version}, update
+    query: Filter = {"_id": plan.aggregate_id, "version": plan.expected_version}
+    if plan.cancel_ids:
+        # Each cancelled entry must still be pending and not released (schedule.py).
+        query["$and"] = [
+            {"outbox": {"$elemMatch": {"id": entry_id, RELEASED: {"$ne": True}}}}
+            for entry_id in plan.cancel_ids
+        ]
+        push[CANCELLED] = {"$each": list(plan.cancel_ids)}
+        update["$push"] = push
+    if plan.sets_due:
+        if plan.earliest_due is None:
+            update["$unset"] = {EARLIEST_DUE: ""}
+        else:
+            update["$set"][EARLIEST_DUE] = plan.earliest_due
+    return query, update
 
 
 def trim_update(plan: TrimPlan) -> tuple[Filter, Update]:
-    """Pull published entries by ID. No version filter, no version change."""
+    """Pull published (or cancelled) entries by ID, and their IDs from ``cancelled``.
+    No version filter, no version change."""
+    ids = list(plan.entry_ids)
     return (
         {"_id": plan.aggregate_id},
-        {"$pull": {"outbox": {"id": {"$in": list(plan.entry_ids)}}}},
+        {"$pull": {"outbox": {"id": {"$in": ids}}, CANCELLED: {"$in": ids}}},
     )
+
+
+def release_update(plan: ReleasePlan) -> tuple[Filter, Update]:
+    """Mark a due entry released, unless it was cancelled. No version filter or change."""
+    return (
+        {"_id": plan.aggregate_id, "outbox.id": plan.entry_id, CANCELLED: {"$ne": plan.entry_id}},
+        {"$set": {f"outbox.$.{RELEASED}": True}},
+    )
+
+
+def settle_update(plan: SettlePlan) -> tuple[Filter, Update]:
+    """Set (or remove) the due-time hint, if no entry was added since ``outbox_seq``."""
+    query = {"_id": plan.aggregate_id, "outbox_seq": plan.outbox_seq}
+    if plan.earliest_due is None:
+        return query, {"$unset": {EARLIEST_DUE: ""}}
+    return query, {"$set": {EARLIEST_DUE: plan.earliest_due}}
+
+
+def due_filter(
+    due_before: datetime, after: AggregateId | None, partitions: Collection[int] | None
+) -> Filter:
+    """Documents whose due-time hint is at or before ``due_before``, after ``after``."""
+    clauses: list[Filter] = [{EARLIEST_DUE: {"$lte": due_before}}]
+    clauses.extend(_after(after))
+    if partitions is not None:
+        clauses.append({"partition": {"$in": sorted(partitions)}})
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def _after(after: AggregateId | None) -> list[Filter]:
+    if isinstance(after, int):
+        # Numbers sort before strings, and $gt only compares within one type.
+        return [{"$or": [{"_id": {"$gt": after}}, {"_id": {"$type": "string"}}]}]
+    if after is not None:
+        return [{"_id": {"$gt": after}}]
+    return []
 
 
 def failure_update(plan: FailurePlan) -> tuple[Filter, Update]:
@@ -78,7 +137,12 @@ def pending_filter(
     elif after is not None:
         clauses.append({"_id": {"$gt": after}})
     if older_than is not None:
-        clauses.append({"outbox": {"$elemMatch": {"created_at": {"$lt": older_than}}}})
+        # A scheduled entry counts from its due time (the due query finds it before).
+        aged = {
+            "created_at": {"$lt": older_than},
+            "$or": [{DUE: {"$exists": False}}, {DUE: {"$lt": older_than}}],
+        }
+        clauses.append({"outbox": {"$elemMatch": aged}})
     if partitions is not None:
         clauses.append({"partition": {"$in": sorted(partitions)}})
     return clauses[0] if len(clauses) == 1 else {"$and": clauses}

@@ -25,11 +25,13 @@ from datetime import datetime
 from typing import Any
 
 from docoutbox.codec import encode_entry
+from docoutbox.dispatch.engine.due import due_order
 from docoutbox.handlers import Handlers
 from docoutbox.model import AggregateId, Message, OutboxMessage, aggregate_type_of
 from docoutbox.receive import Action, Delivery, Options, Receiver, Verdict
 from docoutbox.store.api import AggregateStore
 from docoutbox.store.core import StoreConfig
+from docoutbox.store.document import ID
 from docoutbox.testing.memory import MemoryBackend
 from docoutbox_app.endpoint.definition import Endpoint, EndpointConfigError, Input
 
@@ -157,14 +159,24 @@ class TestBus:
     # -- dispatching --------------------------------------------------------------------
 
     def dispatch(self) -> list[OutboxMessage]:
-        """Publish every pending outbox entry (per aggregate in ``seq`` order) and trim it,
-        as the dispatcher does; returns what was published now."""
+        """Publish every pending outbox entry that is due (per aggregate in ``seq`` order;
+        scheduled ones once the bus's clock reaches their due time) and trim it, as the
+        dispatcher does; cancelled ones are trimmed unpublished. Returns what was
+        published now."""
         published: list[OutboxMessage] = []
         for running in self._endpoints.values():
+            now = running.store.config.clock()
             for snapshot in list(running.store.pending()):
-                entries = snapshot.outbox
+                doc = {
+                    ID: snapshot.aggregate_id,
+                    "outbox": list(snapshot.raw_outbox),
+                    "cancelled": list(snapshot.cancelled),
+                }
+                order = due_order(doc, now)
+                entries = [OutboxMessage.parse(raw) for raw in order.entries]
                 published.extend(entries)
-                running.store.trim(snapshot.aggregate_id, [entry.id for entry in entries])
+                gone = [entry.id for entry in entries] + list(order.cancelled)
+                running.store.trim(snapshot.aggregate_id, gone)
         self.published.extend(published)
         self._undelivered.extend(published)
         return published

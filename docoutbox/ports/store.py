@@ -68,7 +68,11 @@ class StoreBackend(Protocol):
     ) -> list[Document]:
         """Documents with a non-empty outbox, in ``_id`` order, strictly after ``after``.
 
-        ``older_than`` keeps only those whose oldest pending entry was created before it.
+        ``older_than`` keeps only those whose oldest pending entry was created before it;
+        a scheduled entry counts from its due time instead, once that is also before it
+        (a periodic sweep then leaves documents whose entries wait for later to the due
+        query). A backend that counts scheduled entries from their creation only makes
+        its sweeps run such documents for nothing.
         """
         ...
 
@@ -99,6 +103,27 @@ class AsyncStoreBackend(Protocol):
     ) -> list[Document]: ...
 
     async def ensure_indexes(self) -> None: ...
+
+
+@runtime_checkable
+class DueBackend(Protocol):
+    """Optional: a store backend (sync or async alike) that finds documents whose
+    scheduled entries fell due, by an index on their ``earliest_due`` hint.
+
+    ``find_due`` returns (or, async, resolves to) the documents whose ``earliest_due`` is
+    at or before ``due_before``, in ``_id`` order strictly after ``after``, at most
+    ``limit``, in ``partitions`` when given. Without it, a dispatcher publishes scheduled
+    entries only when a sweep or a change brings their document after they fell due.
+    """
+
+    def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> Any: ...
 
 
 @runtime_checkable

@@ -3,6 +3,7 @@ write per message.
 
 - :mod:`~docoutbox.store.document`: the stored layout and its reading;
 - :mod:`~docoutbox.store.inbox`: de-duplication (ID window, exact watermarks);
+- :mod:`~docoutbox.store.schedule`: scheduled entries, cancellation and the due-time hint;
 - :mod:`~docoutbox.store.plans`: pure write plans and :func:`~docoutbox.store.plans.apply_plan`,
   the reference semantics;
 - :mod:`~docoutbox.store.core`: the store's logic as sans-IO generator flows;

@@ -50,7 +50,7 @@ from docoutbox.store.document import (
     read_snapshot,
 )
 from docoutbox.store.inbox import Mark, is_duplicate, uses_marks
-from docoutbox.store.plans import CommitPlan, InsertPlan, apply_plan, plan_commit
+from docoutbox.store.plans import CommitPlan, InsertPlan, apply_plan, cancelled_keys, plan_commit
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -116,6 +116,8 @@ class _Step(Generic[S]):
     plan: CommitPlan
     entries: list[dict[str, Any]]
     state: S
+    #: The keys of the scheduled entries this message's decision cancelled.
+    cancelled: tuple[str, ...] = ()
 
 
 @dataclass
@@ -134,23 +136,29 @@ def merge_plans(plans: Sequence[CommitPlan]) -> CommitPlan:
     for plan in plans:
         if plan.inbox_marks is not None:
             marks = plan.inbox_marks
-    pushed = tuple(i for plan in plans for i in plan.inbox_push)
+    inbox_pushed = tuple(i for plan in plans for i in plan.inbox_push)
     inbox_after = None
     for plan in plans:
         if plan.inbox_after is not None:
             inbox_after = plan.inbox_after
+    # An entry scheduled and cancelled within the chunk is never stored.
+    cancels = [i for plan in plans for i in plan.cancel_ids]
+    pushed = {e["id"] for plan in plans for e in plan.outbox_push}
     return CommitPlan(
         aggregate_id=first.aggregate_id,
         expected_version=first.expected_version,
         state=last.state,
-        outbox_push=tuple(e for plan in plans for e in plan.outbox_push),
+        outbox_push=tuple(e for plan in plans for e in plan.outbox_push if e["id"] not in cancels),
         outbox_seq=last.outbox_seq,
-        inbox_push=pushed,
+        inbox_push=inbox_pushed,
         inbox_window=first.inbox_window,
         inbox_after=inbox_after,
         inbox_marks=marks,
         updated_at=last.updated_at,
         state_version=last.state_version,
+        cancel_ids=tuple(i for i in cancels if i not in pushed),
+        sets_due=last.sets_due,
+        earliest_due=last.earliest_due,
     )
 
 
@@ -168,6 +176,8 @@ def _advance(snapshot: Snapshot[S], plan: CommitPlan, state: S) -> Snapshot[S]:
         inbox=plan.inbox_after if plan.inbox_after is not None else snapshot.inbox,
         marks=marks,
         outbox_seq=plan.outbox_seq,
+        raw_outbox=(*snapshot.raw_outbox, *plan.outbox_push),
+        cancelled=(*snapshot.cancelled, *plan.cancel_ids),
     )
 
 
@@ -272,6 +282,7 @@ class BatchCore(Generic[S]):
                         attempt,
                         step.state,
                         tuple(step.entries),
+                        step.cancelled,
                     )
                 self._settle(chunk, results, todo, items, seen)
                 doc, known, fresh, attempt = after, size, False, 0
@@ -330,13 +341,14 @@ class BatchCore(Generic[S]):
                 continue
             try:
                 decision = self.core.decide(
-                    item.handler, item.contextual, aggregate_id, current.state, msg
+                    item.handler, item.contextual, aggregate_id, current.state, msg, current
                 )
                 plan, entries = self._plan(current, msg, decision)
             except Exception as exc:  # noqa: BLE001 - a handler's failure belongs to its message
                 chunk.others[index] = Failed(aggregate_id, msg.id, exc)
                 continue
-            chunk.steps.append(_Step(index, plan, entries, decision.state))
+            keys = cancelled_keys(current, plan) if plan.cancel_ids else ()
+            chunk.steps.append(_Step(index, plan, entries, decision.state, keys))
             current = _advance(current, plan, decision.state)
             if windowed:
                 ids += 1

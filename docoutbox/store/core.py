@@ -82,10 +82,12 @@ from docoutbox.store.plans import (
     InsertPlan,
     WritePlan,
     apply_plan,
+    cancelled_keys,
     guard_size,
     plan_commit,
     plan_trim,
 )
+from docoutbox.store.schedule import cancellable
 from docoutbox.stored.codec import Codec
 from docoutbox.stored.upcast import STATE_VERSION, Upcasters
 from docoutbox.stored.values import StoredValues
@@ -214,6 +216,8 @@ class Outcome(Generic[S]):
     state: S | None = None
     #: The outbox entries this commit added, in plain form (decoded, whatever the codec).
     entries: tuple[dict[str, Any], ...] = ()
+    #: The keys of the scheduled entries this commit cancelled.
+    cancelled: tuple[str, ...] = ()
 
     @cached_property
     def emitted(self) -> tuple[OutboxMessage, ...]:
@@ -376,7 +380,7 @@ class Core(Generic[S]):
             doubt = None
             # From here on the handler may have changed snapshot.state in place.
             state = None
-            decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg)
+            decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg, snapshot)
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
             after = apply_plan(base, plan)
@@ -407,6 +411,7 @@ class Core(Generic[S]):
                     attempts=attempt,
                     state=decision.state,
                     entries=tuple(entries),
+                    cancelled=cancelled_keys(snapshot, plan) if plan.cancel_ids else (),
                 )
                 return outcome
             # A conflict may be a resend of this very write that had applied (a driver
@@ -452,12 +457,19 @@ class Core(Generic[S]):
         aggregate_id: AggregateId,
         state: S,
         message: Message,
+        snapshot: Snapshot[S] | None = None,
     ) -> Decision[S]:
         """Run ``handler`` on ``state`` (with a :class:`~docoutbox.handlers.Context` when
         ``contextual``, as :func:`~docoutbox.handlers.takes_context` said) and check what
-        it returned."""
+        it returned. ``snapshot`` tells the context which scheduled entries are pending."""
         if contextual:
-            context = Context.of(aggregate_id, self.aggregate_type, message, self.config.clock())
+            scheduled = None
+            if snapshot is not None and snapshot.raw_outbox:
+                found = cancellable(snapshot.raw_outbox, snapshot.cancelled)
+                scheduled = {key: due for key, (_, due) in found.items()}
+            context = Context.of(
+                aggregate_id, self.aggregate_type, message, self.config.clock(), scheduled
+            )
             return check_result(handler(state, message, context), self.model)
         return check_result(handler(state, message), self.model)
 

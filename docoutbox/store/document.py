@@ -5,9 +5,11 @@
     { _id, type, version, partition, state: {...},
       inbox: ["msg-id", ...],                          newest last, bounded
       inbox_marks: [{source, hw, above: [...]}, ...],  exact de-duplication
-      outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...}],
+      outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...,
+                due?, key?, released?}],                scheduled entries: see schedule.py
       outbox_seq, created_at, updated_at,
-      state_version }                                  only for versioned models
+      earliest_due?, cancelled?: ["entry-id", ...],
+      state_version? }                                 only for versioned models
 
 With a codec (:mod:`docoutbox.stored`), ``state`` and each entry's ``payload`` and
 ``headers`` hold encoded strings instead of objects; nothing else changes.
@@ -124,6 +126,8 @@ class Snapshot(Generic[S]):
     raw_outbox: tuple[dict[str, Any], ...] = field(repr=False)
     #: What decodes and upcasts the entries (None: they are plain).
     values: StoredValues | None = field(default=None, repr=False, compare=False)
+    #: IDs of scheduled entries cancelled and not yet trimmed.
+    cancelled: tuple[str, ...] = ()
 
     @cached_property
     def outbox(self) -> tuple[OutboxMessage, ...]:
@@ -165,6 +169,7 @@ def read_snapshot(
             updated_at=doc.get("updated_at"),
             raw_outbox=tuple(doc.get("outbox") or ()),
             values=values,
+            cancelled=tuple(doc.get("cancelled") or ()),
         )
         return snapshot
     except (KeyError, TypeError, ValueError, ValidationError) as exc:

@@ -6,6 +6,8 @@
   so a commit cannot drop an entry it did not publish.
 - :class:`TrimPlan`: remove published entries by ID. It does not touch ``version``, so it
   never conflicts with a business write.
+- :class:`ReleasePlan` and :class:`SettlePlan`: the dispatcher's writes for scheduled
+  entries (see :mod:`docoutbox.store.schedule`); neither touches ``version``.
 
 :func:`apply_plan` is the reference semantics every store must match; the in-memory store
 and the size guard use it directly.
@@ -19,11 +21,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from docoutbox.errors import DocumentTooLarge
+from docoutbox.errors import DocumentTooLarge, InvalidHandlerResult
 from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
 from docoutbox.store.document import ID, Document, Snapshot, fast_frozen
 from docoutbox.store.inbox import Mark, record_mark, uses_marks
+from docoutbox.store.schedule import (
+    CANCELLED,
+    DUE,
+    EARLIEST_DUE,
+    KEY,
+    RELEASED,
+    cancellable,
+    ceil_millis,
+    earliest_due,
+)
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
 
@@ -51,6 +63,13 @@ class CommitPlan:
     updated_at: datetime
     #: The model version of ``state`` to store as ``state_version`` (None: not versioned).
     state_version: int | None = None
+    #: Scheduled entries this commit cancels: each must still be pending and not released
+    #: when it applies (else the commit does not apply), and joins ``cancelled``.
+    cancel_ids: tuple[str, ...] = ()
+    #: Whether the commit sets ``earliest_due`` (to ``earliest_due``; None: removes it).
+    #: False leaves the field alone: the document had no scheduled entry.
+    sets_due: bool = False
+    earliest_due: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +99,27 @@ class FailurePlan:
     last_error: str
 
 
-WritePlan = InsertPlan | CommitPlan | TrimPlan | FailurePlan
+@dataclass(frozen=True)
+class ReleasePlan:
+    """Mark a due scheduled entry as released for publishing, if it is still pending and
+    not cancelled. Never touches ``version``; a cancel guarded by the entry not being
+    released then fails instead (see :mod:`docoutbox.store.schedule`)."""
+
+    aggregate_id: AggregateId
+    entry_id: str
+
+
+@dataclass(frozen=True)
+class SettlePlan:
+    """Set the document's ``earliest_due`` (None: remove it), if no entry was added since
+    ``outbox_seq``. Never touches ``version``."""
+
+    aggregate_id: AggregateId
+    outbox_seq: int
+    earliest_due: datetime | None
+
+
+WritePlan = InsertPlan | CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan
 
 
 def entry_id(aggregate_type: str, aggregate_id: AggregateId, seq: int) -> str:
@@ -112,23 +151,27 @@ def seal(
             message_id = entry_id(aggregate_type, aggregate_id, seq)
         else:
             message_id = str(uuid.uuid4())
-        sealed.append(
-            {
-                "id": message_id,
-                "type": item.type,
-                "payload": item.payload,
-                "headers": dict(item.headers),
-                "created_at": now,
-                "seq": seq,
-                "aggregate_id": aggregate_id,
-                "aggregate_type": aggregate_type,
-                "correlation_id": cause.correlation_id or cause.id,
-                "causation_id": cause.id,
-                "destination": item.destination,
-                "attempts": 0,
-                "last_error": None,
-            }
-        )
+        entry = {
+            "id": message_id,
+            "type": item.type,
+            "payload": item.payload,
+            "headers": dict(item.headers),
+            "created_at": now,
+            "seq": seq,
+            "aggregate_id": aggregate_id,
+            "aggregate_type": aggregate_type,
+            "correlation_id": cause.correlation_id or cause.id,
+            "causation_id": cause.id,
+            "destination": item.destination,
+            "attempts": 0,
+            "last_error": None,
+        }
+        due = item.due(now) if item.scheduled else None
+        if due is not None:
+            entry[DUE] = ceil_millis(due)
+            if item.key is not None:
+                entry[KEY] = item.key
+        sealed.append(entry)
     return sealed
 
 
@@ -164,6 +207,7 @@ def plan_commit(
     elif policy.window:
         inbox_push = (message.id,)
         inbox_after = appended(snapshot.inbox, message.id, policy.window)
+    cancel_ids, sets_due, hint = _schedule(snapshot, decision, entries)
     plan = fast_frozen(
         CommitPlan,
         aggregate_id=snapshot.aggregate_id,
@@ -176,8 +220,47 @@ def plan_commit(
         inbox_after=inbox_after,
         inbox_marks=marks,
         updated_at=now,
+        cancel_ids=cancel_ids,
+        sets_due=sets_due,
+        earliest_due=hint,
     )
     return plan, entries
+
+
+def _schedule(
+    snapshot: Snapshot[Any], decision: Decision[Any], entries: Sequence[dict[str, Any]]
+) -> tuple[tuple[str, ...], bool, datetime | None]:
+    """The entries ``decision`` cancels, whether the commit sets ``earliest_due``, and to
+    what. A cancel of a key with no cancellable entry cancels nothing (see
+    :class:`~docoutbox.model.Cancel`); a new key must not name a pending entry that stays."""
+    scheduled = any(DUE in entry for entry in entries)
+    if not (decision.cancels or scheduled or snapshot.cancelled) and not any(
+        DUE in entry for entry in snapshot.raw_outbox
+    ):
+        return (), False, None
+    pending = cancellable(snapshot.raw_outbox, snapshot.cancelled)
+    cancel_ids = tuple(pending[key][0] for key in decision.cancels if key in pending)
+    taken = {key for key in pending if key not in decision.cancels}
+    for entry in entries:
+        key = entry.get(KEY)
+        if key is None:
+            continue
+        if key in taken:
+            raise InvalidHandlerResult(
+                f"a scheduled message with key {key!r} is already pending on "
+                f"{snapshot.aggregate_id!r}: cancel it in the same decision to replace it"
+            )
+        taken.add(key)
+    gone = (*snapshot.cancelled, *cancel_ids)
+    return cancel_ids, True, earliest_due((*snapshot.raw_outbox, *entries), gone)
+
+
+def cancelled_keys(snapshot: Snapshot[Any], plan: CommitPlan) -> tuple[str, ...]:
+    """The keys of the entries ``plan`` cancels."""
+    ids = set(plan.cancel_ids)
+    return tuple(
+        entry[KEY] for entry in snapshot.raw_outbox if entry.get("id") in ids and KEY in entry
+    )
 
 
 def appended(inbox: tuple[str, ...], message_id: str, window: int) -> tuple[str, ...]:
@@ -206,7 +289,26 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         return None
     if isinstance(plan, TrimPlan):
         drop = set(plan.entry_ids)
-        return {**doc, "outbox": [e for e in doc.get("outbox", ()) if e.get("id") not in drop]}
+        after = {**doc, "outbox": [e for e in doc.get("outbox", ()) if e.get("id") not in drop]}
+        if CANCELLED in doc:
+            after[CANCELLED] = [i for i in doc[CANCELLED] if i not in drop]
+        return after
+    if isinstance(plan, ReleasePlan):
+        if plan.entry_id in (doc.get(CANCELLED) or ()):
+            return None
+        outbox = list(doc.get("outbox", ()))
+        for index, entry in enumerate(outbox):
+            if entry.get("id") == plan.entry_id:
+                outbox[index] = {**entry, RELEASED: True}
+                return {**doc, "outbox": outbox}
+        return None
+    if isinstance(plan, SettlePlan):
+        if doc.get("outbox_seq") != plan.outbox_seq:
+            return None
+        settled = {**doc, EARLIEST_DUE: plan.earliest_due}
+        if plan.earliest_due is None:
+            del settled[EARLIEST_DUE]
+        return settled
     if isinstance(plan, FailurePlan):
         outbox = list(doc.get("outbox", ()))
         for index, entry in enumerate(outbox):
@@ -215,6 +317,8 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 return {**doc, "outbox": outbox}
         return None
     if doc.get("version") != plan.expected_version:
+        return None
+    if plan.cancel_ids and not _cancellable(doc, plan.cancel_ids):
         return None
     after = {
         **doc,
@@ -230,7 +334,22 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
         after["inbox_marks"] = list(plan.inbox_marks)
     if plan.state_version is not None:
         after["state_version"] = plan.state_version
+    if plan.cancel_ids or doc.get(CANCELLED):
+        # IDs of cancelled entries trimmed since (a store whose trims leave them) go.
+        present = {e.get("id") for e in after["outbox"]}
+        kept = [i for i in (*doc.get(CANCELLED, ()), *plan.cancel_ids) if i in present]
+        after[CANCELLED] = kept
+    if plan.sets_due:
+        after[EARLIEST_DUE] = plan.earliest_due
+        if plan.earliest_due is None:
+            del after[EARLIEST_DUE]
     return after
+
+
+def _cancellable(doc: Document, entry_ids: Sequence[str]) -> bool:
+    """Whether every one of ``entry_ids`` is in the outbox and not released."""
+    open_ids = {e.get("id") for e in doc.get("outbox", ()) if not e.get(RELEASED)}
+    return all(i in open_ids for i in entry_ids)
 
 
 def kept_window(items: Sequence[Any], push: Sequence[Any], window: int) -> list[Any]:
@@ -262,6 +381,8 @@ __all__ = [
     "CommitPlan",
     "FailurePlan",
     "InsertPlan",
+    "ReleasePlan",
+    "SettlePlan",
     "TrimPlan",
     "WritePlan",
     "apply_plan",

@@ -216,6 +216,17 @@ class StoreContract:
         ids = {s.aggregate_id for s in store.pending(partitions={partition})}
         assert "c3" in ids and all(store.get(i).partition == partition for i in ids)
 
+    def test_a_scheduled_entry_is_pending_from_its_due_time(self, store: Any) -> None:
+        def schedule(state: Counter, message: Message) -> Decision[Counter]:
+            return Decision(state, emit("Later", deliver_after=timedelta(hours=1)))
+
+        store.handle("s", Message(id="m1", type="Later"), schedule, create=True)
+        soon = utcnow() + timedelta(seconds=1)
+        assert [s.aggregate_id for s in store.pending()] == ["s"]
+        assert list(store.pending(older_than=soon)) == []  # not due: not aged either
+        late = utcnow() + timedelta(hours=2)
+        assert [s.aggregate_id for s in store.pending(older_than=late)] == ["s"]
+
     def test_integer_ids_page_before_strings(self, store: Any) -> None:
         for aggregate_id in [3, 1, "b", 2, "a"]:
             store.handle(aggregate_id, add_msg("m"), counter_handlers, create=True)

@@ -12,6 +12,7 @@ from typing import Any
 from docoutbox.model import AggregateId
 from docoutbox.store.document import ID, Document
 from docoutbox.store.plans import WritePlan, apply_plan
+from docoutbox.store.schedule import DUE, EARLIEST_DUE, as_utc
 
 MONGODB_MAX_BYTES = 16 * 1024 * 1024
 
@@ -23,6 +24,15 @@ def json_size(document: Document) -> int:
 
 def _order(aggregate_id: AggregateId) -> tuple[int, Any]:
     return (0, aggregate_id) if isinstance(aggregate_id, int) else (1, aggregate_id)
+
+
+def _aged(entry: Document, older_than: datetime) -> bool:
+    """Whether ``entry`` has been pending since before ``older_than``: created before it,
+    and, if scheduled, due before it too."""
+    if not entry["created_at"] < older_than:
+        return False
+    due = as_utc(entry.get(DUE))
+    return due is None or due < older_than
 
 
 class MemoryBackend:
@@ -68,7 +78,30 @@ class MemoryBackend:
                     continue
                 if after is not None and _order(doc[ID]) <= _order(after):
                     continue
-                if older_than is not None and not any(e["created_at"] < older_than for e in outbox):
+                if older_than is not None and not any(_aged(e, older_than) for e in outbox):
+                    continue
+                if partitions is not None and doc.get("partition") not in partitions:
+                    continue
+                found.append(doc)
+            found.sort(key=lambda d: _order(d[ID]))
+            return copy.deepcopy(found[:limit])
+
+    def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        """Documents whose ``earliest_due`` is at or before ``due_before``, by ``_id``."""
+        with self._lock:
+            found = []
+            for doc in self.docs.values():
+                due = as_utc(doc.get(EARLIEST_DUE))
+                if due is None or due > due_before:
+                    continue
+                if after is not None and _order(doc[ID]) <= _order(after):
                     continue
                 if partitions is not None and doc.get("partition") not in partitions:
                     continue
@@ -106,6 +139,18 @@ class AsyncMemoryBackend:
     ) -> list[Document]:
         return self.sync.find_pending(
             after=after, limit=limit, older_than=older_than, partitions=partitions
+        )
+
+    async def find_due(
+        self,
+        *,
+        due_before: datetime,
+        after: AggregateId | None,
+        limit: int,
+        partitions: Collection[int] | None = None,
+    ) -> list[Document]:
+        return self.sync.find_due(
+            due_before=due_before, after=after, limit=limit, partitions=partitions
         )
 
     async def ensure_indexes(self) -> None:

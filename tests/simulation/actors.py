@@ -14,7 +14,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
@@ -24,7 +24,7 @@ from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import EngineOp
 from docoutbox.errors import StoreError
 from docoutbox.handlers import Decision, Handlers
-from docoutbox.model import Aggregate, InboxPolicy, Message, emit
+from docoutbox.model import Aggregate, InboxPolicy, Message, cancel, emit
 from docoutbox.ports.store import StoreBackend
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.batch import BatchCore, Failed, Item
@@ -57,14 +57,34 @@ sink_handlers: Handlers[Sink] = Handlers()
 
 @producer_handlers.on("Work")
 def work(state: Producer, message: Message) -> Decision[Producer]:
+    """One ``Effect`` per target; scheduled ``after`` ms later, keyed ``{key}/{k}``, when
+    the command says so."""
     targets = message.payload["targets"]
     assert isinstance(targets, list)
+    after, key = message.payload.get("after"), message.payload.get("key")
+    assert after is None or isinstance(after, int)
+    assert key is None or isinstance(key, str)
     new = state.model_copy(update={"applied": [*state.applied, message.id]})
     effects = [
-        emit("Effect", {"command": message.id, "k": k}, destination=str(target))
+        emit(
+            "Effect",
+            {"command": message.id, "k": k},
+            destination=str(target),
+            deliver_after=None if after is None else timedelta(milliseconds=after),
+            key=None if key is None else f"{key}/{k}",
+        )
         for k, target in enumerate(targets)
     ]
     return Decision(new, effects)
+
+
+@producer_handlers.on("Cancel")
+def cancel_work(state: Producer, message: Message) -> Decision[Producer]:
+    """Cancel the scheduled effects of an earlier command (those still pending)."""
+    keys = message.payload["keys"]
+    assert isinstance(keys, list)
+    new = state.model_copy(update={"applied": [*state.applied, message.id]})
+    return Decision(new, [cancel(str(key)) for key in keys])
 
 
 @sink_handlers.on("Effect")
@@ -150,7 +170,8 @@ class Env:
     def producer_inbox(self) -> InboxPolicy:
         if self.schedule.producer_exact:
             return InboxPolicy(window=0, exact=True)
-        return InboxPolicy(window=self.schedule.commands)  # every command, no more
+        # Every command, no more: a client sends at most one cancel per command.
+        return InboxPolicy(window=self.schedule.commands * 2)
 
     def sink_inbox(self) -> InboxPolicy:
         s = self.schedule

@@ -42,6 +42,7 @@ from docoutbox.dispatch.engine.loop import (
 from docoutbox.dispatch.engine.metrics import NullMetrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.errors import StoreError
+from docoutbox.ports.store import DueBackend
 from docoutbox.retry import Backoff
 from docoutbox.store.core import Sleep, Write
 from tests.simulation.actors import Env, Idle, Process
@@ -79,6 +80,7 @@ def config(env: Env, rng: random.Random) -> DispatcherConfig:
         backoff=Backoff(base=0.005, cap=0.05),
         max_stream_wait=s.stream_wait_ms / 1000 or None,
         codec=CODEC if s.encoded else None,
+        due_interval=0.05,
     )
 
 
@@ -101,6 +103,8 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
     # A publisher with confirms in flight (rounds), or one that confirms each publish
     # before it returns (each run publishes in turn): each schedule draws one.
     engine.rounds = rng.random() < 0.75
+    # Scheduled entries fallen due are queried for where the store can answer.
+    engine.due_scans = isinstance(env.producers, DueBackend)
     engine.begin()
     cfg = engine.config
     control: Task | None = None

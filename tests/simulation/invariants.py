@@ -16,6 +16,12 @@ store. The checks:
   most once if quarantined), and consumers processed nothing else.
 - ``dead-letters``: only stored entries are quarantined.
 - ``drained``: every outbox is empty at the end.
+
+Scheduled entries (checked as they happen, by the world): ``scheduled-early``, never
+published before due; ``cancelled``, never published once their cancellation committed.
+A cancelled entry need not be published (``published``, ``consumed-once``), and I4 is
+checked among the entries published as soon as possible (``order``): a scheduled entry
+is ordered by its due time instead.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class Record:
     publications: list[tuple[int, OutboxMessage]] = field(default_factory=list)
     #: Entry ID -> event number of its first quarantine.
     quarantined: dict[str, int] = field(default_factory=dict)
+    #: Entry ID -> event number of the commit that cancelled it.
+    cancelled: dict[str, int] = field(default_factory=dict)
     events: int = 0
     #: Violations seen while running (checkpoint checks, unexpected errors, liveness).
     violations: list[Violation] = field(default_factory=list)
@@ -121,6 +129,7 @@ def seq_gap_free(record: Record, producers: Docs) -> Iterator[Violation]:
 
 def published(record: Record) -> Iterator[Violation]:
     out = {p.id for _, p in record.publications} | set(record.quarantined)
+    out |= set(record.cancelled)
     for entry in record.stored:
         if entry["id"] not in out:
             yield Violation(
@@ -132,15 +141,22 @@ def published(record: Record) -> Iterator[Violation]:
 
 def publish_order(record: Record) -> Iterator[Violation]:
     first: dict[tuple[str, int], int] = {}
+    scheduled = {str(e["id"]) for e in record.stored if e.get("due") is not None}
     for event, message in record.publications:
-        first.setdefault((str(message.aggregate_id), message.seq), event)
+        if message.id not in scheduled:
+            first.setdefault((str(message.aggregate_id), message.seq), event)
     gone = dict(first)
+    skipped: set[tuple[str, int]] = set()
     for entry in record.stored:
         key = (str(entry["aggregate_id"]), int(entry["seq"]))
+        if str(entry["id"]) in scheduled:
+            skipped.add(key)
         if str(entry["id"]) in record.quarantined:
             gone[key] = min(gone.get(key, 1 << 62), record.quarantined[str(entry["id"])])
     for (pid, seq), event in sorted(first.items()):
         for before in range(1, seq):
+            if (pid, before) in skipped:
+                continue
             at = gone.get((pid, before))
             if at is None or at > event:
                 yield Violation(
@@ -153,12 +169,15 @@ def publish_order(record: Record) -> Iterator[Violation]:
 
 def consumed_once(record: Record, sinks: Docs) -> Iterator[Violation]:
     seen = {sid: Counter(_state(doc, "seen")) for sid, doc in sinks.items()}
+    published_ids = {message.id for _, message in record.publications}
     expected: set[tuple[str, str]] = set()
     for entry in record.stored:
         sid, eid = str(entry["destination"]), str(entry["id"])
         expected.add((sid, eid))
         n = seen.get(sid, Counter())[eid]
         allowed = (0, 1) if eid in record.quarantined else (1,)
+        if eid in record.cancelled and eid not in published_ids:
+            allowed = (0,)
         if n not in allowed:
             yield Violation(
                 "consumed-once",

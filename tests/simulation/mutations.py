@@ -23,6 +23,16 @@
   together); a refused entry is then followed by accepted later ones;
 - ``round-misattributed``: the outcomes of a publish round reach the runs in reverse
   order, so a run may take another aggregate's confirm for its own.
+
+Scheduled entries (schedules that schedule every command's effects, a setting):
+
+- ``due-early``: a run takes every scheduled entry for due;
+- ``trim-not-due``: a run trims the entries not yet due with those it published;
+- ``hint-off``: no write sets the document's ``earliest_due`` (dispatchers that follow
+  the change log, so only the due query finds an entry once due);
+- ``cancel-off``: a commit's cancellations are not written (memory store);
+- ``release-off``: the dispatcher publishes a due entry without releasing it first, so a
+  copy read before a cancel committed is published anyway.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
@@ -38,7 +49,7 @@ from docoutbox.dispatch.engine import flow as dispatch
 from docoutbox.dispatch.engine import loop
 from docoutbox.errors import InvalidInput
 from docoutbox.model import OutboxMessage
-from docoutbox.store import batch
+from docoutbox.store import batch, plans
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, TrimPlan, WritePlan, apply_plan
@@ -237,6 +248,70 @@ def round_misattributed() -> Iterator[None]:
         yield
 
 
+#: Later than any due time of a simulated schedule.
+FAR = datetime(2100, 1, 1, tzinfo=UTC)
+
+
+@contextmanager
+def due_early() -> Iterator[None]:
+    due_order = dispatch.due_order
+
+    def everything_due(doc: Document, now: Any, *rest: Any) -> Any:
+        return due_order(doc, FAR if now is not None else None, *rest)
+
+    with mock.patch.object(dispatch, "due_order", everything_due):
+        yield
+
+
+@contextmanager
+def trim_not_due() -> Iterator[None]:
+    due_order = dispatch.due_order
+
+    def dropping(doc: Document, now: Any, *rest: Any) -> Any:
+        order = due_order(doc, now, *rest)
+        sent = {e.get("id") for e in order.entries if isinstance(e, dict)}
+        later = tuple(
+            e["id"]
+            for e in doc.get("outbox") or ()
+            if e.get("due") is not None and e["id"] not in sent and e["id"] not in order.cancelled
+        )
+        return replace(order, cancelled=(*order.cancelled, *later))
+
+    with mock.patch.object(dispatch, "due_order", dropping):
+        yield
+
+
+@contextmanager
+def hint_off() -> Iterator[None]:
+    schedule = plans._schedule
+
+    def no_hint(*args: Any) -> tuple[tuple[str, ...], bool, Any]:
+        cancel_ids, _, _ = schedule(*args)
+        return cancel_ids, False, None
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(plans, "_schedule", no_hint))
+        stack.enter_context(mock.patch.object(dispatch, "settle_plan", return_value=None))
+        yield
+
+
+@contextmanager
+def cancel_off() -> Iterator[None]:
+    def uncancelled(doc: Document | None, plan: WritePlan) -> Document | None:
+        if isinstance(plan, CommitPlan) and plan.cancel_ids:
+            plan = replace(plan, cancel_ids=())
+        return apply_plan(doc, plan)
+
+    with mock.patch.object(memory, "apply_plan", uncancelled):
+        yield
+
+
+@contextmanager
+def release_off() -> Iterator[None]:
+    with mock.patch.object(dispatch, "release_plan", return_value=None):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -251,6 +326,11 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "trim-version": trim_version,
     "run-ahead": run_ahead,
     "round-misattributed": round_misattributed,
+    "due-early": due_early,
+    "trim-not-due": trim_not_due,
+    "hint-off": hint_off,
+    "cancel-off": cancel_off,
+    "release-off": release_off,
 }
 
 

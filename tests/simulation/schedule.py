@@ -56,6 +56,14 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "batch-first-state": (("consumer_batch", "8"),),
     "inbox-oldest": (("consumer_exact", "false"), ("consumer_window", "2")),
     "attempts-off": (("stuck", "30"),),
+    # Rounds of several aggregates' entries are what these break: no entry waits for later.
+    "run-ahead": (("scheduled", "0"),),
+    "round-misattributed": (("scheduled", "0"),),
+    "due-early": (("scheduled", "100"),),
+    "cancel-off": (("scheduled", "100"), ("cancels", "100")),
+    "release-off": (("scheduled", "100"), ("cancels", "100")),
+    "hint-off": (("scheduled", "100"), ("dispatcher", "log")),
+    "trim-not-due": (("scheduled", "100"),),
 }
 
 
@@ -113,6 +121,10 @@ class Schedule:
     stream_wait_ms: int = 0
     #: The stores encode what they store (:data:`CODEC`) and the dispatcher decodes it.
     encoded: bool = False
+    #: Percent of commands whose effects are scheduled (due 0..200 ms after the commit),
+    #: and percent of those cancelled by a later command of the same client.
+    scheduled: int = 0
+    cancels: int = 0
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -151,7 +163,8 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     schedule = replace(schedule, consumer_batch=rng.choice((1, 1, 4, 8, 8)))
     schedule = replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
     schedule = replace(schedule, stream_wait_ms=rng.choice((0, 0, 200)))
-    return replace(schedule, encoded=rng.random() < 0.3)
+    schedule = replace(schedule, encoded=rng.random() < 0.3)
+    return replace(schedule, scheduled=rng.choice((0, 0, 30, 60)), cancels=rng.choice((0, 30, 60)))
 
 
 def _parse(kind: type | str, text: str) -> object:

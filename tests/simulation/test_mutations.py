@@ -40,6 +40,11 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("trim-version", "trim-version"),  # a trim could fail a concurrent commit
         ("run-ahead", "order"),  # an entry refused mid-run, a later one accepted first
         ("round-misattributed", "published"),  # a refused entry taken for confirmed
+        ("due-early", "scheduled-early"),
+        ("trim-not-due", "published"),  # an entry not due yet trimmed: lost
+        ("hint-off", "published"),  # passed by the stream, never found once due: lost
+        ("cancel-off", "cancelled"),
+        ("release-off", "cancelled"),  # a copy read before the cancel published
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

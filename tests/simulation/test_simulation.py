@@ -80,6 +80,10 @@ MUST_HAPPEN = [
     "crash.Ack",  # committed, not acknowledged: redelivered
     "crash.Publish",
     "dispatch.round.3",  # three or more aggregates' entries in flight at once
+    "scheduled.stored",
+    "scheduled.cancelled",
+    "write.ReleasePlan.refused",  # a cancel won against the release of a due entry
+    "write.SettlePlan.refused",  # an entry came after the run's copy
     "crash.Write.TrimPlan",  # published, not trimmed
     "crash.SaveCheckpoint",
     "write.CommitPlan.refused",  # a concurrent writer won

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from docoutbox.codec import encode_entry
 from docoutbox.dispatch.engine.flow import Publish, Quarantine
 from docoutbox.dispatch.engine.loop import (
     CloseStream,
+    FindDue,
     LoadCheckpoint,
     OpenStream,
     PollChanges,
@@ -31,7 +33,7 @@ from docoutbox.errors import (
 )
 from docoutbox.model import Message, OutboxMessage
 from docoutbox.ports.dispatch import ChangeEvent
-from docoutbox.ports.store import StoreBackend
+from docoutbox.ports.store import DueBackend, StoreBackend
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, InsertPlan, TrimPlan, WritePlan
@@ -52,6 +54,9 @@ from tests.simulation.queues import Queue
 from tests.simulation.schedule import Schedule
 from tests.simulation.stores import Stores
 
+#: The simulated clock's zero: step ``n`` is ``n`` milliseconds after it.
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
+
 #: What :meth:`World.perform` returns when the operation must wait (nothing to receive).
 BLOCKED = object()
 
@@ -67,6 +72,8 @@ class World:
         self.record = Record()
         self.dead_letters = MemoryDeadLetters()
         self.published_ids: set[str] = set()
+        #: Entry ID -> due time, of every scheduled entry stored.
+        self.dues: dict[str, datetime] = {}
         self.checkpoint: int | None = None
         #: The dispatcher's open change stream: the log position it reads next.
         self.cursor: int | None = None
@@ -91,20 +98,41 @@ class World:
         """The clients' commands, each visible at a random step of the faulty phase."""
         s = self.schedule
         rng = random.Random(f"{s.seed}/clients")
+        timing = random.Random(f"{s.seed}/scheduled")  # drawn apart: seeds keep their commands
         for pid in self.producer_ids:
             for j in range(1, s.commands + 1):
                 count = rng.randint(0, s.max_targets)
                 targets = tuple(rng.choice(self.sink_ids) for _ in range(count))
+                payload: dict[str, Any] = {"targets": list(targets)}
+                scheduled = timing.randrange(100) < s.scheduled
+                if scheduled:
+                    payload.update(after=timing.randint(0, 200), key=f"{pid}-{j}")
                 message = Message(
                     id=f"cmd-{pid}-{j}",
                     type="Work",
-                    payload={"targets": list(targets)},
+                    payload=payload,
                     source=f"client/{pid}",
                     seq=j,
                 )
                 command = Command(pid, message, targets)
                 self.record.commands.append(command)
-                self.send(COMMANDS, command, rng.randint(0, s.fault_steps * 2 // 3))
+                visible = rng.randint(0, s.fault_steps * 2 // 3)
+                self.send(COMMANDS, command, visible)
+                if scheduled and targets and timing.randrange(100) < s.cancels:
+                    self.issue_cancel(pid, j, len(targets), visible + timing.randint(0, 150))
+
+    def issue_cancel(self, pid: str, j: int, count: int, visible_at: int) -> None:
+        """A command cancelling the scheduled effects of command ``j`` of ``pid``."""
+        message = Message(
+            id=f"cancel-{pid}-{j}",
+            type="Cancel",
+            payload={"keys": [f"{pid}-{j}/{k}" for k in range(count)]},
+            source=f"client/{pid}/cancel",
+            seq=j,
+        )
+        command = Command(pid, message, ())
+        self.record.commands.append(command)
+        self.send(COMMANDS, command, visible_at)
 
     def send(self, queue: str, body: Any, visible_at: int) -> None:
         if self.fault("delay"):
@@ -164,6 +192,14 @@ class World:
                 return backend.find_pending(
                     after=after, limit=limit, older_than=older, partitions=parts
                 )
+            case FindDue(due_before=before, after=after, limit=limit, partitions=parts):
+                if self.fault("find_error"):
+                    raise TransientStoreError("injected: the due query failed")
+                assert isinstance(backend, DueBackend)
+                found: list[Document] = backend.find_due(
+                    due_before=before, after=after, limit=limit, partitions=parts
+                )
+                return found
             case Publish(entry=entry):
                 self.publish(entry)
             case Quarantine():
@@ -212,6 +248,15 @@ class World:
         if applied and backend is self.stores.producers:
             if isinstance(plan, CommitPlan):
                 self.record.stored.extend(plan.outbox_push)
+                self.dues.update(
+                    (e["id"], e["due"]) for e in plan.outbox_push if e.get("due") is not None
+                )
+                self.stats["scheduled.stored"] += sum("due" in e for e in plan.outbox_push)
+                self.stats["scheduled.cancelled"] += len(plan.cancel_ids)
+                if plan.cancel_ids:
+                    tick = self.record.tick()
+                    for entry_id in plan.cancel_ids:
+                        self.record.cancelled.setdefault(entry_id, tick)
             elif isinstance(plan, InsertPlan):
                 self.record.stored.extend(plan.document.get("outbox") or ())
         if self.fault("write_lost_reply"):
@@ -276,19 +321,43 @@ class World:
             raise PermanentPublishError("injected: the broker rejects this message")
         if self.fault("publish_nack"):
             raise PublishError("injected: the broker refused the message")
+        self.check_scheduled(entry)
         self.record.publications.append((self.record.tick(), entry))
         self.published_ids.add(entry.id)
         self.send(DELIVERIES, encode_entry(entry), self.now)
         if self.fault("publish_lost_confirm"):
             raise PublishError("injected: the broker took the message, the confirm was lost")
 
+    def clock(self) -> datetime:
+        return EPOCH + timedelta(milliseconds=self.now)
+
+    def check_scheduled(self, entry: OutboxMessage) -> None:
+        """A scheduled entry is never published before it is due, and no entry once its
+        cancellation committed."""
+        due = self.dues.get(entry.id)
+        if due is not None and self.clock() < due:
+            self.violation(
+                "scheduled-early", f"{entry.id} published at {self.clock()}, due at {due}"
+            )
+        if entry.id in self.record.cancelled:
+            self.violation(
+                "cancelled",
+                f"{entry.id} published after its cancellation committed "
+                f"(event {self.record.cancelled[entry.id]})",
+            )
+
     def check_checkpoint(self, position: int) -> None:
-        """I5: the checkpoint passes only changes whose entries are published and trimmed."""
+        """I5: the checkpoint passes only changes whose entries are published and trimmed.
+
+        Scheduled entries are the exception: a change is passed once its run left them for
+        later (the due query finds them; ``published`` checks they were), or cancelled."""
         self.stats["checkpoint.saved"] += 1
         pending: dict[Any, set[str]] = {}
         for index in range(self.checkpoint or 0, position):
             doc = self.log()[index]
             for entry in doc.get("outbox") or ():
+                if entry.get("due") is not None or entry["id"] in self.record.cancelled:
+                    continue
                 if doc["_id"] not in pending:
                     current = self.stores.producers.load(doc["_id"]) or {}
                     pending[doc["_id"]] = {e["id"] for e in current.get("outbox") or ()}

@@ -50,7 +50,9 @@ def test_commit_without_emits_or_inbox_pushes_nothing() -> None:
 def test_trim_never_touches_version() -> None:
     query, update = trim_update(TrimPlan("a", ("e1", "e2")))
     assert query == {"_id": "a"}
-    assert update == {"$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}}}
+    assert update == {
+        "$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}, "cancelled": {"$in": ["e1", "e2"]}}
+    }
 
 
 def test_pending_filter_pages_across_id_types() -> None:
@@ -59,7 +61,8 @@ def test_pending_filter_pages_across_id_types() -> None:
     assert numeric == {"$or": [{"_id": {"$gt": 5}}, {"_id": {"$type": "string"}}]}
     full = pending_filter("k", NOW, {3, 1})["$and"]
     assert {"_id": {"$gt": "k"}} in full
-    assert {"outbox": {"$elemMatch": {"created_at": {"$lt": NOW}}}} in full
+    aged = {"created_at": {"$lt": NOW}, "$or": [{"due": {"$exists": False}}, {"due": {"$lt": NOW}}]}
+    assert {"outbox": {"$elemMatch": aged}} in full
     assert {"partition": {"$in": [1, 3]}} in full
 
 

@@ -104,6 +104,7 @@ class AsyncDispatcher:
         self.checkpoints = checkpoints
         self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
         self.engine.rounds = self.ports.pipelined
+        self.engine.due_scans = self.ports.due
         #: Trims of concurrent runs go out together.
         self.trims = AsyncGroupWriter(backend, direct_workers=self.config.concurrency)
         self._stopping = False

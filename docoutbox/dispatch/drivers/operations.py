@@ -26,6 +26,7 @@ from docoutbox.dispatch.engine.loop import (
     DispatchEngine,
     DispatcherConfig,
     EngineOp,
+    FindDue,
     LoadCheckpoint,
     OpenStream,
     PollChanges,
@@ -56,6 +57,7 @@ from docoutbox.ports.store import (
     AsyncStoreBackend,
     BatchWriter,
     DispatchBackend,
+    DueBackend,
     StoreBackend,
 )
 from docoutbox.store.core import FindPending, Load, Write
@@ -102,10 +104,13 @@ class Ports:
     checkpoints: Checkpoints | None = None
     #: Whether the publisher keeps several entries in flight (checked once, here).
     pipelined: bool = field(init=False, default=False)
+    #: Whether the backend finds documents with scheduled entries fallen due.
+    due: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         check_ports(self)
         self.pipelined = isinstance(self.publisher, PipelinedPublisher)
+        self.due = isinstance(self.backend, DueBackend)
 
     def perform(self, op: EngineOp) -> Any:
         """Carry out ``op`` (a :class:`Sleep` is the driver's: it is not handled here)."""
@@ -120,6 +125,11 @@ class Ports:
         if isinstance(op, FindPending):
             return self.backend.find_pending(
                 after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
+            )
+        if isinstance(op, FindDue):
+            assert isinstance(self.backend, DueBackend), "a due query without find_due"
+            return self.backend.find_due(
+                due_before=op.due_before, after=op.after, limit=op.limit, partitions=op.partitions
             )
         if isinstance(op, Quarantine):
             return self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
@@ -188,10 +198,13 @@ class AsyncPorts:
     checkpoints: AsyncCheckpoints | None = None
     #: Whether the publisher keeps several entries in flight (checked once, here).
     pipelined: bool = field(init=False, default=False)
+    #: Whether the backend finds documents with scheduled entries fallen due.
+    due: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         check_ports(self)
         self.pipelined = isinstance(self.publisher, AsyncPipelinedPublisher)
+        self.due = isinstance(self.backend, DueBackend)
 
     async def perform(self, op: EngineOp) -> Any:
         """The async twin of :meth:`Ports.perform`."""
@@ -206,6 +219,11 @@ class AsyncPorts:
         if isinstance(op, FindPending):
             return await self.backend.find_pending(
                 after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
+            )
+        if isinstance(op, FindDue):
+            assert isinstance(self.backend, DueBackend), "a due query without find_due"
+            return await self.backend.find_due(
+                due_before=op.due_before, after=op.after, limit=op.limit, partitions=op.partitions
             )
         if isinstance(op, Quarantine):
             return await self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)

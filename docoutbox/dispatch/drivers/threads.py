@@ -64,6 +64,7 @@ class Dispatcher:
         self.checkpoints = checkpoints
         self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
         self.engine.rounds = self.ports.pipelined
+        self.engine.due_scans = self.ports.due
         #: Trims of concurrent runs go out together.
         self.trims = GroupWriter(backend, direct_workers=self.config.concurrency)
         self._stop = threading.Event()

@@ -3,6 +3,9 @@
 - :mod:`~docoutbox.dispatch.engine.loop`: the one dispatch loop (:class:`DispatchEngine`):
   sweeps, the stream, checkpoints and runs, as operations a driver performs;
 - :mod:`~docoutbox.dispatch.engine.flow`: one aggregate's publish-then-trim flow;
+- :mod:`~docoutbox.dispatch.engine.due`: which entries a run publishes now (scheduled
+  entries, I4 among due entries);
+- :mod:`~docoutbox.dispatch.engine.due_clock`: when to query for scheduled entries fallen due;
 - :mod:`~docoutbox.dispatch.engine.scheduler`: which aggregate runs are due;
 - :mod:`~docoutbox.dispatch.engine.checkpoint`: how far the checkpoint may move (I5);
 - :mod:`~docoutbox.dispatch.engine.leases`: pure lease planning (keep, give up, take);

@@ -26,6 +26,10 @@ later, its entries pending), since quarantining every entry of a misconfigured
 dispatcher would be wrong. With a codec, the dead-letter store gets the entry as stored
 (encoded), never its plaintext. Entries after a still-failing entry are never published
 ahead of it (per-aggregate order, I4).
+
+Scheduled entries (:mod:`~docoutbox.dispatch.engine.due`): only those due at ``now`` are
+published, each after a release write that fails if it was cancelled; cancelled ones are
+trimmed unpublished; the run ends with a settle of the document's due-time hint.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from docoutbox.dispatch.engine.due import bad_due, due_order, release_plan, settle_plan
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidInput,
@@ -95,6 +101,10 @@ class DispatchResult:
     #: Entries left pending because the broker became unavailable.
     held: list[str] = field(default_factory=list)
     trimmed: bool = False
+    #: Cancelled scheduled entries trimmed without a publish.
+    dropped: list[str] = field(default_factory=list)
+    #: The earliest due time of the entries left because they were not due yet.
+    next_due: datetime | None = None
 
     @property
     def unavailable(self) -> bool:
@@ -117,22 +127,30 @@ def dispatch_document(
     policy: DispatchPolicy,
     rng: random.Random,
     values: StoredValues | None = None,
+    now: datetime | None = None,
 ) -> Generator[DispatchOp, Any, DispatchResult]:
     """Publish the document's pending entries in order, quarantine poison, trim in batches.
 
-    ``values`` decodes and upcasts the stored entries (None: they are plain)."""
+    ``values`` decodes and upcasts the stored entries (None: they are plain); ``now``: the
+    time scheduled entries are due against (None: none is due)."""
     sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
     ids = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
-    removable: list[str] = []
+    order = due_order(doc, now, pending_entries(doc))
+    result.next_due = order.next_due
+    result.dropped.extend(order.cancelled)
+    removable: list[str] = list(order.cancelled)
+    removed: list[str] = []
     trims: list[bool] = []
     blocked = False
-    for raw in pending_entries(doc):
+    for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         try:
             entry: OutboxMessage = OutboxMessage.parse(open_entry(values, raw))
+            if bad_due(raw):
+                raise InvalidInput(f"due {raw.get('due')!r} is not a time")
         except InvalidInput as exc:
             yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
@@ -141,6 +159,12 @@ def dispatch_document(
             continue
         if blocked:
             result.held.append(entry.id)
+            continue
+        release = release_plan(result.aggregate_id, raw)
+        if release is not None and not (yield Write(release)):
+            # Cancelled (or published and trimmed by another instance): never published.
+            result.dropped.append(entry.id)
+            removable.append(entry.id)
             continue
         stored = _as_dict(raw) if sealed else None
         outcome = yield from _publish_with_retries(entry, policy, rng, stored)
@@ -157,11 +181,16 @@ def dispatch_document(
             plan = plan_trim(result.aggregate_id, removable, ids, revision)
             trims.append(bool((yield Write(plan))))
             gone = set(removable)
+            removed.extend(removable)
             ids, revision, removable = [i for i in ids if i not in gone], None, []
     if removable:
         plan = plan_trim(result.aggregate_id, removable, ids, revision)
         trims.append(bool((yield Write(plan))))
+        removed.extend(removable)
     result.trimmed = bool(trims) and all(trims)
+    settle = settle_plan(doc, removed)
+    if settle is not None:
+        yield Write(settle)  # not applied: an entry came since, with a hint of its own
     return result
 
 

@@ -34,7 +34,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -50,6 +50,8 @@ from docoutbox.dispatch.engine.checkpoint import (
     Sweep,
     always_done,
 )
+from docoutbox.dispatch.engine.due import settle_plan
+from docoutbox.dispatch.engine.due_clock import DueClock
 from docoutbox.dispatch.engine.flow import (
     DispatchPolicy,
     DispatchResult,
@@ -125,6 +127,10 @@ class DispatcherConfig:
     codec: Codec | None = None
     #: Upcasts the payloads of old stored entries before they are published.
     upcasters: Upcasters | None = None
+    #: Seconds between two queries for documents whose scheduled entries fell due (on
+    #: stores that can answer it): a due entry waits at most about this long for its
+    #: run, unless a timer set from a change event or a run starts it sooner.
+    due_interval: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -138,7 +144,7 @@ class DispatcherConfig:
             high = MAX_BATCH if name in PAGE_COUNTS else MAX_COUNT
             check_int(f"DispatcherConfig.{name}", getattr(self, name), 1, high)
         check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
-        for name in ("sweep_interval", "poll_interval"):
+        for name in ("sweep_interval", "poll_interval", "due_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)
         for name in ("grace", "checkpoint_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name))
@@ -219,10 +225,21 @@ class PublishRound:
     entries: tuple[OutboxMessage, ...]
 
 
+@dataclass(frozen=True)
+class FindDue:
+    """:meth:`~docoutbox.ports.store.DueBackend.find_due`: documents whose due-time hint
+    is at or before ``due_before``, in ``_id`` order after ``after``."""
+
+    due_before: datetime
+    after: AggregateId | None
+    limit: int
+    partitions: Collection[int] | None
+
+
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
 RunOp = Load | Publish | Quarantine | Write | Sleep
 BatchOp = RunOp | PublishRound | TrimRound
-EngineOp = StreamOp | BatchOp | FindPending
+EngineOp = StreamOp | BatchOp | FindPending | FindDue
 
 
 class BrokerState:
@@ -404,6 +421,10 @@ class DispatchEngine:
         self._quiet_reads = 0
         #: A sweep page was fetched since the stream's last read (see _page_waits).
         self._paged = False
+        #: When to query for scheduled entries fallen due (see :meth:`due_scan`).
+        self.due = DueClock(config.due_interval, monotonic, clock)
+        #: Whether the store answers :class:`FindDue` (set by the driver from its ports).
+        self.due_scans = False
 
     # -- the control loop -------------------------------------------------------------
 
@@ -435,6 +456,7 @@ class DispatchEngine:
         """One turn of the loop; returns whether anything happened."""
         now = self._mono()
         for scope in self.ownership.take_acquired():
+            self.due.soon()
             self.queue.drop_copies(scope)
             if self._resumes is None or not self._resumes(scope):
                 self._add_sweep(Sweep(scope, None))
@@ -446,6 +468,7 @@ class DispatchEngine:
         opening = self.stream and not self._open
         busy = (yield from self._stream_step(now)) if opening else False
         busy = (yield from self._sweep_step()) or busy
+        busy = (yield from self.due_scan(now)) or busy
         if self.stream:
             if not opening:
                 busy = (yield from self._stream_step(now)) or busy
@@ -608,6 +631,7 @@ class DispatchEngine:
                 if lag is not None:
                     report(lag)
             done = self.request(event.document, reuse=event.current)
+            self.due.note(event.document)
             self.tracker.add_event(event.position, done or always_done, event.lane)
         self._resume = self.tracker.latest
         if any(event.document is not None for event in events):
@@ -632,6 +656,18 @@ class DispatchEngine:
         just committed (say, by the consumers of the process this dispatcher runs in)."""
         self._next_poll = 0.0
         self._quiet_reads = 0
+
+    def _settle_idle(self, doc: Document) -> Generator[EngineOp, Any, None]:
+        """Remove the due-time hint of a document left with no pending entry (a run that
+        trimmed its last scheduled entry died before its settle): no run would ever start
+        for it, and every due query would find it again."""
+        plan = settle_plan(doc, [])
+        if plan is None:
+            return
+        try:
+            yield Write(plan)
+        except StoreError as exc:
+            log.warning("settle_failed aggregate=%r error=%r", doc.get(ID), exc)
 
     def _poll_room(self, now: float) -> int:
         """How many events to read from the stream now (0: not now).
@@ -734,7 +770,44 @@ class DispatchEngine:
         if self.stream and self._open and self._next_poll > now:
             poll = self._next_poll - now
             due = poll if due is None else min(due, poll)
+        if self.due_scans:
+            scan = self.due.wait(now)
+            due = scan if due is None else min(due, scan)
         return due
+
+    def due_scan(self, now: float) -> Generator[EngineOp, Any, bool]:
+        """Query for documents whose scheduled entries fell due, when the due clock says,
+        and ask for their runs (a page per turn while pages come back full).
+
+        Rule (I5, I6 for scheduled entries): a change whose scheduled entries are not due
+        yet is checkpointed past, and a sweep runs such a document without publishing
+        them: this query, on the document's ``earliest_due`` hint, is what finds them
+        once due, whatever happened to the stream position or the leases meanwhile.
+        """
+        if not self.due_scans or not self.due.ready(now):
+            return False
+        if self.queue.backlog() >= self.config.max_backlog:
+            return False
+        scope = self.ownership.owned()
+        if scope is not None and not scope:
+            self.due.scanned(now, None)
+            return False
+        partitions = sorted(scope) if scope is not None and self._locate is None else None
+        try:
+            docs: list[Document] = yield FindDue(
+                self._clock(), self.due.after, self.config.sweep_page, partitions
+            )
+        except StoreError as exc:
+            log.warning("due_scan_failed error=%r", exc)
+            self.due.scanned(now, None)
+            return False
+        located = scope if self._locate is not None else None
+        for doc in docs:
+            if self.request(doc, scope=located) is None and not doc.get("outbox"):
+                yield from self._settle_idle(doc)
+        full = len(docs) >= self.config.sweep_page
+        self.due.scanned(now, docs[-1][ID] if full else None)
+        return bool(docs)
 
     def run(self, slot: RunSlot) -> Generator[RunOp, Any, RunOutcome]:
         """Publish and trim what the aggregate has pending now."""
@@ -755,6 +828,7 @@ class DispatchEngine:
             self.ownership.leave(partition)
         if result is None:
             return RunOutcome.DONE
+        self.due.expect(result.next_due)
         log.debug(
             "dispatched aggregate=%r published=%d quarantined=%d held=%d",
             aggregate_id,
@@ -849,7 +923,7 @@ class DispatchEngine:
         self, doc: Document, partition: int
     ) -> Generator[RunOp, Any, DispatchResult | None]:
         """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
-        flow = dispatch_document(doc, self.config.policy, self._rng, self._values)
+        flow = dispatch_document(doc, self.config.policy, self._rng, self._values, self._clock())
         send: Any = None
         error: Exception | None = None
         while True:

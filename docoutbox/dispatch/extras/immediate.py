@@ -1,6 +1,7 @@
 """Immediate dispatch: publish a commit's new entries right after the commit, in-process.
 
-Rule: the immediate path is a shortcut, never the only way out. An entry it cannot
+Rule: the immediate path is a shortcut, never the only way out. It never publishes a
+scheduled entry: those wait in their document for the regular dispatcher. An entry it cannot
 publish stays pending in its document, where the change stream and the sweep of the
 regular :class:`~docoutbox.dispatch.drivers.threads.Dispatcher` find it (I1); nothing is
 acknowledged or trimmed that was not published first.
@@ -51,6 +52,7 @@ from docoutbox.ports.dispatch import AsyncPublisher, Publisher, check_publisher
 from docoutbox.retry import MAX_COUNT, check_int, check_seconds
 from docoutbox.store.api import AggregateStore, AsyncAggregateStore
 from docoutbox.store.core import Outcome
+from docoutbox.store.schedule import due_of
 
 log = logging.getLogger("docoutbox.immediate")
 
@@ -122,9 +124,11 @@ class _Immediate:
         self._upto_size = 100_000
 
     def _offered(self, outcome: Outcome[Any]) -> tuple[AggregateId, tuple[OutboxMessage, ...]]:
-        """Count and reserve a commit's new entries: the item to queue."""
-        self.stats.offered += len(outcome.entries)
-        entries = outcome.emitted
+        """Count and reserve a commit's new entries: the item to queue. Scheduled entries
+        are left to the regular dispatcher, which publishes them once due."""
+        later = {raw["id"] for raw in outcome.entries if due_of(raw) is not None}
+        entries = tuple(e for e in outcome.emitted if e.id not in later)
+        self.stats.offered += len(entries)
         self.claims.reserve(e.id for e in entries)
         return outcome.aggregate_id, entries
 
@@ -193,7 +197,7 @@ class _Immediate:
         if todo[0].seq != upto + 1:
             self.stats.reloads += 1
             snapshot = yield Reload(aggregate_id)
-            pending = [] if snapshot is None else list(snapshot.outbox)
+            pending = [] if snapshot is None else _immediate(snapshot.raw_outbox, snapshot.outbox)
             below = [e for e in pending if e.seq < todo[0].seq]
             todo = below + todo
         try:
@@ -208,6 +212,14 @@ class _Immediate:
         except Exception:
             self.stats.deferred += len(todo) - len(done)
             raise
+
+
+def _immediate(
+    raw: Iterable[dict[str, Any]], parsed: Iterable[OutboxMessage]
+) -> list[OutboxMessage]:
+    """The entries of an outbox without a due time (scheduled ones wait for the regular
+    dispatcher)."""
+    return [entry for stored, entry in zip(raw, parsed, strict=True) if due_of(stored) is None]
 
 
 class ImmediateDispatcher(_Immediate):

@@ -1,0 +1,348 @@
+"""Scheduled and cancellable entries: the store's rules and the engine's, on memory ports.
+
+The engine is stepped on a simulated clock (:class:`tests.unit.test_engine_stepped.Stepped`),
+so "never before it is due" and "within the bound" are counted in steps.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from docoutbox import Aggregate, AggregateStore, Decision, Handlers, Message, StoreConfig, emit
+from docoutbox.dispatch.engine.due import due_order
+from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
+from docoutbox.errors import InvalidHandlerResult, InvalidMessage
+from docoutbox.handlers import Context
+from docoutbox.model import cancel
+from docoutbox.store.plans import ReleasePlan, SettlePlan, TrimPlan, apply_plan
+from docoutbox.store.schedule import ceil_millis
+from tests.unit.test_engine_stepped import STEP, Stepped
+
+BASE = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class Timer(Aggregate):
+    n: int = 0
+
+
+handlers: Handlers[Timer] = Handlers()
+
+
+@handlers.on("Start")
+def _start(state: Timer, message: Message, context: Context) -> Decision[Timer]:
+    body = message.payload
+    key = body.get("key")
+    assert key is None or isinstance(key, str)
+    delay = body["after"]
+    assert isinstance(delay, int | float)
+    return Decision(
+        state, emit("Timeout", {"key": key}, deliver_after=timedelta(seconds=delay), key=key)
+    )
+
+
+@handlers.on("Stop")
+def _stop(state: Timer, message: Message, context: Context) -> Decision[Timer]:
+    key = message.payload["key"]
+    assert isinstance(key, str)
+    return Decision(state.model_copy(update={"n": len(context.scheduled)}), cancel(key))
+
+
+@handlers.on("Ping")
+def _ping(state: Timer, message: Message) -> Decision[Timer]:
+    return Decision(state, emit("Pong"))
+
+
+def msg(message_id: str, kind: str, **payload: Any) -> Message:
+    return Message(id=message_id, type=kind, payload=payload)
+
+
+class World(Stepped):
+    """A stepped engine, and a Timer store on the same clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = StoreConfig(clock=self.wall)
+        self.timers = AggregateStore(self.backend, Timer, config)
+
+    def wall(self) -> datetime:
+        return BASE + timedelta(milliseconds=round(self.now * 1000))
+
+    def handle(self, aggregate: str, message: Message) -> Any:
+        outcome = self.timers.handle(aggregate, message, handlers, create=True)
+        assert outcome.applied
+        return outcome
+
+    def start(self) -> Any:
+        engine = super().start()
+        engine.due_scans = self.ports.due
+        return engine
+
+    def published(self) -> list[str]:
+        return [entry.type for entry in self.publisher.published]
+
+
+# -- the emit and cancel API ---------------------------------------------------------
+
+
+def test_bad_schedules_are_refused_with_typed_errors() -> None:
+    with pytest.raises(InvalidMessage):
+        emit("T", deliver_at=BASE, deliver_after=1)
+    with pytest.raises(InvalidMessage):
+        emit("T", deliver_at=datetime(2030, 1, 1))  # naive
+    with pytest.raises(InvalidMessage):
+        emit("T", deliver_after=-1)
+    with pytest.raises(InvalidMessage):
+        emit("T", deliver_after=float("nan"))
+    with pytest.raises(InvalidMessage):
+        emit("T", key="k")  # a key is for a scheduled emit only
+    with pytest.raises(InvalidMessage):
+        cancel("")
+
+
+def test_due_is_stored_rounded_up_to_the_millisecond() -> None:
+    at = datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+    assert ceil_millis(at) == datetime(2030, 1, 1, 0, 0, 0, 1000, tzinfo=UTC)
+    assert ceil_millis(BASE) == BASE
+
+
+def test_a_scheduled_entry_carries_due_and_key_and_the_document_its_hint() -> None:
+    world = World()
+    outcome = world.handle("t", msg("m1", "Start", after=10, key="k"))
+    [entry] = outcome.entries
+    assert entry["due"] == BASE + timedelta(seconds=10)
+    assert entry["key"] == "k"
+    assert world.backend.docs["t"]["earliest_due"] == BASE + timedelta(seconds=10)
+    world.handle("p", msg("m2", "Ping"))
+    plain = world.backend.docs["p"]
+    assert "earliest_due" not in plain  # documents without schedules are unchanged
+    assert "due" not in plain["outbox"][0]
+
+
+def test_cancel_marks_the_entry_and_moves_the_hint() -> None:
+    world = World()
+    world.handle("t", msg("m1", "Start", after=10, key="a"))
+    world.handle("t", msg("m2", "Start", after=20, key="b"))
+    assert world.backend.docs["t"]["earliest_due"] == BASE + timedelta(seconds=10)
+    outcome = world.handle("t", msg("m3", "Stop", key="a"))
+    assert outcome.cancelled == ("a",)
+    assert outcome.state.n == 2  # the context listed both keys
+    doc = world.backend.docs["t"]
+    assert doc["cancelled"] == [doc["outbox"][0]["id"]]
+    assert doc["earliest_due"] == BASE + timedelta(seconds=20)
+    again = world.handle("t", msg("m4", "Stop", key="a"))
+    assert again.cancelled == ()  # cancelled already: a no-op the handler can see
+    unknown = world.handle("t", msg("m5", "Stop", key="nope"))
+    assert unknown.cancelled == ()
+    world.handle("t", msg("m6", "Stop", key="b"))
+    assert "earliest_due" not in world.backend.docs["t"]
+
+
+def test_a_key_already_pending_is_refused_unless_cancelled_in_the_same_decision() -> None:
+    world = World()
+    world.handle("t", msg("m1", "Start", after=10, key="a"))
+    with pytest.raises(InvalidHandlerResult, match="already pending"):
+        world.timers.handle("t", msg("m2", "Start", after=5, key="a"), handlers)
+
+    def restart(state: Timer, message: Message) -> Decision[Timer]:
+        return Decision(state, cancel("a"), emit("Timeout", deliver_after=5, key="a"))
+
+    outcome = world.timers.handle("t", msg("m3", "Restart"), restart)
+    assert outcome.cancelled == ("a",)
+    assert world.backend.docs["t"]["earliest_due"] == BASE + timedelta(seconds=5)
+
+
+# -- the plans' reference semantics --------------------------------------------------
+
+
+def scheduled_doc() -> dict[str, Any]:
+    world = World()
+    world.handle("t", msg("m1", "Start", after=10, key="a"))
+    return world.backend.docs["t"]
+
+
+def test_a_release_fails_once_cancelled_and_a_cancel_fails_once_released() -> None:
+    doc = scheduled_doc()
+    entry_id = doc["outbox"][0]["id"]
+    released = apply_plan(doc, ReleasePlan("t", entry_id))
+    assert released is not None and released["outbox"][0]["released"] is True
+    assert released["version"] == doc["version"]  # never a business conflict
+    assert apply_plan({**doc, "cancelled": [entry_id]}, ReleasePlan("t", entry_id)) is None
+    assert apply_plan(doc, ReleasePlan("t", "gone")) is None
+
+
+def test_a_cancel_racing_a_release_is_retried_and_cancels_nothing() -> None:
+    world = World()
+    world.handle("t", msg("m1", "Start", after=10, key="a"))
+    entry_id = world.backend.docs["t"]["outbox"][0]["id"]
+    # The store's cached copy predates the release: its commit fails, it reloads, and
+    # the handler then sees no cancellable key.
+    assert world.backend.write(ReleasePlan("t", entry_id))
+    outcome = world.handle("t", msg("m2", "Stop", key="a"))
+    assert outcome.cancelled == ()
+    assert outcome.state.n == 0
+    assert "cancelled" not in world.backend.docs["t"]
+
+
+def test_a_trim_removes_cancelled_ids_and_a_settle_is_guarded_by_outbox_seq() -> None:
+    doc = {**scheduled_doc(), "cancelled": ["x"]}
+    entry_id = doc["outbox"][0]["id"]
+    trimmed = apply_plan({**doc, "cancelled": [entry_id]}, TrimPlan("t", (entry_id,)))
+    assert trimmed is not None and trimmed["cancelled"] == [] and trimmed["outbox"] == []
+    assert apply_plan(doc, SettlePlan("t", doc["outbox_seq"] + 1, None)) is None
+    settled = apply_plan(doc, SettlePlan("t", doc["outbox_seq"], None))
+    assert settled is not None and "earliest_due" not in settled
+
+
+# -- which entries a run publishes ---------------------------------------------------
+
+
+def entry(seq: int, created: int, due: int | None = None) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "id": f"e{seq}",
+        "seq": seq,
+        "created_at": BASE + timedelta(seconds=created),
+    }
+    if due is not None:
+        raw["due"] = BASE + timedelta(seconds=due)
+    return raw
+
+
+def test_due_entries_are_ordered_by_due_then_seq_and_merged_by_time() -> None:
+    doc = {
+        "_id": "t",
+        "outbox": [
+            entry(1, 0, due=50),
+            entry(2, 1, due=30),
+            entry(3, 2),
+            entry(4, 40),
+            entry(5, 5, due=30),
+            entry(6, 6, due=99),  # not due: holds back nothing
+            entry(7, 60),
+        ],
+    }
+    order = due_order(doc, BASE + timedelta(seconds=70))
+    assert [e["id"] for e in order.entries] == ["e3", "e2", "e5", "e4", "e1", "e7"]
+    assert order.next_due == BASE + timedelta(seconds=99)
+    assert [e["id"] for e in due_order(doc, None).entries] == ["e3", "e4", "e7"]
+
+
+def test_a_stale_copy_never_publishes_an_entry_cancelled_since() -> None:
+    world = World()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    copy = world.backend.load("t")
+    assert copy is not None
+    world.handle("t", msg("m2", "Stop", key="a"))
+    flow = dispatch_document(
+        copy, DispatchPolicy(), random.Random(0), now=BASE + timedelta(hours=1)
+    )
+    ops: list[Any] = []
+    reply: Any = None
+    try:
+        while True:
+            op = flow.send(reply)
+            ops.append(op)
+            reply = world.backend.write(op.plan) if hasattr(op, "plan") else None
+    except StopIteration as stop:
+        result = stop.value
+    assert not any(isinstance(op, Publish) for op in ops)
+    assert result.dropped == [copy["outbox"][0]["id"]]
+    doc = world.backend.docs["t"]
+    assert doc["outbox"] == [] and doc["cancelled"] == []
+    assert "earliest_due" not in doc
+
+
+# -- the engine ----------------------------------------------------------------------
+
+
+def steps_for(seconds: float) -> int:
+    return round(seconds / STEP)
+
+
+def test_a_scheduled_entry_is_published_when_due_never_before_and_holds_nothing_back() -> None:
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=2, key="a"))
+    world.handle("t", msg("m2", "Ping"))
+    world.until(lambda: world.published() == ["Pong"])
+    due = BASE + timedelta(seconds=2)
+    while world.wall() < due:
+        assert world.published() == ["Pong"], world.wall()
+        world.step()
+    steps = world.until(lambda: world.published() == ["Pong", "Timeout"])
+    # Within the due query's interval (0.5 s) plus a turn, counted in steps.
+    assert steps <= steps_for(world.config.due_interval) + 2
+    world.until(lambda: world.pending() == 0)
+    doc = world.backend.docs["t"]
+    assert "earliest_due" not in doc  # settled once published
+
+
+def test_a_cancelled_entry_is_never_published_and_is_trimmed() -> None:
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    for _ in range(steps_for(0.5)):
+        world.step()
+    world.handle("t", msg("m2", "Stop", key="a"))
+    for _ in range(steps_for(3)):
+        world.step()
+    assert world.published() == []
+    doc = world.backend.docs["t"]
+    assert doc["outbox"] == [] and doc["cancelled"] == []
+    assert "earliest_due" not in doc
+
+
+def test_the_due_query_finds_entries_the_stream_passed_before_they_were_due() -> None:
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=3, key="a"))
+    world.until(lambda: world.checkpoints.load("t") == len(world.backend.changes))
+    # A new engine (a restart, a takeover) starts from the checkpoint past that change.
+    world.start()
+    world.until(lambda: world.published() == ["Timeout"])
+    assert world.wall() >= BASE + timedelta(seconds=3)
+
+
+def test_without_a_due_query_the_engine_issues_none() -> None:
+    world = World()
+    engine = Stepped.start(world)  # due_scans left off, as for a store without find_due
+    assert engine.due_scans is False
+    world.handle("t", msg("m1", "Start", after=0.1, key="a"))
+    for _ in range(steps_for(1)):
+        world.step()
+    assert world.published() == []  # left to the sweeps (sweep_interval: an hour here)
+
+
+def test_a_batch_reports_its_cancels_and_never_stores_what_it_schedules_and_cancels() -> None:
+    world = World()
+    world.handle("t", msg("m0", "Start", after=10, key="old"))
+    batch = world.timers.handle_batch(
+        "t",
+        [
+            msg("m1", "Start", after=10, key="new"),
+            msg("m2", "Stop", key="new"),
+            msg("m3", "Stop", key="old"),
+        ],
+        handlers,
+    )
+    cancelled = [outcome.cancelled for outcome in batch.results]  # type: ignore[union-attr]
+    assert cancelled == [(), ("new",), ("old",)]
+    doc = world.backend.docs["t"]
+    assert [e.get("key") for e in doc["outbox"]] == ["old"]  # "new" was never stored
+    assert doc["cancelled"] == [doc["outbox"][0]["id"]]
+    assert "earliest_due" not in doc
+
+
+def test_the_due_query_clears_the_hint_a_run_died_before_settling() -> None:
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    doc = world.backend.docs["t"]
+    # Published and trimmed, then the run died: the hint stays, the outbox is empty.
+    assert world.timers.trim("t", [doc["outbox"][0]["id"]])
+    assert world.backend.docs["t"]["earliest_due"] is not None
+    world.until(lambda: "earliest_due" not in world.backend.docs["t"])
+    assert world.published() == []
