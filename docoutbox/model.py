@@ -381,7 +381,10 @@ def cancel(key: str) -> Cancel:
 
 
 class OutboxMessage(_Strict):
-    """An entry of a document's outbox: sealed, numbered and ready to publish."""
+    """An entry of a document's outbox: sealed and, once numbered, ready to publish.
+
+    ``seq`` is None only for a scheduled entry not released yet: it is numbered when the
+    dispatcher releases it, and published only then (:mod:`docoutbox.store.schedule`)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     _invalid: ClassVar[type[InvalidInput]] = InvalidMessage
@@ -391,7 +394,7 @@ class OutboxMessage(_Strict):
     payload: JsonObject
     headers: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
-    seq: int = Field(ge=1)
+    seq: int | None = Field(default=None, ge=1)
     aggregate_id: AggregateId
     aggregate_type: str
     correlation_id: str | None = None

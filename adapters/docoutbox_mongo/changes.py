@@ -36,14 +36,16 @@ from docoutbox_mongo.errors import translated, translated_stream
 #: partition, its pending entries, when it was written). Not the state, the inbox or the
 #: update description: an event stays small however large the document, and a document
 #: near MongoDB's 16 MiB limit cannot make an event over it, which would stop the stream.
-#: Scheduled entries need three more: the cancelled IDs (trimmed, never published), the
-#: due-time hint (the dispatcher's timer) and ``outbox_seq`` (the guard of a settle).
+#: Scheduled entries need four more: the cancelled IDs (trimmed, never published), the
+#: due-time hint (the dispatcher's timer), ``outbox_seq`` (the guard of a release, which
+#: numbers the entry) and ``version`` (the guard of a settle).
 EVENT_FIELDS = (
     "_id",
     "partition",
     "outbox",
     "updated_at",
     "outbox_seq",
+    "version",
     "cancelled",
     "earliest_due",
 )

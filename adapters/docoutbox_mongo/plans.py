@@ -81,16 +81,28 @@ def trim_update(plan: TrimPlan) -> tuple[Filter, Update]:
 
 
 def release_update(plan: ReleasePlan) -> tuple[Filter, Update]:
-    """Mark a due entry released, unless it was cancelled. No version filter or change."""
-    return (
-        {"_id": plan.aggregate_id, "outbox.id": plan.entry_id, CANCELLED: {"$ne": plan.entry_id}},
-        {"$set": {f"outbox.$.{RELEASED}": True}},
-    )
+    """Release and number a due entry, unless it was cancelled, or ``outbox_seq`` moved:
+    ``seq = outbox_seq + 1``, and ``version`` incremented (a commit read before conflicts).
+
+    The ``outbox_seq`` guard also refuses an entry released since the dispatcher's copy:
+    every release moves it."""
+    seq = plan.outbox_seq + 1
+    query: Filter = {
+        "_id": plan.aggregate_id,
+        "outbox_seq": plan.outbox_seq,
+        "outbox.id": plan.entry_id,
+        CANCELLED: {"$ne": plan.entry_id},
+    }
+    update: Update = {
+        "$set": {"outbox.$.seq": seq, f"outbox.$.{RELEASED}": True, "outbox_seq": seq},
+        "$inc": {"version": 1},
+    }
+    return query, update
 
 
 def settle_update(plan: SettlePlan) -> tuple[Filter, Update]:
-    """Set (or remove) the due-time hint, if no entry was added since ``outbox_seq``."""
-    query = {"_id": plan.aggregate_id, "outbox_seq": plan.outbox_seq}
+    """Set (or remove) the due-time hint, if no commit (so no entry) came since ``version``."""
+    query = {"_id": plan.aggregate_id, "version": plan.version}
     if plan.earliest_due is None:
         return query, {"$unset": {EARLIEST_DUE: ""}}
     return query, {"$set": {EARLIEST_DUE: plan.earliest_due}}

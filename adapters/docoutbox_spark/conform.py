@@ -91,7 +91,7 @@ def _value(raw: Column) -> Column:
 _ENTRY_RAW = (
     "struct<id:string,type:string,payload:string,headers:string,created_at:string,"
     "seq:string,aggregate_id:string,aggregate_type:string,correlation_id:string,"
-    "causation_id:string,destination:string,attempts:string,last_error:string>"
+    "causation_id:string,destination:string,attempts:string,last_error:string,due:string>"
 )
 _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
@@ -228,7 +228,8 @@ def _entries(base: DataFrame) -> DataFrame:
                 f["created_at"].isNotNull() & _ts(f["created_at"]).isNull(),
                 "created_at: not a date",
             ),
-            req("seq"),
+            # A scheduled entry has no seq until the dispatcher releases it.
+            _problem(f.isNotNull() & f["seq"].isNull() & f["due"].isNull(), "seq: missing"),
             _problem(
                 f["seq"].isNotNull() & F.coalesce(_long(f["seq"]) < 1, F.lit(True)),
                 "seq: not a positive integer",

@@ -7,7 +7,9 @@
 - :class:`TrimPlan`: remove published entries by ID. It does not touch ``version``, so it
   never conflicts with a business write.
 - :class:`ReleasePlan` and :class:`SettlePlan`: the dispatcher's writes for scheduled
-  entries (see :mod:`docoutbox.store.schedule`); neither touches ``version``.
+  entries (see :mod:`docoutbox.store.schedule`). A release numbers the entry and
+  increments ``version`` (so a business commit read before it conflicts); a settle is
+  guarded by ``version`` and does not change it.
 
 :func:`apply_plan` is the reference semantics every store must match; the in-memory store
 and the size guard use it directly.
@@ -101,21 +103,27 @@ class FailurePlan:
 
 @dataclass(frozen=True)
 class ReleasePlan:
-    """Mark a due scheduled entry as released for publishing, if it is still pending and
-    not cancelled. Never touches ``version``; a cancel guarded by the entry not being
-    released then fails instead (see :mod:`docoutbox.store.schedule`)."""
+    """Release a due scheduled entry for publishing and number it, if it is still pending,
+    not released, not cancelled, and the document's ``outbox_seq`` is still
+    ``outbox_seq``: the entry gets ``seq = outbox_seq + 1``, ``outbox_seq`` becomes that
+    number, and ``version`` is incremented, so a business commit computed from the same
+    ``outbox_seq`` (guarded by ``version`` only) conflicts instead of reusing the number.
+    A cancel guarded by the entry not being released then fails instead (see
+    :mod:`docoutbox.store.schedule`)."""
 
     aggregate_id: AggregateId
     entry_id: str
+    outbox_seq: int
 
 
 @dataclass(frozen=True)
 class SettlePlan:
-    """Set the document's ``earliest_due`` (None: remove it), if no entry was added since
-    ``outbox_seq``. Never touches ``version``."""
+    """Set the document's ``earliest_due`` (None: remove it), if the document's
+    ``version`` is still ``version``: no commit added an entry since. Never touches
+    ``version``."""
 
     aggregate_id: AggregateId
-    outbox_seq: int
+    version: int
     earliest_due: datetime | None
 
 
@@ -127,6 +135,15 @@ def entry_id(aggregate_type: str, aggregate_id: AggregateId, seq: int) -> str:
     return str(uuid.uuid5(DETERMINISTIC_NAMESPACE, f"{aggregate_type}/{aggregate_id}/{seq}"))
 
 
+def scheduled_entry_id(
+    aggregate_type: str, aggregate_id: AggregateId, version: int, cause: str, offset: int
+) -> str:
+    """The deterministic ID of a scheduled entry (numbered only when released): the
+    ``offset``-th emit of the handling of message ``cause`` by the commit to ``version``."""
+    name = f"{aggregate_type}/{aggregate_id}/scheduled/{version}/{cause}/{offset}"
+    return str(uuid.uuid5(DETERMINISTIC_NAMESPACE, name))
+
+
 def seal(
     emits: Sequence[Emit],
     *,
@@ -136,22 +153,33 @@ def seal(
     cause: Message,
     now: datetime,
     deterministic_ids: bool,
+    version: int = 0,
 ) -> list[dict[str, Any]]:
     """Number and stamp a handler's emits as stored outbox entries, seq ``last_seq + 1`` on.
+
+    A scheduled emit is stored without a ``seq`` and takes no number: it is numbered when
+    the dispatcher releases it (:class:`ReleasePlan`), so a cancelled one never leaves a
+    gap in the aggregate's sequence. ``version``: the version the commit writes (it names
+    scheduled entries when IDs are deterministic).
 
     Every input is already validated (the emits, the cause, the aggregate ID), so the
     entries are built directly in their stored form; :class:`OutboxMessage` reads them.
     """
     sealed = []
+    seq = last_seq
     for offset, item in enumerate(emits, start=1):
-        seq = last_seq + offset
+        due = item.due(now) if item.scheduled else None
+        if due is None:
+            seq += 1
         if item.id is not None:
             message_id = item.id
-        elif deterministic_ids:
+        elif not deterministic_ids:
+            message_id = str(uuid.uuid4())
+        elif due is None:
             message_id = entry_id(aggregate_type, aggregate_id, seq)
         else:
-            message_id = str(uuid.uuid4())
-        entry = {
+            message_id = scheduled_entry_id(aggregate_type, aggregate_id, version, cause.id, offset)
+        entry: dict[str, Any] = {
             "id": message_id,
             "type": item.type,
             "payload": item.payload,
@@ -166,8 +194,8 @@ def seal(
             "attempts": 0,
             "last_error": None,
         }
-        due = item.due(now) if item.scheduled else None
         if due is not None:
+            del entry["seq"]
             entry[DUE] = ceil_millis(due)
             if item.key is not None:
                 entry[KEY] = item.key
@@ -198,6 +226,7 @@ def plan_commit(
         cause=message,
         now=now,
         deterministic_ids=deterministic_ids,
+        version=snapshot.version + 1,
     )
     marks = None
     inbox_push: tuple[str, ...] = ()
@@ -214,7 +243,7 @@ def plan_commit(
         expected_version=snapshot.version,
         state=decision.state.model_dump(mode="json") if state is None else state,
         outbox_push=tuple(entries),
-        outbox_seq=snapshot.outbox_seq + len(entries),
+        outbox_seq=snapshot.outbox_seq + sum(1 for entry in entries if "seq" in entry),
         inbox_push=inbox_push,
         inbox_window=policy.window,
         inbox_after=inbox_after,
@@ -296,14 +325,18 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     if isinstance(plan, ReleasePlan):
         if plan.entry_id in (doc.get(CANCELLED) or ()):
             return None
+        if doc.get("outbox_seq") != plan.outbox_seq:
+            return None
         outbox = list(doc.get("outbox", ()))
         for index, entry in enumerate(outbox):
-            if entry.get("id") == plan.entry_id:
-                outbox[index] = {**entry, RELEASED: True}
-                return {**doc, "outbox": outbox}
+            if entry.get("id") == plan.entry_id and not entry.get(RELEASED):
+                seq = plan.outbox_seq + 1
+                outbox[index] = {**entry, "seq": seq, RELEASED: True}
+                version = doc.get("version", 0)
+                return {**doc, "outbox": outbox, "outbox_seq": seq, "version": version + 1}
         return None
     if isinstance(plan, SettlePlan):
-        if doc.get("outbox_seq") != plan.outbox_seq:
+        if doc.get("version") != plan.version:
             return None
         settled = {**doc, EARLIEST_DUE: plan.earliest_due}
         if plan.earliest_due is None:
@@ -390,5 +423,6 @@ __all__ = [
     "guard_size",
     "plan_commit",
     "plan_trim",
+    "scheduled_entry_id",
     "seal",
 ]

@@ -10,15 +10,30 @@ the document:
   by ``version``; only trims remove entries without changing it), so the minimum can only
   be earlier than the exact one;
 - a settle (:class:`~docoutbox.store.plans.SettlePlan`, written by the dispatcher after a
-  run) sets it from the dispatcher's copy, guarded by ``outbox_seq``: no entry was added
-  since that copy was read, and removals only make the exact minimum later.
+  run) sets it from the dispatcher's copy, guarded by ``version`` (the copy's, plus the
+  run's own releases): no commit, so no entry, came since that copy was read, and
+  removals only make the exact minimum later. (``outbox_seq`` could not guard it: a
+  commit adding only scheduled entries leaves it unchanged.)
+
+Rule (numbering, I4): a scheduled entry is stored without a ``seq`` and does not advance
+``outbox_seq``; it is numbered when released (``seq = outbox_seq + 1``), so it takes its
+place in the aggregate's sequence when it falls due. A cancelled entry is never numbered
+and an entry not yet due holds no number back: receivers in exact de-duplication mode
+see every number of the aggregate arrive, and their marks compact.
 
 Rule (cancellation): a scheduled entry is cancelled by a business write that lists its ID
 in ``cancelled``; the write is guarded by the entry being pending and not ``released``.
 The dispatcher *releases* a due entry (one conditional write, guarded by its ID not being
-in ``cancelled``) before it publishes it. Whichever of the two writes lands first wins:
-a cancelled entry is never released (so never published), a released entry is never
-cancelled. Cancelled entries are trimmed like published ones, without being published.
+in ``cancelled`` and by ``outbox_seq`` being the value it read) before it publishes it.
+Whichever of the two writes lands first wins: a cancelled entry is never released (so
+never published), a released entry is never cancelled. Cancelled entries are trimmed like
+published ones, without being published.
+
+Rule (release against commit): a release increments ``version``. Commits number their
+entries from the ``outbox_seq`` they loaded and are guarded by ``version`` only, so a
+commit read before a release conflicts and is retried on the reloaded document; a commit
+that lands first moves ``outbox_seq`` (if it added entries) and the release fails. No two
+entries of an aggregate ever share a ``seq``.
 
 A scheduled entry carries ``due`` (UTC, stored to the millisecond, rounded up so that it is
 never published early) and, optionally, ``key``.

@@ -151,9 +151,10 @@ class TestMongoChangeSource(ChangeSourceContract):
             stored = backend.load("a")
             assert stored["state"] and stored["inbox"]
             for event in events:
-                # outbox_seq guards a settle of the due-time hint; ``cancelled`` and
-                # ``earliest_due`` come too once the document has scheduled entries.
-                fields = {"_id", "partition", "outbox", "updated_at", "outbox_seq"}
+                # outbox_seq guards a release, version a settle of the due-time hint;
+                # ``cancelled`` and ``earliest_due`` come too once the document has
+                # scheduled entries.
+                fields = {"_id", "partition", "outbox", "updated_at", "outbox_seq", "version"}
                 assert set(event.document) == fields
             last = events[-1].document
             assert last["outbox"] == stored["outbox"] and last["partition"] == stored["partition"]

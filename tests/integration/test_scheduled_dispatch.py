@@ -30,6 +30,7 @@ from tests.support.backends import (
     wait_until,
 )
 from tests.unit.test_scheduled import Timer, handlers, msg
+from tests.unit.test_scheduled_seq import check_release_and_commit_never_share_a_seq
 
 #: How late a due entry may be published here: the documented bound (about 2 s with the
 #: default ``due_interval``) with room for a loaded 2-core machine.
@@ -122,23 +123,31 @@ def test_release_cancel_settle_and_the_due_query_on_the_server(bundle: Any) -> N
         for d in backend.find_due(due_before=soon, after=None, limit=10, partitions=[partition])
     ] == ["a"]
     # A release wins against a later cancel: the cancel then cancels nothing.
-    assert backend.write(ReleasePlan("a", entry["id"]))
+    assert backend.write(ReleasePlan("a", entry["id"], 0))
+    released = store.get("a")
+    assert [e["seq"] for e in released.raw_outbox] == [1] and released.outbox_seq == 1
     late = store.handle("a", msg("c1", "Stop", key="k"), handlers)
     assert late.cancelled == () and late.state.n == 0
     # A cancel wins against a later release.
     other = store.handle("b", msg("c2", "Stop", key="k"), handlers)
     assert other.cancelled == ("k",)
     cancelled_id = store.get("b").cancelled[0]
-    assert not backend.write(ReleasePlan("b", cancelled_id))
+    assert not backend.write(ReleasePlan("b", cancelled_id, 0))
     assert store.trim("b", [cancelled_id])
     snap = store.get("b")
     # Cosmos DB trims leave the ID in ``cancelled`` (the next commit drops it).
     assert snap.raw_outbox == () and snap.cancelled in ((), (cancelled_id,))
-    # A settle is guarded by outbox_seq.
-    seq = store.get("a").outbox_seq
-    assert not backend.write(SettlePlan("a", seq + 1, None))
-    assert backend.write(SettlePlan("a", seq, None))
+    # A settle is guarded by version.
+    version = store.get("a").version
+    assert not backend.write(SettlePlan("a", version + 1, None))
+    assert backend.write(SettlePlan("a", version, None))
     assert backend.find_due(due_before=soon, after=None, limit=10) == []
+
+
+def test_a_release_and_a_commit_from_one_outbox_seq_never_share_a_seq_on_the_server(
+    bundle: Any,
+) -> None:
+    check_release_and_commit_never_share_a_seq(bundle.store_backend())
 
 
 def test_the_immediate_path_leaves_scheduled_entries_to_the_dispatcher() -> None:

@@ -7,11 +7,16 @@ store. The checks:
 
 - ``command-once``: each command's effect is in its producer's state exactly once, and
   its emitted messages were stored exactly once (no lost update, no double apply).
-- ``seq``: each producer's stored entries are numbered 1..outbox_seq without gaps.
+- ``seq``: each producer's entries are numbered 1..outbox_seq without gaps, one entry per
+  number, and each entry at most once: immediate ones when stored, scheduled ones when
+  released (a cancelled one never).
+- ``seq-published``: per producer, the seqs published (or quarantined) are exactly
+  1..outbox_seq, each carried by one entry only: an exact receiver's mark compacts.
 - ``published`` (I1): every stored entry was published at least once, or quarantined.
 - ``order`` (I4): per producer, the *first* publication of entry n comes after the first
-  publication (or the quarantine) of every entry before it. Re-publications after a
-  crash repeat a prefix, so later publications may be out of order; first ones may not.
+  publication (or the quarantine) of every entry before it, scheduled entries included
+  (numbered when released). Re-publications after a crash repeat a prefix, so later
+  publications may be out of order; first ones may not.
 - ``consumed-once``: every stored entry was processed by its consumer exactly once (at
   most once if quarantined), and consumers processed nothing else.
 - ``dead-letters``: only stored entries are quarantined.
@@ -19,15 +24,14 @@ store. The checks:
 
 Scheduled entries (checked as they happen, by the world): ``scheduled-early``, never
 published before due; ``cancelled``, never published once their cancellation committed.
-A cancelled entry need not be published (``published``, ``consumed-once``), and I4 is
-checked among the entries published as soon as possible (``order``): a scheduled entry
-is ordered by its due time instead.
+A cancelled entry need not be published (``published``, ``consumed-once``) and never
+gets a seq.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +64,20 @@ class Record:
     quarantined: dict[str, int] = field(default_factory=dict)
     #: Entry ID -> event number of the commit that cancelled it.
     cancelled: dict[str, int] = field(default_factory=dict)
+    #: Entry ID -> the seqs it was given (when stored, or when released), in order.
+    numbered: dict[str, list[int]] = field(default_factory=dict)
     events: int = 0
     #: Violations seen while running (checkpoint checks, unexpected errors, liveness).
     violations: list[Violation] = field(default_factory=list)
+
+    def number(self, entries: Iterable[dict[str, Any]]) -> None:
+        for entry in entries:
+            if entry.get("seq") is not None:
+                self.numbered.setdefault(str(entry["id"]), []).append(int(entry["seq"]))
+
+    def seq_of(self, entry_id: str) -> int | None:
+        seqs = self.numbered.get(entry_id)
+        return seqs[-1] if seqs else None
 
     def tick(self) -> int:
         self.events += 1
@@ -76,6 +91,7 @@ def check(record: Record, producers: Docs, sinks: Docs) -> list[Violation]:
     return [
         *command_once(record, producers),
         *seq_gap_free(record, producers),
+        *seq_published(record, producers),
         *published(record),
         *publish_order(record),
         *consumed_once(record, sinks),
@@ -120,11 +136,36 @@ def command_once(record: Record, producers: Docs) -> Iterator[Violation]:
 def seq_gap_free(record: Record, producers: Docs) -> Iterator[Violation]:
     seqs: defaultdict[str, list[int]] = defaultdict(list)
     for entry in record.stored:
-        seqs[str(entry["aggregate_id"])].append(int(entry["seq"]))
+        entry_id = str(entry["id"])
+        given = record.numbered.get(entry_id, [])
+        if len(given) > 1:
+            yield Violation("seq", f"{entry_id} was numbered {given}")
+        if given and entry_id in record.cancelled:
+            yield Violation("seq", f"{entry_id} was cancelled and numbered {given}")
+        seqs[str(entry["aggregate_id"])].extend(given)
     for pid, doc in producers.items():
         last = int(doc["outbox_seq"]) if doc is not None else 0
         if sorted(seqs[pid]) != list(range(1, last + 1)):
-            yield Violation("seq", f"{pid}: stored seqs {sorted(seqs[pid])}, outbox_seq {last}")
+            yield Violation("seq", f"{pid}: numbered seqs {sorted(seqs[pid])}, outbox_seq {last}")
+
+
+def seq_published(record: Record, producers: Docs) -> Iterator[Violation]:
+    carried: defaultdict[tuple[str, int], set[str]] = defaultdict(set)
+    for _, message in record.publications:
+        if message.seq is not None:
+            carried[(str(message.aggregate_id), message.seq)].add(message.id)
+    for entry in record.stored:
+        seq = record.seq_of(str(entry["id"]))
+        if str(entry["id"]) in record.quarantined and seq is not None:
+            carried[(str(entry["aggregate_id"]), seq)].add(str(entry["id"]))
+    for (pid, seq), ids in sorted(carried.items()):
+        if len(ids) > 1:
+            yield Violation("seq-published", f"{pid} seq {seq} was published for {sorted(ids)}")
+    for pid, doc in producers.items():
+        last = int(doc["outbox_seq"]) if doc is not None else 0
+        out = sorted(seq for p, seq in carried if p == pid)
+        if out != list(range(1, last + 1)):
+            yield Violation("seq-published", f"{pid}: published seqs {out}, outbox_seq {last}")
 
 
 def published(record: Record) -> Iterator[Violation]:
@@ -134,29 +175,24 @@ def published(record: Record) -> Iterator[Violation]:
         if entry["id"] not in out:
             yield Violation(
                 "published",
-                f"{entry['aggregate_id']} seq {entry['seq']} ({entry['id']}) was never "
+                f"{entry['aggregate_id']} seq {entry.get('seq')} ({entry['id']}) was never "
                 "published nor quarantined",
             )
 
 
 def publish_order(record: Record) -> Iterator[Violation]:
     first: dict[tuple[str, int], int] = {}
-    scheduled = {str(e["id"]) for e in record.stored if e.get("due") is not None}
     for event, message in record.publications:
-        if message.id not in scheduled:
+        if message.seq is not None:
             first.setdefault((str(message.aggregate_id), message.seq), event)
     gone = dict(first)
-    skipped: set[tuple[str, int]] = set()
     for entry in record.stored:
-        key = (str(entry["aggregate_id"]), int(entry["seq"]))
-        if str(entry["id"]) in scheduled:
-            skipped.add(key)
-        if str(entry["id"]) in record.quarantined:
+        seq = record.seq_of(str(entry["id"]))
+        if str(entry["id"]) in record.quarantined and seq is not None:
+            key = (str(entry["aggregate_id"]), seq)
             gone[key] = min(gone.get(key, 1 << 62), record.quarantined[str(entry["id"])])
     for (pid, seq), event in sorted(first.items()):
         for before in range(1, seq):
-            if (pid, before) in skipped:
-                continue
             at = gone.get((pid, before))
             if at is None or at > event:
                 yield Violation(
@@ -181,7 +217,7 @@ def consumed_once(record: Record, sinks: Docs) -> Iterator[Violation]:
         if n not in allowed:
             yield Violation(
                 "consumed-once",
-                f"{entry['aggregate_id']} seq {entry['seq']} ({eid}) was processed {n} times "
+                f"{entry['aggregate_id']} seq {entry.get('seq')} ({eid}) was processed {n} times "
                 f"by {sid}" + (" (quarantined)" if eid in record.quarantined else ""),
             )
     for sid, counts in seen.items():

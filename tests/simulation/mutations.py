@@ -31,8 +31,12 @@ Scheduled entries (schedules that schedule every command's effects, a setting):
 - ``hint-off``: no write sets the document's ``earliest_due`` (dispatchers that follow
   the change log, so only the due query finds an entry once due);
 - ``cancel-off``: a commit's cancellations are not written (memory store);
-- ``release-off``: the dispatcher publishes a due entry without releasing it first, so a
-  copy read before a cancel committed is published anyway.
+- ``release-off``: a release ignores the entry's cancellation (memory store), so a copy
+  read before a cancel committed is published anyway;
+- ``seq-at-emit``: a scheduled entry takes its ``seq`` when it is emitted (and again when
+  released), so a cancelled or renumbered one leaves a gap in the published seqs;
+- ``release-version-off``: a release does not increment ``version`` (memory store), so a
+  commit computed from the same ``outbox_seq`` gives its entry the released entry's seq.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from docoutbox.model import OutboxMessage
 from docoutbox.store import batch, plans
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
-from docoutbox.store.plans import CommitPlan, TrimPlan, WritePlan, apply_plan
+from docoutbox.store.plans import CommitPlan, ReleasePlan, TrimPlan, WritePlan, apply_plan
 from docoutbox.testing import memory
 
 
@@ -308,7 +312,37 @@ def cancel_off() -> Iterator[None]:
 
 @contextmanager
 def release_off() -> Iterator[None]:
-    with mock.patch.object(dispatch, "release_plan", return_value=None):
+    def unguarded(doc: Document | None, plan: WritePlan) -> Document | None:
+        if isinstance(plan, ReleasePlan) and doc is not None:
+            kept = [i for i in doc.get("cancelled") or () if i != plan.entry_id]
+            doc = {**doc, "cancelled": kept}
+        return apply_plan(doc, plan)
+
+    with mock.patch.object(memory, "apply_plan", unguarded):
+        yield
+
+
+@contextmanager
+def seq_at_emit() -> Iterator[None]:
+    seal = plans.seal
+
+    def numbering(emits: Any, *, last_seq: int, **rest: Any) -> list[dict[str, Any]]:
+        entries = seal(emits, last_seq=last_seq, **rest)
+        return [{**e, "seq": last_seq + i} for i, e in enumerate(entries, start=1)]
+
+    with mock.patch.object(plans, "seal", numbering):
+        yield
+
+
+@contextmanager
+def release_version_off() -> Iterator[None]:
+    def unversioned(doc: Document | None, plan: WritePlan) -> Document | None:
+        after = apply_plan(doc, plan)
+        if isinstance(plan, ReleasePlan) and after is not None and doc is not None:
+            after["version"] = doc["version"]
+        return after
+
+    with mock.patch.object(memory, "apply_plan", unversioned):
         yield
 
 
@@ -331,6 +365,8 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "hint-off": hint_off,
     "cancel-off": cancel_off,
     "release-off": release_off,
+    "seq-at-emit": seq_at_emit,
+    "release-version-off": release_version_off,
 }
 
 

@@ -62,6 +62,8 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "due-early": (("scheduled", "100"),),
     "cancel-off": (("scheduled", "100"), ("cancels", "100")),
     "release-off": (("scheduled", "100"), ("cancels", "100")),
+    "seq-at-emit": (("scheduled", "100"), ("cancels", "100")),
+    "release-version-off": (("scheduled", "100"),),
     "hint-off": (("scheduled", "100"), ("dispatcher", "log")),
     "trim-not-due": (("scheduled", "100"),),
 }

@@ -45,6 +45,8 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("hint-off", "published"),  # passed by the stream, never found once due: lost
         ("cancel-off", "cancelled"),
         ("release-off", "cancelled"),  # a copy read before the cancel published
+        ("seq-at-emit", "seq-published"),  # a cancelled entry's seq never published
+        ("release-version-off", "seq-published"),  # a commit reuses a released seq
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

@@ -20,7 +20,7 @@ from pymongo import MongoClient
 from docoutbox.model import OutboxMessage
 from tests.simulation.actors import Command, Producer, Sink
 from tests.simulation.harness import Report, run_schedule
-from tests.simulation.invariants import Record, check, publish_order
+from tests.simulation.invariants import Record, check, publish_order, seq_published
 from tests.simulation.schedule import FAULTS, Variant
 from tests.support.cosmos import scratch_database
 
@@ -149,6 +149,7 @@ def entry(seq: int, destination: str = "c1", aggregate: str = "p1") -> dict[str,
 
 def history(published: list[int], quarantined: dict[int, int] | None = None) -> Record:
     record = Record(stored=[entry(seq) for seq in (1, 2, 3)])
+    record.number(record.stored)
     for seq in published:
         record.publications.append((record.tick(), OutboxMessage.parse(entry(seq))))
     for seq, event in (quarantined or {}).items():
@@ -191,3 +192,15 @@ def test_check_flags_lost_duplicated_and_pending_work() -> None:
     assert any(v.startswith("[consumed-once] p1 seq 2") and "0 times" in v for v in found)
     assert "[consumed-once] c1 processed ghost, which was never stored" in found
     assert "[drained] p1 still has pending entries [3]" in found
+    assert "[seq-published] p1: published seqs [1, 2], outbox_seq 3" in found
+
+
+def test_seq_published_flags_a_gap_and_a_shared_seq() -> None:
+    record = history([1, 3])
+    found = [str(v) for v in seq_published(record, {"p1": {"_id": "p1", "outbox_seq": 3}})]
+    assert "[seq-published] p1: published seqs [1, 3], outbox_seq 3" in found
+    record = history([1, 2, 3])
+    twin = {**entry(2), "id": "p1-twin"}
+    record.publications.append((record.tick(), OutboxMessage.parse(twin)))
+    found = [str(v) for v in seq_published(record, {"p1": {"_id": "p1", "outbox_seq": 3}})]
+    assert "[seq-published] p1 seq 2 was published for ['p1-2', 'p1-twin']" in found

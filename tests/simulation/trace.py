@@ -16,7 +16,7 @@ def describe(item: Any) -> str:
     """A short, ID-free description of an operation or a result, for traces."""
     match item:
         case Write(plan=CommitPlan() as plan):
-            seqs = [e["seq"] for e in plan.outbox_push]
+            seqs = [e.get("seq") for e in plan.outbox_push]
             return f"commit {plan.aggregate_id} if v{plan.expected_version}, push seqs {seqs}"
         case Write(plan=InsertPlan() as plan):
             return f"insert {plan.aggregate_id}"

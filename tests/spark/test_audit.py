@@ -129,3 +129,18 @@ def test_reconcile_without_dead_letters_reports_the_quarantined_seq_as_lost(spar
     )
     lost = {(r.source, r.seq) for r in result.where("status = 'lost'").collect()}
     assert lost == {("Wallet/w-lost", 4), ("Wallet/w-lost", 5), ("Wallet/w-dead", 2)}
+
+
+def test_a_scheduled_entry_not_released_has_no_seq_and_is_no_finding(spark: Any) -> None:
+    # Numbered when released: a pending scheduled entry has no seq, and no gap is left.
+    waiting = {**planted.entry("s-1", 2, due=planted.NOW), "seq": None}
+    released = planted.entry("s-1", 2, id="s-1-r", due=planted.NOW, released=True)
+    docs = [
+        planted.doc("s-1", 1, [planted.entry("s-1", 1), waiting], 0),
+        planted.doc("s-2", 2, [planted.entry("s-2", 1), released], 1),
+        planted.doc("s-3", 1, [{**waiting, "due": None}], 2),
+    ]
+    conformed = conform(frame(spark, docs))
+    bad = {(r.aggregate_id, r.detail) for r in conformed.malformed.collect()}
+    assert bad == {("s-3", "outbox[0]: seq: missing")}
+    assert audit.seq_anomalies(conformed.documents).collect() == []

@@ -164,14 +164,25 @@ def scheduled_doc() -> dict[str, Any]:
     return world.backend.docs["t"]
 
 
-def test_a_release_fails_once_cancelled_and_a_cancel_fails_once_released() -> None:
+def test_a_scheduled_entry_takes_no_seq_until_released() -> None:
+    doc = scheduled_doc()
+    assert "seq" not in doc["outbox"][0]
+    assert doc["outbox_seq"] == 0
+
+
+def test_a_release_numbers_the_entry_and_fails_once_cancelled_or_numbered_since() -> None:
     doc = scheduled_doc()
     entry_id = doc["outbox"][0]["id"]
-    released = apply_plan(doc, ReleasePlan("t", entry_id))
+    seq = doc["outbox_seq"]
+    released = apply_plan(doc, ReleasePlan("t", entry_id, seq))
     assert released is not None and released["outbox"][0]["released"] is True
-    assert released["version"] == doc["version"]  # never a business conflict
-    assert apply_plan({**doc, "cancelled": [entry_id]}, ReleasePlan("t", entry_id)) is None
-    assert apply_plan(doc, ReleasePlan("t", "gone")) is None
+    assert released["outbox"][0]["seq"] == seq + 1 == released["outbox_seq"]
+    # A business commit read before the release conflicts instead of reusing the number.
+    assert released["version"] == doc["version"] + 1
+    assert apply_plan(released, ReleasePlan("t", entry_id, seq + 1)) is None  # released
+    assert apply_plan({**doc, "cancelled": [entry_id]}, ReleasePlan("t", entry_id, seq)) is None
+    assert apply_plan(doc, ReleasePlan("t", entry_id, seq + 1)) is None  # outbox_seq moved
+    assert apply_plan(doc, ReleasePlan("t", "gone", seq)) is None
 
 
 def test_a_cancel_racing_a_release_is_retried_and_cancels_nothing() -> None:
@@ -180,54 +191,53 @@ def test_a_cancel_racing_a_release_is_retried_and_cancels_nothing() -> None:
     entry_id = world.backend.docs["t"]["outbox"][0]["id"]
     # The store's cached copy predates the release: its commit fails, it reloads, and
     # the handler then sees no cancellable key.
-    assert world.backend.write(ReleasePlan("t", entry_id))
+    assert world.backend.write(ReleasePlan("t", entry_id, 0))
     outcome = world.handle("t", msg("m2", "Stop", key="a"))
     assert outcome.cancelled == ()
     assert outcome.state.n == 0
     assert "cancelled" not in world.backend.docs["t"]
 
 
-def test_a_trim_removes_cancelled_ids_and_a_settle_is_guarded_by_outbox_seq() -> None:
+def test_a_trim_removes_cancelled_ids_and_a_settle_is_guarded_by_version() -> None:
     doc = {**scheduled_doc(), "cancelled": ["x"]}
     entry_id = doc["outbox"][0]["id"]
     trimmed = apply_plan({**doc, "cancelled": [entry_id]}, TrimPlan("t", (entry_id,)))
     assert trimmed is not None and trimmed["cancelled"] == [] and trimmed["outbox"] == []
-    assert apply_plan(doc, SettlePlan("t", doc["outbox_seq"] + 1, None)) is None
-    settled = apply_plan(doc, SettlePlan("t", doc["outbox_seq"], None))
+    assert apply_plan(doc, SettlePlan("t", doc["version"] + 1, None)) is None
+    settled = apply_plan(doc, SettlePlan("t", doc["version"], None))
     assert settled is not None and "earliest_due" not in settled
 
 
 # -- which entries a run publishes ---------------------------------------------------
 
 
-def entry(seq: int, created: int, due: int | None = None) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "id": f"e{seq}",
-        "seq": seq,
-        "created_at": BASE + timedelta(seconds=created),
-    }
+def entry(name: str, seq: int | None, due: int | None = None, **extra: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {"id": name, "created_at": BASE, **extra}
+    if seq is not None:
+        raw["seq"] = seq
     if due is not None:
         raw["due"] = BASE + timedelta(seconds=due)
     return raw
 
 
-def test_due_entries_are_ordered_by_due_then_seq_and_merged_by_time() -> None:
+def test_numbered_entries_go_in_seq_order_then_due_ones_by_due_then_stored_order() -> None:
     doc = {
         "_id": "t",
         "outbox": [
-            entry(1, 0, due=50),
-            entry(2, 1, due=30),
-            entry(3, 2),
-            entry(4, 40),
-            entry(5, 5, due=30),
-            entry(6, 6, due=99),  # not due: holds back nothing
-            entry(7, 60),
+            entry("s50", None, due=50),
+            entry("s30a", None, due=30),
+            entry("e2", 2),
+            entry("r3", 3, due=10, released=True),  # released: numbered, in seq order
+            entry("e1", 1),
+            entry("s30b", None, due=30),
+            entry("s99", None, due=99),  # not due: holds back nothing
+            entry("e4", 4),
         ],
     }
     order = due_order(doc, BASE + timedelta(seconds=70))
-    assert [e["id"] for e in order.entries] == ["e3", "e2", "e5", "e4", "e1", "e7"]
+    assert [e["id"] for e in order.entries] == ["e1", "e2", "r3", "e4", "s30a", "s30b", "s50"]
     assert order.next_due == BASE + timedelta(seconds=99)
-    assert [e["id"] for e in due_order(doc, None).entries] == ["e3", "e4", "e7"]
+    assert [e["id"] for e in due_order(doc, None).entries] == ["e1", "e2", "r3", "e4"]
 
 
 def test_a_stale_copy_never_publishes_an_entry_cancelled_since() -> None:
@@ -249,10 +259,28 @@ def test_a_stale_copy_never_publishes_an_entry_cancelled_since() -> None:
     except StopIteration as stop:
         result = stop.value
     assert not any(isinstance(op, Publish) for op in ops)
+    # The release failed: the entry is left for a run on a fresh copy, which trims it.
+    assert result.raced == [copy["outbox"][0]["id"]] and result.dropped == []
+    assert result.next_due == copy["outbox"][0]["due"]  # the due query runs again at once
+    fresh = world.backend.load("t")
+    assert fresh is not None
+    result = run_flow(world, fresh, BASE + timedelta(hours=1))
     assert result.dropped == [copy["outbox"][0]["id"]]
     doc = world.backend.docs["t"]
     assert doc["outbox"] == [] and doc["cancelled"] == []
     assert "earliest_due" not in doc
+
+
+def run_flow(world: World, doc: dict[str, Any], now: datetime) -> Any:
+    """One dispatch flow over ``doc``, its writes applied to the world's backend."""
+    flow = dispatch_document(doc, DispatchPolicy(), random.Random(0), now=now)
+    reply: Any = None
+    try:
+        while True:
+            op = flow.send(reply)
+            reply = world.backend.write(op.plan) if hasattr(op, "plan") else None
+    except StopIteration as stop:
+        return stop.value
 
 
 # -- the engine ----------------------------------------------------------------------

@@ -28,8 +28,13 @@ dispatcher would be wrong. With a codec, the dead-letter store gets the entry as
 ahead of it (per-aggregate order, I4).
 
 Scheduled entries (:mod:`~docoutbox.dispatch.engine.due`): only those due at ``now`` are
-published, each after a release write that fails if it was cancelled; cancelled ones are
-trimmed unpublished; the run ends with a settle of the document's due-time hint.
+published, after the numbered ones, each after a release write that numbers it next in
+the aggregate's sequence. A release fails if the entry was cancelled, or if the
+aggregate's ``outbox_seq`` moved since the run read it (a commit added entries): the
+entry is then neither published nor trimmed, and neither is any scheduled entry after it
+in this run; a later run (the commit's change, or the due query at once) tries again.
+Cancelled entries are trimmed unpublished; the run ends with a settle of the document's
+due-time hint.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
+from docoutbox.store.schedule import due_of
 from docoutbox.stored.values import StoredValues, open_entry
 
 
@@ -103,8 +109,11 @@ class DispatchResult:
     trimmed: bool = False
     #: Cancelled scheduled entries trimmed without a publish.
     dropped: list[str] = field(default_factory=list)
-    #: The earliest due time of the entries left because they were not due yet.
+    #: The earliest due time of the entries left because they were not due yet, or
+    #: because their release lost a race with a commit (then already due).
     next_due: datetime | None = None
+    #: Due scheduled entries left unreleased: their release lost a race with a commit.
+    raced: list[str] = field(default_factory=list)
 
     @property
     def unavailable(self) -> bool:
@@ -139,6 +148,7 @@ def dispatch_document(
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
     order = due_order(doc, now, pending_entries(doc))
+    seq, version = _counter(doc, "outbox_seq"), _counter(doc, "version")
     result.next_due = order.next_due
     result.dropped.extend(order.cancelled)
     removable: list[str] = list(order.cancelled)
@@ -147,10 +157,14 @@ def dispatch_document(
     blocked = False
     for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
+        release = release_plan(result.aggregate_id, raw, seq)
         try:
-            entry: OutboxMessage = OutboxMessage.parse(open_entry(values, raw))
+            numbered = raw if release is None else {**raw, "seq": seq + 1}
+            entry: OutboxMessage = OutboxMessage.parse(open_entry(values, numbered))
             if bad_due(raw):
                 raise InvalidInput(f"due {raw.get('due')!r} is not a time")
+            if entry.seq is None:
+                raise InvalidInput("an entry to publish has no seq")
         except InvalidInput as exc:
             yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
@@ -160,12 +174,14 @@ def dispatch_document(
         if blocked:
             result.held.append(entry.id)
             continue
-        release = release_plan(result.aggregate_id, raw)
-        if release is not None and not (yield Write(release)):
-            # Cancelled (or published and trimmed by another instance): never published.
-            result.dropped.append(entry.id)
-            removable.append(entry.id)
-            continue
+        if release is not None:
+            if result.raced or not (yield Write(release)):
+                # Cancelled, released by another instance, or ``outbox_seq`` moved: never
+                # published unreleased; a later run reads the document again.
+                result.raced.append(entry.id)
+                result.next_due = _earliest(result.next_due, raw)
+                continue
+            seq, version = seq + 1, version + 1
         stored = _as_dict(raw) if sealed else None
         outcome = yield from _publish_with_retries(entry, policy, rng, stored)
         if outcome == "published":
@@ -188,10 +204,23 @@ def dispatch_document(
         trims.append(bool((yield Write(plan))))
         removed.extend(removable)
     result.trimmed = bool(trims) and all(trims)
-    settle = settle_plan(doc, removed)
+    settle = settle_plan(doc, removed, version)
     if settle is not None:
         yield Write(settle)  # not applied: an entry came since, with a hint of its own
     return result
+
+
+def _counter(doc: Document, name: str) -> int:
+    """The document's ``outbox_seq`` or ``version`` (0 when absent or not a number)."""
+    value = doc.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _earliest(current: datetime | None, raw: Any) -> datetime | None:
+    due = due_of(raw)
+    if due is None:
+        return current
+    return due if current is None or due < current else current
 
 
 def _stored_ids(doc: Document) -> list[str | None]:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from docoutbox.dispatch.engine.due import unreleased
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.extras.claims import (
     AsyncGuardedPublisher,
@@ -162,7 +163,7 @@ class _Immediate:
                 work.setdefault(aggregate_id, {}).update((e.id, e) for e in entries)
         published: list[tuple[AggregateId, list[str]]] = []
         for aggregate_id, by_id in work.items():
-            entries = sorted(by_id.values(), key=lambda e: e.seq)
+            entries = sorted(by_id.values(), key=_seq)
             done: list[str] = []
             try:
                 yield from self._publish(aggregate_id, entries, done)
@@ -191,14 +192,14 @@ class _Immediate:
     ) -> Generator[ImmediateOp, Any, None]:
         """Publish ``entries`` after any pending ones below them, appending to ``done``."""
         upto = self._upto.get(aggregate_id, 0)
-        todo = [e for e in entries if e.seq > upto]
+        todo = [e for e in entries if _seq(e) > upto]
         if not todo:
             return
-        if todo[0].seq != upto + 1:
+        if _seq(todo[0]) != upto + 1:
             self.stats.reloads += 1
             snapshot = yield Reload(aggregate_id)
             pending = [] if snapshot is None else _immediate(snapshot.raw_outbox, snapshot.outbox)
-            below = [e for e in pending if e.seq < todo[0].seq]
+            below = [e for e in pending if _seq(e) < _seq(todo[0])]
             todo = below + todo
         try:
             for entry in todo:
@@ -207,19 +208,28 @@ class _Immediate:
                 else:
                     self.stats.skipped += 1
                 done.append(entry.id)
-                self._upto[aggregate_id] = entry.seq
+                self._upto[aggregate_id] = _seq(entry)
                 self._upto.move_to_end(aggregate_id)
         except Exception:
             self.stats.deferred += len(todo) - len(done)
             raise
 
 
+def _seq(entry: OutboxMessage) -> int:
+    """An entry's ``seq``: every entry here has one (scheduled entries, numbered only when
+    released, are left to the regular dispatcher)."""
+    return entry.seq if entry.seq is not None else 0
+
+
 def _immediate(
     raw: Iterable[dict[str, Any]], parsed: Iterable[OutboxMessage]
 ) -> list[OutboxMessage]:
-    """The entries of an outbox without a due time (scheduled ones wait for the regular
-    dispatcher)."""
-    return [entry for stored, entry in zip(raw, parsed, strict=True) if due_of(stored) is None]
+    """The numbered entries of an outbox in ``seq`` order: immediate ones, and scheduled
+    ones released already (stored before entries numbered ahead of them; their ``seq``
+    places them, I4). Scheduled entries not released yet wait for the regular
+    dispatcher, which numbers them once due."""
+    numbered = [e for stored, e in zip(raw, parsed, strict=True) if not unreleased(stored)]
+    return sorted(numbered, key=_seq)
 
 
 class ImmediateDispatcher(_Immediate):
