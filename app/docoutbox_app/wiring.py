@@ -57,6 +57,9 @@ class DispatchOptions:
       ``lease_ttl``: seconds, the fail-over time; ``partitions``: the stores'
       ``StoreConfig.partitions`` (a lease table with partitions of its own overrides it);
     - ``poll_interval``: without a change stream, sweep every this many seconds;
+    - ``trim_delay``, ``max_untrimmed``: trims written behind the publishes, within this
+      many seconds, with at most this many published entries waiting for their trim
+      (``trim_delay=0``: each run trims before it ends);
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -71,6 +74,8 @@ class DispatchOptions:
     grace: float = 30.0
     poll_interval: float | None = None
     checkpoint_interval: float = 1.0
+    trim_delay: float = 0.1
+    max_untrimmed: int = 2_000
 
     def config(self) -> DispatcherConfig:
         polling = self.poll_interval is not None
@@ -84,6 +89,8 @@ class DispatchOptions:
             sweep_interval=sweep,
             grace=0.0 if polling else self.grace,
             checkpoint_interval=self.checkpoint_interval,
+            trim_delay=self.trim_delay,
+            max_untrimmed=self.max_untrimmed,
         )
 
 

@@ -81,6 +81,10 @@ MUST_HAPPEN = [
     "crash.Publish",
     "dispatch.round.3",  # three or more aggregates' entries in flight at once
     "crash.Write.TrimPlan",  # published, not trimmed
+    "crash.trims_deferred",  # published and confirmed, the deferred trim not yet written
+    "dispatch.trims_flushed",  # deferred trims written behind the publishes
+    "dispatch.trims_at_bound",  # the deferred trims at their bound: a run writes its own
+    "write.CommitPlan.before_deferred_trim",  # a business write racing a deferred trim
     "crash.SaveCheckpoint",
     "write.CommitPlan.refused",  # a concurrent writer won
     "write.InsertPlan.refused",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from docoutbox.codec import encode_entry
@@ -76,6 +77,8 @@ class World:
         }
         self.producer_ids = [f"p{i}" for i in range(1, s.producers + 1)]
         self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
+        #: Whether the dispatcher holds a deferred trim of an aggregate (set by the harness).
+        self.trim_deferred: Callable[[Any], bool] = lambda aggregate_id: False
 
     def fault(self, kind: str) -> bool:
         p = self.schedule.fault(kind) if self.faulty else 0.0
@@ -212,6 +215,8 @@ class World:
         if applied and backend is self.stores.producers:
             if isinstance(plan, CommitPlan):
                 self.record.stored.extend(plan.outbox_push)
+                if self.trim_deferred(plan.aggregate_id):  # a business write wins the race
+                    self.stats["write.CommitPlan.before_deferred_trim"] += 1
             elif isinstance(plan, InsertPlan):
                 self.record.stored.extend(plan.document.get("outbox") or ())
         if self.fault("write_lost_reply"):

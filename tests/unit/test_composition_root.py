@@ -131,6 +131,8 @@ def test_the_command_s_options_are_the_root_s() -> None:
         grace=1.5,
         poll_interval=None,
         checkpoint_interval=0.5,
+        trim_delay=0.25,
+        max_untrimmed=40,
     )
     assert _options(args, "n") == DispatchOptions(
         name="n",
@@ -144,4 +146,8 @@ def test_the_command_s_options_are_the_root_s() -> None:
         grace=1.5,
         poll_interval=None,
         checkpoint_interval=0.5,
+        trim_delay=0.25,
+        max_untrimmed=40,
     )
+    config = _options(args, "n").config()
+    assert (config.trim_delay, config.max_untrimmed) == (0.25, 40)

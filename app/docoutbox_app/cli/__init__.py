@@ -240,6 +240,18 @@ def _parser() -> argparse.ArgumentParser:
         "--max-attempts", type=AT_LEAST_ONE, default=5, help="publish attempts per entry"
     )
     d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
+    d.add_argument(
+        "--trim-delay",
+        type=GRACE,
+        default=0.1,
+        help="write trims behind the publishes within this many seconds (0: each run trims)",
+    )
+    d.add_argument(
+        "--max-untrimmed",
+        type=AT_LEAST_ONE,
+        default=2_000,
+        help="published entries waiting for their deferred trim, at most",
+    )
     d.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
@@ -390,6 +402,8 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         grace=args.grace,
         poll_interval=args.poll_interval,
         checkpoint_interval=args.checkpoint_interval,
+        trim_delay=args.trim_delay,
+        max_untrimmed=args.max_untrimmed,
     )
 
 
