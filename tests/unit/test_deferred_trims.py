@@ -69,6 +69,13 @@ def test_a_flush_is_due_after_the_delay_or_once_half_the_bound_waits() -> None:
     assert deferred.due(1.0)
     deferred.add(plan_trim("b", ["b1", "b2", "b3", "b4"]), 2, 0, 0.1)
     assert deferred.due(0.2)  # five of ten wait
+    first, second = deferred.take()
+    deferred.add(plan_trim("c", ["c1"]), 3, 0, 0.2)
+    assert deferred.next_due(0.5) is None  # the flush under way wakes the driver
+    deferred.written(first, True, 0.3)
+    assert deferred.next_due(0.5) is None
+    deferred.written(second, True, 0.4)
+    assert deferred.next_due(0.5) == 0.7  # c's trim, handed over at 0.2
 
 
 def test_a_failed_flush_leaves_its_entries_waiting_for_the_next_one() -> None:

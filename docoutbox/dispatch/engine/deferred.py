@@ -69,6 +69,8 @@ class DeferredTrims:
         self.limit = limit
         self._aggs: dict[AggregateId, _Aggregate] = {}
         self._untrimmed = 0
+        #: Plans handed to the flush under way and not yet reported written.
+        self._writing = 0
         self._lock = threading.Lock()
 
     def untrimmed(self) -> int:
@@ -133,8 +135,11 @@ class DeferredTrims:
             return any(agg.waiting and now >= agg.since + self.delay for agg in self._aggs.values())
 
     def next_due(self, now: float) -> float | None:
-        """Seconds until a flush is due, if anything waits for one."""
+        """Seconds until a flush is due, if anything waits for one and no flush is under
+        way (its end wakes the driver)."""
         with self._lock:
+            if self._writing:
+                return None
             times = [agg.since + self.delay for agg in self._aggs.values() if agg.waiting]
         return None if not times else max(0.0, min(times) - now)
 
@@ -149,6 +154,7 @@ class DeferredTrims:
                 ids = tuple(agg.waiting)
                 plan = agg.plan if agg.plan is not None else plan_trim(aggregate_id, ids)
                 plans.append(plan)
+                self._writing += 1
                 agg.writing, agg.writing_covers = ids, agg.waiting_covers
                 agg.waiting, agg.plan, agg.waiting_covers = {}, None, 0
         return plans
@@ -160,6 +166,7 @@ class DeferredTrims:
             agg = self._aggs.get(plan.aggregate_id)
             if agg is None or not agg.writing:
                 return
+            self._writing -= 1
             ids, covers = agg.writing, agg.writing_covers
             agg.writing, agg.writing_covers = (), 0
             if isinstance(outcome, BaseException):
