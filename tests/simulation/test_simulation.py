@@ -124,6 +124,17 @@ def test_a_seed_replays_step_for_step() -> None:
     assert other.trace != first.trace
 
 
+def test_a_seed_with_random_entry_ids_replays_its_faults() -> None:
+    """Entry IDs are random UUIDs unless ``deterministic_ids``: what the world decides
+    about an entry (a broker refusing it while faults last) must not depend on them, or
+    a seed would not replay, and a mutation caught by one run could escape the next."""
+    for seed in (8, 57, 66):  # schedules whose broker refuses entries while faults last
+        schedule = Variant(seed).schedule()
+        assert not schedule.deterministic_ids and schedule.stuck
+        first, again = run_schedule(Variant(seed)), run_schedule(Variant(seed))
+        assert first.stats["fault.stuck"] and first.stats == again.stats
+
+
 def test_a_failing_seed_names_its_replay_command() -> None:
     report = run_schedule(Variant(0, mutation="inbox-off"))
     assert not report.ok

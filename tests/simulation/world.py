@@ -269,7 +269,10 @@ class World:
 
     def stuck(self, entry: OutboxMessage) -> bool:
         percent = self.schedule.stuck if self.faulty else 0
-        return bool(percent) and random.Random(f"stuck/{entry.id}").randrange(100) < percent
+        return (
+            bool(percent)
+            and random.Random(f"stuck/{entry.aggregate_id}/{entry.seq}").randrange(100) < percent
+        )
 
     def publish(self, entry: OutboxMessage) -> None:
         if self.stuck(entry):
