@@ -64,6 +64,9 @@ class DispatchOptions:
       :data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
     - ``codec``, ``upcasters``: the stores' (:mod:`docoutbox.stored`), to publish their
       entries decoded and current;
+    - ``trim_delay``, ``max_untrimmed``: trims written behind the publishes, within this
+      many seconds, with at most this many published entries waiting for their trim
+      (``trim_delay=0``: each run trims before it ends);
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -81,6 +84,8 @@ class DispatchOptions:
     checkpoint_interval: float = 1.0
     codec: Codec | None = None
     upcasters: Upcasters | None = None
+    trim_delay: float = 0.0
+    max_untrimmed: int = 2_000
 
     def config(self) -> DispatcherConfig:
         polling = self.poll_interval is not None
@@ -97,6 +102,8 @@ class DispatchOptions:
             max_stream_wait=self.max_stream_wait,
             codec=self.codec,
             upcasters=self.upcasters,
+            trim_delay=self.trim_delay,
+            max_untrimmed=self.max_untrimmed,
         )
 
 

@@ -152,6 +152,12 @@ class Env:
     stats: Counter[str]
     #: Stores shared by the workers of one process (``schedule.shared_store``), by side.
     shared: dict[str, Any] = field(default_factory=dict)
+    #: The running dispatcher's published entries whose deferred trim is not written yet,
+    #: and whether an aggregate has some.
+    untrimmed: Callable[[], int] = lambda: 0
+    trim_deferred: Callable[[Any], bool] = lambda aggregate_id: False
+    #: Report a violation seen while running (the world's).
+    violation: Callable[[str, str], None] = lambda invariant, detail: None
 
     def core(
         self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: random.Random

@@ -14,6 +14,11 @@ the threaded and asyncio drivers do, one operation per simulation step:
   the last: every entry of the round is sent before any confirm is seen (a pipelining
   publisher), so a crash or a fault can fall between the publishes of a round, or
   between their confirms and the trims;
+- trims are deferred (:mod:`~docoutbox.dispatch.engine.deferred`) in most schedules, with
+  a delay and a bound drawn per incarnation (a bound of a few entries, so runs also reach
+  it and write their own): a flush is one more task, started when the engine says one is
+  due, whose writes are steps like any other, so crashes, faults and business writes fall
+  between a publish, its confirm and its deferred trim;
 - a task's :class:`~docoutbox.store.core.Sleep` parks only that task;
 - an error the world injects is thrown into the task at its ``yield``, so the engine
   decides what it means.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,11 +69,15 @@ class Task:
 def config(env: Env, rng: random.Random) -> DispatcherConfig:
     s = env.schedule
     follow = s.dispatcher == "log"
+    # The deferred trims are drawn apart, so every other draw of a seed stays what it was.
+    env.stats["dispatcher.started"] += 1
+    trims = random.Random(f"{s.seed}/trims/{env.stats['dispatcher.started']}")
     return DispatcherConfig(
         name="sim",
         concurrency=rng.randint(1, 3),
         run_batch=rng.randint(1, 3),
-        policy=env.dispatch_policy,
+        # Several trims per run in some schedules, so a flush can fall between them.
+        policy=replace(env.dispatch_policy, trim_every=trims.choice((1, 2, 100, 100))),
         # Following a log: sweeps only behind a fresh start. Without one: sweep often.
         sweep_interval=10_000.0 if follow else 0.01,
         grace=0.0,
@@ -81,6 +90,8 @@ def config(env: Env, rng: random.Random) -> DispatcherConfig:
         max_stream_wait=s.stream_wait_ms / 1000 or None,
         codec=CODEC if s.encoded else None,
         due_interval=0.05,
+        trim_delay=trims.choice((0.0, 0.001, 0.01, 0.05)),
+        max_untrimmed=trims.randint(1, 6),
     )
 
 
@@ -106,12 +117,20 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
     # Scheduled entries fallen due are queried for where the store can answer.
     engine.due_scans = isinstance(env.producers, DueBackend)
     engine.begin()
+    env.untrimmed = engine.trims_pending
+    env.trim_deferred = engine.trim_deferred
     cfg = engine.config
     control: Task | None = None
+    flush: Task | None = None
     runs: list[Task] = []
     while True:
         if control is None:
             control = _begin(Task(engine.turn(), None))
+        if flush is not None and flush.done:
+            env.stats["dispatch.trims_flushed"] += bool(flush.result)
+            flush = None
+        if flush is None and engine.trims_due():
+            flush = _begin(Task(engine.flush_trims(), None))
         free = cfg.concurrency - len(runs)
         if free > 0:
             for batch in batches(engine.start_runs(free * cfg.run_batch), free):
@@ -127,10 +146,19 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
                 env.stats["dispatch.pass"] += outcome is RunOutcome.DONE
                 env.stats["dispatch.held"] += outcome is RunOutcome.UNAVAILABLE
                 engine.finish(slot, outcome)
-        tasks = [*runs, *([control] if control is not None else [])]
+        tasks = [*runs, *(t for t in (control, flush) if t is not None)]
         awake = [t for t in tasks if not t.done and t.wake_at <= now()]
         if awake:
-            yield from _advance(env, awake[rng.randrange(len(awake))], now)
+            task = awake[rng.randrange(len(awake))]
+            if task.slots is not None and isinstance(task.op, TrimRound) and engine.deferred:
+                env.stats["dispatch.trims_at_bound"] += 1  # a run writes its own trim
+            yield from _advance(env, task, now)
+            if engine.trims_pending() > cfg.max_untrimmed:
+                env.violation(
+                    "untrimmed-bound",
+                    f"{engine.trims_pending()} entries wait for a deferred trim, over "
+                    f"max_untrimmed={cfg.max_untrimmed}",
+                )
         elif runs:
             yield Sleep(max(0.001, min(t.wake_at for t in runs) - now()))
         elif quiet:

@@ -90,6 +90,8 @@ class Simulator:
         self.stats: Counter[str] = Counter()
         self.world = World(s, stores, self.stats)
         self.env = Env(s, stores.producers, stores.sinks, self.clock, self.stats)
+        self.env.violation = self.world.violation
+        self.world.trim_deferred = lambda aggregate_id: self.env.trim_deferred(aggregate_id)
         self.trace: list[str] | None = [] if trace else None
         self.actors = [
             *(
@@ -171,6 +173,8 @@ class Simulator:
             return self._resume(actor, None, None)
         if not isinstance(op, Receive) and self.world.fault("crash"):
             self.stats[f"crash.{_kind(op)}"] += 1
+            if actor.name == "dispatcher" and self.env.untrimmed():
+                self.stats["crash.trims_deferred"] += 1  # published, the trim not yet written
             self._note(actor, op, "CRASH")
             return self._restart(actor)
         try:

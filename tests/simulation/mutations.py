@@ -22,7 +22,15 @@
   aggregate's next two pending entries (confirms of one aggregate's run in flight
   together); a refused entry is then followed by accepted later ones;
 - ``round-misattributed``: the outcomes of a publish round reach the runs in reverse
-  order, so a run may take another aggregate's confirm for its own.
+  order, so a run may take another aggregate's confirm for its own;
+- ``trims-unsettled``: a request counts as complete once its run succeeded, whether or
+  not the trims it deferred are written (I5 with deferred trims);
+- ``trim-failure-dropped``: a deferred trim that fails is taken for written;
+- ``trim-delay-off``: a flush of the deferred trims is due only once half the bound
+  waits, never after the delay;
+- ``untrimmed-unbounded``: a run defers its trim whatever the bound;
+- ``settled-mid-run``: a flush settles the runs whose trims it writes, even one still
+  under way, which may defer more trims after it.
 
 Scheduled entries (schedules that schedule every command's effects, a setting):
 
@@ -49,8 +57,8 @@ from typing import Any
 from unittest import mock
 
 from docoutbox.dispatch.engine import checkpoint as tracking
+from docoutbox.dispatch.engine import deferred, loop
 from docoutbox.dispatch.engine import flow as dispatch
-from docoutbox.dispatch.engine import loop
 from docoutbox.errors import InvalidInput
 from docoutbox.model import OutboxMessage
 from docoutbox.store import batch, plans
@@ -346,6 +354,65 @@ def release_version_off() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def trims_unsettled() -> Iterator[None]:
+    def always(self: Any, aggregate_id: Any, generation: int) -> bool:
+        return True
+
+    with mock.patch.object(deferred.DeferredTrims, "settled", always):
+        yield
+
+
+@contextmanager
+def trim_failure_dropped() -> Iterator[None]:
+    written = deferred.DeferredTrims.written
+
+    def as_written(self: Any, plan: TrimPlan, outcome: object, now: float) -> None:
+        written(self, plan, False if isinstance(outcome, BaseException) else outcome, now)
+
+    with mock.patch.object(deferred.DeferredTrims, "written", as_written):
+        yield
+
+
+@contextmanager
+def trim_delay_off() -> Iterator[None]:
+    def when_half_full(self: Any, now: float) -> bool:
+        return self.untrimmed() * 2 >= self.limit
+
+    with mock.patch.object(deferred.DeferredTrims, "due", when_half_full):
+        yield
+
+
+@contextmanager
+def untrimmed_unbounded() -> Iterator[None]:
+    add = deferred.DeferredTrims.add
+
+    def unbounded(self: Any, plan: TrimPlan, generation: int, completed: int, now: float) -> bool:
+        limit, self.limit = self.limit, 1_000_000
+        try:
+            return add(self, plan, generation, completed, now)
+        finally:
+            self.limit = limit
+
+    with mock.patch.object(deferred.DeferredTrims, "add", unbounded):
+        yield
+
+
+@contextmanager
+def settled_mid_run() -> Iterator[None]:
+    add = deferred.DeferredTrims.add
+
+    def settling(self: Any, plan: TrimPlan, generation: int, completed: int, now: float) -> bool:
+        if not add(self, plan, generation, completed, now):
+            return False
+        agg = self._aggs[plan.aggregate_id]
+        agg.waiting_covers = max(agg.waiting_covers, generation)
+        return True
+
+    with mock.patch.object(deferred.DeferredTrims, "add", settling):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -367,6 +434,11 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "release-off": release_off,
     "seq-at-emit": seq_at_emit,
     "release-version-off": release_version_off,
+    "trims-unsettled": trims_unsettled,
+    "trim-failure-dropped": trim_failure_dropped,
+    "trim-delay-off": trim_delay_off,
+    "untrimmed-unbounded": untrimmed_unbounded,
+    "settled-mid-run": settled_mid_run,
 }
 
 

@@ -85,6 +85,10 @@ MUST_HAPPEN = [
     "write.ReleasePlan.refused",  # a cancel won against the release of a due entry
     "write.SettlePlan.refused",  # an entry came after the run's copy
     "crash.Write.TrimPlan",  # published, not trimmed
+    "crash.trims_deferred",  # published and confirmed, the deferred trim not yet written
+    "dispatch.trims_flushed",  # deferred trims written behind the publishes
+    "dispatch.trims_at_bound",  # the deferred trims at their bound: a run writes its own
+    "write.CommitPlan.before_deferred_trim",  # a business write racing a deferred trim
     "crash.SaveCheckpoint",
     "write.CommitPlan.refused",  # a concurrent writer won
     "write.InsertPlan.refused",
@@ -122,6 +126,17 @@ def test_a_seed_replays_step_for_step() -> None:
     assert first.stats == again.stats
     other = run_schedule(Variant(12), trace=True)
     assert other.trace != first.trace
+
+
+def test_a_seed_with_random_entry_ids_replays_its_faults() -> None:
+    """Entry IDs are random UUIDs unless ``deterministic_ids``: what the world decides
+    about an entry (a broker refusing it while faults last) must not depend on them, or
+    a seed would not replay, and a mutation caught by one run could escape the next."""
+    for seed in (8, 57, 66):  # schedules whose broker refuses entries while faults last
+        schedule = Variant(seed).schedule()
+        assert not schedule.deterministic_ids and schedule.stuck
+        first, again = run_schedule(Variant(seed)), run_schedule(Variant(seed))
+        assert first.stats["fault.stuck"] and first.stats == again.stats
 
 
 def test_a_failing_seed_names_its_replay_command() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -83,6 +84,8 @@ class World:
         }
         self.producer_ids = [f"p{i}" for i in range(1, s.producers + 1)]
         self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
+        #: Whether the dispatcher holds a deferred trim of an aggregate (set by the harness).
+        self.trim_deferred: Callable[[Any], bool] = lambda aggregate_id: False
 
     def fault(self, kind: str) -> bool:
         p = self.schedule.fault(kind) if self.faulty else 0.0
@@ -260,6 +263,8 @@ class World:
                     tick = self.record.tick()
                     for entry_id in plan.cancel_ids:
                         self.record.cancelled.setdefault(entry_id, tick)
+                if self.trim_deferred(plan.aggregate_id):  # a business write wins the race
+                    self.stats["write.CommitPlan.before_deferred_trim"] += 1
             elif isinstance(plan, InsertPlan):
                 self.record.stored.extend(plan.document.get("outbox") or ())
                 self.record.number(plan.document.get("outbox") or ())
@@ -316,7 +321,10 @@ class World:
 
     def stuck(self, entry: OutboxMessage) -> bool:
         percent = self.schedule.stuck if self.faulty else 0
-        return bool(percent) and random.Random(f"stuck/{entry.id}").randrange(100) < percent
+        return (
+            bool(percent)
+            and random.Random(f"stuck/{entry.aggregate_id}/{entry.seq}").randrange(100) < percent
+        )
 
     def publish(self, entry: OutboxMessage) -> None:
         if self.stuck(entry):

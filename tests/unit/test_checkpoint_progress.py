@@ -173,6 +173,8 @@ class Stepper:
             aggregate_id = self.rng.choice(HOT) if hot else f"new{self.commands:06d}"
             self.world.write(aggregate_id, f"m{self.commands}")
         drive(self.engine.turn(), self._perform)
+        if self.engine.trims_due():
+            drive(self.engine.flush_trims(), self._perform)
         waiting = []
         for slot, due in self.inflight:
             if due <= self.step_no:

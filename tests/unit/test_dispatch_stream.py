@@ -132,7 +132,7 @@ def test_the_checkpoint_follows_position_only_events() -> None:
 def test_a_run_publishes_from_the_requests_copy_without_reloading_or_repeating() -> None:
     """The copy an event carries is published as is; a later, staler copy does not bring
     back the entries this instance trimmed since."""
-    engine = engine_of(DispatcherConfig(name="q"))
+    engine = engine_of(DispatcherConfig(name="q", trim_delay=0))
     entry = {
         "id": "e1",
         "type": "Added",

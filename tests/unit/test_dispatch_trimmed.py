@@ -22,7 +22,7 @@ SMALL = {"max_backlog": 4, "batch_size": 2, "sweep_page": 2, "concurrency": 1}
 
 def engine_for(**options: Any) -> DispatchEngine:
     return DispatchEngine(
-        DispatcherConfig(name="t", **options),
+        DispatcherConfig(name="t", trim_delay=0, **options),  # runs write their trims
         SoleOwner(),
         stream=True,
         checkpoints=True,

@@ -106,6 +106,8 @@ class Stepped:
         assert self.engine is not None
         self.now += STEP
         drive(self.engine.turn(), self._perform)
+        if self.engine.trims_due():
+            drive(self.engine.flush_trims(), self._perform)
         for slot in self.engine.start_runs():
             self.engine.finish(slot, drive(self.engine.run(slot), self._perform))
 

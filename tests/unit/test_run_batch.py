@@ -61,7 +61,7 @@ class CountingOwner(SoleOwner):
 
 def engine_with(*docs: dict[str, Any], ownership: SoleOwner | None = None) -> DispatchEngine:
     engine = DispatchEngine(
-        DispatcherConfig(name="b"),
+        DispatcherConfig(name="b", trim_delay=0),  # each batch writes its own trims
         ownership or SoleOwner(),
         stream=True,
         checkpoints=False,
@@ -119,7 +119,7 @@ def test_runs_publish_in_rounds_of_one_entry_each_then_trim_together() -> None:
 
 def test_a_trim_every_n_entries_is_a_round_of_its_own() -> None:
     engine = DispatchEngine(
-        DispatcherConfig(name="b", policy=DispatchPolicy(trim_every=2)),
+        DispatcherConfig(name="b", policy=DispatchPolicy(trim_every=2), trim_delay=0),
         SoleOwner(),
         stream=True,
         checkpoints=False,

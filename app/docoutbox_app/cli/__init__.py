@@ -253,6 +253,19 @@ def _parser() -> argparse.ArgumentParser:
         help="the stores' docoutbox.stored.StoredValues (or Codec, or Upcasters): entries "
         "they encoded are published decoded, old payloads upcast",
     )
+    d.add_argument(
+        "--trim-delay",
+        type=GRACE,
+        default=0.0,
+        help="write trims behind the publishes within this many seconds (0, the default: "
+        "each run trims)",
+    )
+    d.add_argument(
+        "--max-untrimmed",
+        type=AT_LEAST_ONE,
+        default=2_000,
+        help="published entries waiting for their deferred trim, at most",
+    )
     d.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
@@ -411,6 +424,8 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         checkpoint_interval=args.checkpoint_interval,
         codec=None if args.decode is None else args.decode.codec,
         upcasters=None if args.decode is None else args.decode.upcasters,
+        trim_delay=args.trim_delay,
+        max_untrimmed=args.max_untrimmed,
     )
 
 

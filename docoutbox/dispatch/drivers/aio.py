@@ -111,6 +111,8 @@ class AsyncDispatcher:
         self._crashed = False
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The flush of the deferred trims under way, if any (one at a time).
+        self._flush_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
@@ -197,13 +199,34 @@ class AsyncDispatcher:
         return wait if due is None else min(wait, max(due, 0.001))
 
     def _launch(self) -> None:
+        if self._closed:
+            return
+        self._launch_flush()
         free = self.config.concurrency - len(self._tasks)
-        if self._closed or free <= 0:
+        if free <= 0:
             return
         for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
             task = asyncio.create_task(self._work(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _launch_flush(self) -> None:
+        """Start a flush of the deferred trims if one is due and none is under way."""
+        if self._flush_task is not None or self._crashed or not self.engine.trims_due():
+            return
+        self._flush_task = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            await drive_async(self.engine.flush_trims(), self._perform)
+        except Abandoned:
+            pass  # crashed: the entries stay pending, behind the checkpoint
+        except Exception as exc:  # logged; the trims stay pending for the next flush
+            log.exception("trim_flush_failed error=%r", exc)
+        finally:
+            self._flush_task = None
+        self._launch()
+        self._wake.set()
 
     async def _work(self, slots: list[RunSlot]) -> None:
         try:
@@ -238,7 +261,12 @@ class AsyncDispatcher:
         self._closed = True
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._flush_task is not None:
+            await asyncio.gather(self._flush_task, return_exceptions=True)
         if not crashed:
+            # What the runs published is trimmed before the last checkpoint (a failed
+            # flush leaves it pending, and the checkpoint behind it).
+            await drive_async(self.engine.flush_trims(), self._perform)
             await drive_async(self.engine.checkpoint(time.monotonic(), force=True), self._perform)
         await asyncio.to_thread(self.ownership.stop, release=not crashed)
         await drive_async(self.engine.shutdown(crashed=True), self._perform)

@@ -33,6 +33,7 @@ from docoutbox.dispatch.engine.loop import (
     PublishRound,
     SaveCheckpoint,
     StartMarker,
+    TrimRound,
 )
 from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunSlot
@@ -118,6 +119,8 @@ class Ports:
             return self.publisher.publish(op.entry)
         if isinstance(op, PublishRound):
             return self.publish_round(op.entries)
+        if isinstance(op, TrimRound):  # drivers group these (GroupWriter): one by one here
+            return [_settle(self.backend.write, plan) for plan in op.plans]
         if isinstance(op, Write):
             return self.backend.write(op.plan)
         if isinstance(op, Load):
@@ -212,6 +215,8 @@ class AsyncPorts:
             return await self.publisher.publish(op.entry)
         if isinstance(op, PublishRound):
             return await self.publish_round(op.entries)
+        if isinstance(op, TrimRound):  # drivers group these (AsyncGroupWriter)
+            return [await _settle_async(self.backend.write, plan) for plan in op.plans]
         if isinstance(op, Write):
             return await self.backend.write(op.plan)
         if isinstance(op, Load):
@@ -404,6 +409,13 @@ class GroupWriter(_Rounds):
 def _settle(write: Any, plan: WritePlan) -> bool | Exception:
     try:
         return bool(write(plan))
+    except Exception as exc:  # noqa: BLE001 - the outcome of this plan, handed to its run
+        return exc
+
+
+async def _settle_async(write: Any, plan: WritePlan) -> bool | Exception:
+    try:
+        return bool(await write(plan))
     except Exception as exc:  # noqa: BLE001 - the outcome of this plan, handed to its run
         return exc
 

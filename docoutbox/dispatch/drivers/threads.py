@@ -70,6 +70,9 @@ class Dispatcher:
         self._stop = threading.Event()
         self._crashed = threading.Event()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "docoutbox-dispatch")
+        #: Writes the deferred trims, one flush at a time, off the workers' path.
+        self._flusher = ThreadPoolExecutor(1, "docoutbox-trims")
+        self._flushing = False
         self._lock = threading.Lock()
         self._busy = 0  # batches submitted and not finished
         self._closed = False
@@ -131,11 +134,36 @@ class Dispatcher:
     def _launch(self) -> None:
         with self._lock:
             free = self.config.concurrency - self._busy
-            if self._closed or free <= 0:
+            if self._closed:
                 return
+            if free <= 0:
+                self._launch_flush()
+                return
+            self._launch_flush()
             for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
                 self._busy += 1
                 self._pool.submit(self._work, batch)
+
+    def _launch_flush(self) -> None:
+        """Start a flush of the deferred trims if one is due and none is under way (with
+        the lock held)."""
+        if self._flushing or self._crashed.is_set() or not self.engine.trims_due():
+            return
+        self._flushing = True
+        self._flusher.submit(self._flush)
+
+    def _flush(self) -> None:
+        try:
+            drive(self.engine.flush_trims(), self._perform)
+        except Abandoned:
+            pass  # crashed: the entries stay pending, behind the checkpoint
+        except Exception as exc:  # logged; the trims stay pending for the next flush
+            log.exception("trim_flush_failed error=%r", exc)
+        finally:
+            with self._lock:
+                self._flushing = False
+        self._launch()
+        self._wake.set()
 
     def _work(self, slots: list[RunSlot]) -> None:
         try:
@@ -169,6 +197,11 @@ class Dispatcher:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True)
+        self._flusher.shutdown(wait=True)
+        if not crashed:
+            # What the runs published is trimmed before the last checkpoint (a failed
+            # flush leaves it pending, and the checkpoint behind it).
+            drive(self.engine.flush_trims(), self._perform)
         self.trims.close()
         if not crashed:
             drive(self.engine.checkpoint(time.monotonic(), force=True), self._perform)

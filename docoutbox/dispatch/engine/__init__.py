@@ -11,6 +11,8 @@
 - :mod:`~docoutbox.dispatch.engine.leases`: pure lease planning (keep, give up, take);
 - :mod:`~docoutbox.dispatch.engine.trimmed`: what was trimmed lately, so an older copy is
   not published again;
+- :mod:`~docoutbox.dispatch.engine.deferred`: trims written behind the publishes,
+  coalesced per aggregate, bounded in delay and count;
 - :mod:`~docoutbox.dispatch.engine.backlog`: the pending backlog, measured;
 - :mod:`~docoutbox.dispatch.engine.lag`: pending work per partition or feed range, and the
   scale decision taken from it;

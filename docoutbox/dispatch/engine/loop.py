@@ -50,6 +50,7 @@ from docoutbox.dispatch.engine.checkpoint import (
     Sweep,
     always_done,
 )
+from docoutbox.dispatch.engine.deferred import DeferredTrims
 from docoutbox.dispatch.engine.due import settle_plan
 from docoutbox.dispatch.engine.due_clock import DueClock
 from docoutbox.dispatch.engine.flow import (
@@ -60,7 +61,7 @@ from docoutbox.dispatch.engine.flow import (
     dispatch_document,
 )
 from docoutbox.dispatch.engine.metrics import Metrics, NullMetrics, StreamLagMetrics
-from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot
+from docoutbox.dispatch.engine.scheduler import AggregateQueue, RunOutcome, RunSlot, Ticket
 from docoutbox.dispatch.engine.trimmed import TrimmedIds
 from docoutbox.errors import (
     BrokerUnavailable,
@@ -131,6 +132,15 @@ class DispatcherConfig:
     #: stores that can answer it): a due entry waits at most about this long for its
     #: run, unless a timer set from a change event or a run starts it sooner.
     due_interval: float = 0.5
+    #: Trims off the publish path (:mod:`~docoutbox.dispatch.engine.deferred`): a run's
+    #: trims are coalesced per aggregate and written behind its publishes, at the latest
+    #: this many seconds after the oldest is handed over (plus one round trip). 0 (the
+    #: default): each run writes its own trims before it ends. Deferral saves trim
+    #: requests on busy aggregates (Cosmos DB); after a crash it re-publishes more.
+    trim_delay: float = 0.0
+    #: Published entries whose deferred trim is pending, at most: beyond it, a run writes
+    #: its trim itself. A flush starts once half of it is pending.
+    max_untrimmed: int = 2_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -140,13 +150,14 @@ class DispatcherConfig:
             "sweep_page",
             "max_outstanding",
             "max_backlog",
+            "max_untrimmed",
         ):
             high = MAX_BATCH if name in PAGE_COUNTS else MAX_COUNT
             check_int(f"DispatcherConfig.{name}", getattr(self, name), 1, high)
         check_int("DispatcherConfig.partitions", self.partitions, 1, MAX_PARTITIONS)
         for name in ("sweep_interval", "poll_interval", "due_interval"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name), positive=True)
-        for name in ("grace", "checkpoint_interval"):
+        for name in ("grace", "checkpoint_interval", "trim_delay"):
             check_seconds(f"DispatcherConfig.{name}", getattr(self, name))
         if self.max_stream_wait is not None:
             check_seconds("DispatcherConfig.max_stream_wait", self.max_stream_wait)
@@ -402,6 +413,12 @@ class DispatchEngine:
         #: Entries this instance trimmed lately: skipped in documents that came with
         #: requests (an event's copy may predate a trim). Bounded by what is in flight.
         self.trimmed = TrimmedIds.for_config(config)
+        #: Trims written behind the publishes (None: each run writes its own).
+        self.deferred = (
+            DeferredTrims(delay=config.trim_delay, limit=config.max_untrimmed)
+            if config.trim_delay > 0
+            else None
+        )
         self.sweeps: deque[Sweep] = deque()
         #: How the stream's source combines the positions of its lanes (None: one lane).
         self._merge = merge_positions
@@ -589,8 +606,16 @@ class DispatchEngine:
             return None
         if not self.ownership.valid(partition):
             return None
-        slot = self.queue.request(aggregate_id, partition, doc if reuse else None)
-        return partial(self.queue.done, slot)
+        ticket = self.queue.request(aggregate_id, partition, doc if reuse else None)
+        return partial(self._complete, ticket)
+
+    def _complete(self, ticket: Ticket) -> bool:
+        """Whether the work behind a request is complete: a run that began after it
+        succeeded, and what that run published (or found published) is trimmed (I5)."""
+        if not self.queue.done(ticket):
+            return False
+        deferred = self.deferred
+        return deferred is None or deferred.settled(ticket.aggregate_id, ticket.generation)
 
     # -- the change stream ------------------------------------------------------------
 
@@ -760,6 +785,8 @@ class DispatchEngine:
         return self.queue.start(self._mono(), limit)
 
     def finish(self, slot: RunSlot, outcome: RunOutcome) -> None:
+        if outcome is RunOutcome.DONE and self.deferred is not None:
+            self.deferred.finished(slot.aggregate_id, slot.generation)
         self.queue.finish(slot, outcome, self._mono())
 
     def next_due(self) -> float | None:
@@ -773,6 +800,9 @@ class DispatchEngine:
         if self.due_scans:
             scan = self.due.wait(now)
             due = scan if due is None else min(due, scan)
+        flush = self.deferred.next_due(now) if self.deferred is not None else None
+        if flush is not None:
+            due = flush if due is None else min(due, flush)
         return due
 
     def due_scan(self, now: float) -> Generator[EngineOp, Any, bool]:
@@ -817,10 +847,10 @@ class DispatchEngine:
         try:
             doc = self._unpublished(slot.document)
             if doc is None:
-                doc = yield Load(aggregate_id)
+                doc = self._unpublished((yield Load(aggregate_id)))
             if doc is None or not doc.get("outbox"):
                 return RunOutcome.DONE
-            result = yield from self._publish_flow(doc, partition)
+            result = yield from self._publish_flow(doc, partition, slot.generation)
         except StoreError as exc:
             log.warning("dispatch_store_error aggregate=%r error=%r", aggregate_id, exc)
             return RunOutcome.RETRY
@@ -915,12 +945,16 @@ class DispatchEngine:
                 run.fail(outcome)
 
     def _unpublished(self, doc: Document | None) -> Document | None:
-        """``doc`` (a copy that came with an event or a sweep page) without the entries
-        this instance already trimmed: entries never change, so nothing needs reloading."""
+        """``doc`` (a copy that came with an event or a sweep page, or just loaded) without
+        the entries this instance already published and trimmed, or published with their
+        trim deferred: entries never change, so nothing needs reloading. Deferred first: a
+        flush adds what it trimmed to :attr:`trimmed` before it leaves the deferred."""
+        if self.deferred is not None:
+            doc = self.deferred.unpublished(doc)
         return self.trimmed.unpublished(doc)
 
     def _publish_flow(
-        self, doc: Document, partition: int
+        self, doc: Document, partition: int, generation: int
     ) -> Generator[RunOp, Any, DispatchResult | None]:
         """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
         flow = dispatch_document(doc, self.config.policy, self._rng, self._values, self._clock())
@@ -956,6 +990,8 @@ class DispatchEngine:
                     op.attempts,
                     op.error,
                 )
+            elif self._deferred_trim(op, generation):
+                send = True  # written behind the publishes; this run goes on
             else:
                 try:
                     send = yield op
@@ -964,6 +1000,58 @@ class DispatchEngine:
                 else:
                     if send and isinstance(op, Write) and isinstance(op.plan, TrimPlan):
                         self.trimmed.add(doc, op.plan.entry_ids)
+
+    # -- deferred trims (:mod:`~docoutbox.dispatch.engine.deferred`) ----------------------
+
+    def _deferred_trim(self, op: RunOp, generation: int) -> bool:
+        """Whether the run's trim ``op`` was handed over to be written behind its publishes
+        (False: not a trim, deferral is off, or the bound is reached: the run writes it)."""
+        if self.deferred is None or not isinstance(op, Write):
+            return False
+        if not isinstance(op.plan, TrimPlan):
+            return False
+        completed = self.queue.completed(op.plan.aggregate_id)
+        return self.deferred.add(op.plan, generation, completed, self._mono())
+
+    def trims_due(self) -> bool:
+        """Whether a flush of the deferred trims should start now."""
+        return self.deferred is not None and self.deferred.due(self._mono())
+
+    def trims_pending(self) -> int:
+        """Published entries whose deferred trim is not written yet."""
+        return 0 if self.deferred is None else self.deferred.untrimmed()
+
+    def trim_deferred(self, aggregate_id: AggregateId) -> bool:
+        """Whether entries of the aggregate wait for a deferred trim."""
+        return self.deferred is not None and self.deferred.holds(aggregate_id)
+
+    def flush_trims(self) -> Generator[BatchOp, Any, int]:
+        """Write every deferred trim in one :class:`TrimRound`; how many plans it held.
+
+        Runs on the driver's own flush worker, at most one at a time. A plan that fails
+        waits for the next flush. What was trimmed is remembered (:attr:`trimmed`) before
+        it leaves the deferred trims, so that no copy read before the trim publishes it
+        again. The entries of a partition lost meanwhile are trimmed all the same: they
+        were published (I3), and their next owner need not publish them again.
+        """
+        deferred = self.deferred
+        if deferred is None:
+            return 0
+        plans = deferred.take()
+        if not plans:
+            return 0
+        try:
+            results: list[Any] = yield TrimRound(tuple(plans))
+        except Exception as exc:  # noqa: BLE001 - the round failed as a whole
+            results = [exc] * len(plans)
+        now = self._mono()
+        for plan, result in zip(plans, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("trim_failed aggregate=%r error=%r", plan.aggregate_id, result)
+            else:
+                self.trimmed.add({ID: plan.aggregate_id}, plan.entry_ids)
+            deferred.written(plan, result, now)
+        return len(plans)
 
     def _publish_failed(self, entry: OutboxMessage, exc: Exception) -> Exception:
         self.metrics.failed(entry, exc)

@@ -122,6 +122,13 @@ class AggregateQueue:
             agg = self._aggs.get(ticket.aggregate_id)
             return agg is None or agg.completed >= ticket.generation
 
+    def completed(self, aggregate_id: AggregateId) -> int:
+        """The generation up to which the aggregate's requests are done (every one, if it
+        has none pending)."""
+        with self._lock:
+            agg = self._aggs.get(aggregate_id)
+            return self._generation if agg is None else agg.completed
+
     def backlog(self) -> int:
         """Aggregates with a requested run not yet complete."""
         with self._lock:
