@@ -66,11 +66,13 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "lag": (lag.run, "8g"),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
-#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).
+#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY; audit-scale: Parquet snapshots it
+#: writes under .scratch/).
 OPTIONAL: dict[str, Bench] = {
     "cosmos_handle": cosmos.handle_bench,
     "cosmos_handle_aio": cosmos_aio.handle_bench,
     "cosmos_drain_aio": cosmos_aio.drain_bench,
+    "audit-scale": audit.run_scale,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 #: Where a --quick run writes by default: its figures mean nothing, so it never replaces
