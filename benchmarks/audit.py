@@ -496,7 +496,7 @@ def run_scale(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
 
     sizes = sizes or ([2_000, 20_000] if scale.rounds <= 1 else SCALE_SIZES)
     table = Table(
-        "audit_scale",
+        "audit-scale",
         "Spark audit from Parquet at scale: producer documents plus as many consumer "
         f"documents, local[2], driver memory {DRIVER_MEMORY}, one driver process per size",
         [
