@@ -226,7 +226,15 @@ def _jvm_peak_mib(spark: Any) -> float | None:
     return None
 
 
-def _frames(spark: Any, uri: str, database: str, reader: str) -> tuple[Any, Any]:
+#: Documents per Spark partition read from the wire server at most: mongo-java-server
+#: answers a cursor's batch with no 16 MiB cap, and the connector refuses a reply above
+#: 48 MB (about 37,000 of these documents).
+PER_PARTITION = 20_000
+
+
+def _frames(
+    spark: Any, uri: str, database: str, reader: str, partitions: int = 4
+) -> tuple[Any, Any]:
     """The producer and consumer frames of ``reader`` (``parquet``: ``database`` is the
     snapshot's directory)."""
     from docoutbox_spark.readers import MongoTarget, read_mongo, read_snapshot
@@ -235,15 +243,17 @@ def _frames(spark: Any, uri: str, database: str, reader: str) -> tuple[Any, Any]
         frames = read_snapshot(spark, database)
         return frames["producer"], frames["consumer"]
     return (
-        read_mongo(spark, MongoTarget(uri, database, "producer"), reader, partitions=4),
-        read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=4),
+        read_mongo(spark, MongoTarget(uri, database, "producer"), reader, partitions=partitions),
+        read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=partitions),
     )
 
 
-def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, Any]:
+def _spark_audit(
+    spark: Any, uri: str, database: str, reader: str, partitions: int = 4
+) -> dict[str, Any]:
     from docoutbox_spark.run import AuditConfig, run_audit
 
-    producer, consumer = _frames(spark, uri, database, reader)
+    producer, consumer = _frames(spark, uri, database, reader, partitions)
     return run_audit(
         producer,
         consumer=consumer,
@@ -251,12 +261,12 @@ def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, 
     )
 
 
-def _scan(spark: Any, uri: str, database: str, reader: str) -> int:
+def _scan(spark: Any, uri: str, database: str, reader: str, partitions: int = 4) -> int:
     """A bare scan of the sources the audit reads: every row and column read (a ``noop``
     write: ``count()`` alone reads no column, and from Parquet no row, only the files'
     metadata), then ``count()``."""
     total = 0
-    for frame in _frames(spark, uri, database, reader):
+    for frame in _frames(spark, uri, database, reader, partitions):
         frame.write.format("noop").mode("overwrite").save()
         total += int(frame.count())
     return total
@@ -335,10 +345,11 @@ def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
                 for reader in READERS:
                     where = snapshot if reader == "parquet" else name
                     start = time.perf_counter()
-                    _scan(spark, uri, where, reader)
+                    parts = max(4, -(-n // PER_PARTITION))
+                    _scan(spark, uri, where, reader, parts)
                     scans[reader][n] = time.perf_counter() - start
                     start = time.perf_counter()
-                    summary = _spark_audit(spark, uri, where, reader)
+                    summary = _spark_audit(spark, uri, where, reader, parts)
                     timings[reader][n] = time.perf_counter() - start
                     _check(summary, baseline, reader)
                 client.drop_database(name)
