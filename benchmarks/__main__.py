@@ -69,7 +69,8 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "lag": (lag.run, "8g"),
 }
 #: Run only when named with --only; they need no MongoDB server (Cosmos DB: a local
-#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY).
+#: Cosmos DB server, or COSMOS_ENDPOINT/COSMOS_KEY; audit-scale: Parquet snapshots it
+#: writes under .scratch/).
 OPTIONAL: dict[str, Bench] = {
     "cosmos_handle": cosmos.handle_bench,
     "cosmos_handle_aio": cosmos_aio.handle_bench,
@@ -77,6 +78,7 @@ OPTIONAL: dict[str, Bench] = {
     "cosmos_dispatch_drain": cosmos_dispatch.drain_bench,
     "cosmos_dispatch_drain_1": cosmos_dispatch.single_bench,
     "cosmos_dispatch_hot": cosmos_dispatch.hot_bench,
+    "audit-scale": audit.run_scale,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 #: Where a --quick run writes by default: its figures mean nothing, so it never replaces

@@ -50,47 +50,51 @@ def _entry(agg: str, seq: int, age: float) -> dict[str, Any]:
     }
 
 
+def documents(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Producer ``i`` (0-3 pending entries, a 20-ID inbox) and its consumer document with
+    an exact-mode mark; every ``LOST_EVERY``-th producer lost its last seq."""
+    agg = f"p-{i:08d}"
+    outbox_seq = 5 + i % 20
+    pending = i % 4
+    lost = 1 if i % LOST_EVERY == 2 else 0
+    seen = outbox_seq - pending - lost
+    producer = {
+        "_id": agg,
+        "type": "Wallet",
+        "version": outbox_seq,
+        "partition": i % 16,
+        "state": {"balance": i, "owner": f"owner-{i}"},
+        "inbox": [f"cmd-{agg}-{k}" for k in range(20)],
+        "inbox_marks": [],
+        "outbox": [
+            _entry(agg, s, age=(i % 600) + s)
+            for s in range(outbox_seq - pending + 1, outbox_seq + 1)
+        ],
+        "outbox_seq": outbox_seq,
+        "created_at": NOW.replace(tzinfo=None),
+        "updated_at": NOW.replace(tzinfo=None),
+    }
+    consumer = {
+        "_id": f"c-{i:08d}",
+        "type": "Statement",
+        "version": seen,
+        "partition": i % 16,
+        "state": {"lines": seen},
+        "inbox": [],
+        "inbox_marks": [{"source": f"Wallet/{agg}", "hw": seen, "above": []}],
+        "outbox": [],
+        "outbox_seq": 0,
+    }
+    return producer, consumer
+
+
 def generate(db: Any, n: int, batch: int = 5000) -> None:
-    """``n`` producer documents (0-3 pending entries, a 20-ID inbox) and ``n`` consumer
-    documents with exact-mode marks; every ``LOST_EVERY``-th producer lost its last seq."""
+    """``n`` producer documents and their ``n`` consumer documents (:func:`documents`)."""
     producers, consumers = [], []
     for i in range(n):
-        agg = f"p-{i:08d}"
-        outbox_seq = 5 + i % 20
-        pending = i % 4
-        lost = 1 if i % LOST_EVERY == 2 else 0
-        seen = outbox_seq - pending - lost
-        producers.append(
-            {
-                "_id": agg,
-                "type": "Wallet",
-                "version": outbox_seq,
-                "partition": i % 16,
-                "state": {"balance": i, "owner": f"owner-{i}"},
-                "inbox": [f"cmd-{agg}-{k}" for k in range(20)],
-                "inbox_marks": [],
-                "outbox": [
-                    _entry(agg, s, age=(i % 600) + s)
-                    for s in range(outbox_seq - pending + 1, outbox_seq + 1)
-                ],
-                "outbox_seq": outbox_seq,
-                "created_at": NOW.replace(tzinfo=None),
-                "updated_at": NOW.replace(tzinfo=None),
-            }
-        )
-        consumers.append(
-            {
-                "_id": f"c-{i:08d}",
-                "type": "Statement",
-                "version": seen,
-                "partition": i % 16,
-                "state": {"lines": seen},
-                "inbox": [],
-                "inbox_marks": [{"source": f"Wallet/{agg}", "hw": seen, "above": []}],
-                "outbox": [],
-                "outbox_seq": 0,
-            }
-        )
+        producer, consumer = documents(i)
+        producers.append(producer)
+        consumers.append(consumer)
         if len(producers) >= batch:
             db.producer.insert_many(producers)
             db.consumer.insert_many(consumers)
@@ -98,6 +102,41 @@ def generate(db: Any, n: int, batch: int = 5000) -> None:
     if producers:
         db.producer.insert_many(producers)
         db.consumer.insert_many(consumers)
+
+
+def generate_snapshot(directory: Path, n: int, batch: int = 50_000) -> None:
+    """The documents of :func:`generate` written straight to a Parquet snapshot (the
+    layout of :func:`docoutbox_spark.readers.write_snapshot`: raw rows with each
+    document's exact BSON size, as the data source reads them), without a database."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from bson import encode
+
+    from docoutbox_spark.datasource import _arrow_schema
+    from docoutbox_spark.schema import RAW_DOCUMENT_SCHEMA, raw_row
+
+    schema = _arrow_schema(RAW_DOCUMENT_SCHEMA)
+    writers = {}
+    for role in ("producer", "consumer"):
+        (directory / role).mkdir(parents=True, exist_ok=True)
+        writers[role] = pq.ParquetWriter(str(directory / role / "part-00000.parquet"), schema)
+    try:
+        for start in range(0, n, batch):
+            rows: dict[str, list[tuple[Any, ...]]] = {"producer": [], "consumer": []}
+            for i in range(start, min(n, start + batch)):
+                for role, doc in zip(("producer", "consumer"), documents(i), strict=True):
+                    rows[role].append(raw_row(doc, RAW_DOCUMENT_SCHEMA, size=len(encode(doc))))
+            for role, found in rows.items():
+                columns = list(zip(*found, strict=True))
+                writers[role].write_batch(
+                    pa.RecordBatch.from_arrays(
+                        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                        schema=schema,
+                    )
+                )
+    finally:
+        for writer in writers.values():
+            writer.close()
 
 
 def pymongo_pass(uri: str, database: str) -> dict[str, Any]:
@@ -187,7 +226,15 @@ def _jvm_peak_mib(spark: Any) -> float | None:
     return None
 
 
-def _frames(spark: Any, uri: str, database: str, reader: str) -> tuple[Any, Any]:
+#: Documents per Spark partition read from the wire server at most: mongo-java-server
+#: answers a cursor's batch with no 16 MiB cap, and the connector refuses a reply above
+#: 48 MB (about 37,000 of these documents).
+PER_PARTITION = 20_000
+
+
+def _frames(
+    spark: Any, uri: str, database: str, reader: str, partitions: int = 4
+) -> tuple[Any, Any]:
     """The producer and consumer frames of ``reader`` (``parquet``: ``database`` is the
     snapshot's directory)."""
     from docoutbox_spark.readers import MongoTarget, read_mongo, read_snapshot
@@ -196,15 +243,17 @@ def _frames(spark: Any, uri: str, database: str, reader: str) -> tuple[Any, Any]
         frames = read_snapshot(spark, database)
         return frames["producer"], frames["consumer"]
     return (
-        read_mongo(spark, MongoTarget(uri, database, "producer"), reader, partitions=4),
-        read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=4),
+        read_mongo(spark, MongoTarget(uri, database, "producer"), reader, partitions=partitions),
+        read_mongo(spark, MongoTarget(uri, database, "consumer"), reader, partitions=partitions),
     )
 
 
-def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, Any]:
+def _spark_audit(
+    spark: Any, uri: str, database: str, reader: str, partitions: int = 4
+) -> dict[str, Any]:
     from docoutbox_spark.run import AuditConfig, run_audit
 
-    producer, consumer = _frames(spark, uri, database, reader)
+    producer, consumer = _frames(spark, uri, database, reader, partitions)
     return run_audit(
         producer,
         consumer=consumer,
@@ -212,10 +261,15 @@ def _spark_audit(spark: Any, uri: str, database: str, reader: str) -> dict[str, 
     )
 
 
-def _scan(spark: Any, uri: str, database: str, reader: str) -> int:
-    """A bare scan and ``count()`` of the sources the audit reads."""
-    producer, consumer = _frames(spark, uri, database, reader)
-    return int(producer.count()) + int(consumer.count())
+def _scan(spark: Any, uri: str, database: str, reader: str, partitions: int = 4) -> int:
+    """A bare scan of the sources the audit reads: every row and column read (a ``noop``
+    write: ``count()`` alone reads no column, and from Parquet no row, only the files'
+    metadata), then ``count()``."""
+    total = 0
+    for frame in _frames(spark, uri, database, reader, partitions):
+        frame.write.format("noop").mode("overwrite").save()
+        total += int(frame.count())
+    return total
 
 
 def _check(spark_summary: dict[str, Any], baseline: dict[str, Any], reader: str) -> None:
@@ -291,10 +345,11 @@ def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
                 for reader in READERS:
                     where = snapshot if reader == "parquet" else name
                     start = time.perf_counter()
-                    _scan(spark, uri, where, reader)
+                    parts = max(4, -(-n // PER_PARTITION))
+                    _scan(spark, uri, where, reader, parts)
                     scans[reader][n] = time.perf_counter() - start
                     start = time.perf_counter()
-                    summary = _spark_audit(spark, uri, where, reader)
+                    summary = _spark_audit(spark, uri, where, reader, parts)
                     timings[reader][n] = time.perf_counter() - start
                     _check(summary, baseline, reader)
                 client.drop_database(name)
@@ -324,7 +379,201 @@ def run(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
     table.notes.append(
         "Every Spark run's finding counts, documents and pending entries are checked against "
         "the pymongo pass of the same run. Spark: local[2], driver memory 2g. The scan is a "
-        "fresh read and count() of the producer and consumer sources, just before the audit."
+        "fresh read of every row and column of the producer and consumer sources and their "
+        "count(), just before the audit."
+    )
+    return table
+
+
+# --- scale: 100,000 and 1,000,000 documents from Parquet, bounded driver memory ---------
+
+SCALE_SIZES = [100_000, 1_000_000]
+#: Where the scale run keeps its snapshots (gitignored), made once and reused.
+SCRATCH = Path(__file__).resolve().parents[1] / ".scratch" / "audit-scale"
+DRIVER_MEMORY = "2g"
+
+
+class PeakRss:
+    """The peak of the summed resident memory of some processes, sampled from /proc, and
+    each one's own high-water mark (``VmHWM``)."""
+
+    def __init__(self, pids: list[int], every: float = 0.1) -> None:
+        import threading
+
+        self.pids = pids
+        self.every = every
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _field(pid: int, name: str) -> int:
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+        return 0
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            total = sum(self._field(pid, "VmRSS") for pid in self.pids)
+            self.peak_kib = max(self.peak_kib, total)
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def high_water_mib(self) -> list[float]:
+        return [round(self._field(pid, "VmHWM") / 1024, 0) for pid in self.pids]
+
+
+def scale_one(snapshot: Path, warm: Path) -> dict[str, Any]:
+    """One size in a fresh Spark session (``local[2]``, driver memory ``DRIVER_MEMORY``):
+    a warm-up audit of ``warm``, then a full scan and ``count()`` of ``snapshot``'s
+    sources and their audit, timed apart; the peak resident memory of the driver JVM and
+    this Python process over the whole run."""
+    from docoutbox_spark.readers import read_snapshot, session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(jars=str(JARS), packages=False, master="local[2]", memory=DRIVER_MEMORY)
+    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    config = _config()
+    try:
+        with PeakRss([jvm, os.getpid()]) as rss:
+            from docoutbox_spark.run import run_audit
+
+            warm_frames = read_snapshot(spark, warm)
+            run_audit(warm_frames["producer"], consumer=warm_frames["consumer"], config=config)
+            start = time.perf_counter()
+            read = _full_scan(spark, str(snapshot))
+            scan = time.perf_counter() - start
+            frames = read_snapshot(spark, snapshot)
+            start = time.perf_counter()
+            summary = run_audit(frames["producer"], consumer=frames["consumer"], config=config)
+            seconds = time.perf_counter() - start
+        return {
+            "documents": summary["totals"]["documents"],
+            "read": read,
+            "audit_s": round(seconds, 2),
+            "scan_s": round(scan, 2),
+            "peak_rss_mib": round(rss.peak_kib / 1024, 0),
+            "jvm_hwm_mib": rss.high_water_mib()[0],
+            "python_hwm_mib": rss.high_water_mib()[1],
+            "findings": {k: v["count"] for k, v in summary["findings"].items() if v["count"]},
+        }
+    finally:
+        spark.stop()
+
+
+def _config() -> Any:
+    from docoutbox_spark.run import AuditConfig
+
+    return AuditConfig(now=NOW, sla_seconds=SLA, window=WINDOW, partitions=16)
+
+
+def _full_scan(spark: Any, snapshot: str) -> int:
+    """Every row and column of the producer and consumer snapshots read (``count()``
+    alone is answered from Parquet's metadata and reads no rows), then counted."""
+    from docoutbox_spark.readers import read_snapshot
+
+    frames = read_snapshot(spark, snapshot)
+    total = 0
+    for role in ("producer", "consumer"):
+        frames[role].write.format("noop").mode("overwrite").save()
+        total += int(frames[role].count())
+    return total
+
+
+def expected_findings(n: int) -> dict[str, int]:
+    """The findings planted in :func:`documents` ``0..n-1``: entries older than the SLA
+    and the lost seqs."""
+    stuck = sum(
+        1
+        for i in range(n)
+        for s in range(5 + i % 20 - i % 4 + 1, 5 + i % 20 + 1)
+        if (i % 600) + s > SLA
+    )
+    lost = sum(1 for i in range(n) if i % LOST_EVERY == 2)
+    return {"stuck": stuck, "lost": lost}
+
+
+def run_scale(uri: str, scale: Scale, sizes: list[int] | None = None) -> Table:
+    """The audit of Parquet snapshots of growing size, each in its own driver process:
+    time against linear growth, time against a full scan, and the driver's peak memory.
+    ``uri`` is unused (no database)."""
+    import subprocess
+
+    sizes = sizes or ([2_000, 20_000] if scale.rounds <= 1 else SCALE_SIZES)
+    table = Table(
+        "audit-scale",
+        "Spark audit from Parquet at scale: producer documents plus as many consumer "
+        f"documents, local[2], driver memory {DRIVER_MEMORY}, one driver process per size",
+        [
+            "producer documents",
+            "audit s",
+            "full scan s",
+            "audit / scan",
+            "peak RSS MiB (JVM + Python)",
+            "JVM high-water MiB",
+        ],
+    )
+    warm = SCRATCH / "warm-1000"
+    if not warm.exists():
+        generate_snapshot(warm, 1000)
+    results: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        snapshot = SCRATCH / f"snapshot-{n}"
+        if not (snapshot / "consumer").exists():
+            start = time.perf_counter()
+            generate_snapshot(snapshot, n)
+            print(
+                f"[bench] audit-scale: wrote {n} in {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.audit", "--scale-one", str(snapshot), str(warm)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        expected = expected_findings(n)
+        if result["documents"] != n or result["read"] != 2 * n or result["findings"] != expected:
+            raise AssertionError(f"audit of {n}: {result} (expected {expected})")
+        results[n] = result
+        print(f"[bench] audit-scale {n}: {result}", file=sys.stderr, flush=True)
+        table.add(
+            n,
+            result["audit_s"],
+            result["scan_s"],
+            round(result["audit_s"] / result["scan_s"], 2),
+            result["peak_rss_mib"],
+            result["jvm_hwm_mib"],
+        )
+    small, large = sizes[0], sizes[-1]
+    if large > small:
+        growth = (results[large]["audit_s"] / results[small]["audit_s"]) / (large / small)
+        table.figures["growth_vs_linear"] = round(growth, 2)
+        table.notes.append(
+            f"time({large:,}) / ({large // small} x time({small:,})) = {growth:.2f} (1.0 = linear)"
+        )
+    table.figures["sizes"] = sizes
+    table.notes.append(
+        "Each size runs in a fresh driver process (JVM start and a warm-up audit of 1,000 "
+        "documents excluded from the times, included in the memory). The full scan reads "
+        "every row and column of both snapshots (a noop write) and counts them, in the same "
+        "session just before the audit. Findings are checked against those planted. Peak "
+        "RSS: the summed resident memory of the driver JVM and the Python driver process, "
+        "sampled every 0.1 s."
     )
     return table
 
@@ -334,16 +583,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+")
     parser.add_argument(
+        "--scale", action="store_true", help="the Parquet scale run (100,000 and 1,000,000)"
+    )
+    parser.add_argument("--scale-one", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "results.json"
     )
     args = parser.parse_args(argv)
+    if args.scale_one:
+        print(json.dumps(scale_one(*args.scale_one)))
+        return 0
     scale = Scale.quick() if args.quick else Scale()
-    with mongo_server(java_heap="6g") as uri:
-        table = run(uri, scale, args.sizes)
+    if args.scale:
+        table = run_scale("", scale, args.sizes)
+    else:
+        with mongo_server(java_heap="6g") as uri:
+            table = run(uri, scale, args.sizes)
     print(table.to_markdown())
     results = json.loads(args.out.read_text()) if args.out.exists() else {"benchmarks": {}}
-    results.setdefault("benchmarks", {})["audit"] = table.to_json()
-    results["benchmarks"]["audit"]["generated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results.setdefault("benchmarks", {})[table.key] = table.to_json()
+    results["benchmarks"][table.key]["generated_at"] = datetime.now(UTC).isoformat(
+        timespec="seconds"
+    )
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0
 

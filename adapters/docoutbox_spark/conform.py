@@ -99,12 +99,14 @@ _MARK_RAW = "struct<source:string,hw:string,above:string>"
 def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`).
 
-    With ``persist``, the typed documents (outbox included) are persisted at that level and
-    read at once (one Spark job), so the source is read once whatever is computed from the
-    three frames afterwards; call
-    :meth:`Conformed.unpersist` when done. ``documents`` carries ``seqs``, the ``seq`` of
-    each readable outbox entry (positive integers only), for per-document checks that need
-    no shuffle."""
+    Each outbox entry is parsed once, into the documents' typed entries (``_entries``),
+    which the entries frame explodes: nothing downstream parses JSON again, so a filter on
+    an entry field pushed below the explode cannot repeat the parse. With ``persist``, the
+    typed documents (entries included) are persisted at that level and read at once (one
+    Spark job), so the source is read once whatever is computed from the three frames
+    afterwards; call :meth:`Conformed.unpersist` when done. ``documents`` carries
+    ``seqs``, the ``seq`` of each readable outbox entry (positive integers only), for
+    per-document checks that need no shuffle."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
     estimate = sum(
         (F.coalesce(F.octet_length(F.col(c)), F.lit(0)) + F.lit(len(c) + 2) for c in raw_cols),
@@ -150,11 +152,17 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
         ),
     )
     outbox = _array(F.col("outbox"))
-    seqs = F.filter(
-        F.transform(outbox, lambda r: F.when(_object(r), _long(F.from_json(r, _ENTRY_RAW)["seq"]))),
-        lambda s: s.isNotNull() & (s >= 1),
+    parsed = raw.select(
+        "*",
+        F.transform(
+            outbox,
+            lambda r: F.struct(
+                r.alias("raw"), F.when(_object(r), F.from_json(r, _ENTRY_RAW)).alias("e")
+            ),
+        ).alias("_parsed"),
     )
-    base = raw.select(
+    typed = F.transform(F.col("_parsed"), _typed_entry)
+    base = parsed.select(
         F.col("_id").alias("aggregate_id"),
         F.col("type"),
         _long(F.col("version")).alias("version"),
@@ -166,15 +174,24 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
         _ts(F.col("updated_at")).alias("updated_at"),
         F.coalesce(F.col(SIZE_FIELD), estimate).alias("size_bytes"),
         F.col(SIZE_FIELD).isNotNull().alias("size_exact"),
-        outbox.alias("_outbox"),
-        F.coalesce(F.size(outbox), F.lit(0)).alias("pending"),
-        F.coalesce(seqs, F.array().cast("array<bigint>")).alias("seqs"),
+        typed.alias("_entries"),
+        F.coalesce(F.size("_parsed"), F.lit(0)).alias("pending"),
         problems.alias("problems"),
+    )
+    # Each entry's seq from the typed entries (their positive seqs), in a projection of
+    # its own so that the entries are parsed once per document.
+    base = base.select(
+        *[c for c in base.columns if c != "problems"],
+        F.coalesce(
+            F.filter(F.transform("_entries", lambda x: x["seq"]), lambda q: q.isNotNull()),
+            F.array().cast("array<bigint>"),
+        ).alias("seqs"),
+        "problems",
     )
     if persist is not None:
         base = base.persist(persist)
         base.write.format("noop").mode("overwrite").save()  # read it now, once
-    documents = base.drop("_outbox")
+    documents = base.drop("_entries")
     entries = _entries(base)
     malformed = documents.where(F.size("problems") > 0).select(
         F.lit("malformed").alias("kind"),
@@ -201,16 +218,10 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     )
 
 
-def _entries(base: DataFrame) -> DataFrame:
-    exploded = base.select(
-        "aggregate_id",
-        F.col("type").alias("aggregate_type"),
-        "partition",
-        F.posexplode("_outbox").alias("position", "raw"),
-    )
-    e = F.from_json(F.col("raw"), _ENTRY_RAW)
-    parsed = exploded.withColumn("e", F.when(_object(F.col("raw")), e))
-    f = F.col("e")
+def _typed_entry(x: Column, position: Column) -> Column:
+    """One outbox entry (``x``: its raw JSON text and its parse) with typed fields and its
+    problems."""
+    f = x["e"]
 
     def req(name: str) -> Column:
         return _problem(f.isNotNull() & f[name].isNull(), f"{name}: missing")
@@ -243,11 +254,8 @@ def _entries(base: DataFrame) -> DataFrame:
         )
     )
     seq = _long(f["seq"])
-    return parsed.select(
-        "aggregate_id",
-        "aggregate_type",
-        "partition",
-        "position",
+    return F.struct(
+        position.cast("int").alias("position"),
         f["id"].alias("id"),
         f["type"].alias("type"),
         f["destination"].alias("destination"),
@@ -261,6 +269,16 @@ def _entries(base: DataFrame) -> DataFrame:
         f["last_error"].alias("last_error"),
         problems.alias("problems"),
     )
+
+
+def _entries(base: DataFrame) -> DataFrame:
+    """One row per outbox entry, from the documents' typed entries (no parsing here)."""
+    return base.select(
+        "aggregate_id",
+        F.col("type").alias("aggregate_type"),
+        "partition",
+        F.explode("_entries").alias("x"),
+    ).select("aggregate_id", "aggregate_type", "partition", "x.*")
 
 
 def conform_dead_letters(raw: DataFrame) -> DataFrame:
