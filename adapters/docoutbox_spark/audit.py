@@ -17,8 +17,20 @@ COSMOS_LIMIT = 2 * 1024 * 1024
 PERCENTILES = (0.5, 0.9, 0.99)
 
 
-def _age(now: datetime) -> Column:
-    return (F.unix_micros(F.lit(now)) - F.unix_micros(F.col("created_at"))) / 1e6
+def ready_at() -> Column:
+    """When an entry became publishable: its creation, or its due time if scheduled later."""
+    return F.greatest(F.col("created_at"), F.col("due"))
+
+
+def waiting(now: datetime) -> Column:
+    """Entries with a readable date that are publishable at ``now``: a scheduled entry not
+    yet due is not waiting, however old it is."""
+    return F.col("created_at").isNotNull() & (F.col("due").isNull() | (F.col("due") <= now))
+
+
+def age(now: datetime) -> Column:
+    """Seconds an entry has waited to be published at ``now``, from :func:`ready_at`."""
+    return (F.unix_micros(F.lit(now)) - F.unix_micros(ready_at())) / 1e6
 
 
 def backlog(entries: DataFrame) -> DataFrame:
@@ -36,7 +48,7 @@ def backlog(entries: DataFrame) -> DataFrame:
 def age_percentiles(entries: DataFrame, now: datetime) -> DataFrame:
     """One row: pending entries with a readable date, and their age in seconds at
     p50/p90/p99 and the maximum."""
-    ages = entries.where(F.col("created_at").isNotNull()).select(_age(now).alias("age"))
+    ages = entries.where(waiting(now)).select(age(now).alias("age"))
     pct = F.percentile("age", list(PERCENTILES))
     return ages.agg(
         F.count(F.lit(1)).alias("pending"),
@@ -52,10 +64,8 @@ def stuck(
 ) -> DataFrame:
     """Entries pending for longer than the SLA."""
     out = (
-        entries.where(F.col("created_at").isNotNull())
-        .select(
-            "aggregate_id", F.col("id").alias("entry_id"), "seq", "type", _age(now).alias("age")
-        )
+        entries.where(waiting(now))
+        .select("aggregate_id", F.col("id").alias("entry_id"), "seq", "type", age(now).alias("age"))
         .where(F.col("age") > sla_seconds)
     )
     return out.orderBy(F.desc("age"), "aggregate_id", "seq") if ordered else out

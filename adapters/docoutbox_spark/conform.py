@@ -239,6 +239,7 @@ def _typed_entry(x: Column, position: Column) -> Column:
                 f["created_at"].isNotNull() & _ts(f["created_at"]).isNull(),
                 "created_at: not a date",
             ),
+            _problem(f["due"].isNotNull() & _ts(f["due"]).isNull(), "due: not a date"),
             # A scheduled entry has no seq until the dispatcher releases it.
             _problem(f.isNotNull() & f["seq"].isNull() & f["due"].isNull(), "seq: missing"),
             _problem(
@@ -262,6 +263,7 @@ def _typed_entry(x: Column, position: Column) -> Column:
         f["payload"].alias("payload"),
         f["headers"].alias("headers"),
         _ts(f["created_at"]).alias("created_at"),
+        _ts(f["due"]).alias("due"),
         F.when(seq >= 1, seq).alias("seq"),
         f["aggregate_id"].alias("entry_aggregate_id"),
         f["aggregate_type"].alias("entry_aggregate_type"),

@@ -329,8 +329,8 @@ def _producer_parts(
     ]
     inbox = F.coalesce(F.size("inbox"), F.lit(0))
     bucket = F.least(F.floor(F.col("size_bytes") * 10 / config.size_limit), F.lit(10))
-    dated = entries.where(F.col("created_at").isNotNull())
-    age = (F.unix_micros(F.lit(config.now)) - F.unix_micros("created_at")) / 1e6
+    dated = entries.where(audit.waiting(config.now))
+    age = audit.age(config.now)
     keyed = [
         _fact(
             docs,

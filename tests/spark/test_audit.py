@@ -144,3 +144,25 @@ def test_a_scheduled_entry_not_released_has_no_seq_and_is_no_finding(spark: Any)
     bad = {(r.aggregate_id, r.detail) for r in conformed.malformed.collect()}
     assert bad == {("s-3", "outbox[0]: seq: missing")}
     assert audit.seq_anomalies(conformed.documents).collect() == []
+
+
+def test_a_scheduled_entry_waits_from_its_due_time(spark: Any) -> None:
+    # Created two hours ago: one falls due in an hour (not stuck, whatever its age), one
+    # fell due ten minutes ago (stuck for 600 s, not 7,200 s), one has no due time.
+    later = {**planted.entry("t-1", 1, age=7200, due=planted.NOW + timedelta(hours=1))}
+    overdue = {**planted.entry("t-2", 1, age=7200, due=planted.NOW - timedelta(minutes=10))}
+    plain = planted.entry("t-3", 1, age=7200)
+    docs = [
+        planted.doc("t-1", 1, [{**later, "seq": None}], 0),
+        planted.doc("t-2", 1, [{**overdue, "released": True}], 1),
+        planted.doc("t-3", 1, [plain], 2),
+    ]
+    entries = conform(frame(spark, docs)).entries
+    ages = {r.aggregate_id: r.age for r in audit.stuck(entries, planted.NOW, planted.SLA).collect()}
+    assert ages == {"t-2": 600.0, "t-3": 7200.0}
+    assert audit.age_percentiles(entries, planted.NOW).first()["pending"] == 2
+
+    summary = run_audit(frame(spark, docs), config=config())
+    assert {r["aggregate_id"] for r in summary["rows"]["stuck"]} == {"t-2", "t-3"}
+    assert summary["ages"]["pending"] == 2
+    assert summary["ages"]["max"] == 7200.0
