@@ -51,6 +51,20 @@ def test_a_single_plan_keeps_its_position_hints_and_a_merged_one_drops_them() ->
     assert plans["b"].outbox is None and plans["b"].revision is None
 
 
+def test_a_merged_plan_aims_at_the_stored_order_of_the_latest_copy_read() -> None:
+    # A busy aggregate on Cosmos DB: without a position hint, each coalesced trim would
+    # read the item before patching it (two requests instead of one).
+    deferred = trims()
+    deferred.add(plan_trim("a", ["a1"], ["a1"], "rev-1"), 1, 0, 0.0)
+    copy = {"_id": "a", "outbox": [{"id": "a1"}, {"id": "a2"}, {"id": "a3"}]}
+    fresh = deferred.unpublished(copy)  # the next read: a1 still waits for its trim
+    assert fresh is not None and [e["id"] for e in fresh["outbox"]] == ["a2", "a3"]
+    deferred.add(plan_trim("a", ["a2"], ["a2", "a3"]), 2, 1, 0.0)
+    (plan,) = deferred.take()
+    assert plan.entry_ids == ("a1", "a2")
+    assert plan.outbox == ("a1", "a2", "a3") and plan.revision is None
+
+
 def test_a_trim_that_would_pass_the_bound_is_refused_and_left_to_its_run() -> None:
     deferred = trims(limit=3)
     assert deferred.add(plan_trim("a", ["a1", "a2"]), 1, 0, 0.0)

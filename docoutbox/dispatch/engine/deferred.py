@@ -54,6 +54,10 @@ class _Aggregate:
     waiting_covers: int = 0
     #: The single plan waiting, if only one did (its hints stay true), else None.
     plan: TrimPlan | None = None
+    #: The stored order of the outbox (entry IDs) in the latest copy read, held entries
+    #: included: the position hint of a coalesced trim (a hint only: the store checks
+    #: the IDs it finds there, and reads the document when they moved).
+    order: tuple[str | None, ...] | None = None
     writing: tuple[str, ...] = ()
     writing_covers: int = 0
 
@@ -152,7 +156,7 @@ class DeferredTrims:
                 if not agg.waiting or agg.writing:
                     continue
                 ids = tuple(agg.waiting)
-                plan = agg.plan if agg.plan is not None else plan_trim(aggregate_id, ids)
+                plan = agg.plan if agg.plan is not None else plan_trim(aggregate_id, ids, agg.order)
                 plans.append(plan)
                 self._writing += 1
                 agg.writing, agg.writing_covers = ids, agg.waiting_covers
@@ -194,6 +198,10 @@ class DeferredTrims:
             agg = self._aggs.get(aggregate_id)
             if agg is None:
                 return doc
+            agg.order = tuple(
+                e.get("id") if isinstance(e, dict) and isinstance(e.get("id"), str) else None
+                for e in outbox
+            )
             held = agg.waiting.keys() | set(agg.writing)
             skip = {e.get("id") for e in outbox if isinstance(e, dict) and e.get("id") in held}
         if not skip:
