@@ -35,8 +35,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from docoutbox.dispatch.engine.flow import stored_ids
+from docoutbox.dispatch.engine.trimmed import without_entries
 from docoutbox.model import AggregateId
-from docoutbox.store.document import ID, REVISION, Document
+from docoutbox.store.document import ID, Document
 from docoutbox.store.plans import TrimPlan, plan_trim
 
 
@@ -198,13 +200,7 @@ class DeferredTrims:
             agg = self._aggs.get(aggregate_id)
             if agg is None:
                 return doc
-            agg.order = tuple(
-                e.get("id") if isinstance(e, dict) and isinstance(e.get("id"), str) else None
-                for e in outbox
-            )
+            agg.order = tuple(stored_ids(doc))
             held = agg.waiting.keys() | set(agg.writing)
             skip = {e.get("id") for e in outbox if isinstance(e, dict) and e.get("id") in held}
-        if not skip:
-            return doc
-        fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in skip)]
-        return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
+        return without_entries(doc, outbox, skip)

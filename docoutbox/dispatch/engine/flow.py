@@ -144,7 +144,7 @@ def dispatch_document(
     time scheduled entries are due against (None: none is due)."""
     sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
-    ids = _stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    ids = stored_ids(doc)  # the outbox as stored, less what was trimmed since
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
     order = due_order(doc, now, pending_entries(doc))
@@ -223,7 +223,7 @@ def _earliest(current: datetime | None, raw: Any) -> datetime | None:
     return due if current is None or due < current else current
 
 
-def _stored_ids(doc: Document) -> list[str | None]:
+def stored_ids(doc: Document) -> list[str | None]:
     """The entry IDs of the document's outbox in stored order: a trim's position hint."""
     outbox = doc.get("outbox") or []
     return [

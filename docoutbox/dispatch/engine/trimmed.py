@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from docoutbox.model import AggregateId
 from docoutbox.store.document import ID, REVISION, Document
@@ -142,7 +142,14 @@ class TrimmedIds:
             if ids is None:
                 return doc
             skip = {e.get("id") for e in outbox if isinstance(e, dict) and e.get("id") in ids}
-        if not skip:
-            return doc
-        fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in skip)]
-        return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
+        return without_entries(doc, outbox, skip)
+
+
+def without_entries(doc: Document, outbox: list[Any], skip: set[Any]) -> Document:
+    """``doc`` without the entries of ``outbox`` (its outbox) whose ID is in ``skip``, or
+    ``doc`` itself when ``skip`` is empty. The copy loses its revision tag, which no longer
+    describes it."""
+    if not skip:
+        return doc
+    fresh = [e for e in outbox if not (isinstance(e, dict) and e.get("id") in skip)]
+    return {k: v for k, v in doc.items() if k != REVISION} | {"outbox": fresh}
