@@ -374,3 +374,35 @@ def test_the_due_query_clears_the_hint_a_run_died_before_settling() -> None:
     assert world.backend.docs["t"]["earliest_due"] is not None
     world.until(lambda: "earliest_due" not in world.backend.docs["t"])
     assert world.published() == []
+
+
+@pytest.mark.parametrize("corrupt", ["3", 2.5, -1, None, True])
+def test_a_corrupt_outbox_seq_quarantines_the_due_entry_once_and_never_spins(corrupt: Any) -> None:
+    """A release numbers an entry from the document's ``outbox_seq``: one that is not a
+    sequence number can never be matched, so the due entry is quarantined (dead letter
+    with the reason) instead of being released again at every turn."""
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    world.handle("u", msg("m2", "Start", after=1, key="a"))
+    if corrupt is None:
+        del world.backend.docs["t"]["outbox_seq"]
+    else:
+        world.backend.docs["t"]["outbox_seq"] = corrupt
+    releases: list[Any] = []
+    perform = world.ports.perform
+
+    def counting(op: Any) -> Any:
+        if isinstance(getattr(op, "plan", None), ReleasePlan):
+            releases.append(op.plan.aggregate_id)
+        return perform(op)
+
+    world.ports.perform = counting  # type: ignore[method-assign]
+    for _ in range(steps_for(4)):
+        world.step()
+    assert releases == ["u"]  # the good document's only; none tried on the corrupt one
+    assert world.published() == ["Timeout"]
+    [dead] = world.dead.entries.values()
+    assert dead["aggregate_id"] == "t" and "outbox_seq" in dead["error"]
+    assert world.backend.docs["t"]["outbox"] == []
+    assert "earliest_due" not in world.backend.docs["t"]

@@ -34,7 +34,9 @@ aggregate's ``outbox_seq`` moved since the run read it (a commit added entries):
 entry is then neither published nor trimmed, and neither is any scheduled entry after it
 in this run; a later run (the commit's change, or the due query at once) tries again.
 Cancelled entries are trimmed unpublished; the run ends with a settle of the document's
-due-time hint.
+due-time hint. A document whose ``outbox_seq`` is not a sequence number cannot number a
+release (its guard would never match, and every run would try again at once): its due
+entries are quarantined with that reason.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def dispatch_document(
     revision = revision if isinstance(revision, str) else None
     order = due_order(doc, now, pending_entries(doc))
     seq, version = _counter(doc, "outbox_seq"), _counter(doc, "version")
+    numbering = _numbering_fault(doc)
     result.next_due = order.next_due
     result.dropped.extend(order.cancelled)
     removable: list[str] = list(order.cancelled)
@@ -159,6 +162,8 @@ def dispatch_document(
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         release = release_plan(result.aggregate_id, raw, seq)
         try:
+            if release is not None and numbering is not None:
+                raise InvalidInput(numbering)
             numbered = raw if release is None else {**raw, "seq": seq + 1}
             entry: OutboxMessage = OutboxMessage.parse(open_entry(values, numbered))
             if bad_due(raw):
@@ -214,6 +219,19 @@ def _counter(doc: Document, name: str) -> int:
     """The document's ``outbox_seq`` or ``version`` (0 when absent or not a number)."""
     value = doc.get(name)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _numbering_fault(doc: Document) -> str | None:
+    """Why the document's ``outbox_seq`` cannot number a release (None: it can).
+
+    A release is guarded by ``outbox_seq`` being the value read; one that is not a
+    sequence number (not a non-negative integer, or absent) never matches, so the
+    release would fail at every run: the due entries it cannot number are quarantined
+    instead (I7), once, and the run goes on."""
+    value = doc.get("outbox_seq")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    return f"the document's outbox_seq {value!r} is not a sequence number: cannot number a release"
 
 
 def _earliest(current: datetime | None, raw: Any) -> datetime | None:
