@@ -110,7 +110,8 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
-        self._next_wait = self.timing.heartbeat
+        #: When the next heartbeat is due (monotonic), counted from the last one's start.
+        self._planned = self._mono()
         if isinstance(table, PositionedLeases):
             table.guard_checkpoints(self.checkpointable, self.valid)
 
@@ -179,8 +180,12 @@ class LeaseKeeper:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._halt.wait(self._next_wait):
+        while not self._halt.wait(self.next_beat()):
             self._beat()
+
+    def next_beat(self) -> float:
+        """Seconds until the next heartbeat is due (0: at once, it is late)."""
+        return max(0.0, self._planned - self._mono())
 
     def _beat(self) -> None:
         try:
@@ -189,19 +194,40 @@ class LeaseKeeper:
             log.warning("lease_heartbeat_failed owner=%s error=%r", self.owner, exc)
 
     def tick(self) -> None:
-        """One heartbeat: join, renew, read, then hand over surplus and acquire a share.
+        """One heartbeat: renew, join, read, then hand over surplus and acquire a share.
 
         Nothing in a tick waits for workers: a partition handed over while a worker is
         inside it stays held (and renewed) until a later tick finds it idle.
+
+        Rule (renewals on time): heartbeats start every ``heartbeat`` seconds counted from
+        the previous one's start on the monotonic clock, not from its end, so the time a
+        heartbeat's requests take is not added to the next one's wait; the renewals go
+        first, before the membership record. A renewal that lands more than half the
+        margin behind its schedule is logged (``lease_renewal_late``): held leases stop
+        being used once it is ``ttl - margin - heartbeat`` behind (half the TTL by
+        default).
         """
         started, now = self._mono(), self._clock()
+        late = max(0.0, started - self._planned)
         expires = now + timedelta(seconds=self.timing.ttl)
         with self._cond:
             held = set(self._until)
-        self.table.join(self.owner, expires)
         if held:
             self.table.renew(held, self.owner, expires)
+        renewed = self._mono()
+        self.table.join(self.owner, expires)
+        joined = self._mono()
         view = self.table.read()
+        read = self._mono()
+        if held and late + renewed - started > self.timing.safety / 2:
+            log.warning(
+                "lease_renewal_late owner=%s late=%.3f renew=%.3f join=%.3f read=%.3f",
+                self.owner,
+                late,
+                renewed - started,
+                joined - renewed,
+                read - joined,
+            )
         # Live: renewed within the last two and a half heartbeats (see plan_leases).
         fresh = self.timing.ttl - 2.5 * self.timing.heartbeat
         plan = plan_leases(
@@ -233,11 +259,20 @@ class LeaseKeeper:
             self._release_if_idle(p)
         self._forget_dead_members(view, now)
         got = sum(self._acquire(p) for p in plan.acquire)
-        self._next_wait = self.timing.heartbeat
+        log.debug(
+            "lease_tick owner=%s late=%.3f took=%.3f held=%d got=%d",
+            self.owner,
+            late,
+            self._mono() - started,
+            len(held),
+            got,
+        )
+        wait = self.timing.heartbeat
         if plan.next_expiry is not None and len(plan.keep) + got < plan.share:
             # Short of a fair share: look again right when another lease may expire.
             until = (plan.next_expiry - now).total_seconds() + 0.01
-            self._next_wait = min(self.timing.heartbeat, max(0.01, until))
+            wait = min(wait, max(0.01, until))
+        self._planned = started + wait
 
     def _forget_dead_members(self, view: LeaseView, now: datetime) -> None:
         """Remove member records expired for over a TTL (instances killed, never back)."""
