@@ -64,6 +64,8 @@ class DispatchOptions:
       :data:`~docoutbox_app.endpoint.runtime.STREAM_WAIT`);
     - ``codec``, ``upcasters``: the stores' (:mod:`docoutbox.stored`), to publish their
       entries decoded and current;
+    - ``due_interval``: query for scheduled entries fallen due every this many seconds
+      (part of their lateness bound, see the scheduling guide);
     - ``trim_delay``, ``max_untrimmed``: trims written behind the publishes, within this
       many seconds, with at most this many published entries waiting for their trim
       (``trim_delay=0``: each run trims before it ends);
@@ -82,6 +84,7 @@ class DispatchOptions:
     poll_interval: float | None = None
     max_stream_wait: float | None = None
     checkpoint_interval: float = 1.0
+    due_interval: float = 0.5
     codec: Codec | None = None
     upcasters: Upcasters | None = None
     trim_delay: float = 0.0
@@ -99,6 +102,7 @@ class DispatchOptions:
             sweep_interval=sweep,
             grace=0.0 if polling else self.grace,
             checkpoint_interval=self.checkpoint_interval,
+            due_interval=self.due_interval,
             max_stream_wait=self.max_stream_wait,
             codec=self.codec,
             upcasters=self.upcasters,

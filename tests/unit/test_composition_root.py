@@ -138,6 +138,7 @@ def test_the_command_s_options_are_the_root_s() -> None:
         poll_interval=None,
         max_stream_wait=2.0,
         checkpoint_interval=0.5,
+        due_interval=0.25,
         decode=None,
         trim_delay=0.25,
         max_untrimmed=40,
@@ -155,8 +156,10 @@ def test_the_command_s_options_are_the_root_s() -> None:
         poll_interval=None,
         max_stream_wait=2.0,
         checkpoint_interval=0.5,
+        due_interval=0.25,
         trim_delay=0.25,
         max_untrimmed=40,
     )
     config = _options(args, "n").config()
     assert (config.trim_delay, config.max_untrimmed) == (0.25, 40)
+    assert config.due_interval == 0.25

@@ -248,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--checkpoint-interval", type=INTERVAL, default=1.0, help="seconds")
     d.add_argument(
+        "--due-interval",
+        type=INTERVAL,
+        default=0.5,
+        help="query for scheduled messages fallen due every this many seconds",
+    )
+    d.add_argument(
         "--decode",
         metavar="MODULE:NAME",
         help="the stores' docoutbox.stored.StoredValues (or Codec, or Upcasters): entries "
@@ -422,6 +428,7 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         poll_interval=args.poll_interval,
         max_stream_wait=args.max_stream_wait,
         checkpoint_interval=args.checkpoint_interval,
+        due_interval=args.due_interval,
         codec=None if args.decode is None else args.decode.codec,
         upcasters=None if args.decode is None else args.decode.upcasters,
         trim_delay=args.trim_delay,
