@@ -49,14 +49,24 @@ LEASE_TTL = 5.0
 class Instance(CliProcess):
     """``python -m docoutbox_app dispatch`` on Cosmos DB, the key in the environment."""
 
-    def __init__(self, account: CosmosAccount, database: str, url: str, exchange: str) -> None:
+    def __init__(
+        self,
+        account: CosmosAccount,
+        database: str,
+        url: str,
+        exchange: str,
+        *,
+        lease_ttl: float = LEASE_TTL,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(
             [
                 "dispatch",
                 *("--cosmos-endpoint", account.endpoint),
                 *("--database", database, "--container", "producers"),
                 *("--publisher", "rabbitmq", "--rabbitmq-url", url, "--exchange", exchange),
-                *("--lease-ttl", str(LEASE_TTL), "--concurrency", "4", "--log-level", "INFO"),
+                *("--lease-ttl", str(lease_ttl), "--concurrency", "4", "--log-level", "INFO"),
+                *extra,
             ],
             env={**os.environ, "COSMOS_KEY": account.key},
         )

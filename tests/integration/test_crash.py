@@ -78,6 +78,8 @@ class DispatcherProcess(CliProcess):
         leased: bool = False,
         use_async: bool = False,
         publisher: list[str] | None = None,
+        lease_ttl: float = TTL,
+        extra: tuple[str, ...] = (),
     ) -> None:
         if publisher is None:
             publisher = ["rabbitmq", "--rabbitmq-url", rabbitmq_url, "--exchange", exchange]
@@ -87,10 +89,11 @@ class DispatcherProcess(CliProcess):
                 *("--mongo-uri", mongo_uri, "--db", db, "--collection", "producers"),
                 "--publisher",
                 *publisher,
-                *(["--lease-ttl", str(TTL)] if leased else ["--no-leases"]),
+                *(["--lease-ttl", str(lease_ttl)] if leased else ["--no-leases"]),
                 *(["--async"] if use_async else []),
                 *("--concurrency", str(CONCURRENCY), "--run-batch", str(RUN_BATCH)),
                 *("--log-level", log_level),
+                *extra,
             ]
         )
 
