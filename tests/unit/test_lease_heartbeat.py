@@ -107,3 +107,27 @@ def test_a_renewal_landing_late_is_logged(caplog: pytest.LogCaptureFixture) -> N
         a.tick()
     assert "lease_renewal_late owner=a late=0.250 renew=0.010" in caplog.text
     assert a.owned() == frozenset({0, 1})  # late, not lapsed: still in use
+
+
+def test_an_instance_short_of_its_share_looks_again_as_a_dead_holder_s_lease_expires() -> None:
+    """The takeover after a crash waits for the lease to expire, and not a heartbeat more:
+    the survivor's next heartbeat is 10 ms after the first foreign lease expires."""
+    table = SlowTable(delay=0.0)
+    a = keeper(table)
+    a.tick()  # a takes both partitions until t = 2.0, then dies (no more heartbeats)
+    b = LeaseKeeper(
+        table,
+        partitions=2,
+        owner="b",
+        timing=TIMING,
+        clock=table.wall,
+        monotonic=lambda: table.t,
+        rng=random.Random(1),
+    )
+    table.t = 1.8
+    b.tick()
+    assert b.owned() == frozenset()
+    assert b.next_beat() == pytest.approx(0.21)  # not a whole heartbeat (0.5 s)
+    table.t = 2.01
+    b.tick()
+    assert b.owned() == frozenset({0, 1})

@@ -15,11 +15,13 @@ import pytest
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, Message, StoreConfig, emit
 from docoutbox.dispatch.engine.due import due_order
 from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
+from docoutbox.dispatch.engine.loop import FindDue
 from docoutbox.errors import InvalidHandlerResult, InvalidMessage
 from docoutbox.handlers import Context
 from docoutbox.model import cancel
 from docoutbox.store.plans import ReleasePlan, SettlePlan, TrimPlan, apply_plan
 from docoutbox.store.schedule import ceil_millis
+from tests.unit.test_dispatch_stream import Regained
 from tests.unit.test_engine_stepped import STEP, Stepped
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
@@ -406,3 +408,28 @@ def test_a_corrupt_outbox_seq_quarantines_the_due_entry_once_and_never_spins(cor
     assert dead["aggregate_id"] == "t" and "outbox_seq" in dead["error"]
     assert world.backend.docs["t"]["outbox"] == []
     assert "earliest_due" not in world.backend.docs["t"]
+
+
+def test_a_partition_acquired_is_queried_for_due_entries_at_the_next_turn() -> None:
+    """A takeover's scheduled entries wait for no periodic query: the turn after an
+    acquisition queries (part of the bound across a crash, docs/how-to/schedule.md)."""
+    world = World()
+    engine = world.start()
+    ownership = Regained()
+    engine.ownership = ownership
+    queries: list[float] = []
+    perform = world.ports.perform
+
+    def counting(op: Any) -> Any:
+        if isinstance(op, FindDue):
+            queries.append(world.now)
+        return perform(op)
+
+    world.ports.perform = counting  # type: ignore[method-assign]
+    world.until(lambda: bool(queries))  # the first turn queries at once
+    for _ in range(steps_for(0.1)):
+        world.step()
+    assert len(queries) == 1  # the next periodic query is 0.5 s after the first
+    ownership.acquired = [frozenset({0})]
+    world.step()
+    assert len(queries) == 2
