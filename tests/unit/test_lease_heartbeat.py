@@ -19,6 +19,7 @@ import pytest
 
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper
 from docoutbox.dispatch.engine.leases import LeaseTiming
+from docoutbox.errors import StoreError
 from docoutbox.ports.dispatch import LeaseView
 from docoutbox.testing.dispatch import MemoryLeaseTable
 
@@ -131,3 +132,19 @@ def test_an_instance_short_of_its_share_looks_again_as_a_dead_holder_s_lease_exp
     table.t = 2.01
     b.tick()
     assert b.owned() == frozenset({0, 1})
+
+
+class FailingTable(SlowTable):
+    def renew(self, partitions: Collection[int], owner: str, expires_at: datetime) -> None:
+        self._took("renew")
+        raise StoreError("the lease table is unreachable")
+
+
+def test_a_failed_heartbeat_waits_for_the_next_one_instead_of_retrying_at_once() -> None:
+    table = FailingTable(delay=0.05)
+    a = keeper(table)
+    a.tick()
+    table.t = TIMING.heartbeat
+    with pytest.raises(StoreError):
+        a.tick()
+    assert a.next_beat() == pytest.approx(TIMING.heartbeat - 0.05)

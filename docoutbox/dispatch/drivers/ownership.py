@@ -209,6 +209,7 @@ class LeaseKeeper:
         """
         started, now = self._mono(), self._clock()
         late = max(0.0, started - self._planned)
+        self._planned = started + self.timing.heartbeat  # also after a failed heartbeat
         expires = now + timedelta(seconds=self.timing.ttl)
         with self._cond:
             held = set(self._until)
@@ -267,12 +268,10 @@ class LeaseKeeper:
             len(held),
             got,
         )
-        wait = self.timing.heartbeat
         if plan.next_expiry is not None and len(plan.keep) + got < plan.share:
             # Short of a fair share: look again right when another lease may expire.
             until = (plan.next_expiry - now).total_seconds() + 0.01
-            wait = min(wait, max(0.01, until))
-        self._planned = started + wait
+            self._planned = started + min(self.timing.heartbeat, max(0.01, until))
 
     def _forget_dead_members(self, view: LeaseView, now: datetime) -> None:
         """Remove member records expired for over a TTL (instances killed, never back)."""
