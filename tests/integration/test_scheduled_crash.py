@@ -1,9 +1,10 @@
 """kill -9 a leased dispatcher while scheduled messages fall due (MongoDB, Cosmos DB).
 
-Two leased ``docoutbox dispatch`` processes share the partitions (MongoDB) or the feed
-ranges (Cosmos DB); messages are scheduled to fall due over several seconds, and an
-instance holding leases is killed with SIGKILL in the middle of that window. The other
-takes its share over once the leases expire and publishes what fell due meanwhile.
+Two leased ``docoutbox dispatch`` processes (threaded, or ``--async``) share the
+partitions (MongoDB) or the feed ranges (Cosmos DB); messages are scheduled to fall due
+over several seconds, and an instance holding leases is killed with SIGKILL in the
+middle of that window. The other takes its share over once the leases expire and
+publishes what fell due meanwhile.
 Checked, on what the broker delivered: every scheduled message arrives, none before its
 due time, each within the documented bound (``docs/how-to/schedule.md``):
 
@@ -199,8 +200,9 @@ def receiving(box: Sandbox) -> tuple[str, Receiver]:
 
 
 @pytest.mark.wire
+@pytest.mark.parametrize("use_async", [False, True], ids=["threads", "asyncio"])
 def test_kill_9_while_scheduled_messages_fall_due_on_mongodb(
-    mongo_uri: str, mongo: Any, box: Sandbox
+    mongo_uri: str, mongo: Any, box: Sandbox, use_async: bool
 ) -> None:
     exchange, receiver = receiving(box)
     backend = MongoBackend(mongo["producers"])
@@ -211,6 +213,7 @@ def test_kill_9_while_scheduled_messages_fall_due_on_mongodb(
         DispatcherProcess(
             *(mongo_uri, mongo.name, box.url, exchange, "INFO"),
             leased=True,
+            use_async=use_async,
             lease_ttl=LEASE_TTL,
             extra=SETTINGS,
         )
@@ -242,12 +245,13 @@ def test_kill_9_while_scheduled_messages_fall_due_on_mongodb(
     }
     partition = {d["_id"]: d["partition"] for d in mongo["producers"].find({}, {"partition": 1})}
     print(f"\n{scenario.takeover(acquired, partition)}")
-    scenario.check("MongoDB")
+    scenario.check("MongoDB, asyncio" if use_async else "MongoDB")
 
 
 @pytest.mark.cosmos
+@pytest.mark.parametrize("use_async", [False, True], ids=["threads", "asyncio"])
 def test_kill_9_while_scheduled_messages_fall_due_on_cosmos(
-    cosmos_server: CosmosAccount, box: Sandbox
+    cosmos_server: CosmosAccount, box: Sandbox, use_async: bool
 ) -> None:
     exchange, receiver = receiving(box)
     with scratch_database(cosmos_server) as database:
@@ -262,7 +266,7 @@ def test_kill_9_while_scheduled_messages_fall_due_on_cosmos(
             Instance(
                 *(cosmos_server, database.id, box.url, exchange),
                 lease_ttl=LEASE_TTL,
-                extra=SETTINGS,
+                extra=(*SETTINGS, "--async") if use_async else SETTINGS,
             )
             for _ in range(2)
         ]
@@ -291,4 +295,4 @@ def test_kill_9_while_scheduled_messages_fall_due_on_cosmos(
             for instance in fleet:
                 instance.close()
     print(f"\n{scenario.takeover(acquired, partition)}")
-    scenario.check("Cosmos DB")
+    scenario.check("Cosmos DB, asyncio" if use_async else "Cosmos DB")
