@@ -71,6 +71,10 @@ class SoleOwner:
     def take_acquired(self) -> list[Scope]:
         return []
 
+    def on_acquired(self, callback: Callable[[], None]) -> None:
+        """Nothing is ever acquired: ``callback`` is never called."""
+        return None
+
 
 class LeaseKeeper:
     """Partition leases with heartbeat renewal, fair sharing and safe hand-over."""
@@ -111,6 +115,8 @@ class LeaseKeeper:
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_wait = self.timing.heartbeat
+        #: Called when partitions were gained (see :meth:`on_acquired`).
+        self._listeners: list[Callable[[], None]] = []
         if isinstance(table, PositionedLeases):
             table.guard_checkpoints(self.checkpointable, self.valid)
 
@@ -153,6 +159,18 @@ class LeaseKeeper:
             resumed, self._reported = self._reported, set()
         return [frozenset(s) for s in (gained, resumed) if s]
 
+    def on_acquired(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (on the heartbeat's thread) after each heartbeat that left
+        something for :meth:`take_acquired`: a dispatcher's loop sleeps until then."""
+        self._listeners.append(callback)
+
+    def _announce(self) -> None:
+        with self._cond:
+            news = bool(self._gained or self._reported)
+        if news:
+            for callback in self._listeners:
+                callback()
+
     def locator(self) -> Callable[[Document], int] | None:
         """The lease table's document-to-partition mapping (:class:`LocatedLeases`), or
         None: the partition stored on each document."""
@@ -189,11 +207,19 @@ class LeaseKeeper:
             log.warning("lease_heartbeat_failed owner=%s error=%r", self.owner, exc)
 
     def tick(self) -> None:
-        """One heartbeat: join, renew, read, then hand over surplus and acquire a share.
+        """One heartbeat: join, renew, read, then hand over surplus and acquire a share;
+        then, if that gained partitions (even if it failed after), tell the listeners
+        (:meth:`on_acquired`).
 
         Nothing in a tick waits for workers: a partition handed over while a worker is
         inside it stays held (and renewed) until a later tick finds it idle.
         """
+        try:
+            self._tick()
+        finally:
+            self._announce()
+
+    def _tick(self) -> None:
         started, now = self._mono(), self._clock()
         expires = now + timedelta(seconds=self.timing.ttl)
         with self._cond:
