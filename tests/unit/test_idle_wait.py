@@ -12,6 +12,7 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.operations import MIN_IDLE_WAIT, IdleWait
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher
@@ -19,7 +20,13 @@ from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
 from docoutbox.errors import TransientStoreError
 from docoutbox.ports.dispatch import AnnouncingOwnership, ChangeEvent
-from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing import (
+    AsyncMemoryBackend,
+    AsyncMemoryPublisher,
+    MemoryBackend,
+    MemoryDeadLetters,
+    MemoryPublisher,
+)
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -246,3 +253,22 @@ def test_a_nudged_threaded_dispatcher_reads_its_stream_at_its_next_turn() -> Non
     assert len(polls) == read + 1
     made._turn()
     assert len(polls) == read + 1  # one nudge, one read
+
+
+class ClosingLoop:
+    """An event loop that closes between the check and the call."""
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon_threadsafe(self, callback: Any) -> None:
+        raise RuntimeError("Event loop is closed")
+
+
+def test_a_partition_gained_as_the_async_loop_closes_does_not_break_the_heartbeat() -> None:
+    backend = AsyncMemoryBackend()
+    made = AsyncDispatcher(
+        backend, AsyncMemoryPublisher(), in_thread(MemoryDeadLetters()), config=DispatcherConfig()
+    )
+    made._loop = ClosingLoop()  # type: ignore[assignment]
+    made._wake_soon()  # the lease keeper's callback: nothing left to wake, no error

@@ -166,7 +166,8 @@ class AsyncDispatcher:
         loop = self._loop
         if loop is None or loop.is_closed():
             return  # not running yet: its first turn takes them
-        loop.call_soon_threadsafe(self._wake.set)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: no turn to take
+            loop.call_soon_threadsafe(self._wake.set)
 
     def _signal(self) -> None:
         loop = self._loop
