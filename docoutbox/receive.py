@@ -31,6 +31,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -427,10 +428,18 @@ class Receiver(_Base[S]):
         self.keep = keep
         self.sleep = sleep
 
-    def receive(self, deliveries: Sequence[Delivery]) -> list[Verdict]:
-        return drive(self.flow(deliveries), self._perform)
+    def receive(
+        self,
+        deliveries: Sequence[Delivery],
+        *,
+        keep: Callable[[int, Verdict], None] | None = None,
+    ) -> list[Verdict]:
+        """One verdict per delivery; ``keep``, when given, keeps this call's rejected
+        deliveries instead of the receiver's (a receiver built once, a ``keep`` that knows
+        the call's raw bodies)."""
+        return drive(self.flow(deliveries), partial(self._perform, keep or self.keep))
 
-    def _perform(self, op: ReceiveOp) -> Any:
+    def _perform(self, keep: Callable[[int, Verdict], None] | None, op: ReceiveOp) -> Any:
         if isinstance(op, Handle):
             return self.store.handle(op.aggregate_id, op.message, op.handler, create=op.create)
         if isinstance(op, HandleBatch):
@@ -439,8 +448,8 @@ class Receiver(_Base[S]):
             )
         if isinstance(op, Sleep):
             return self.sleep(op.seconds)
-        assert self.keep is not None, "Options.keep without a keep function"
-        return self.keep(op.index, op.verdict)
+        assert keep is not None, "Options.keep without a keep function"
+        return keep(op.index, op.verdict)
 
 
 class AsyncReceiver(_Base[S]):
@@ -462,10 +471,18 @@ class AsyncReceiver(_Base[S]):
         self.keep = keep
         self.sleep = sleep
 
-    async def receive(self, deliveries: Sequence[Delivery]) -> list[Verdict]:
-        return await drive_async(self.flow(deliveries), self._perform)
+    async def receive(
+        self,
+        deliveries: Sequence[Delivery],
+        *,
+        keep: Callable[[int, Verdict], Awaitable[None]] | None = None,
+    ) -> list[Verdict]:
+        """As :meth:`Receiver.receive`."""
+        return await drive_async(self.flow(deliveries), partial(self._perform, keep or self.keep))
 
-    async def _perform(self, op: ReceiveOp) -> Any:
+    async def _perform(
+        self, keep: Callable[[int, Verdict], Awaitable[None]] | None, op: ReceiveOp
+    ) -> Any:
         if isinstance(op, Handle):
             return await self.store.handle(
                 op.aggregate_id, op.message, op.handler, create=op.create
@@ -476,8 +493,8 @@ class AsyncReceiver(_Base[S]):
             )
         if isinstance(op, Sleep):
             return await self.sleep(op.seconds)
-        assert self.keep is not None, "Options.keep without a keep function"
-        return await self.keep(op.index, op.verdict)
+        assert keep is not None, "Options.keep without a keep function"
+        return await keep(op.index, op.verdict)
 
 
 def receive(

@@ -371,16 +371,17 @@ class AsyncRabbitConsumer(Settlement[AsyncAggregateStore[S], AnyRejects], Generi
             assert self.dead_letters is not None
             await keep_async(self.dead_letters, verdict, body, self.queue)
 
-        receiver = AsyncReceiver(
-            self.store,
-            self.handler,
-            self.aggregate_id_of,
-            self._options(),
-            keep=keep,
-            sleep=self._sleep,
-            rng=self._rng,
-        )
-        return (await receiver.receive([Delivery(body, headers, content_type)]))[0]
+        receiver: AsyncReceiver[S] | None = self._receiver
+        if receiver is None:
+            receiver = self._receiver = AsyncReceiver(
+                self.store,
+                self.handler,
+                self.aggregate_id_of,
+                self._options(),
+                sleep=self._sleep,
+                rng=self._rng,
+            )
+        return (await receiver.receive([Delivery(body, headers, content_type)], keep=keep))[0]
 
     async def run(
         self,

@@ -45,8 +45,28 @@ log = logging.getLogger("docoutbox.rabbitmq")
 __all__ = ["ConsumerStats", "RabbitConsumer", "Settlement"]
 
 
+#: The settings a consumer's receiver is built from: setting one drops the receiver, and
+#: the next delivery builds it again.
+RECEIVER_SETTINGS = frozenset(
+    {"store", "handler", "aggregate_id_of", "create", "creates", "retry", "dead_letters"}
+)
+
+
 class Settlement(Generic[St, R]):
-    """What the pika and aio-pika consumers share: settings, counts, logs (no I/O)."""
+    """What the pika and aio-pika consumers share: settings, counts, logs (no I/O).
+
+    What handles a delivery (the receive flow's options and its receiver) is built on the
+    first delivery and kept for the next ones, not built again for each: setting one of
+    :data:`RECEIVER_SETTINGS` drops it.
+    """
+
+    #: The shell's receiver (a Receiver or an AsyncReceiver), built on first use.
+    _receiver: Any = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in RECEIVER_SETTINGS:
+            super().__setattr__("_receiver", None)
 
     def __init__(
         self,
@@ -92,14 +112,16 @@ class Settlement(Generic[St, R]):
         )
 
     def _account(self, verdict: Verdict, redelivered: bool, body: bytes) -> None:
-        """Count and log a delivery about to be settled as ``verdict`` says."""
+        """Count and log a delivery about to be settled as ``verdict`` says (an acked
+        one is only counted)."""
         self.stats.count(verdict, redelivered)
-        kept = (
-            "in the dead letters"
-            if self.dead_letters is not None
-            else "only if the queue has a dead-letter exchange"
-        )
-        log_verdict(log, verdict, body, kept)
+        if verdict.action is not Action.ACK:
+            kept = (
+                "in the dead letters"
+                if self.dead_letters is not None
+                else "only if the queue has a dead-letter exchange"
+            )
+            log_verdict(log, verdict, body, kept)
         if self.on_verdict is not None:
             self.on_verdict(verdict, redelivered)
 
@@ -169,16 +191,18 @@ class RabbitConsumer(Settlement[AggregateStore[S], Rejects], Generic[S]):
         in the dead letters if rejected. No broker I/O.
 
         The body may also be a CloudEvent, structured or binary (attributes in ``headers``)."""
-        receiver = Receiver(
-            self.store,
-            self.handler,
-            self.aggregate_id_of,
-            self._options(),
-            keep=lambda _, verdict: self._keep(verdict, body),
-            sleep=self._sleep,
-            rng=self._rng,
-        )
-        return receiver.receive([Delivery(body, headers, content_type)])[0]
+        receiver: Receiver[S] | None = self._receiver
+        if receiver is None:
+            receiver = self._receiver = Receiver(
+                self.store,
+                self.handler,
+                self.aggregate_id_of,
+                self._options(),
+                sleep=self._sleep,
+                rng=self._rng,
+            )
+        delivery = Delivery(body, headers, content_type)
+        return receiver.receive([delivery], keep=lambda _, verdict: self._keep(verdict, body))[0]
 
     def _keep(self, verdict: Verdict, body: bytes) -> None:
         assert self.dead_letters is not None

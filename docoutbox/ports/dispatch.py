@@ -224,6 +224,16 @@ class LocatedOwnership(Protocol):
 
 
 @runtime_checkable
+class AnnouncingOwnership(Protocol):
+    """Optional: an :class:`Ownership` that says when it gains partitions:
+    ``on_acquired(callback)`` has ``callback()`` called (from any thread) whenever
+    ``take_acquired`` has something new. An idle dispatcher then sleeps until its next
+    timed work; with an ownership that does not say, it looks every ``poll_interval``."""
+
+    def on_acquired(self, callback: Callable[[], None]) -> None: ...
+
+
+@runtime_checkable
 class ResumingOwnership(Protocol):
     """Optional: an :class:`Ownership` whose gained scopes may resume from positions
     stored with their leases: ``resumes(scope)`` is then True, the stream covers them and

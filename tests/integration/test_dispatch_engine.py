@@ -8,6 +8,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,9 +16,10 @@ import pytest
 from docoutbox import AggregateStore, OutboxMessage
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.operations import AsyncGroupWriter, GroupWriter
-from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
 from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
+from docoutbox.dispatch.engine.leases import LeaseTiming
 from docoutbox.dispatch.engine.metrics import CountingMetrics, NullMetrics
 from docoutbox.errors import (
     BrokerUnavailable,
@@ -27,9 +29,10 @@ from docoutbox.errors import (
 )
 from docoutbox.ports.dispatch import Position
 from docoutbox.retry import Backoff
+from docoutbox.store.document import utcnow
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters, MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
-from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints, MemoryLeaseTable
 
 FAST = DispatcherConfig(
     name="t",
@@ -424,3 +427,25 @@ def test_a_batch_that_breaks_outside_its_runs_is_retried_not_stranded(
     # not left running forever.
     wait_until(dispatcher.engine.queue.idle)
     assert {e.seq for e in harness.publisher.published} == {1}
+
+
+def test_an_idle_loop_sweeps_a_partition_its_leases_gain_at_once(harness: Harness) -> None:
+    """An idle loop sleeps until its next timed work (here a stream read a minute away, a
+    due query and a sweep an hour away); a partition its lease keeper gains wakes it, and
+    is swept then."""
+    harness.config = DispatcherConfig(
+        name="t",
+        partitions=1,
+        sweep_interval=3600,
+        due_interval=3600,
+        poll_interval=60.0,
+        checkpoint_interval=0,
+    )
+    harness.write("a", "m0")  # before the stream opens: only a sweep of partition 0 finds it
+    table = MemoryLeaseTable()
+    table.leases[0] = ("other", utcnow() + timedelta(seconds=0.5))  # another's, for now
+    keeper = LeaseKeeper(table, partitions=1, owner="me", timing=LeaseTiming(ttl=1.0))
+    harness.start(keeper)
+    wait_until(lambda: harness.pending() == 0)
+    assert [e.seq for e in harness.publisher.published] == [1]
+    harness.stop()

@@ -29,6 +29,7 @@ from typing import Any, cast
 from docoutbox.dispatch.drivers.operations import (
     AsyncGroupWriter,
     AsyncPorts,
+    IdleWait,
     batches,
     wall_clock_engine,
 )
@@ -116,6 +117,8 @@ class AsyncDispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
+        #: How long an idle loop sleeps (until its next timed work).
+        self._idle = IdleWait(self.engine, self._wake_soon)
         #: Set once the first leases are taken and the loop is about to start.
         self.started = threading.Event()
 
@@ -158,6 +161,14 @@ class AsyncDispatcher:
         self.engine.read_soon()
         self._wake.set()
 
+    def _wake_soon(self) -> None:
+        """Take a turn now (the ownership gained scopes); safe to call from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not running yet: its first turn takes them
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: no turn to take
+            loop.call_soon_threadsafe(self._wake.set)
+
     def _signal(self) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -189,14 +200,9 @@ class AsyncDispatcher:
                 self._launch()
                 if not busy:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self._idle_wait())
+                        await asyncio.wait_for(self._wake.wait(), self._idle.seconds())
         finally:
             await self._shutdown()
-
-    def _idle_wait(self) -> float:
-        due = self.engine.next_due()
-        wait = self.config.poll_interval
-        return wait if due is None else min(wait, max(due, 0.001))
 
     def _launch(self) -> None:
         if self._closed:

@@ -40,6 +40,7 @@ from docoutbox.dispatch.engine.scheduler import RunSlot
 from docoutbox.errors import BrokerUnavailable, InvalidConfig, PublishError, StoreError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import (
+    AnnouncingOwnership,
     AsyncChangeSource,
     AsyncCheckpoints,
     AsyncDeadLetters,
@@ -463,6 +464,36 @@ class AsyncGroupWriter(_Rounds):
                 return bool(await self._backend.write(plan))
             except Exception as exc:  # noqa: BLE001 - the outcome of this plan, to its run
                 return exc
+
+
+#: The shortest sleep of an idle control loop: a wait due now is one its turn could not
+#: act on yet (say, a due query while the backlog is full).
+MIN_IDLE_WAIT = 0.001
+
+
+class IdleWait:
+    """How long a driver's control loop sleeps after a turn that did nothing.
+
+    Rule: until the engine's next timed work (:meth:`DispatchEngine.wake_in`), when every
+    other source of work wakes the loop: the driver's own (runs finishing, flushes,
+    nudges, a stop) and the ownership's scopes gained, which an
+    :class:`~docoutbox.ports.dispatch.AnnouncingOwnership` announces (``wake`` is
+    registered with it here). An ownership that does not announce them is looked at every
+    ``poll_interval``, so the loop sleeps at most that long.
+    """
+
+    def __init__(self, engine: DispatchEngine, wake: Callable[[], None]) -> None:
+        self._engine = engine
+        ownership = engine.ownership
+        self.announced = isinstance(ownership, AnnouncingOwnership)
+        if isinstance(ownership, AnnouncingOwnership):
+            ownership.on_acquired(wake)
+
+    def seconds(self) -> float:
+        wait = self._engine.wake_in()
+        if not self.announced:
+            wait = min(wait, self._engine.config.poll_interval)
+        return max(wait, MIN_IDLE_WAIT)
 
 
 def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:

@@ -71,6 +71,10 @@ class SoleOwner:
     def take_acquired(self) -> list[Scope]:
         return []
 
+    def on_acquired(self, callback: Callable[[], None]) -> None:
+        """Nothing is ever acquired: ``callback`` is never called."""
+        return None
+
 
 class LeaseKeeper:
     """Partition leases with heartbeat renewal, fair sharing and safe hand-over."""
@@ -112,6 +116,8 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         #: When the next heartbeat is due (monotonic), counted from the last one's start.
         self._planned = self._mono()
+        #: Called when partitions were gained (see :meth:`on_acquired`).
+        self._listeners: list[Callable[[], None]] = []
         if isinstance(table, PositionedLeases):
             table.guard_checkpoints(self.checkpointable, self.valid)
 
@@ -154,6 +160,18 @@ class LeaseKeeper:
             resumed, self._reported = self._reported, set()
         return [frozenset(s) for s in (gained, resumed) if s]
 
+    def on_acquired(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (on the heartbeat's thread) after each heartbeat that left
+        something for :meth:`take_acquired`: a dispatcher's loop sleeps until then."""
+        self._listeners.append(callback)
+
+    def _announce(self) -> None:
+        with self._cond:
+            news = bool(self._gained or self._reported)
+        if news:
+            for callback in self._listeners:
+                callback()
+
     def locator(self) -> Callable[[Document], int] | None:
         """The lease table's document-to-partition mapping (:class:`LocatedLeases`), or
         None: the partition stored on each document."""
@@ -194,7 +212,9 @@ class LeaseKeeper:
             log.warning("lease_heartbeat_failed owner=%s error=%r", self.owner, exc)
 
     def tick(self) -> None:
-        """One heartbeat: renew, join, read, then hand over surplus and acquire a share.
+        """One heartbeat: renew, join, read, then hand over surplus and acquire a share;
+        then, if that gained partitions (even if it failed after), tell the listeners
+        (:meth:`on_acquired`).
 
         Nothing in a tick waits for workers: a partition handed over while a worker is
         inside it stays held (and renewed) until a later tick finds it idle.
@@ -207,6 +227,12 @@ class LeaseKeeper:
         being used once it is ``ttl - margin - heartbeat`` behind (half the TTL by
         default).
         """
+        try:
+            self._tick()
+        finally:
+            self._announce()
+
+    def _tick(self) -> None:
         started, now = self._mono(), self._clock()
         late = max(0.0, started - self._planned)
         self._planned = started + self.timing.heartbeat  # also after a failed heartbeat

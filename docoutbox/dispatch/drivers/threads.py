@@ -17,7 +17,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from docoutbox.dispatch.drivers.operations import GroupWriter, Ports, batches, wall_clock_engine
+from docoutbox.dispatch.drivers.operations import (
+    GroupWriter,
+    IdleWait,
+    Ports,
+    batches,
+    wall_clock_engine,
+)
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.checkpoint import describe_position
 from docoutbox.dispatch.engine.flow import Publish
@@ -77,6 +83,10 @@ class Dispatcher:
         self._busy = 0  # batches submitted and not finished
         self._closed = False
         self._wake = threading.Event()
+        #: Set by :meth:`nudge`; the control loop reads the stream at its next turn.
+        self._nudged = False
+        #: How long an idle loop sleeps (until its next timed work).
+        self._idle = IdleWait(self.engine, self._wake.set)
         self.started = threading.Event()
 
     def queued(self) -> int:
@@ -102,6 +112,13 @@ class Dispatcher:
         self._crashed.set()
         self.stop()
 
+    def nudge(self) -> None:
+        """Read the change stream now, and start its waits over
+        (:meth:`~docoutbox.dispatch.engine.loop.DispatchEngine.read_soon`): entries were
+        just committed. A store's commit listener, say; safe to call from any thread."""
+        self._nudged = True
+        self._wake.set()
+
     def run(self) -> None:
         cfg = self.config
         log.info(
@@ -118,18 +135,21 @@ class Dispatcher:
         self.started.set()
         try:
             while not self._stop.is_set():
-                self._wake.clear()
-                busy = drive(self.engine.turn(), self._perform)
-                self._launch()
-                if not busy:
-                    self._wake.wait(self._idle_wait())
+                if not self._turn():
+                    self._wake.wait(self._idle.seconds())
         finally:
             self._shutdown()
 
-    def _idle_wait(self) -> float:
-        due = self.engine.next_due()
-        wait = self.config.poll_interval
-        return wait if due is None else min(wait, max(due, 0.001))
+    def _turn(self) -> bool:
+        """One turn of the control loop (reading the stream first if nudged since the
+        last); whether it did anything."""
+        self._wake.clear()
+        if self._nudged:
+            self._nudged = False
+            self.engine.read_soon()
+        busy = drive(self.engine.turn(), self._perform)
+        self._launch()
+        return busy
 
     def _launch(self) -> None:
         with self._lock:

@@ -805,6 +805,26 @@ class DispatchEngine:
             due = flush if due is None else min(due, flush)
         return due
 
+    def wake_in(self) -> float:
+        """Seconds until time alone gives :meth:`turn` something to do: a delayed run, a
+        read of the stream (:meth:`next_due`), a due query, a flush of deferred trims, its
+        reopening after a failure, a checkpoint held back by ``checkpoint_interval``, or
+        the periodic sweep. A driver whose turn did nothing may sleep this long, provided
+        it is woken by everything else that gives a turn work: a run finishing, a flush
+        ending, :meth:`read_soon`, scopes acquired, a stop."""
+        now = self._mono()
+        wait = self._next_sweep - now
+        due = self.next_due()
+        if due is not None:
+            wait = min(wait, due)
+        if self.stream and not self._open:
+            wait = min(wait, self._retry_at - now)
+        if self.checkpoints and self._next_save > now and self.tracker.safe != self.saved:
+            # A save overdue failed (its turn logged it): it is tried again at the next
+            # wake, not in a loop.
+            wait = min(wait, self._next_save - now)
+        return max(wait, 0.0)
+
     def due_scan(self, now: float) -> Generator[EngineOp, Any, bool]:
         """Query for documents whose scheduled entries fell due, when the due clock says,
         and ask for their runs (a page per turn while pages come back full).
