@@ -12,6 +12,8 @@ on (ids, ``version``, ``seq``, types, times, attempts, sizes) stays plain.
   state or entry payload into the current model, per (type, version);
 - :mod:`~docoutbox.stored.claim`: :class:`ClaimCheck`, large payloads put in a payload
   store before the commit, resolved before publishing, deleted after the trim;
+- :mod:`~docoutbox.stored.chunks`: payloads split into chunks, for payload stores of
+  size-limited items;
 - :mod:`~docoutbox.stored.reference`: how a claim-checked entry refers to its payload;
 - :mod:`~docoutbox.stored.sweep`: the sweep of orphaned payloads;
 - :mod:`~docoutbox.stored.values`: :class:`StoredValues`, the one place the store, the
