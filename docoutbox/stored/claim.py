@@ -183,6 +183,11 @@ def stored_form(data: bytes) -> Any:
 # -- rule 1 and 2: put before commit, and fresh -------------------------------------------
 
 
+def fresh_bound(claim: ClaimCheck) -> float:
+    """The most seconds the puts of one commit may take (rule 2): ``grace * refresh``."""
+    return claim.grace * claim.refresh
+
+
 def claim_plan(
     plan: CommitPlan,
     claim: ClaimCheck,
@@ -210,7 +215,7 @@ def claim_plan(
         large.append((index, info, data))
     if not large:
         return plan
-    bound = claim.grace * claim.refresh
+    bound = fresh_bound(claim)
     for _ in range(MAX_REFRESH):
         started = timer()
         for _, info, data in large:

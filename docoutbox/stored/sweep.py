@@ -62,10 +62,16 @@ def referenced(doc: Document | None, payload_id: str) -> bool:
     return False
 
 
-def sweep_flow(before: datetime, limit: int) -> Generator[SweepOp, Any, SweepReport]:
-    """One page of the sweep: up to ``limit`` payloads put before ``before``."""
+def stale_before(now: datetime, grace: float) -> datetime:
+    """The time a payload must have been put before to be swept at ``now``."""
+    return now - timedelta(seconds=grace)
+
+
+def sweep_flow(now: datetime, grace: float, limit: int) -> Generator[SweepOp, Any, SweepReport]:
+    """One page of the sweep at ``now``: up to ``limit`` payloads put over ``grace``
+    seconds before."""
     report = SweepReport()
-    stale: list[PayloadInfo] = yield FindStale(before, limit)
+    stale: list[PayloadInfo] = yield FindStale(stale_before(now, grace), limit)
     for info in stale:
         doc = yield Load(info.aggregate_id)
         if referenced(doc, info.payload_id):
@@ -82,7 +88,7 @@ def _checked(grace: float, limit: int, now: datetime | None) -> datetime:
     check_int("limit", limit, 1, 1_000_000)
     if now is not None and (not isinstance(now, datetime) or now.tzinfo is None):
         raise InvalidConfig(f"now must be a timezone-aware datetime, got {now!r}")
-    return (now or utcnow()) - timedelta(seconds=grace)
+    return now or utcnow()
 
 
 def sweep_orphans(
@@ -96,14 +102,14 @@ def sweep_orphans(
     """Remove up to ``limit`` orphaned payloads put more than ``grace`` seconds before
     ``now`` (default: the time now). ``grace`` must be the stores' ``ClaimCheck.grace``
     (or longer)."""
-    before = _checked(grace, limit, now)
+    at = _checked(grace, limit, now)
 
     def perform(op: SweepOp) -> Any:
         if isinstance(op, Load):
             return backend.load(op.aggregate_id)
         return perform_payload(op, payloads)
 
-    report: SweepReport = drive(sweep_flow(before, limit), perform)
+    report: SweepReport = drive(sweep_flow(at, grace, limit), perform)
     return report
 
 
@@ -116,7 +122,7 @@ async def sweep_orphans_async(
     now: datetime | None = None,
 ) -> SweepReport:
     """The async twin of :func:`sweep_orphans`."""
-    before = _checked(grace, limit, now)
+    at = _checked(grace, limit, now)
 
     async def perform(op: SweepOp) -> Any:
         if isinstance(op, Load):
@@ -125,5 +131,5 @@ async def sweep_orphans_async(
         return await perform_payload_async(payload_op, payloads)
 
     run: Callable[[SweepOp], Awaitable[Any]] = perform
-    report: SweepReport = await drive_async(sweep_flow(before, limit), run)
+    report: SweepReport = await drive_async(sweep_flow(at, grace, limit), run)
     return report

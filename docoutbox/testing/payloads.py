@@ -45,7 +45,8 @@ class MemoryPayloads:
     def stale(self, before: datetime, limit: int) -> list[PayloadInfo]:
         with self._lock:
             old = [info for info, _ in self.items.values() if info.stored_at < before]
-        return sorted(old, key=lambda info: (info.stored_at, info.payload_id))[:limit]
+        # Equal times in the order of first put (a seeded simulation replays it).
+        return sorted(old, key=lambda info: info.stored_at)[:limit]
 
     def delete_stale(self, info: PayloadInfo) -> bool:
         with self._lock:
