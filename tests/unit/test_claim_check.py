@@ -36,6 +36,7 @@ from docoutbox.stored.sweep import sweep_orphans
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
 from docoutbox.testing.publisher import MemoryDeadLetters, MemoryPublisher
+from docoutbox_app.wiring import DispatchOptions, kit_payloads
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 BIG = {"blob": "x" * 5000}
@@ -342,3 +343,16 @@ def test_the_sweep_keeps_a_payload_put_again_after_it_was_listed() -> None:
 
     report = sweep_orphans(Refreshing(), payloads, 100.0, now=T0 + timedelta(seconds=200))
     assert report.refreshed == ["p"] and "p" in payloads.items
+
+
+def test_the_wiring_refuses_a_claim_check_on_a_kit_without_payloads() -> None:
+    assert kit_payloads(object(), DispatchOptions()) is None
+    with pytest.raises(InvalidConfig, match="payload store"):
+        kit_payloads(object(), DispatchOptions(claim_check=True))
+
+    class Kit:
+        payloads = MemoryPayloads()
+
+    assert kit_payloads(Kit(), DispatchOptions(claim_check=True)) is Kit.payloads
+    config = DispatchOptions(claim_check=True, publish_references=True).config()
+    assert config.publish_references
