@@ -14,12 +14,16 @@ import pytest
 from pydantic import BaseModel
 
 from docoutbox import AggregateStore, AsyncAggregateStore, Decision, Emit, StoreConfig
-from docoutbox.dispatch.drivers.operations import Ports
+from docoutbox.dispatch.drivers.operations import AsyncPorts, Ports
+from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
-from docoutbox.errors import InvalidConfig, PayloadMissing, TransientStoreError
+from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
+from docoutbox.drive import drive
+from docoutbox.errors import InvalidConfig, InvalidInput, PayloadMissing, TransientStoreError
 from docoutbox.model import Message
 from docoutbox.ports.payloads import PayloadInfo
-from docoutbox.store.core import Write
+from docoutbox.retry import Backoff
+from docoutbox.store.core import Sleep, Write
 from docoutbox.store.plans import TrimPlan, WritePlan
 from docoutbox.stored import AesGcm, Codec, Keyring, Zlib
 from docoutbox.stored.claim import (
@@ -30,13 +34,16 @@ from docoutbox.stored.claim import (
     payload_id,
     perform_payload,
     resolve_reference,
+    resolve_reference_async,
 )
 from docoutbox.stored.reference import ENVELOPE
-from docoutbox.stored.sweep import sweep_orphans
+from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
+from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
-from docoutbox.testing.publisher import MemoryDeadLetters, MemoryPublisher
+from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters, MemoryPublisher
 from docoutbox_app.wiring import DispatchOptions, kit_payloads
+from tests.support.loopless import run
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 BIG = {"blob": "x" * 5000}
@@ -267,12 +274,23 @@ def test_a_missing_payload_is_neither_published_nor_trimmed() -> None:
     payloads = MemoryPayloads()
     s = store(payloads)
     s.handle("a", message(1), emit(BIG), create=True)
-    s.handle("a", message(2), emit(SMALL))
+    s.handle("a", message(2), emit({"blob": "y" * 5000}))
+    s.handle("a", message(3), emit(SMALL))
     payloads.items.clear()
     ops, result = dispatch(s.backend, payloads)  # type: ignore[arg-type]
-    assert kinds(ops) == ["GetPayload"]
-    assert len(result.missing) == 1 and len(result.held) == 2 and not result.published
-    assert len(s.backend.docs["a"]["outbox"]) == 2  # type: ignore[attr-defined]
+    assert kinds(ops) == ["GetPayload"]  # the later ones wait, unread
+    assert len(result.missing) == 1 and len(result.held) == 3 and not result.published
+    assert len(s.backend.docs["a"]["outbox"]) == 3  # type: ignore[attr-defined]
+
+
+def test_a_payload_of_exactly_the_threshold_stays_in_its_entry() -> None:
+    payloads = MemoryPayloads()
+    inline = {"blob": "x" * (1000 - len('{"blob":""}'))}
+    s = store(payloads)
+    s.handle("a", message(1), emit(inline), create=True)
+    s.handle("a", message(2), emit({"blob": inline["blob"] + "x"}))
+    first, second = s.backend.docs["a"]["outbox"]  # type: ignore[attr-defined]
+    assert "claim" not in first and second["claim"]["size"] == 1001
 
 
 def test_a_partial_payload_is_missing() -> None:
@@ -280,8 +298,8 @@ def test_a_partial_payload_is_missing() -> None:
     s = store(payloads)
     s.handle("a", message(1), emit(BIG), create=True)
     (pid,) = payloads.items
-    info, data = payloads.items[pid]
-    payloads.items[pid] = (info, data[:100])
+    info, _ = payloads.items[pid]
+    payloads.items[pid] = (info, b'{"blob":"cut short"}')  # JSON, but not what was put
     _, result = dispatch(s.backend, payloads)  # type: ignore[arg-type]
     assert result.missing and not result.published
 
@@ -356,3 +374,153 @@ def test_the_wiring_refuses_a_claim_check_on_a_kit_without_payloads() -> None:
     assert kit_payloads(Kit(), DispatchOptions(claim_check=True)) is Kit.payloads
     config = DispatchOptions(claim_check=True, publish_references=True).config()
     assert config.publish_references
+
+
+# -- the async twins, and failures on the way ------------------------------------------------
+
+
+def test_the_async_store_dispatch_ports_sweep_and_resolve_share_the_flows() -> None:
+    shared = MemoryPayloads()
+    payloads = AsyncMemoryPayloads(shared)
+    backend = AsyncMemoryBackend()
+    clock = Clock()
+    config = StoreConfig(
+        claim_check=ClaimCheck(payloads, threshold=1000), clock=clock.wall, timer=clock.timer
+    )
+    store = AsyncAggregateStore(backend, Box, config)
+    run(store.handle("a", message(1), emit(BIG), create=True))
+    (entry,) = run(backend.load("a"))["outbox"]
+    pid = entry["claim"]["id"]
+    assert [name for name, _ in shared.log] == ["put"]
+    ports = AsyncPorts(backend, AsyncMemoryPublisher(), MemoryDeadLettersAsync(), payloads=payloads)
+    assert json.loads(run(ports.perform(GetPayload(pid)))) == BIG
+    envelope = run(store.get("a")).outbox[0].payload
+    assert run(resolve_reference_async(envelope, payloads)) == BIG
+    run(ports.perform(DeletePayloads((pid,))))
+    assert shared.items == {}
+    shared.put(PayloadInfo("orphan", "a", "gone", 1, T0, "g"), b"x")
+    report = run(sweep_orphans_async(backend, payloads, 100.0, now=T0 + timedelta(hours=1)))
+    assert report.deleted == ["orphan"]
+
+
+class MemoryDeadLettersAsync:
+    async def put(self, aggregate_id: Any, entry: Any, error: str, attempts: int) -> None:
+        raise AssertionError("nothing is quarantined here")
+
+
+def test_a_failed_delete_leaves_an_orphan_and_the_run_goes_on() -> None:
+    payloads = MemoryPayloads()
+    s = store(payloads)
+    s.handle("a", message(1), emit(BIG), create=True)
+
+    class Failing(MemoryPayloads):
+        def delete(self, payload_ids: Any) -> None:
+            raise TransientStoreError("the payload store is down")
+
+    broken = Failing()
+    broken.items = payloads.items
+    ops, result = dispatch(s.backend, broken)  # type: ignore[arg-type]
+    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeletePayloads"]
+    assert result.trimmed and result.published and len(result.orphaned) == 1
+    assert len(payloads.items) == 1  # left to the sweep
+
+
+def test_a_failed_put_commits_nothing() -> None:
+    class Failing(MemoryPayloads):
+        def put(self, info: PayloadInfo, data: bytes) -> None:
+            raise TransientStoreError("the payload store is down")
+
+    s = store(Failing())
+    with pytest.raises(TransientStoreError, match="down"):
+        s.handle("a", message(1), emit(BIG), create=True)
+    assert "a" not in s.backend.docs  # type: ignore[attr-defined]
+
+
+def test_a_reference_that_is_not_one_is_refused() -> None:
+    payloads = MemoryPayloads()
+    with pytest.raises(InvalidInput, match="envelope"):
+        resolve_reference({"data": 1}, payloads)
+    entry = {"id": "e", "type": "T", "seq": 1, "claim": {"size": 3}, "aggregate_id": "a"}
+    ops, result = _flow_of({"_id": "a", "outbox": [entry]}, payloads)
+    assert kinds(ops) == ["Quarantine", "Write"] and result.quarantined == ["e"]
+
+
+def _flow_of(doc: dict[str, Any], payloads: MemoryPayloads) -> tuple[list[Any], Any]:
+    backend = MemoryBackend()
+    backend.docs["a"] = doc
+    return dispatch(backend, payloads)
+
+
+def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
+    """The run is retried after a backoff (RETRY), not taken for a broker outage
+    (UNAVAILABLE), which would pause every aggregate."""
+
+    class Flaky(MemoryPayloads):
+        missing = True
+        gets = 0
+
+        def get(self, payload_id: str) -> bytes:
+            self.gets += 1
+            if self.missing:
+                raise PayloadMissing("not there yet (a replica behind)")
+            return super().get(payload_id)
+
+    payloads = Flaky()
+    backend = MemoryBackend()
+    s = store(payloads, backend=backend)
+    s.handle("a", message(1), emit(BIG), create=True)
+    s.handle("a", message(2), emit(SMALL))
+    publisher = MemoryPublisher()
+    ports = Ports(
+        backend,
+        publisher,
+        MemoryDeadLetters(),
+        MemoryChangeSource(backend),
+        MemoryCheckpoints(),
+        payloads=payloads,
+    )
+    now = [0.0]
+    config = DispatcherConfig(
+        name="t",
+        sweep_interval=3600,
+        poll_interval=0.005,
+        checkpoint_interval=0,
+        backoff=Backoff(base=1.0, cap=1.0),  # 200 steps
+    )
+    engine = DispatchEngine(
+        config,
+        SoleOwner(),
+        stream=True,
+        checkpoints=True,
+        monotonic=lambda: now[0],
+        clock=lambda: T0 + timedelta(seconds=now[0]),
+        rng=random.Random(1),
+    )
+    engine.begin()
+
+    def perform(op: Any) -> Any:
+        if isinstance(op, Sleep):
+            now[0] += op.seconds
+            return None
+        return ports.perform(op)
+
+    def step() -> None:
+        now[0] += 0.005
+        drive(engine.turn(), perform)
+        for slot in engine.start_runs():
+            engine.finish(slot, drive(engine.run(slot), perform))
+
+    while not payloads.gets:
+        step()
+    s.handle("b", message(3), emit(SMALL), create=True)
+    for _ in range(5):
+        step()
+    assert [m.aggregate_id for m in publisher.published] == ["b"]  # not paused by "a"
+    assert len(backend.docs["a"]["outbox"]) == 2
+    payloads.missing = False
+    for _ in range(400):
+        step()
+        if not backend.docs["a"]["outbox"]:
+            break
+    assert [m.payload for m in publisher.published] == [SMALL, BIG, SMALL]
+    assert backend.docs["a"]["outbox"] == [] and payloads.items == {}
