@@ -141,6 +141,8 @@ def test_the_command_s_options_are_the_root_s() -> None:
         decode=None,
         trim_delay=0.25,
         max_untrimmed=40,
+        claim_check=True,
+        publish_references=True,
     )
     assert _options(args, "n") == DispatchOptions(
         name="n",
@@ -157,6 +159,9 @@ def test_the_command_s_options_are_the_root_s() -> None:
         checkpoint_interval=0.5,
         trim_delay=0.25,
         max_untrimmed=40,
+        claim_check=True,
+        publish_references=True,
     )
     config = _options(args, "n").config()
     assert (config.trim_delay, config.max_untrimmed) == (0.25, 40)
+    assert config.publish_references
