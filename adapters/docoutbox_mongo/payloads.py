@@ -8,8 +8,9 @@ Layout (:mod:`docoutbox.stored.chunks` keeps the rules)::
      g: <generation>, n, t: <stored_at of its put>, data: <binary>}
 
 A put upserts the manifest unfinished, inserts its chunks, then marks the manifest
-finished (if it is still its generation). pymongo's ``gridfs`` is not used: a GridFS
-file has no conditional replace, and the wire server's support for it is untested.
+finished (if it is still its generation). pymongo's ``gridfs`` (which the wire server
+serves) is not used: a GridFS file has no manifest to replace or delete conditionally,
+which the sweep's ``delete_stale`` and a put made again need.
 Both twins build their filters and documents with the functions below and only call
 the driver.
 """
