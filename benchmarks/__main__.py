@@ -27,6 +27,7 @@ import pymongo
 from benchmarks import (
     audit,
     batch,
+    claim,
     codec,
     cosmos,
     cosmos_aio,
@@ -61,6 +62,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "immediate": (immediate.run, None),
     "tracing": (tracing.run, None),
     "codec": (codec.run, None),
+    "claim": (claim.run, None),
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),

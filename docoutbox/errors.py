@@ -23,9 +23,10 @@ Every error the library raises derives from :class:`DocOutboxError`::
     ├── PublishError                          a broker refused or did not confirm a message
     │   └── PermanentPublishError             the broker will never accept this message
     ├── BrokerUnavailable                     the broker cannot be reached: not the message's fault
-    └── CodecError                            a stored value needs what the reader lacks
-        ├── UnknownKey                        written under a key ID the keyring does not hold
-        └── UnknownCodec                      encoded by a codec the reader was not given
+    ├── CodecError                            a stored value needs what the reader lacks
+    │   ├── UnknownKey                        written under a key ID the keyring does not hold
+    │   └── UnknownCodec                      encoded by a codec the reader was not given
+    └── PayloadMissing                        a claim-checked payload is not (wholly) stored
 
 Adapters translate their driver's errors in exactly one place, using structured
 codes, never message text.
@@ -173,3 +174,9 @@ class UnknownKey(CodecError):
 
 class UnknownCodec(CodecError):
     """An encoded value names a codec the reader was not given."""
+
+
+class PayloadMissing(DocOutboxError):
+    """A claim-checked entry's payload is not in the payload store (or only in part).
+
+    The entry is neither published nor trimmed: it stays pending and is tried again."""

@@ -10,6 +10,8 @@
   containers;
 - :mod:`docoutbox_cosmos.kit` and :mod:`docoutbox_cosmos.aio`: the kits
   (:func:`open_kit`, :func:`open_async_kit`) and the ``docoutbox.stores`` adapter;
+- :mod:`docoutbox_cosmos.payloads`: the claim check's payload store (a side container,
+  one logical partition per payload);
 - :mod:`docoutbox_cosmos.admin`: backlog, dead letters and lease rows for the operator
   commands;
 - :mod:`docoutbox_cosmos.errors`: the one translation of SDK errors (by status code);

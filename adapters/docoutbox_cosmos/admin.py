@@ -302,3 +302,16 @@ def connect_database(
         client.close()
         raise
     return client, CosmosDatabase(db)
+
+
+def claim_ports(database: CosmosDatabase, container: str) -> tuple[Any, Any]:
+    """The store backend of ``container`` and the payload container beside it (for the
+    orphan sweep of the claim check; created when missing)."""
+    from docoutbox_cosmos.payloads import (  # noqa: PLC0415
+        CosmosPayloads,
+        create_payloads_container,
+        payloads_container,
+    )
+
+    side = create_payloads_container(database.database, payloads_container(container))
+    return CosmosBackend(database[container]), CosmosPayloads(side)

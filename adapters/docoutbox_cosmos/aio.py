@@ -13,6 +13,7 @@ is doing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from docoutbox_cosmos.backend import AsyncCosmosBackend, ChargeHook
@@ -30,6 +31,11 @@ from docoutbox_cosmos.coordination import (
 )
 from docoutbox_cosmos.existence import require_container_async
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
+from docoutbox_cosmos.payloads import (
+    AsyncCosmosPayloads,
+    create_payloads_container,
+    payloads_container,
+)
 
 
 @dataclass
@@ -43,6 +49,18 @@ class AsyncCosmosKit:
     checkpoints: AsyncCosmosCheckpoints
     leases: CosmosFeedRangeLeases
     dead_letters: AsyncCosmosDeadLetters
+
+    @cached_property
+    def payloads(self) -> AsyncCosmosPayloads:
+        """The async twin of :attr:`~docoutbox_cosmos.kit.CosmosKit.payloads` (the
+        container is created, when missing, through the sync lease client)."""
+        coll = self.backend.container
+        name = payloads_container(coll.id)
+        database = coll.container_link.split("/")[1]
+        create_payloads_container(self.lease_client.get_database_client(database), name)
+        return AsyncCosmosPayloads(
+            self.client.get_database_client(database).get_container_client(name)
+        )
 
     async def close(self) -> None:
         await self.client.close()

@@ -6,6 +6,7 @@ point names."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from docoutbox.dispatch.engine.lag import PendingWork
@@ -25,6 +26,11 @@ from docoutbox_cosmos.clients import (
 from docoutbox_cosmos.coordination import CosmosCheckpoints, CosmosDeadLetters
 from docoutbox_cosmos.existence import require_container
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
+from docoutbox_cosmos.payloads import (
+    CosmosPayloads,
+    create_payloads_container,
+    payloads_container,
+)
 
 
 @dataclass
@@ -41,6 +47,14 @@ class CosmosKit:
     leases: CosmosFeedRangeLeases
     dead_letters: CosmosDeadLetters
     _ranges: FeedRanges | None = field(default=None, repr=False)
+
+    @cached_property
+    def payloads(self) -> CosmosPayloads:
+        """The claim check's payload store: the side container ``<container>_payloads``,
+        created when missing (:class:`~docoutbox.ports.payloads.PayloadKit`)."""
+        coll = self.backend.container
+        database = self.client.get_database_client(coll.container_link.split("/")[1])
+        return CosmosPayloads(create_payloads_container(database, payloads_container(coll.id)))
 
     def pending_work(self, partitions: int | None = None) -> PendingWork:
         """Pending entries per feed range, numbered as the leases number them

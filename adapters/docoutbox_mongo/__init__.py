@@ -7,6 +7,8 @@
 - :mod:`docoutbox_mongo.coordination`: checkpoints, leases and dead letters;
 - :mod:`docoutbox_mongo.kit`: the kit (:func:`open_kit`, :func:`open_async_kit`) and the
   ``docoutbox.stores`` adapter;
+- :mod:`docoutbox_mongo.payloads`: the claim check's payload store (a side collection
+  of chunks);
 - :mod:`docoutbox_mongo.admin`: backlog figures, dead letters and lease rows for the
   operator commands;
 - :mod:`docoutbox_mongo.errors`: the one translation of driver errors.

@@ -148,3 +148,14 @@ def lease_rows(
     with translated():
         docs = list(collection.find(query))
     return rows_of(docs, now or utcnow(), _aware)
+
+
+def claim_ports(database: Any, collection: str) -> tuple[Any, Any]:
+    """The store backend of ``collection`` and the payload store beside it (for the
+    orphan sweep of the claim check)."""
+    from docoutbox_mongo.backend import MongoBackend  # noqa: PLC0415
+    from docoutbox_mongo.payloads import MongoPayloads, payloads_collection  # noqa: PLC0415
+
+    return MongoBackend(database[collection]), MongoPayloads(
+        database[payloads_collection(collection)]
+    )

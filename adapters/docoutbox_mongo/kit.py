@@ -26,6 +26,7 @@ from docoutbox_mongo.coordination import (
     MongoLeaseTable,
 )
 from docoutbox_mongo.errors import translated
+from docoutbox_mongo.payloads import AsyncMongoPayloads, MongoPayloads, payloads_collection
 
 #: Seconds to reach the server when neither the caller nor the URI says.
 DEFAULT_TIMEOUT = 5.0
@@ -63,6 +64,13 @@ class MongoKit:
     checkpoints: MongoCheckpoints
     leases: MongoLeaseTable
     dead_letters: MongoDeadLetters
+
+    @property
+    def payloads(self) -> MongoPayloads:
+        """The claim check's payload store: the side collection ``<collection>_payloads``
+        (:class:`~docoutbox.ports.payloads.PayloadKit`)."""
+        coll = self.backend.collection
+        return MongoPayloads(coll.database[payloads_collection(coll.name)])
 
     def outbox_stats(self) -> OutboxStats:
         """The backlog, in one query (a projection of the pending documents)."""
@@ -145,6 +153,12 @@ class AsyncMongoKit:
     checkpoints: AsyncMongoCheckpoints
     leases: MongoLeaseTable
     dead_letters: AsyncMongoDeadLetters
+
+    @property
+    def payloads(self) -> AsyncMongoPayloads:
+        """The async twin of :attr:`MongoKit.payloads`."""
+        coll = self.backend.collection
+        return AsyncMongoPayloads(coll.database[payloads_collection(coll.name)])
 
     async def close(self) -> None:
         closed = self.client.close()

@@ -71,6 +71,20 @@ def stuck(
     return out.orderBy(F.desc("age"), "aggregate_id", "seq") if ordered else out
 
 
+def payload_sizes(entries: DataFrame) -> DataFrame:
+    """One row: pending entries, how many are claim-checked (payload in a payload store),
+    and the p50/p99/max of their payloads' stored size in bytes (a claim-checked entry's
+    from its reference, which carries the size)."""
+    pct = F.percentile("payload_bytes", [0.5, 0.99])
+    return entries.agg(
+        F.count(F.lit(1)).alias("entries"),
+        F.count(F.when(F.col("claimed"), 1)).alias("claimed"),
+        pct[0].alias("p50"),
+        pct[1].alias("p99"),
+        F.max("payload_bytes").alias("max"),
+    )
+
+
 def retries(entries: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Entries whose publication failed at least once, with their last error."""
     out = entries.where(F.col("attempts") > 0).select(

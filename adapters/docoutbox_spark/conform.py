@@ -91,7 +91,8 @@ def _value(raw: Column) -> Column:
 _ENTRY_RAW = (
     "struct<id:string,type:string,payload:string,headers:string,created_at:string,"
     "seq:string,aggregate_id:string,aggregate_type:string,correlation_id:string,"
-    "causation_id:string,destination:string,attempts:string,last_error:string,due:string>"
+    "causation_id:string,destination:string,attempts:string,last_error:string,due:string,"
+    "claim:string>"
 )
 _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
@@ -231,7 +232,10 @@ def _typed_entry(x: Column, position: Column) -> Column:
             _problem(f.isNull(), "not an object"),
             req("id"),
             req("type"),
-            req("payload"),
+            # A claim-checked entry keeps a reference (``claim``) instead of its payload.
+            _problem(
+                f.isNotNull() & f["payload"].isNull() & f["claim"].isNull(), "payload: missing"
+            ),
             _problem(f["payload"].isNotNull() & ~_value(f["payload"]), "payload: not an object"),
             _problem(f["headers"].isNotNull() & ~_value(f["headers"]), "headers: not an object"),
             req("created_at"),
@@ -270,6 +274,12 @@ def _typed_entry(x: Column, position: Column) -> Column:
         F.coalesce(_long(f["attempts"]), F.lit(0)).alias("attempts"),
         f["last_error"].alias("last_error"),
         problems.alias("problems"),
+        # The payload's stored size: a claim-checked entry's from its reference.
+        F.coalesce(
+            F.get_json_object(f["claim"], "$.size").cast("long"),
+            F.length(f["payload"]).cast("long"),
+        ).alias("payload_bytes"),
+        f["claim"].isNotNull().alias("claimed"),
     )
 
 

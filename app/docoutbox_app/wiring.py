@@ -23,7 +23,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.ownership import LeaseKeeper, SoleOwner
@@ -46,6 +46,7 @@ from docoutbox.ports.dispatch import (
     StreamLeases,
 )
 from docoutbox.ports.kit import AsyncStoreKit, StoreKit
+from docoutbox.ports.payloads import AsyncPayloadKit, PayloadKit
 from docoutbox.stored import Codec, Upcasters
 
 
@@ -69,6 +70,9 @@ class DispatchOptions:
     - ``trim_delay``, ``max_untrimmed``: trims written behind the publishes, within this
       many seconds, with at most this many published entries waiting for their trim
       (``trim_delay=0``: each run trims before it ends);
+    - ``claim_check``: resolve claim-checked entries from the kit's payload store
+      (:class:`~docoutbox.ports.payloads.PayloadKit`), and delete their payloads after
+      the trim; ``publish_references``: publish their reference envelopes instead;
     - the rest as :class:`~docoutbox.dispatch.engine.loop.DispatcherConfig`.
     """
 
@@ -89,6 +93,8 @@ class DispatchOptions:
     upcasters: Upcasters | None = None
     trim_delay: float = 0.0
     max_untrimmed: int = 2_000
+    claim_check: bool = False
+    publish_references: bool = False
 
     def config(self) -> DispatcherConfig:
         polling = self.poll_interval is not None
@@ -108,6 +114,7 @@ class DispatchOptions:
             upcasters=self.upcasters,
             trim_delay=self.trim_delay,
             max_untrimmed=self.max_untrimmed,
+            publish_references=self.publish_references,
         )
 
 
@@ -127,6 +134,18 @@ def ownership(leases: LeaseTable, options: DispatchOptions) -> Ownership:
         owner=owner_name(options.name),
         timing=LeaseTiming(ttl=options.lease_ttl),
     )
+
+
+def kit_payloads(kit: object, options: DispatchOptions) -> Any:
+    """The kit's payload store when ``options.claim_check`` (None otherwise); checked
+    once: :class:`InvalidConfig` for a kit without one."""
+    if not options.claim_check:
+        return None
+    if not isinstance(kit, PayloadKit | AsyncPayloadKit):
+        raise InvalidConfig(
+            f"claim_check needs a kit with a payload store, got {type(kit).__name__}"
+        )
+    return kit.payloads
 
 
 def build_dispatcher(
@@ -156,6 +175,7 @@ def build_dispatcher(
         ownership=ownership(kit.leases, options),
         config=options.config(),
         metrics=metrics,
+        payloads=kit_payloads(kit, options),
     )
 
 
@@ -193,4 +213,5 @@ def build_async_dispatcher(
         ownership=ownership(kit.leases, options),
         config=options.config(),
         metrics=metrics,
+        payloads=kit_payloads(kit, options),
     )

@@ -6,6 +6,8 @@
   lease tables and ownership, with their optional capabilities;
 - :mod:`~docoutbox.ports.codec`: a step of the encoding of stored values (compression,
   encryption);
+- :mod:`~docoutbox.ports.payloads`: payload stores of the claim check, and the optional
+  kit capability that opens one;
 - :mod:`~docoutbox.ports.kit`: kits (every port of one database, from plain settings) and
   the store and broker adapters the entry points name.
 """

@@ -27,6 +27,7 @@ from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
+from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
@@ -42,17 +43,30 @@ from docoutbox.store.core import (
 )
 from docoutbox.store.document import Snapshot
 from docoutbox.store.group import Coalescer, handle_async, handle_sync
+from docoutbox.stored.claim import PutPayload, perform_payload, perform_payload_async
 
 S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
 
 
-def run_sync(flow: Flow[T], backend: StoreBackend, sleep: Callable[[float], None]) -> T:
-    """Drive ``flow`` against a sync backend."""
-    return drive(flow, partial(_perform, backend=backend, sleep=sleep))
+def run_sync(
+    flow: Flow[T],
+    backend: StoreBackend,
+    sleep: Callable[[float], None],
+    payloads: PayloadStore | None = None,
+) -> T:
+    """Drive ``flow`` against a sync backend (and payload store, for the claim check)."""
+    return drive(flow, partial(_perform, backend=backend, sleep=sleep, payloads=payloads))
 
 
-def _perform(op: Op, backend: StoreBackend, sleep: Callable[[float], None]) -> Any:
+def _perform(
+    op: Op,
+    backend: StoreBackend,
+    sleep: Callable[[float], None],
+    payloads: PayloadStore | None = None,
+) -> Any:
+    if isinstance(op, PutPayload):
+        return perform_payload(op, payloads)
     if isinstance(op, Load):
         return backend.load(op.aggregate_id)
     if isinstance(op, Write):
@@ -66,15 +80,25 @@ def _perform(op: Op, backend: StoreBackend, sleep: Callable[[float], None]) -> A
 
 
 async def run_async(
-    flow: Flow[T], backend: AsyncStoreBackend, sleep: Callable[[float], Awaitable[None]]
+    flow: Flow[T],
+    backend: AsyncStoreBackend,
+    sleep: Callable[[float], Awaitable[None]],
+    payloads: AsyncPayloadStore | None = None,
 ) -> T:
-    """Drive ``flow`` against an async backend."""
-    return await drive_async(flow, partial(_perform_async, backend=backend, sleep=sleep))
+    """Drive ``flow`` against an async backend (and payload store)."""
+    return await drive_async(
+        flow, partial(_perform_async, backend=backend, sleep=sleep, payloads=payloads)
+    )
 
 
 async def _perform_async(
-    op: Op, backend: AsyncStoreBackend, sleep: Callable[[float], Awaitable[None]]
+    op: Op,
+    backend: AsyncStoreBackend,
+    sleep: Callable[[float], Awaitable[None]],
+    payloads: AsyncPayloadStore | None = None,
 ) -> Any:
+    if isinstance(op, PutPayload):
+        return await perform_payload_async(op, payloads)
     if isinstance(op, Load):
         return await backend.load(op.aggregate_id)
     if isinstance(op, Write):
@@ -103,6 +127,21 @@ def _check_store_arguments(backend: object, model: object, config: object) -> No
         raise InvalidConfig(f"config must be a StoreConfig, got {type(config).__name__}")
     if not isinstance(backend, StoreBackend | AsyncStoreBackend):
         raise InvalidConfig(f"backend must be a store backend, got {type(backend).__name__}")
+
+
+def _payloads(config: StoreConfig | None, *, asynchronous: bool) -> Any:
+    """The claim check's payload store, checked once: it must be sync for a sync store
+    and async for an async one (None: no claim check)."""
+    claim = config.claim_check if config is not None else None
+    if claim is None:
+        return None
+    if claim.asynchronous != asynchronous:
+        kind = "an async" if asynchronous else "a sync"
+        raise InvalidConfig(
+            f"ClaimCheck.payloads must be {kind} payload store for this store, "
+            f"got {type(claim.payloads).__name__}"
+        )
+    return claim.payloads
 
 
 def _check_driver(backend: object, *, asynchronous: bool) -> None:
@@ -242,11 +281,12 @@ class AggregateStore(_StoreFlows[S]):
         _check_driver(backend, asynchronous=False)
         super().__init__(backend, model, config)
         self.backend = backend
+        self._payloads: PayloadStore | None = _payloads(config, asynchronous=False)
         self._sleep = sleep
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
 
     def _run(self, flow: Flow[T]) -> T:
-        return run_sync(flow, self.backend, self._sleep)
+        return run_sync(flow, self.backend, self._sleep, self._payloads)
 
     def handle(
         self,
@@ -363,13 +403,14 @@ class AsyncAggregateStore(_StoreFlows[S]):
         _check_driver(backend, asynchronous=True)
         super().__init__(backend, model, config)
         self.backend = backend
+        self._payloads: AsyncPayloadStore | None = _payloads(config, asynchronous=True)
         self._sleep = sleep
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
         )
 
     async def _run(self, flow: Flow[T]) -> T:
-        return await run_async(flow, self.backend, self._sleep)
+        return await run_async(flow, self.backend, self._sleep, self._payloads)
 
     async def handle(
         self,

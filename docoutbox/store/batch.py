@@ -240,6 +240,12 @@ class BatchCore(Generic[S]):
                 continue
             base = doc if doc is not None else self._new(aggregate_id)
             try:
+                for step in chunk.steps:  # large payloads put before the commit
+                    step.plan = yield from self.core.claim(step.plan)
+            except DocOutboxError as exc:
+                self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                break
+            try:
                 after, size = self._fit(aggregate_id, base, chunk, known)
             except DocumentTooLarge as exc:
                 if not fresh:

@@ -88,6 +88,7 @@ from docoutbox.store.plans import (
     plan_trim,
 )
 from docoutbox.store.schedule import cancellable
+from docoutbox.stored.claim import ClaimCheck, PutPayload, claim_plan
 from docoutbox.stored.codec import Codec
 from docoutbox.stored.upcast import STATE_VERSION, Upcasters
 from docoutbox.stored.values import StoredValues
@@ -121,7 +122,7 @@ class Sleep:
     seconds: float
 
 
-Op = Load | Write | FindPending | Sleep
+Op = Load | Write | FindPending | Sleep | PutPayload
 Flow = Generator[Op, Any, T]
 
 #: The most partitions a store may spread its documents over.
@@ -154,6 +155,9 @@ class StoreConfig:
     codec: Codec | None = None
     #: Turn old stored states and entry payloads into the current model on read.
     upcasters: Upcasters | None = None
+    #: Move payloads above a size to a payload store (:mod:`docoutbox.stored.claim`);
+    #: None: every payload stays in its entry.
+    claim_check: ClaimCheck | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.inbox, InboxPolicy):
@@ -179,6 +183,11 @@ class StoreConfig:
                 f"StoreConfig.rng must be a random.Random, got {type(self.rng).__name__}"
             )
         StoredValues(self.codec, self.upcasters)  # refuses a codec or upcasters of a wrong type
+        if self.claim_check is not None and not isinstance(self.claim_check, ClaimCheck):
+            raise InvalidConfig(
+                "StoreConfig.claim_check must be a ClaimCheck, "
+                f"got {type(self.claim_check).__name__}"
+            )
         if self.observer is not None and not isinstance(self.observer, StoreObserver):
             raise InvalidConfig(
                 "StoreConfig.observer must implement docoutbox.store.observe.StoreObserver, "
@@ -383,6 +392,7 @@ class Core(Generic[S]):
             decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg, snapshot)
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
+            plan = yield from self.claim(plan)
             after = apply_plan(base, plan)
             assert after is not None
             try:
@@ -545,6 +555,15 @@ class Core(Generic[S]):
         state, version = values.seal_state(self.aggregate_type, plan.aggregate_id, plan.state)
         pushed = tuple(values.seal_entry(entry) for entry in plan.outbox_push)
         return replace(plan, state=state, state_version=version, outbox_push=pushed)
+
+    def claim(self, plan: CommitPlan) -> Flow[CommitPlan]:
+        """``plan`` with its large payloads put in the payload store and referenced
+        (:func:`~docoutbox.stored.claim.claim_plan`); as it is without a claim check."""
+        claim = self.config.claim_check
+        if claim is None or not plan.outbox_push:
+            return plan
+        config = self.config
+        return (yield from claim_plan(plan, claim, config.clock, config.timer, config.rng))
 
     def _state_document(
         self, state: object, invalid: type[InvalidInput]

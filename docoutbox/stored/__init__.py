@@ -10,6 +10,12 @@ on (ids, ``version``, ``seq``, types, times, attempts, sizes) stays plain.
   rotation by key ID (the optional ``docoutbox[crypto]`` extra);
 - :mod:`~docoutbox.stored.upcast`: :class:`Upcasters`, functions that turn an old stored
   state or entry payload into the current model, per (type, version);
+- :mod:`~docoutbox.stored.claim`: :class:`ClaimCheck`, large payloads put in a payload
+  store before the commit, resolved before publishing, deleted after the trim;
+- :mod:`~docoutbox.stored.chunks`: payloads split into chunks, for payload stores of
+  size-limited items;
+- :mod:`~docoutbox.stored.reference`: how a claim-checked entry refers to its payload;
+- :mod:`~docoutbox.stored.sweep`: the sweep of orphaned payloads;
 - :mod:`~docoutbox.stored.values`: :class:`StoredValues`, the one place the store, the
   dispatcher and the readers encode, decode and upcast documents and entries.
 """

@@ -21,6 +21,7 @@ from typing import Any
 
 from docoutbox.errors import InvalidConfig, UnknownCodec
 from docoutbox.stored.codec import Codec
+from docoutbox.stored.reference import claim_of, envelope
 from docoutbox.stored.upcast import PAYLOAD_VERSION, STATE_VERSION, Upcasters
 
 #: The fields of an outbox entry that are values (encoded when a codec is set).
@@ -135,9 +136,16 @@ def entry_context(entry: dict[str, Any], field: str) -> str:
 
 def open_entry(values: StoredValues | None, entry: Any) -> Any:
     """``entry`` opened by ``values``; with none, ``entry`` itself, unless it holds an
-    encoded value (:class:`~docoutbox.errors.UnknownCodec`). Not a dict: as is."""
+    encoded value (:class:`~docoutbox.errors.UnknownCodec`). Not a dict: as is. A
+    claim-checked entry not resolved (:mod:`docoutbox.stored.claim`): its payload is
+    the reference envelope."""
     if not isinstance(entry, dict):
         return entry
+    if "payload" not in entry and claim_of(entry) is not None:
+        # Claim-checked and not resolved: the payload reads as its reference.
+        opened = open_entry(values, {**entry, "payload": None})
+        opened["payload"] = envelope(entry, entry_context(entry, "payload"))
+        return opened
     if values is not None:
         return values.open_entry(entry)
     if isinstance(entry.get("payload"), str) or isinstance(entry.get("headers"), str):

@@ -1,6 +1,8 @@
 """Test doubles and contract suites that users can reuse for their own adapters.
 
 - :mod:`docoutbox.testing.memory`: in-memory store backends;
+- :mod:`docoutbox.testing.payloads`: in-memory payload stores (the claim check);
+- :mod:`docoutbox.testing.payload_contract`: the payload store contract suite;
 - :mod:`docoutbox.testing.publisher`: an in-memory publisher and dead letters;
 - :mod:`docoutbox.testing.dispatch`: an in-memory change source, checkpoints, lease table;
 - :mod:`docoutbox.testing.contract`: the store contract suite (``StoreContract``);

@@ -19,6 +19,7 @@ import pytest
 
 import benchmarks.__main__ as runner
 from benchmarks import (
+    claim,
     codec,
     dispatch,
     endpoint,
@@ -117,6 +118,14 @@ def test_codec_benchmark_runs(mongo_uri: str) -> None:
     }
     assert len(table.rows) == 4 * 5
     assert table.figures["stored_bytes"]["zlib"] < table.figures["stored_bytes"]["plain"]
+
+
+def test_claim_benchmark_runs(mongo_uri: str) -> None:
+    table = claim.run(mongo_uri, QUICK)
+    assert len(table.rows) == 2 * 4
+    bytes_ = {key: figure["document_bytes"] for key, figure in table.figures.items() if " " in key}
+    assert bytes_["256 KB claim"] < 1024 < 256 * 1024 < bytes_["256 KB plain"]
+    assert bytes_["1 KB claim"] == bytes_["1 KB plain"]  # under the threshold: not moved
 
 
 def test_memory_benchmark_runs(mongo_uri: str) -> None:

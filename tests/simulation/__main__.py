@@ -33,7 +33,7 @@ from benchmarks.servers import (
 )
 from tests.simulation.harness import Report, run_schedule
 from tests.simulation.mutations import MUTATIONS
-from tests.simulation.schedule import FAULTS, STORES, Variant
+from tests.simulation.schedule import CLAIM_FAULTS, FAULTS, STORES, Variant
 from tests.simulation.shrink import shrink
 
 
@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
     parser.add_argument("--mutation", choices=sorted(MUTATIONS))
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    parser.add_argument("--off", action="append", default=[], choices=sorted(FAULTS))
+    parser.add_argument(
+        "--off", action="append", default=[], choices=sorted((*FAULTS, *CLAIM_FAULTS))
+    )
     parser.add_argument("--trace", action="store_true", help="print every step")
     parser.add_argument("--shrink", action="store_true", help="minimize a failing schedule")
     return parser.parse_args(argv)

@@ -10,11 +10,12 @@ between any two steps.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
@@ -29,10 +30,14 @@ from docoutbox.ports.store import StoreBackend
 from docoutbox.retry import RetryPolicy
 from docoutbox.store.batch import BatchCore, Failed, Item
 from docoutbox.store.core import Core, Op, Status, StoreConfig
-from tests.simulation.schedule import CODEC, Schedule
+from docoutbox.stored.claim import ClaimCheck, DeleteStale, FindStale
+from docoutbox.stored.sweep import sweep_flow
+from tests.simulation.schedule import CLAIM_GRACE, CLAIM_THRESHOLD, CODEC, Schedule
 
 M = TypeVar("M", bound=BaseModel)
 
+#: The simulated clock's zero (as the world's).
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 COMMANDS = "commands"
 DELIVERIES = "deliveries"
 
@@ -68,7 +73,7 @@ def work(state: Producer, message: Message) -> Decision[Producer]:
     effects = [
         emit(
             "Effect",
-            {"command": message.id, "k": k},
+            _effect(message.id, k, k + (message.seq or 0)),
             destination=str(target),
             deliver_after=None if after is None else timedelta(milliseconds=after),
             key=None if key is None else f"{key}/{k}",
@@ -76,6 +81,18 @@ def work(state: Producer, message: Message) -> Decision[Producer]:
         for k, target in enumerate(targets)
     ]
     return Decision(new, effects)
+
+
+def _effect(command: str, k: int, n: int) -> dict[str, Any]:
+    """An effect's payload: every other one (by ``n``) carries 128 hexadecimal digits,
+    over the claim check's threshold whether compressed or not; the others stay under it
+    (:data:`~tests.simulation.schedule.CLAIM_THRESHOLD`)."""
+    payload: dict[str, Any] = {"command": command, "k": k}
+    if n % 2 == 1:
+        payload["pad"] = "".join(
+            hashlib.sha256(f"{command}/{i}".encode()).hexdigest() for i in (0, 1)
+        )
+    return payload
 
 
 @producer_handlers.on("Cancel")
@@ -136,7 +153,7 @@ class Idle:
     """Nothing to do for now: wait a few steps."""
 
 
-SimOp = Op | EngineOp | Receive | Poll | HandlerFault | Ack | Nack | Idle
+SimOp = Op | EngineOp | Receive | Poll | HandlerFault | Ack | Nack | Idle | FindStale | DeleteStale
 Process = Generator[SimOp, Any, None]
 Step = Generator[SimOp, Any, Any]
 
@@ -158,6 +175,12 @@ class Env:
     trim_deferred: Callable[[Any], bool] = lambda aggregate_id: False
     #: Report a violation seen while running (the world's).
     violation: Callable[[str, str], None] = lambda invariant, detail: None
+    #: The claim check's payload store (claim-checked schedules; the world's).
+    payloads: Any = None
+
+    def timer(self) -> float:
+        """Seconds on the simulated clock."""
+        return (self.clock() - EPOCH).total_seconds()
 
     def core(
         self, model: type[M], backend: StoreBackend, inbox: InboxPolicy, rng: random.Random
@@ -171,6 +194,11 @@ class Env:
             rng=rng,
             codec=CODEC if self.schedule.encoded else None,
         )
+        if self.schedule.claimed and model is Producer:
+            claim = ClaimCheck(
+                self.payloads, threshold=CLAIM_THRESHOLD, grace=CLAIM_GRACE, refresh=0.25
+            )
+            config = replace(config, claim_check=claim, timer=self.timer)
         return Core(model, config, backend.document_size, backend.max_document_bytes)
 
     def producer_inbox(self) -> InboxPolicy:
@@ -290,3 +318,18 @@ def batch_consumer(env: Env, core: Core[Sink]) -> Process:
                 env.stats[f"consumer.{outcome.status}"] += 1
                 settle = Nack if outcome.status is Status.GAVE_UP else Ack
                 yield settle(DELIVERIES, delivery.tag)
+
+
+def sweeper(env: Env, rng: random.Random) -> Process:
+    """The orphan sweep of the claim check's payload store, now and then
+    (:func:`~docoutbox.stored.sweep.sweep_flow`, the library's own)."""
+    while True:
+        yield Idle()
+        try:
+            report = yield from sweep_flow(env.clock(), CLAIM_GRACE, rng.randint(1, 4))
+        except StoreError:
+            env.stats["sweeper.store_error"] += 1
+            continue
+        env.stats["sweeper.deleted"] += len(report.deleted)
+        env.stats["sweeper.referenced"] += len(report.referenced)
+        env.stats["sweeper.refreshed"] += len(report.refreshed)

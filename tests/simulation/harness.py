@@ -29,6 +29,7 @@ from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import Sleep, Write
 from tests.simulation import actors
 from tests.simulation.actors import Env, Idle, Process, Receive, SimOp
+from tests.simulation.claims import SLOW_PUT_MS
 from tests.simulation.dispatcher import dispatcher
 from tests.simulation.invariants import Violation, check
 from tests.simulation.mutations import applied
@@ -44,6 +45,13 @@ QUIET_STEPS = 20_000
 Program = Callable[[Env, random.Random], Process]
 
 
+@dataclass(frozen=True)
+class Returning:
+    """An operation performed whose result reaches its process only when it wakes."""
+
+    value: Any
+
+
 class Actor:
     """One simulated process and its current incarnation."""
 
@@ -55,7 +63,7 @@ class Actor:
         self.program = program
         self.incarnation = 0
         self.process: Process | None = None
-        self.op: SimOp = Idle()
+        self.op: SimOp | Returning = Idle()
         self.wake_at = 0
 
 
@@ -104,6 +112,9 @@ class Simulator:
             ),
             Actor("dispatcher", "dispatcher", stores.producers, dispatcher),
         ]
+        self.env.payloads = self.world.payloads
+        if s.claimed:
+            self.actors.append(Actor("sweeper", "sweeper", stores.producers, actors.sweeper))
 
     def clock(self) -> datetime:
         return EPOCH + timedelta(milliseconds=self.world.now)
@@ -165,6 +176,8 @@ class Simulator:
 
     def _step(self, actor: Actor) -> None:
         op = actor.op
+        if isinstance(op, Returning):
+            return self._resume(actor, op.value, None)
         if isinstance(op, Idle):
             self._wait(actor, 3, 12)
             return self._resume(actor, None, None)
@@ -185,6 +198,11 @@ class Simulator:
         if result is BLOCKED:
             return self._wait(actor, 2, 8)
         self._note(actor, op, result)
+        if self.world.claims.take_slow():
+            # The put returns only then: the process resumes (and reads the clock) later.
+            actor.op = Returning(result)
+            actor.wake_at = self.world.now + SLOW_PUT_MS
+            return None
         return self._resume(actor, result, None)
 
     def _resume(self, actor: Actor, value: Any, error: BaseException | None) -> None:

@@ -45,6 +45,20 @@ Scheduled entries (schedules that schedule every command's effects, a setting):
   released), so a cancelled or renumbered one leaves a gap in the published seqs;
 - ``release-version-off``: a release does not increment ``version`` (memory store), so a
   commit computed from the same ``outbox_seq`` gives its entry the released entry's seq.
+
+The claim check, one mutation per rule (claim-checked schedules, a setting):
+
+- ``claim-put-skipped``: a commit references payloads it never put (put before commit);
+- ``claim-refresh-off``: a handle commits a reference to a put older than the fresh
+  bound, which the sweep may have removed meanwhile (puts made again when slow);
+- ``claim-unresolved``: the dispatcher publishes references instead of payloads;
+- ``claim-missing-dropped``: a missing payload makes its entry malformed, quarantined and
+  trimmed, instead of pending (never drop an unresolved entry);
+- ``claim-delete-deferred``: a run whose trim was deferred deletes the payloads before
+  that trim is written (delete only after the trim commits);
+- ``claim-sweep-referenced``: the sweep deletes stale payloads whether or not a pending
+  entry refers to them;
+- ``claim-sweep-young``: the sweep deletes unreferenced payloads of any age (the grace).
 """
 
 from __future__ import annotations
@@ -52,19 +66,21 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
 from docoutbox.dispatch.engine import checkpoint as tracking
 from docoutbox.dispatch.engine import deferred, loop
 from docoutbox.dispatch.engine import flow as dispatch
-from docoutbox.errors import InvalidInput
+from docoutbox.drive import drive
+from docoutbox.errors import InvalidInput, PayloadMissing
 from docoutbox.model import OutboxMessage
 from docoutbox.store import batch, plans
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, ReleasePlan, TrimPlan, WritePlan, apply_plan
+from docoutbox.stored import claim, sweep
 from docoutbox.testing import memory
 
 
@@ -413,6 +429,73 @@ def settled_mid_run() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def claim_put_skipped() -> Iterator[None]:
+    plan_claims = flows.claim_plan
+
+    def unput(plan: CommitPlan, *args: Any) -> Generator[Any, Any, CommitPlan]:
+        result: CommitPlan = drive(plan_claims(plan, *args), lambda op: None)  # none put
+        return result
+        yield  # a flow, as the one it stands for
+
+    with mock.patch.object(flows, "claim_plan", unput):
+        yield
+
+
+@contextmanager
+def claim_refresh_off() -> Iterator[None]:
+    with mock.patch.object(claim, "fresh_bound", return_value=float("inf")):
+        yield
+
+
+@contextmanager
+def claim_unresolved() -> Iterator[None]:
+    document = dispatch.dispatch_document
+
+    def unresolved(*args: Any, **kwargs: Any) -> Any:
+        return document(*args[:5], True)  # references=True
+
+    with mock.patch.object(loop, "dispatch_document", unresolved):
+        yield
+
+
+@contextmanager
+def claim_missing_dropped() -> Iterator[None]:
+    resolve = dispatch.resolve_stored
+
+    def dropping(raw: dict[str, Any]) -> Generator[Any, Any, dict[str, Any]]:
+        try:
+            return (yield from resolve(raw))
+        except PayloadMissing as exc:
+            raise InvalidInput(f"a missing payload taken for a malformed entry: {exc}") from exc
+
+    with mock.patch.object(dispatch, "resolve_stored", dropping):
+        yield
+
+
+class _NoOperation:
+    """Stands for :class:`DeletePayloads` in the engine's guard: no operation is one."""
+
+
+@contextmanager
+def claim_delete_deferred() -> Iterator[None]:
+    # The guard that leaves a deferred run's payloads to the sweep no longer sees them.
+    with mock.patch.object(loop, "DeletePayloads", _NoOperation):
+        yield
+
+
+@contextmanager
+def claim_sweep_referenced() -> Iterator[None]:
+    with mock.patch.object(sweep, "referenced", return_value=False):
+        yield
+
+
+@contextmanager
+def claim_sweep_young() -> Iterator[None]:
+    with mock.patch.object(sweep, "stale_before", lambda now, grace: now + timedelta(days=1)):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -439,6 +522,13 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "trim-delay-off": trim_delay_off,
     "untrimmed-unbounded": untrimmed_unbounded,
     "settled-mid-run": settled_mid_run,
+    "claim-put-skipped": claim_put_skipped,
+    "claim-refresh-off": claim_refresh_off,
+    "claim-unresolved": claim_unresolved,
+    "claim-missing-dropped": claim_missing_dropped,
+    "claim-delete-deferred": claim_delete_deferred,
+    "claim-sweep-referenced": claim_sweep_referenced,
+    "claim-sweep-young": claim_sweep_young,
 }
 
 

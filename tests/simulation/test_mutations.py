@@ -58,6 +58,13 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("trim-delay-off", "liveness"),  # a deferred trim waits for company forever
         ("untrimmed-unbounded", "untrimmed-bound"),
         ("settled-mid-run", "checkpoint"),  # a run's later trims still pending
+        ("claim-put-skipped", "claim-unput"),  # a reference to nothing: never published
+        ("claim-refresh-off", "claim-unput"),  # a slow put swept before its commit
+        ("claim-unresolved", "claim-resolved"),  # the reference published, not the payload
+        ("claim-missing-dropped", "claim-quarantined-unresolved"),  # the payload given up
+        ("claim-delete-deferred", "claim-deleted-early"),  # deleted before the trim
+        ("claim-sweep-referenced", "claim-swept-referenced"),
+        ("claim-sweep-young", "published"),  # a payload swept under an in-flight commit
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

@@ -38,6 +38,13 @@ from docoutbox.ports.store import DueBackend, StoreBackend
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, InsertPlan, ReleasePlan, TrimPlan, WritePlan
+from docoutbox.stored.claim import (
+    DeletePayloads,
+    DeleteStale,
+    FindStale,
+    GetPayload,
+    PutPayload,
+)
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from tests.simulation.actors import (
     COMMANDS,
@@ -50,6 +57,7 @@ from tests.simulation.actors import (
     Receive,
     SimOp,
 )
+from tests.simulation.claims import Claims
 from tests.simulation.invariants import Record, Violation
 from tests.simulation.queues import Queue
 from tests.simulation.schedule import Schedule
@@ -84,6 +92,11 @@ class World:
         }
         self.producer_ids = [f"p{i}" for i in range(1, s.producers + 1)]
         self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
+        #: The claim check's payload store, and its checks.
+        self.claims = Claims(
+            self.fault, self.violation, stats, lambda agg: self.stores.producers.load(agg)
+        )
+        self.payloads = self.claims.payloads
         #: Whether the dispatcher holds a deferred trim of an aggregate (set by the harness).
         self.trim_deferred: Callable[[Any], bool] = lambda aggregate_id: False
 
@@ -203,12 +216,15 @@ class World:
                     due_before=before, after=after, limit=limit, partitions=parts
                 )
                 return found
+            case PutPayload() | GetPayload() | DeletePayloads() | FindStale() | DeleteStale():
+                return self.claims.perform(op)
             case Publish(entry=entry):
                 self.publish(entry)
             case Quarantine():
                 if self.fault("deadletter_error"):
                     raise TransientStoreError("injected: the dead-letter store failed")
                 self.check_attempts(op)
+                self.claims.check_quarantined(op.entry)
                 self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
                 self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
                 self.stats["quarantined"] += 1
@@ -249,6 +265,8 @@ class World:
             self.check_write(backend, plan, before)
         self.stats[f"write.{type(plan).__name__}.{'applied' if applied else 'refused'}"] += 1
         if applied and backend is self.stores.producers:
+            if isinstance(plan, CommitPlan):
+                self.claims.committed(plan.outbox_push)
             if isinstance(plan, ReleasePlan):
                 self.record.numbered.setdefault(plan.entry_id, []).append(plan.outbox_seq + 1)
             if isinstance(plan, CommitPlan):
@@ -266,6 +284,7 @@ class World:
                 if self.trim_deferred(plan.aggregate_id):  # a business write wins the race
                     self.stats["write.CommitPlan.before_deferred_trim"] += 1
             elif isinstance(plan, InsertPlan):
+                self.claims.committed(plan.document.get("outbox") or ())
                 self.record.stored.extend(plan.document.get("outbox") or ())
                 self.record.number(plan.document.get("outbox") or ())
         if self.fault("write_lost_reply"):
@@ -337,6 +356,7 @@ class World:
         if self.fault("publish_nack"):
             raise PublishError("injected: the broker refused the message")
         self.check_scheduled(entry)
+        self.claims.check_published(entry)
         self.record.publications.append((self.record.tick(), entry))
         self.published_ids.add(entry.id)
         self.send(DELIVERIES, encode_entry(entry), self.now)

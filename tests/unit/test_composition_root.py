@@ -142,6 +142,8 @@ def test_the_command_s_options_are_the_root_s() -> None:
         decode=None,
         trim_delay=0.25,
         max_untrimmed=40,
+        claim_check=True,
+        publish_references=True,
     )
     assert _options(args, "n") == DispatchOptions(
         name="n",
@@ -159,7 +161,10 @@ def test_the_command_s_options_are_the_root_s() -> None:
         due_interval=0.25,
         trim_delay=0.25,
         max_untrimmed=40,
+        claim_check=True,
+        publish_references=True,
     )
     config = _options(args, "n").config()
     assert (config.trim_delay, config.max_untrimmed) == (0.25, 40)
     assert config.due_interval == 0.25
+    assert config.publish_references

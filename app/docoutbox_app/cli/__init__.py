@@ -272,6 +272,18 @@ def _parser() -> argparse.ArgumentParser:
         default=2_000,
         help="published entries waiting for their deferred trim, at most",
     )
+    d.add_argument(
+        "--claim-check",
+        action="store_true",
+        help="resolve claim-checked entries from the collection's payload store, and delete "
+        "their payloads after the trim",
+    )
+    d.add_argument(
+        "--publish-references",
+        action="store_true",
+        help="with --claim-check: publish claim-checked entries' reference envelopes, for "
+        "consumers that fetch payloads (the orphan sweep removes them)",
+    )
     d.add_argument("--server-timeout", type=TIMEOUT, help=SERVER_TIMEOUT_HELP)
     d.add_argument(
         "--broker-timeout", type=TIMEOUT, default=5.0, help="seconds to reach the broker"
@@ -433,6 +445,8 @@ def _options(args: argparse.Namespace, name: str) -> DispatchOptions:
         upcasters=None if args.decode is None else args.decode.upcasters,
         trim_delay=args.trim_delay,
         max_untrimmed=args.max_untrimmed,
+        claim_check=args.claim_check,
+        publish_references=args.publish_references,
     )
 
 

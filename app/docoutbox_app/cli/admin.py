@@ -36,11 +36,15 @@ from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.dispatch.engine.lag import desired_replicas
 from docoutbox.errors import DocOutboxError, InvalidConfig, InvalidInput, NotFound
+from docoutbox.store.document import utcnow
+from docoutbox.stored.sweep import sweep_orphans
 from docoutbox_app import logs
 from docoutbox_app.cli.help import Formatter
 from docoutbox_app.cli.options import (
     ANY_COLLECTION,
     ANY_DATABASE,
+    AT_LEAST_ONE,
+    GRACE,
     LIMIT,
     PARTITIONS,
     SERVER_TIMEOUT_HELP,
@@ -130,6 +134,23 @@ def add_commands(sub: Any) -> None:
         help="also print the replicas wanted: ceil(pending / N), at most one per partition",
     )
     lag.set_defaults(run=_lag)
+    sweep = osub.add_parser(
+        "sweep-payloads",
+        help="delete the claim check's orphaned payloads: put over --grace seconds ago and "
+        "referred to by no pending entry",
+        formatter_class=Formatter,
+    )
+    _connection(sweep, collection=True)
+    sweep.add_argument(
+        "--grace",
+        type=GRACE,
+        default=3600.0,
+        help="seconds; at least the stores' ClaimCheck.grace",
+    )
+    sweep.add_argument(
+        "--limit", type=AT_LEAST_ONE, default=1000, help="payloads looked at per page"
+    )
+    sweep.set_defaults(run=_sweep_payloads)
 
     dl = sub.add_parser(
         "dead-letters",
@@ -338,6 +359,29 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"oldest       {stats.oldest_age:.1f} s ({oldest})")
         _table("partition", stats.by_partition)
         _table("type", stats.by_type)
+        return 0
+
+    return _run(args, body)
+
+
+def _sweep_payloads(args: argparse.Namespace) -> int:
+    def body(database: Any, admin: Any) -> int:
+        backend, payloads = admin.claim_ports(database, args.collection)
+        now = utcnow()
+        totals = {"deleted": 0, "referenced": 0, "refreshed": 0}
+        while True:  # another page while a page deleted all it listed
+            report = sweep_orphans(backend, payloads, args.grace, limit=args.limit, now=now)
+            for name in totals:
+                totals[name] += len(getattr(report, name))
+            if len(report.deleted) < args.limit:
+                break
+        if args.json:
+            _print_json(totals)
+        else:
+            print(
+                f"deleted {totals['deleted']} orphaned payload(s); kept "
+                f"{totals['referenced']} referred to, {totals['refreshed']} put again"
+            )
         return 0
 
     return _run(args, body)

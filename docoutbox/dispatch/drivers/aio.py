@@ -47,6 +47,7 @@ from docoutbox.ports.dispatch import (
     AsyncPublisher,
     Ownership,
 )
+from docoutbox.ports.payloads import AsyncPayloadStore
 from docoutbox.ports.store import AsyncStoreBackend
 from docoutbox.store.core import Sleep, Write
 
@@ -94,6 +95,7 @@ class AsyncDispatcher:
         config: DispatcherConfig | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
+        payloads: AsyncPayloadStore | None = None,
     ) -> None:
         self.engine = wall_clock_engine(
             config, ownership, source, checkpoints is not None, rng, metrics
@@ -103,7 +105,7 @@ class AsyncDispatcher:
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
-        self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints)
+        self.ports = AsyncPorts(backend, publisher, dead_letters, source, checkpoints, payloads)
         self.engine.rounds = self.ports.pipelined
         self.engine.due_scans = self.ports.due
         #: Trims of concurrent runs go out together.

@@ -54,6 +54,7 @@ from docoutbox.ports.dispatch import (
     PipelinedPublisher,
     Publisher,
 )
+from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
 from docoutbox.ports.store import (
     AsyncBatchWriter,
     AsyncStoreBackend,
@@ -65,6 +66,13 @@ from docoutbox.ports.store import (
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import utcnow
 from docoutbox.store.plans import WritePlan
+from docoutbox.stored.claim import (
+    DeletePayloads,
+    GetPayload,
+    is_async_store,
+    perform_payload,
+    perform_payload_async,
+)
 
 #: What a dispatcher calls on each of its ports (sync or async alike): the Protocols of
 #: the sync and async twins share their method names.
@@ -104,6 +112,8 @@ class Ports:
     dead_letters: DeadLetters
     source: ChangeSource | None = None
     checkpoints: Checkpoints | None = None
+    #: Where claim-checked payloads are (None: no claim check).
+    payloads: PayloadStore | None = None
     #: Whether the publisher keeps several entries in flight (checked once, here).
     pipelined: bool = field(init=False, default=False)
     #: Whether the backend finds documents with scheduled entries fallen due.
@@ -111,6 +121,7 @@ class Ports:
 
     def __post_init__(self) -> None:
         check_ports(self)
+        check_payloads(self.payloads, asynchronous=False)
         self.pipelined = isinstance(self.publisher, PipelinedPublisher)
         self.due = isinstance(self.backend, DueBackend)
 
@@ -118,6 +129,8 @@ class Ports:
         """Carry out ``op`` (a :class:`Sleep` is the driver's: it is not handled here)."""
         if isinstance(op, Publish):
             return self.publisher.publish(op.entry)
+        if isinstance(op, GetPayload | DeletePayloads):
+            return perform_payload(op, self.payloads)
         if isinstance(op, PublishRound):
             return self.publish_round(op.entries)
         if isinstance(op, TrimRound):  # drivers group these (GroupWriter): one by one here
@@ -174,6 +187,22 @@ class Ports:
         return outcomes
 
 
+def check_payloads(payloads: object, *, asynchronous: bool) -> None:
+    """:class:`InvalidConfig` for a payload store that is not one, or of the wrong kind
+    (an async one for a threaded dispatcher, or the reverse)."""
+    if payloads is None:
+        return
+    if not isinstance(payloads, PayloadStore | AsyncPayloadStore):
+        raise InvalidConfig(
+            f"the dispatcher's payloads must be a payload store, got {type(payloads).__name__}"
+        )
+    if is_async_store(payloads) != asynchronous:
+        kind = "an async" if asynchronous else "a sync"
+        raise InvalidConfig(
+            f"the dispatcher's payloads must be {kind} payload store, got {type(payloads).__name__}"
+        )
+
+
 def not_tried(cause: BrokerUnavailable) -> BrokerUnavailable:
     return BrokerUnavailable(f"not sent, the broker is unavailable: {cause}")
 
@@ -200,6 +229,7 @@ class AsyncPorts:
     dead_letters: AsyncDeadLetters
     source: AsyncChangeSource | None = None
     checkpoints: AsyncCheckpoints | None = None
+    payloads: AsyncPayloadStore | None = None
     #: Whether the publisher keeps several entries in flight (checked once, here).
     pipelined: bool = field(init=False, default=False)
     #: Whether the backend finds documents with scheduled entries fallen due.
@@ -207,6 +237,7 @@ class AsyncPorts:
 
     def __post_init__(self) -> None:
         check_ports(self)
+        check_payloads(self.payloads, asynchronous=True)
         self.pipelined = isinstance(self.publisher, AsyncPipelinedPublisher)
         self.due = isinstance(self.backend, DueBackend)
 
@@ -214,6 +245,8 @@ class AsyncPorts:
         """The async twin of :meth:`Ports.perform`."""
         if isinstance(op, Publish):
             return await self.publisher.publish(op.entry)
+        if isinstance(op, GetPayload | DeletePayloads):
+            return await perform_payload_async(op, self.payloads)
         if isinstance(op, PublishRound):
             return await self.publish_round(op.entries)
         if isinstance(op, TrimRound):  # drivers group these (AsyncGroupWriter)

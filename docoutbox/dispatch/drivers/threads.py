@@ -38,6 +38,7 @@ from docoutbox.dispatch.engine.metrics import Metrics
 from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
 from docoutbox.drive import Abandoned, drive
 from docoutbox.ports.dispatch import ChangeSource, Checkpoints, DeadLetters, Ownership, Publisher
+from docoutbox.ports.payloads import PayloadStore
 from docoutbox.ports.store import StoreBackend
 from docoutbox.store.core import Sleep, Write
 
@@ -59,6 +60,7 @@ class Dispatcher:
         config: DispatcherConfig | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
+        payloads: PayloadStore | None = None,
     ) -> None:
         self.engine = wall_clock_engine(
             config, ownership, source, checkpoints is not None, rng, metrics
@@ -68,7 +70,7 @@ class Dispatcher:
         self.backend = backend
         self.source = source
         self.checkpoints = checkpoints
-        self.ports = Ports(backend, publisher, dead_letters, source, checkpoints)
+        self.ports = Ports(backend, publisher, dead_letters, source, checkpoints, payloads)
         self.engine.rounds = self.ports.pipelined
         self.engine.due_scans = self.ports.due
         #: Trims of concurrent runs go out together.

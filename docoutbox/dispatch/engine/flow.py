@@ -27,6 +27,12 @@ dispatcher would be wrong. With a codec, the dead-letter store gets the entry as
 (encoded), never its plaintext. Entries after a still-failing entry are never published
 ahead of it (per-aggregate order, I4).
 
+Claim-checked entries (:mod:`docoutbox.stored.claim`): the payload is read back from the
+payload store before the entry is published; a missing or partial one
+(:class:`~docoutbox.errors.PayloadMissing`) leaves the entry, and those after it,
+pending (``result.missing``), neither published nor trimmed. The payloads of trimmed
+entries are deleted once their trim has applied, never before.
+
 Scheduled entries (:mod:`~docoutbox.dispatch.engine.due`): only those due at ``now`` are
 published, after the numbered ones, each after a release write that numbers it next in
 the aggregate's sequence. A release fails if the entry was cancelled, or if the
@@ -51,8 +57,10 @@ from docoutbox.dispatch.engine.due import bad_due, due_order, release_plan, sett
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidInput,
+    PayloadMissing,
     PermanentPublishError,
     PublishError,
+    StoreError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
@@ -60,6 +68,8 @@ from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document
 from docoutbox.store.plans import FailurePlan, plan_trim
 from docoutbox.store.schedule import due_of
+from docoutbox.stored.claim import DeletePayloads, GetPayload, resolve_stored
+from docoutbox.stored.reference import claim_of
 from docoutbox.stored.values import StoredValues, open_entry
 
 
@@ -80,7 +90,7 @@ class Quarantine:
     attempts: int
 
 
-DispatchOp = Publish | Quarantine | Write | Sleep
+DispatchOp = Publish | Quarantine | Write | Sleep | GetPayload | DeletePayloads
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,11 @@ class DispatchResult:
     next_due: datetime | None = None
     #: Due scheduled entries left unreleased: their release lost a race with a commit.
     raced: list[str] = field(default_factory=list)
+    #: Claim-checked entries left pending: their payload is missing from the payload
+    #: store (or only in part); they, and the entries after them, are tried again later.
+    missing: list[str] = field(default_factory=list)
+    #: Payloads of trimmed entries whose delete failed (the orphan sweep removes them).
+    orphaned: list[str] = field(default_factory=list)
 
     @property
     def unavailable(self) -> bool:
@@ -139,11 +154,14 @@ def dispatch_document(
     rng: random.Random,
     values: StoredValues | None = None,
     now: datetime | None = None,
+    references: bool = False,
 ) -> Generator[DispatchOp, Any, DispatchResult]:
     """Publish the document's pending entries in order, quarantine poison, trim in batches.
 
     ``values`` decodes and upcasts the stored entries (None: they are plain); ``now``: the
-    time scheduled entries are due against (None: none is due)."""
+    time scheduled entries are due against (None: none is due); ``references``: publish
+    claim-checked entries with their reference envelope as payload, unresolved, and leave
+    their payloads to the orphan sweep (consumers fetch them)."""
     sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
     ids = stored_ids(doc)  # the outbox as stored, less what was trimmed since
@@ -158,18 +176,32 @@ def dispatch_document(
     removed: list[str] = []
     trims: list[bool] = []
     blocked = False
+    #: The payload ID of each claim-checked entry to remove, deleted once trimmed.
+    claimed: dict[str, str] = {}
     for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
+        claim = None if references else claim_of(raw)
+        if claim is not None and blocked and isinstance(raw_id, str):
+            result.held.append(raw_id)  # not read from the payload store for nothing
+            continue
         release = release_plan(result.aggregate_id, raw, seq)
         try:
             if release is not None and numbering is not None:
                 raise InvalidInput(numbering)
+            if claim is not None and "payload" not in raw:
+                raw = yield from resolve_stored(raw)  # rule: never publish a reference
             numbered = raw if release is None else {**raw, "seq": seq + 1}
             entry: OutboxMessage = OutboxMessage.parse(open_entry(values, numbered))
             if bad_due(raw):
                 raise InvalidInput(f"due {raw.get('due')!r} is not a time")
             if entry.seq is None:
                 raise InvalidInput("an entry to publish has no seq")
+        except PayloadMissing:
+            if isinstance(raw_id, str):
+                result.missing.append(raw_id)
+                result.held.append(raw_id)
+            blocked = True
+            continue
         except InvalidInput as exc:
             yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
@@ -188,6 +220,8 @@ def dispatch_document(
                 continue
             seq, version = seq + 1, version + 1
         stored = _as_dict(raw) if sealed else None
+        if claim is not None and isinstance(claim.get("id"), str):
+            claimed[entry.id] = claim["id"]
         outcome = yield from _publish_with_retries(entry, policy, rng, stored)
         if outcome == "published":
             result.published.append(entry.id)
@@ -201,18 +235,38 @@ def dispatch_document(
         if len(removable) >= policy.trim_every:
             plan = plan_trim(result.aggregate_id, removable, ids, revision)
             trims.append(bool((yield Write(plan))))
+            if trims[-1]:
+                yield from _delete_payloads(removable, claimed, result)
             gone = set(removable)
             removed.extend(removable)
             ids, revision, removable = [i for i in ids if i not in gone], None, []
     if removable:
         plan = plan_trim(result.aggregate_id, removable, ids, revision)
         trims.append(bool((yield Write(plan))))
+        if trims[-1]:
+            yield from _delete_payloads(removable, claimed, result)
         removed.extend(removable)
     result.trimmed = bool(trims) and all(trims)
     settle = settle_plan(doc, removed, version)
     if settle is not None:
         yield Write(settle)  # not applied: an entry came since, with a hint of its own
     return result
+
+
+def _delete_payloads(
+    trimmed: list[str], claimed: dict[str, str], result: DispatchResult
+) -> Generator[DispatchOp, Any, None]:
+    """Rule: a payload is deleted only after the trim that removed its entry committed
+    (called once the trim of ``trimmed`` applied). A failed delete leaves an orphan,
+    which the sweep removes: it is reported in ``result.orphaned``, never raised, since
+    the entries were published and trimmed."""
+    ids = tuple(claimed[i] for i in trimmed if i in claimed)
+    if not ids:
+        return
+    try:
+        yield DeletePayloads(ids)
+    except StoreError:
+        result.orphaned.extend(ids)
 
 
 def _counter(doc: Document, name: str) -> int:

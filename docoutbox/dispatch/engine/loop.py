@@ -68,6 +68,7 @@ from docoutbox.errors import (
     ChangeStreamLost,
     InvalidConfig,
     PartitionMismatch,
+    PayloadMissing,
     StoreError,
 )
 from docoutbox.model import AggregateId, OutboxMessage
@@ -82,6 +83,7 @@ from docoutbox.retry import MAX_COUNT, Backoff, check_int, check_seconds
 from docoutbox.store.core import MAX_BATCH, MAX_PARTITIONS, FindPending, Load, Sleep, Write
 from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
+from docoutbox.stored.claim import DeletePayloads, GetPayload
 from docoutbox.stored.codec import Codec
 from docoutbox.stored.upcast import Upcasters
 from docoutbox.stored.values import StoredValues
@@ -141,6 +143,10 @@ class DispatcherConfig:
     #: Published entries whose deferred trim is pending, at most: beyond it, a run writes
     #: its trim itself. A flush starts once half of it is pending.
     max_untrimmed: int = 2_000
+    #: Claim-checked entries (:mod:`docoutbox.stored.claim`) go out with their reference
+    #: envelope as payload, for consumers that fetch payloads themselves; their payloads
+    #: are then left to the orphan sweep. False (the default): payloads are resolved.
+    publish_references: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -167,6 +173,11 @@ class DispatcherConfig:
                     f"least poll_interval ({self.poll_interval})"
                 )
         StoredValues(self.codec, self.upcasters)  # refuses a codec or upcasters of a wrong type
+        if type(self.publish_references) is not bool:
+            raise InvalidConfig(
+                f"DispatcherConfig.publish_references must be a bool, "
+                f"got {self.publish_references!r}"
+            )
 
     @classmethod
     def polling(cls, interval: float = 1.0, **options: Any) -> DispatcherConfig:
@@ -248,7 +259,7 @@ class FindDue:
 
 
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
-RunOp = Load | Publish | Quarantine | Write | Sleep
+RunOp = Load | Publish | Quarantine | Write | Sleep | GetPayload | DeletePayloads
 BatchOp = RunOp | PublishRound | TrimRound
 EngineOp = StreamOp | BatchOp | FindPending | FindDue
 
@@ -879,6 +890,19 @@ class DispatchEngine:
         if result is None:
             return RunOutcome.DONE
         self.due.expect(result.next_due)
+        if result.orphaned:
+            log.warning(
+                "payload_delete_failed aggregate=%r payloads=%d (left to the orphan sweep)",
+                aggregate_id,
+                len(result.orphaned),
+            )
+        if result.missing:
+            log.error(
+                "payload_missing aggregate=%r entries=%s (left pending, tried again)",
+                aggregate_id,
+                result.missing,
+            )
+            return RunOutcome.RETRY
         log.debug(
             "dispatched aggregate=%r published=%d quarantined=%d held=%d",
             aggregate_id,
@@ -977,9 +1001,18 @@ class DispatchEngine:
         self, doc: Document, partition: int, generation: int
     ) -> Generator[RunOp, Any, DispatchResult | None]:
         """:func:`dispatch_document`, stopped (None) once the partition is no longer held."""
-        flow = dispatch_document(doc, self.config.policy, self._rng, self._values, self._clock())
+        flow = dispatch_document(
+            doc,
+            self.config.policy,
+            self._rng,
+            self._values,
+            self._clock(),
+            self.config.publish_references,
+        )
         send: Any = None
         error: Exception | None = None
+        #: Whether a trim of this run was deferred: it may not have committed yet.
+        deferred = False
         while True:
             try:
                 op = flow.send(send) if error is None else flow.throw(error)
@@ -1010,12 +1043,17 @@ class DispatchEngine:
                     op.attempts,
                     op.error,
                 )
+            elif isinstance(op, DeletePayloads) and deferred:
+                # Rule: never before the trim commits. A deferred trim is written later:
+                # its payloads are left to the orphan sweep (no entry refers to them).
+                continue
             elif self._deferred_trim(op, generation):
+                deferred = True
                 send = True  # written behind the publishes; this run goes on
             else:
                 try:
                     send = yield op
-                except StoreError as exc:
+                except (StoreError, PayloadMissing) as exc:
                     error = exc
                 else:
                     if send and isinstance(op, Write) and isinstance(op.plan, TrimPlan):
