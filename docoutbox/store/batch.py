@@ -43,6 +43,7 @@ from docoutbox.errors import (
 )
 from docoutbox.handlers import Decision, Handler, takes_context
 from docoutbox.model import AggregateId, Message, check_aggregate_id
+from docoutbox.store import spill
 from docoutbox.store.core import Core, Flow, Load, Outcome, Sleep, Status, Write
 from docoutbox.store.document import (
     Document,
@@ -231,6 +232,20 @@ class BatchCore(Generic[S]):
             except DocOutboxError as exc:
                 self._fail(aggregate_id, items, todo, results, exc, seen, version)
                 break
+            lookup = spill.lookup_many(
+                config.inbox,
+                doc,
+                [items[i].message for i in todo if items[i].message.id not in seen],
+            )
+            if lookup is not None:
+                try:
+                    found = yield lookup
+                except DocOutboxError as exc:
+                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                    break
+                for index in todo:
+                    if items[index].message.id in found:
+                        seen.setdefault(items[index].message.id, index)  # archived: processed
             chunk = self._chunk(aggregate_id, snapshot, items, todo, seen, attempt)
             if not chunk.steps:
                 self._settle(chunk, results, todo, items, seen)
@@ -251,11 +266,20 @@ class BatchCore(Generic[S]):
                 chunk.covered = [i for i in chunk.covered if i <= first]
                 self._settle(chunk, results, todo, items, seen)
                 continue
-            plan = merge_plans([step.plan for step in chunk.steps])
+            plan = spill.plan_spill(
+                merge_plans([step.plan for step in chunk.steps]), doc, config.inbox
+            )
+            if plan.inbox_spill is not None:
+                spilt = apply_plan(base, plan)
+                assert spilt is not None
+                after, size = spilt, size + spill.SLACK
             attempt += 1
             writes += 1
             try:
-                applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
+                applied, plan = yield from spill.commit_steps(
+                    plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
+                )
+                after = spill.written(after, plan)
             except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
                 late = self.core.transient(exc, started)
