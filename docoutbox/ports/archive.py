@@ -46,8 +46,13 @@ class AsyncInboxArchive(Protocol):
 
 
 def check_archive(backend: object, spill: bool) -> None:
-    """Refuse a spilling inbox policy on a backend without an inbox archive."""
-    if spill and not isinstance(backend, InboxArchive | AsyncInboxArchive):
+    """Refuse a spilling inbox policy on a backend without an inbox archive. A backend
+    whose archive is optional says whether it has one in ``has_inbox_archive``."""
+    if not spill:
+        return
+    if not isinstance(backend, InboxArchive | AsyncInboxArchive) or not getattr(
+        backend, "has_inbox_archive", True
+    ):
         raise InvalidConfig(
             f"InboxPolicy(spill=True) needs a backend with an inbox archive "
             f"(docoutbox.ports.archive.InboxArchive); {type(backend).__name__} has none"

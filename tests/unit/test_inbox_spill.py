@@ -22,6 +22,8 @@ from docoutbox.store.plans import CommitPlan, WritePlan
 from docoutbox.store.spill import SPILL, plan_spill, spilled
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
+from docoutbox_cosmos.items import commit_patch
+from docoutbox_mongo.plans import commit_update
 from tests.support import loopless
 
 SPILLING = InboxPolicy(window=4, spill=True)
@@ -292,3 +294,30 @@ def test_a_message_of_a_batch_stays_in_the_window_it_was_committed_to() -> None:
     counters.handle_batch("c", [add_msg(f"n{i}") for i in range(4)], counter_handlers)
     assert backend.docs["c"]["inbox"] == ["n0", "n1", "n2", "n3"]
     assert backend.archive["c"] == {"m0", "m1", "m2"}
+
+
+def test_database_plans_set_the_spilled_inbox_instead_of_appending() -> None:
+    backend = MemoryBackend()
+    counters = store(backend)
+    plans: list[CommitPlan] = []
+    write = backend.write
+
+    def recording(plan: WritePlan) -> bool:
+        if isinstance(plan, CommitPlan):
+            plans.append(plan)
+        return write(plan)
+
+    backend.write = recording  # type: ignore[method-assign]
+    for i in range(5):
+        counters.handle("c", add_msg(f"m{i}"), counter_handlers, create=True)
+    spill = plans[-1]
+    _, update = commit_update(spill)
+    assert update["$set"]["inbox"] == ["m3", "m4"]
+    assert update["$set"][SPILL] == {"count": 3, "token": None}
+    assert "inbox" not in update.get("$push", {})
+    _, plain = commit_update(plans[-2])
+    assert plain["$push"]["inbox"] == {"$each": ["m3"], "$slice": -4}
+    patch = commit_patch(spill)
+    assert patch is not None
+    ops = {op["path"]: op["value"] for op in patch[0] if op["op"] == "set"}
+    assert ops["/inbox"] == ["m3", "m4"] and ops["/inbox_spill"]["count"] == 3
