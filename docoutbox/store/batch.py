@@ -358,7 +358,11 @@ class BatchCore(Generic[S]):
                 current = read_snapshot(
                     self._new(aggregate_id), self.core.model, values=self.core.values
                 )
-            if is_duplicate(policy, current.inbox, current.marks, msg):
+            if is_duplicate(policy, current.inbox, current.marks, msg) or (
+                # A spilling window keeps what the chunk pushes out of it (the commit
+                # archives it): stored at the chunk's start, processed for good.
+                windowed and policy.spill and snapshot is not None and msg.id in snapshot.inbox
+            ):
                 chunk.others[index] = Outcome(Status.DUPLICATE, aggregate_id, version, attempt)
                 if windowed and snapshot is not None and msg.id in snapshot.inbox:
                     seen[msg.id] = index  # stored, hence final: it may leave the window

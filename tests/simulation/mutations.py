@@ -45,6 +45,15 @@ Scheduled entries (schedules that schedule every command's effects, a setting):
   released), so a cancelled or renumbered one leaves a gap in the published seqs;
 - ``release-version-off``: a release does not increment ``version`` (memory store), so a
   commit computed from the same ``outbox_seq`` gives its entry the released entry's seq.
+
+Inbox spill-over (consumers spill a window of 2, a schedule setting):
+
+- ``spill-after-commit``: a commit that spills writes the archive after the commit
+  instead of before it, so a crash or a reader in between finds the IDs nowhere;
+- ``spill-lookup-off``: a message missing from a spilled document's window is never
+  looked up in the archive;
+- ``spill-evicts``: a commit that spills archives nothing (the IDs are evicted, as
+  without spill).
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ from docoutbox.dispatch.engine import deferred, loop
 from docoutbox.dispatch.engine import flow as dispatch
 from docoutbox.errors import InvalidInput
 from docoutbox.model import OutboxMessage
-from docoutbox.store import batch, plans
+from docoutbox.store import batch, plans, spill
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, ReleasePlan, TrimPlan, WritePlan, apply_plan
@@ -413,6 +422,40 @@ def settled_mid_run() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def spill_after_commit() -> Iterator[None]:
+    def commit_then_archive(
+        plan: CommitPlan, write: Callable[[WritePlan], Any], insert: Any = None
+    ) -> Generator[Any, Any, tuple[bool, CommitPlan]]:
+        applied: bool = yield write(plan if insert is None else insert)
+        if plan.inbox_spilled:
+            yield spill.Archive(plan.aggregate_id, plan.inbox_spilled)
+        return applied, plan
+
+    with mock.patch.object(spill, "commit_steps", commit_then_archive):
+        yield
+
+
+@contextmanager
+def spill_lookup_off() -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(spill, "lookup", return_value=None))
+        stack.enter_context(mock.patch.object(spill, "lookup_many", return_value=None))
+        yield
+
+
+@contextmanager
+def spill_evicts() -> Iterator[None]:
+    def evicting(
+        plan: CommitPlan, write: Callable[[WritePlan], Any], insert: Any = None
+    ) -> Generator[Any, Any, tuple[bool, CommitPlan]]:
+        applied: bool = yield write(plan if insert is None else insert)
+        return applied, plan
+
+    with mock.patch.object(spill, "commit_steps", evicting):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -439,6 +482,9 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "trim-delay-off": trim_delay_off,
     "untrimmed-unbounded": untrimmed_unbounded,
     "settled-mid-run": settled_mid_run,
+    "spill-after-commit": spill_after_commit,
+    "spill-lookup-off": spill_lookup_off,
+    "spill-evicts": spill_evicts,
 }
 
 

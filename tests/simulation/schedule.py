@@ -66,6 +66,9 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "release-version-off": (("scheduled", "100"),),
     "hint-off": (("scheduled", "100"), ("dispatcher", "log")),
     "trim-not-due": (("scheduled", "100"),),
+    "spill-after-commit": (("consumer_exact", "false"), ("consumer_spill", "true")),
+    "spill-lookup-off": (("consumer_exact", "false"), ("consumer_spill", "true")),
+    "spill-evicts": (("consumer_exact", "false"), ("consumer_spill", "true")),
 }
 
 
@@ -127,6 +130,9 @@ class Schedule:
     #: and percent of those cancelled by a later command of the same client.
     scheduled: int = 0
     cancels: int = 0
+    #: Consumers spill their inbox (``InboxPolicy(spill=True)``), with a window of 2 unless
+    #: ``consumer_window`` says otherwise (memory store only).
+    consumer_spill: bool = False
 
     def fault(self, kind: str) -> float:
         return dict(self.faults).get(kind, 0.0)
@@ -166,7 +172,11 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     schedule = replace(schedule, stuck=rng.choice((0, 0, 0, 10)))
     schedule = replace(schedule, stream_wait_ms=rng.choice((0, 0, 200)))
     schedule = replace(schedule, encoded=rng.random() < 0.3)
-    return replace(schedule, scheduled=rng.choice((0, 0, 30, 60)), cancels=rng.choice((0, 30, 60)))
+    schedule = replace(
+        schedule, scheduled=rng.choice((0, 0, 30, 60)), cancels=rng.choice((0, 30, 60))
+    )
+    spill = rng.random() < 0.3 and store == "memory" and not schedule.consumer_exact
+    return replace(schedule, consumer_spill=spill)
 
 
 def _parse(kind: type | str, text: str) -> object:

@@ -58,6 +58,9 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("trim-delay-off", "liveness"),  # a deferred trim waits for company forever
         ("untrimmed-unbounded", "untrimmed-bound"),
         ("settled-mid-run", "checkpoint"),  # a run's later trims still pending
+        ("spill-after-commit", "inbox-spill"),  # IDs leave the inbox before the archive
+        ("spill-lookup-off", "consumed-once"),  # a spilled ID's redelivery applies again
+        ("spill-evicts", "consumed-once"),  # spilled IDs forgotten: applied again
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

@@ -321,3 +321,12 @@ def test_database_plans_set_the_spilled_inbox_instead_of_appending() -> None:
     assert patch is not None
     ops = {op["path"]: op["value"] for op in patch[0] if op["op"] == "set"}
     assert ops["/inbox"] == ["m3", "m4"] and ops["/inbox_spill"]["count"] == 3
+
+
+def test_a_batch_recognises_a_stored_id_its_own_messages_push_out_of_the_window() -> None:
+    backend = MemoryBackend()
+    counters = store(backend, InboxPolicy(window=2, spill=True))
+    counters.handle_batch("c", [add_msg("m0"), add_msg("m1")], counter_handlers, create=True)
+    again = counters.handle_batch("c", [add_msg("n0"), add_msg("m0")], counter_handlers)
+    assert [r.status for r in again.results] == ["applied", "duplicate"]
+    assert backend.docs["c"]["state"]["applied"] == ["m0", "m1", "n0"]
