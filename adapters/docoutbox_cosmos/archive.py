@@ -3,7 +3,7 @@
 Rule: one item per archived ID, in the logical partition of its aggregate (partition key
 path ``/pk``, value the aggregate item's own partition-key value), ``id`` the SHA-256 of
 the message ID (a message ID may hold characters an item ID may not, and be longer),
-with ``aid`` and ``message_id`` as fields for readers such as the audit. Archiving
+with ``aggregate_id`` and ``message_id`` as fields for readers such as the audit. Archiving
 upserts (idempotent); a lookup is one point read, or one query in the partition for
 several IDs.
 
@@ -49,7 +49,7 @@ def archive_item(aggregate_id: AggregateId, pk: str, message_id: str) -> dict[st
     return {
         "id": item_id(message_id),
         "pk": pk,
-        "aid": aggregate_id,
+        "aggregate_id": aggregate_id,
         "message_id": message_id,
         "archived_at": datetime.now(UTC).isoformat(),
     }

@@ -47,7 +47,9 @@ def upserts(aggregate_id: AggregateId, ids: Collection[str]) -> list[UpdateOne]:
 
 
 def lookup_query(aggregate_id: AggregateId, ids: Collection[str]) -> dict[str, Any]:
-    return {"_id": {"$in": [archive_id(aggregate_id, i) for i in dict.fromkeys(ids)]}}
+    """A point query for one ID (an equality on ``_id``), an ``$in`` for several."""
+    wanted = [archive_id(aggregate_id, i) for i in dict.fromkeys(ids)]
+    return {"_id": wanted[0] if len(wanted) == 1 else {"$in": wanted}}
 
 
 def only_duplicates(exc: pm.BulkWriteError) -> bool:
