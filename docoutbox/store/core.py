@@ -369,10 +369,21 @@ class Core(Generic[S]):
                     return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state, self.values)
-            if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg) or (
-                (lookup := spill.lookup(self.config.inbox, doc, msg)) is not None
-                and msg.id in (yield lookup)
-            ):
+            duplicate = is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg)
+            if not duplicate and (lookup := spill.lookup(self.config.inbox, doc, msg)):
+                try:
+                    duplicate = msg.id in (yield lookup)
+                except TransientStoreError as exc:
+                    attempt += 1
+                    if attempt >= retry.max_attempts:
+                        raise
+                    if (late := self.transient(exc, started)) is not None:
+                        raise late from exc
+                    self._observed_retry("transient")
+                    yield Sleep(retry.delay(attempt, self.config.rng))
+                    fresh = True
+                    continue
+            if duplicate:
                 if doc is not None:
                     self.cache.put(aggregate_id, doc, known, snapshot.state)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)

@@ -330,3 +330,29 @@ def test_a_batch_recognises_a_stored_id_its_own_messages_push_out_of_the_window(
     again = counters.handle_batch("c", [add_msg("n0"), add_msg("m0")], counter_handlers)
     assert [r.status for r in again.results] == ["applied", "duplicate"]
     assert backend.docs["c"]["state"]["applied"] == ["m0", "m1", "n0"]
+
+
+def test_a_failed_archive_read_is_retried_like_a_failed_load() -> None:
+    class Flaky(Recording):
+        failures = 2
+
+        def archived_inbox(
+            self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+        ) -> set[str]:
+            if self.failures:
+                self.failures -= 1
+                raise TransientStoreError("injected: the archive read failed")
+            return super().archived_inbox(aggregate_id, ids, token)
+
+    backend = Flaky()
+    counters = AggregateStore(
+        backend, Counter, StoreConfig(inbox=SPILLING, cache_size=0), sleep=lambda _: None
+    )
+    for i in range(5):
+        counters.handle("c", add_msg(f"m{i}"), counter_handlers, create=True)
+    outcome = counters.handle("c", add_msg("m0"), counter_handlers)
+    assert outcome.duplicate and backend.failures == 0
+    backend.failures = 100
+    with pytest.raises(TransientStoreError):
+        counters.handle("c", add_msg("m1"), counter_handlers)
+    assert backend.docs["c"]["state"]["total"] == 5
