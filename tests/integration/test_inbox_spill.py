@@ -16,12 +16,16 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from benchmarks.servers import CosmosAccount, MongoWireServer
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, StoreConfig
+from docoutbox.errors import InvalidConfig
+from docoutbox.ports.kit import StoreSettings
 from docoutbox.store.spill import SPILL
 from docoutbox.testing.blocking import BlockingStore
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
+from docoutbox_cosmos.aio import open_async_kit
 from docoutbox_cosmos.archive import archive_name as cosmos_archive_name
 from docoutbox_cosmos.archive import ensure_archive
+from docoutbox_cosmos.kit import archive_option, open_kit
 from docoutbox_mongo import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.archive import archive_name as mongo_archive_name
 from tests.support.backends import PATIENT
@@ -213,3 +217,63 @@ def test_the_document_records_the_spill(setup: Setup) -> None:
     assert spill["count"] == 4
     # Cosmos DB: the session token of the archive write (the local server sends none).
     assert spill["token"] is None or isinstance(spill["token"], str)
+
+
+@pytest.mark.cosmos
+def test_a_cosmos_kit_opens_the_archive_when_asked(cosmos_server: CosmosAccount) -> None:
+    settings = StoreSettings("https://x", "db", "orders", options={"inbox_archive": "1"})
+    assert archive_option(settings) == "orders.inbox"
+    assert archive_option(StoreSettings("https://x", "db", "orders")) is None
+    named = StoreSettings("https://x", "db", "orders", options={"inbox_archive": "ids"})
+    assert archive_option(named) == "ids"
+    with scratch_database(cosmos_server) as db:
+        create_container(db, "orders")
+        options = dict(cosmos_server.client_kwargs)
+        plain = open_kit(
+            cosmos_server.endpoint, cosmos_server.key, db.id, "orders", client_options=options
+        )
+        try:
+            with pytest.raises(InvalidConfig, match="inbox archive"):
+                AggregateStore(plain.backend, Counter, StoreConfig(inbox=POLICY))
+        finally:
+            plain.close()
+        kit = open_kit(
+            cosmos_server.endpoint,
+            cosmos_server.key,
+            db.id,
+            "orders",
+            client_options=options,
+            inbox_archive="orders.inbox",
+        )
+        try:
+            store = AggregateStore(kit.backend, Counter, StoreConfig(inbox=POLICY))
+            for i in range(10):
+                store.handle("a", add_msg(f"m{i}"), counter_handlers, create=True)
+            assert store.handle("a", add_msg("m0"), counter_handlers).duplicate
+        finally:
+            kit.close()
+
+
+@pytest.mark.cosmos
+def test_an_async_cosmos_kit_opens_the_archive_when_asked(cosmos_server: CosmosAccount) -> None:
+    with scratch_database(cosmos_server) as db:
+        create_container(db, "orders")
+
+        async def scenario() -> bool:
+            kit = await open_async_kit(
+                cosmos_server.endpoint,
+                cosmos_server.key,
+                db.id,
+                "orders",
+                client_options=dict(cosmos_server.client_kwargs),
+                inbox_archive="orders.inbox",
+            )
+            try:
+                store = AsyncAggregateStore(kit.backend, Counter, StoreConfig(inbox=POLICY))
+                for i in range(10):
+                    await store.handle("a", add_msg(f"m{i}"), counter_handlers, create=True)
+                return (await store.handle("a", add_msg("m0"), counter_handlers)).duplicate
+            finally:
+                await kit.close()
+
+        assert asyncio.run(scenario())

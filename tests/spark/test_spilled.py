@@ -10,20 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.cosmos import CosmosClient, PartitionKey
 from pymongo import MongoClient
 
 from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.store.plans import entry_id
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
+from docoutbox_cosmos import CosmosBackend
+from docoutbox_cosmos.archive import archive_name, ensure_archive
 from docoutbox_mongo import MongoBackend
 from docoutbox_spark import audit
 from docoutbox_spark.conform import conform
+from docoutbox_spark.readers import CosmosTarget, read_cosmos
 from docoutbox_spark.run import run_audit
 from docoutbox_spark.schema import RAW_ARCHIVE_SCHEMA
-from docoutbox_spark.spilled import with_spilled
+from docoutbox_spark.spilled import read_cosmos_archive, with_spilled
 from tests.spark import planted
 from tests.spark.test_audit import config, frame
+from tests.spark.test_cosmos import _account, item
 
 #: Producer ``Wallet/a`` emitted seqs 1..5; its consumer keeps a window of 2.
 EMITTED = 5
@@ -131,3 +136,48 @@ def test_the_cli_reads_the_archive_of_a_spilling_consumer(
         ]
     )
     assert json.loads(out.read_text())["reconciliation"]["unverifiable"] == 0
+
+
+def test_the_cosmos_reader_reads_the_archive_of_a_spilling_consumer(
+    spark: Any, request: pytest.FixtureRequest
+) -> None:
+    endpoint, key, kwargs = _account(request)
+    client = CosmosClient(endpoint, key, **kwargs)
+    name = f"spill_{uuid.uuid4().hex[:8]}"
+    db = client.create_database(name)
+    try:
+        producer = db.create_container("producer", partition_key=PartitionKey(path="/id"))
+        producer.create_item(item(planted.doc("a", 12, [], 0)))
+        consumer = db.create_container("consumer", partition_key=PartitionKey(path="/id"))
+        archive = ensure_archive(db, archive_name("consumer"))
+        store = AggregateStore(
+            CosmosBackend(consumer, inbox_archive=archive),
+            Counter,
+            StoreConfig(inbox=InboxPolicy(window=4, spill=True)),
+        )
+        for message_id in _ids(range(1, 13)):
+            assert store.handle("c-a", add_msg(message_id), counter_handlers, create=True).applied
+
+        def target(container: str) -> CosmosTarget:
+            return CosmosTarget(
+                endpoint,
+                key,
+                name,
+                container,
+                verify=kwargs.get("connection_verify", True),
+                discovery=kwargs.get("enable_endpoint_discovery", True),
+            )
+
+        spilled = read_cosmos_archive(spark, target("consumer"))
+        assert {r.message_id for r in spilled.collect()} >= set(_ids(range(1, 9)))
+        assert {r.aggregate_id for r in spilled.collect()} == {"c-a"}
+        summary = run_audit(
+            read_cosmos(spark, target("producer")),
+            consumer=read_cosmos(spark, target("consumer")),
+            consumer_archive=spilled,
+            config=config(),
+        )
+        assert summary["reconciliation"]["unverifiable"] == 0
+        assert summary["reconciliation"]["by_id_window"] == 12
+    finally:
+        client.delete_database(name)
