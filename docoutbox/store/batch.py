@@ -255,7 +255,7 @@ class BatchCore(Generic[S]):
                 continue
             base = doc if doc is not None else self._new(aggregate_id)
             try:
-                after, size = self._fit(aggregate_id, base, chunk, known)
+                plan, after, size = self._fit(aggregate_id, base, chunk, known)
             except DocumentTooLarge as exc:
                 if not fresh:
                     fresh = True  # a cached copy may hold entries trimmed since: reload
@@ -266,13 +266,6 @@ class BatchCore(Generic[S]):
                 chunk.covered = [i for i in chunk.covered if i <= first]
                 self._settle(chunk, results, todo, items, seen)
                 continue
-            plan = spill.plan_spill(
-                merge_plans([step.plan for step in chunk.steps]), doc, config.inbox
-            )
-            if plan.inbox_spill is not None:
-                spilt = apply_plan(base, plan)
-                assert spilt is not None
-                after, size = spilt, size + spill.SLACK
             attempt += 1
             writes += 1
             try:
@@ -406,19 +399,28 @@ class BatchCore(Generic[S]):
 
     def _fit(
         self, aggregate_id: AggregateId, base: Document, chunk: _Chunk[S], known: int | None
-    ) -> tuple[Document, int]:
-        """The document after the longest prefix of the chunk that fits, and its size.
+    ) -> tuple[CommitPlan, Document, int]:
+        """The commit of the longest prefix of the chunk that fits, the document after it,
+        and its size.
 
         Cuts ``chunk`` back to that prefix; raises DocumentTooLarge when not even its first
-        applied message fits.
+        applied message fits. A spilling inbox spills what leaves the window, and, before
+        a prefix is cut, every ID but the commit's own (:mod:`docoutbox.store.spill`).
         """
+        policy = self.core.config.inbox
         steps = chunk.steps
         keep = len(steps)
         while True:
-            plan = merge_plans([step.plan for step in steps[:keep]])
+            merged = merge_plans([step.plan for step in steps[:keep]])
+            plan = spill.plan_spill(merged, base, policy)
             after = apply_plan(base, plan)
             assert after is not None
             size = self._measure(after, plan, known)
+            if size > self._limit and policy.spill:
+                plan = spill.plan_spill(merged, base, policy, everything=True)
+                after = apply_plan(base, plan)
+                assert after is not None
+                size = self._measure(after, plan, None)
             if size <= self._limit:
                 break
             if keep == 1:
@@ -429,7 +431,7 @@ class BatchCore(Generic[S]):
             chunk.steps = steps[:keep]
             chunk.covered = [i for i in chunk.covered if i <= last]
             chunk.others = {i: r for i, r in chunk.others.items() if i <= last}
-        return after, size
+        return plan, after, size
 
     def _measure(self, after: Document, plan: CommitPlan, known: int | None) -> int:
         """An upper bound of ``after``'s size: cheap from a known size, else measured."""
@@ -441,10 +443,14 @@ class BatchCore(Generic[S]):
                 "m": list(plan.inbox_marks or ()),
             }
             slack = 64 + 8 * (len(plan.outbox_push) + len(plan.inbox_push))
+            if plan.inbox_spill is not None:
+                added["x"] = plan.inbox_spill
+                slack += spill.SLACK
             bound = known + self._size_of(added) + slack
             if bound <= self._limit:
                 return bound
-        return self._size_of(after)
+        # A spill's token is set after the measure: its room is reserved here.
+        return self._size_of(after) + (spill.SLACK if plan.inbox_spill is not None else 0)
 
     def _new(self, aggregate_id: AggregateId) -> Document:
         try:

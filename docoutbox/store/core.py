@@ -527,6 +527,8 @@ class Core(Generic[S]):
             if bound <= self._limit:
                 return bound
         size = self._size_of(after)
+        if plan.inbox_spill is not None:
+            size += spill.SLACK  # room for the archive's token, set after this measure
         if size > self._limit:
             raise DocumentTooLarge(aggregate_id, size, self._limit)
         return size

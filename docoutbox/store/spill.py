@@ -36,6 +36,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from docoutbox.errors import PermanentStoreError
 from docoutbox.model import AggregateId, InboxPolicy, Message
 from docoutbox.store.document import Document
 from docoutbox.store.inbox import uses_marks
@@ -45,6 +46,8 @@ from docoutbox.store.plans import CommitPlan, InsertPlan, WritePlan
 SPILL = "inbox_spill"
 #: Bytes a size bound adds for the spill field's token, written after it is measured.
 SLACK = 512
+#: The longest archive token a document stores (the rest of SLACK covers its JSON key).
+MAX_TOKEN = SLACK - 64
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,11 @@ def commit_steps(
     Returns (applied, the plan as written)."""
     if plan.inbox_spilled:
         token = yield Archive(plan.aggregate_id, plan.inbox_spilled)
+        if token is not None and len(token) > MAX_TOKEN:
+            raise PermanentStoreError(
+                f"{plan.aggregate_id!r}: the inbox archive returned a token of {len(token)} "
+                f"characters; at most {MAX_TOKEN} fit the room a spill reserves"
+            )
         assert plan.inbox_spill is not None
         plan = replace(plan, inbox_spill={**plan.inbox_spill, "token": token})
     applied: bool = yield write(plan if insert is None else insert)

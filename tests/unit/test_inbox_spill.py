@@ -16,10 +16,16 @@ from docoutbox import (
     Message,
     StoreConfig,
 )
-from docoutbox.errors import DocumentTooLarge, InboxSaturated, InvalidConfig, TransientStoreError
+from docoutbox.errors import (
+    DocumentTooLarge,
+    InboxSaturated,
+    InvalidConfig,
+    PermanentStoreError,
+    TransientStoreError,
+)
 from docoutbox.model import AggregateId
 from docoutbox.store.plans import CommitPlan, WritePlan
-from docoutbox.store.spill import SPILL, plan_spill, spilled
+from docoutbox.store.spill import MAX_TOKEN, SPILL, plan_spill, spilled
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos.items import commit_patch
@@ -356,3 +362,64 @@ def test_a_failed_archive_read_is_retried_like_a_failed_load() -> None:
     with pytest.raises(TransientStoreError):
         counters.handle("c", add_msg("m1"), counter_handlers)
     assert backend.docs["c"]["state"]["total"] == 5
+
+
+def test_a_spills_token_never_lets_the_cached_size_fall_below_the_true_size() -> None:
+    """The archive's token is set after the commit is measured: the size the store keeps
+    for its cached copy must still bound the stored document, or a later commit could
+    write a document over the limit."""
+
+    class LongTokens(MemoryBackend):
+        def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+            super().archive_inbox(aggregate_id, ids)
+            return "t" * 300
+
+    oversized = []
+    for batch in (1, 3):
+        for limit in range(400, 1300):
+            backend = LongTokens(max_document_bytes=limit)
+            tallies = AggregateStore(backend, Tally, StoreConfig(inbox=SPILLING))
+            for i in range(0, 12, batch):
+                messages = [add_msg(f"m{j}") for j in range(i, i + batch)]
+                try:
+                    if batch == 1:
+                        tallies.handle("c", messages[0], count, create=True)
+                    elif tallies.handle_batch("c", messages, count, create=True).failed:
+                        break
+                except DocumentTooLarge:
+                    break
+                if backend.document_size(backend.docs["c"]) > limit:
+                    oversized.append((batch, limit))
+                    break
+    assert oversized == []
+
+
+def test_an_archive_token_too_long_for_its_room_is_refused() -> None:
+    class Huge(MemoryBackend):
+        def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+            super().archive_inbox(aggregate_id, ids)
+            return "t" * (MAX_TOKEN + 1)
+
+    backend = Huge()
+    tallies = AggregateStore(backend, Tally, StoreConfig(inbox=SPILLING), sleep=lambda _: None)
+    for i in range(4):
+        tallies.handle("c", add_msg(f"m{i}"), count, create=True)
+    with pytest.raises(PermanentStoreError, match="token"):
+        tallies.handle("c", add_msg("m4"), count)
+    assert backend.docs["c"]["inbox"] == ["m0", "m1", "m2", "m3"]
+
+
+def test_a_batch_near_the_size_limit_spills_instead_of_refusing() -> None:
+    long_ids = [f"{i:04d}-" + "x" * 200 for i in range(42)]
+    backend = MemoryBackend(max_document_bytes=4000)
+    tallies = AggregateStore(
+        backend, Tally, StoreConfig(inbox=InboxPolicy(window=1000, spill=True))
+    )
+    for start in range(0, 42, 3):
+        batch = [add_msg(i) for i in long_ids[start : start + 3]]
+        outcome = tallies.handle_batch("c", batch, count, create=True)
+        assert all(r.applied for r in outcome.results), outcome.failed
+    assert backend.document_size(backend.docs["c"]) <= 4000
+    again = tallies.handle_batch("c", [add_msg(i) for i in long_ids], count)
+    assert all(r.duplicate for r in again.results)
+    assert backend.docs["c"]["state"]["n"] == 42
