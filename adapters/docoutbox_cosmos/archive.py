@@ -4,7 +4,8 @@ Rule: one item per archived ID, in the logical partition of its aggregate (parti
 path ``/pk``, value the aggregate item's own partition-key value), ``id`` the SHA-256 of
 the message ID (a message ID may hold characters an item ID may not, and be longer),
 with ``aggregate_id`` and ``message_id`` as fields for readers such as the audit. Archiving
-upserts (idempotent); a lookup is one point read, or one query in the partition for
+upserts (idempotent), in transactional batches of up to 100 (one logical partition, so one
+request per 100 IDs); a lookup is one point read, or one query in the partition for
 several IDs.
 
 Consistency: under session consistency another process's read may miss a write it
@@ -34,6 +35,8 @@ PARTITION_KEY_PATH = "/pk"
 SESSION_HEADER = "x-ms-session-token"
 #: Past this many IDs a lookup is a query instead of point reads.
 POINT_READS = 1
+#: The most operations of one transactional batch (a Cosmos DB limit).
+MAX_BATCH = 100
 
 
 def archive_name(container: str) -> str:
@@ -66,10 +69,19 @@ class _Session:
     def __init__(self) -> None:
         self.token: str | None = None
 
-    def hook(self, response: Any) -> None:
-        token = response.http_response.headers.get(SESSION_HEADER)
+    def headers(self, headers: Any, body: Any = None) -> None:
+        """A ``response_hook``: keeps the response's session token."""
+        token = headers.get(SESSION_HEADER) if headers is not None else None
         if token:
             self.token = str(token)
+
+
+def batches(
+    aggregate_id: AggregateId, pk: str, ids: Collection[str]
+) -> list[list[tuple[str, tuple[Any, ...]]]]:
+    """The upserts of ``ids`` as transactional batches of at most :data:`MAX_BATCH`."""
+    items = [("upsert", (archive_item(aggregate_id, pk, i),)) for i in dict.fromkeys(ids)]
+    return [items[n : n + MAX_BATCH] for n in range(0, len(items), MAX_BATCH)]
 
 
 def _session_kwargs(token: str | None) -> dict[str, Any]:
@@ -113,10 +125,8 @@ class CosmosInboxArchive:
         pk = self._pk(aggregate_id)
         session = _Session()
         with translated(aggregate_id):
-            for message_id in dict.fromkeys(ids):
-                self.container.upsert_item(
-                    archive_item(aggregate_id, pk, message_id), raw_response_hook=session.hook
-                )
+            for batch in batches(aggregate_id, pk, ids):
+                self.container.execute_item_batch(batch, pk, response_hook=session.headers)
         return session.token
 
     def archived(
@@ -154,10 +164,8 @@ class AsyncCosmosInboxArchive:
         pk = self._pk(aggregate_id)
         session = _Session()
         with translated(aggregate_id):
-            for message_id in dict.fromkeys(ids):
-                await self.container.upsert_item(
-                    archive_item(aggregate_id, pk, message_id), raw_response_hook=session.hook
-                )
+            for batch in batches(aggregate_id, pk, ids):
+                await self.container.execute_item_batch(batch, pk, response_hook=session.headers)
         return session.token
 
     async def archived(

@@ -9,24 +9,26 @@ from azure.cosmos import exceptions as cosmos_errors
 from docoutbox_cosmos.archive import CosmosInboxArchive, item_id, lookup_query
 
 
-class Headers:
-    def __init__(self, token: str) -> None:
-        self.http_response = type("R", (), {"headers": {"x-ms-session-token": token}})()
-
-
 class FakeContainer:
     """Items in a dict; every response carries the next session token."""
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self.lsn = 0
+        self.batches = 0
         self.reads: list[dict[str, Any]] = []
 
-    def upsert_item(self, body: dict[str, Any], raw_response_hook: Any) -> dict[str, Any]:
-        self.items[(body["pk"], body["id"])] = body
+    def execute_item_batch(
+        self, batch: list[tuple[str, tuple[Any, ...]]], partition_key: str, response_hook: Any
+    ) -> list[Any]:
+        assert len(batch) <= 100
+        for kind, (body,) in batch:
+            assert kind == "upsert" and body["pk"] == partition_key
+            self.items[(body["pk"], body["id"])] = body
         self.lsn += 1
-        raw_response_hook(Headers(f"0:1#{self.lsn}"))
-        return body
+        self.batches += 1
+        response_hook({"x-ms-session-token": f"0:1#{self.lsn}"}, [])
+        return []
 
     def read_item(self, item: str, partition_key: str, **kwargs: Any) -> dict[str, Any]:
         self.reads.append(kwargs)
@@ -50,12 +52,15 @@ def test_the_write_returns_its_last_session_token_and_reads_pass_it_on() -> None
     container = FakeContainer()
     archive = CosmosInboxArchive(container, lambda aggregate_id: f"pk-{aggregate_id}")
     token = archive.archive("a", ["m1", "m2", "m1"])
-    assert token == "0:1#2"  # two upserts: the duplicate ID is written once
+    assert token == "0:1#1" and container.batches == 1  # the duplicate ID is written once
     assert archive.archived("a", ["m1"], token) == {"m1"}
     assert archive.archived("a", ["m3"], token) == set()
     assert archive.archived("a", ["m1", "m2", "m3"], token) == {"m1", "m2"}
     assert archive.archived("b", ["m1", "m2"], None) == set()
     assert [r.get("session_token") for r in container.reads] == [token, token, token, None]
+    many = archive.archive("b", [f"n{i}" for i in range(250)])
+    assert many == "0:1#4" and container.batches == 4  # 100 + 100 + 50 IDs
+    assert len(archive.archived("b", [f"n{i}" for i in range(250)], many)) == 250
 
 
 def test_items_are_named_by_a_hash_of_the_message_id() -> None:
