@@ -76,6 +76,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
 OPTIONAL: dict[str, Bench] = {
     "cosmos_handle": cosmos.handle_bench,
     "cosmos_handle_aio": cosmos_aio.handle_bench,
+    "cosmos_spill": spill.cosmos_bench,
     "cosmos_drain_aio": cosmos_aio.drain_bench,
     "cosmos_dispatch_drain": cosmos_dispatch.drain_bench,
     "cosmos_dispatch_drain_1": cosmos_dispatch.single_bench,
