@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
+from benchmarks import spill as spill_benchmark
+from benchmarks.common import Scale
 from benchmarks.servers import CosmosAccount, MongoWireServer
 from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, StoreConfig
 from docoutbox.errors import InvalidConfig
@@ -277,3 +279,16 @@ def test_an_async_cosmos_kit_opens_the_archive_when_asked(cosmos_server: CosmosA
                 await kit.close()
 
         assert asyncio.run(scenario())
+
+
+@pytest.mark.wire
+def test_the_spill_benchmark_runs(wire_server: MongoWireServer) -> None:
+    """A tiny run of ``benchmarks/spill.py`` (nothing here looks at speed)."""
+    table = spill_benchmark.run(wire_server.uri, Scale.quick())
+    assert [row[:2] for row in table.rows] == [
+        ["redelivery", "window"],
+        ["redelivery", "spill, spilled"],
+        ["new message", "window"],
+        ["new message", "spill, spilled"],
+    ]
+    assert all(row[2] > 0 for row in table.rows)
