@@ -240,6 +240,15 @@ class BatchCore(Generic[S]):
             if lookup is not None:
                 try:
                     found = yield lookup
+                except TransientStoreError as exc:  # retried like a failed load
+                    attempt += 1
+                    late = self.core.transient(exc, started)
+                    if attempt >= retry.max_attempts or late is not None:
+                        self._fail(aggregate_id, items, todo, results, late or exc, seen, version)
+                        break
+                    yield Sleep(retry.delay(attempt, config.rng))
+                    fresh = True
+                    continue
                 except DocOutboxError as exc:
                     self._fail(aggregate_id, items, todo, results, exc, seen, version)
                     break

@@ -358,10 +358,16 @@ def test_a_failed_archive_read_is_retried_like_a_failed_load() -> None:
         counters.handle("c", add_msg(f"m{i}"), counter_handlers, create=True)
     outcome = counters.handle("c", add_msg("m0"), counter_handlers)
     assert outcome.duplicate and backend.failures == 0
+    backend.failures = 2
+    batch = counters.handle_batch("c", [add_msg("m1"), add_msg("n1")], counter_handlers)
+    assert [r.status for r in batch.results] == ["duplicate", "applied"]
+    assert backend.failures == 0
     backend.failures = 100
     with pytest.raises(TransientStoreError):
         counters.handle("c", add_msg("m1"), counter_handlers)
-    assert backend.docs["c"]["state"]["total"] == 5
+    failed = counters.handle_batch("c", [add_msg("m2")], counter_handlers).results[0]
+    assert isinstance(failed.error, TransientStoreError)  # type: ignore[union-attr]
+    assert backend.docs["c"]["state"]["total"] == 6
 
 
 def test_a_spills_token_never_lets_the_cached_size_fall_below_the_true_size() -> None:
