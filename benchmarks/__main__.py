@@ -40,6 +40,7 @@ from benchmarks import (
     lag,
     memory,
     rabbitmq,
+    spill,
     store,
     structure,
     tracing,
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
     "tracing": (tracing.run, None),
     "codec": (codec.run, None),
     "claim": (claim.run, None),
+    "spill": (spill.run, None),
     "audit": (audit.run, "6g"),
     "kafka": (kafka.run, None),
     "kafka-consume": (kafka_consume.run, None),
@@ -76,6 +78,7 @@ BENCHMARKS: dict[str, tuple[Bench, str | None]] = {
 OPTIONAL: dict[str, Bench] = {
     "cosmos_handle": cosmos.handle_bench,
     "cosmos_handle_aio": cosmos_aio.handle_bench,
+    "cosmos_spill": spill.cosmos_bench,
     "cosmos_drain_aio": cosmos_aio.drain_bench,
     "cosmos_dispatch_drain": cosmos_dispatch.drain_bench,
     "cosmos_dispatch_drain_1": cosmos_dispatch.single_bench,

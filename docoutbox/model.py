@@ -440,6 +440,9 @@ class InboxPolicy(_Strict):
     watermark plus the sparse sequence numbers seen above it. It is exact, needs O(sources)
     space while each receiver sees its sources' streams without permanent gaps, and
     tolerates reordering up to ``max_above`` outstanding numbers per source.
+    ``spill``: IDs leaving the window (it is full, or the document nears its size limit)
+    move to the store's inbox archive instead of being forgotten, and stay recognised
+    (:mod:`docoutbox.store.spill`); the store's backend must have an archive.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -448,6 +451,13 @@ class InboxPolicy(_Strict):
     window: int = Field(default=100, ge=0, le=100_000)
     exact: bool = False
     max_above: int = Field(default=1000, ge=1, le=1_000_000)
+    spill: bool = False
+
+    @model_validator(mode="after")
+    def _spill_needs_window(self) -> InboxPolicy:
+        if self.spill and self.window < 1:
+            raise ValueError("spill=True needs an ID window (window >= 1)")
+        return self
 
 
 class Aggregate(BaseModel):

@@ -3,6 +3,7 @@
 - :mod:`docoutbox_cosmos.backend`: the store backends (:class:`CosmosBackend`,
   :class:`AsyncCosmosBackend`); :mod:`docoutbox_cosmos.items` and
   :mod:`docoutbox_cosmos.operations`: documents as items, plans as patches and batches;
+- :mod:`docoutbox_cosmos.archive`: the inbox archive of a spilling inbox;
 - :mod:`docoutbox_cosmos.changes`: the change feed as a change source;
 - :mod:`docoutbox_cosmos.coordination`: checkpoints, lease items and dead letters;
   :mod:`docoutbox_cosmos.leases`: one lease per feed range, carrying its continuation;

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from docoutbox_cosmos.archive import ensure_archive_async
 from docoutbox_cosmos.backend import AsyncCosmosBackend, ChargeHook
 from docoutbox_cosmos.changes import AsyncCosmosChangeSource
 from docoutbox_cosmos.clients import (
@@ -81,6 +82,7 @@ async def open_async_kit(
     partition_key_path: str = "/id",
     on_charge: ChargeHook | None = None,
     client_options: dict[str, Any] | None = None,
+    inbox_archive: str | None = None,
 ) -> AsyncCosmosKit:
     """Like :func:`~docoutbox_cosmos.kit.open_kit`, on ``azure.cosmos.aio`` (the lease
     table on a sync client of its own)."""
@@ -93,8 +95,11 @@ async def open_async_kit(
         db = client.get_database_client(database)
         coll = db.get_container_client(container)
         await require_container_async(coll)
+        archive = None
+        if inbox_archive is not None:
+            archive = await ensure_archive_async(db, inbox_archive)
         backend = AsyncCosmosBackend(
-            coll, partition_key_path=partition_key_path, on_charge=on_charge
+            coll, partition_key_path=partition_key_path, on_charge=on_charge, inbox_archive=archive
         )
         lease_db = lease_client.get_database_client(database)
         return AsyncCosmosKit(

@@ -27,6 +27,7 @@ from docoutbox.model import AggregateId
 from docoutbox.store.document import Document
 from docoutbox.store.plans import WritePlan
 from docoutbox_cosmos import operations as flows
+from docoutbox_cosmos.archive import AsyncCosmosInboxArchive, CosmosInboxArchive
 from docoutbox_cosmos.errors import (
     DRIVER_ERRORS,
     owner_missing,
@@ -65,9 +66,12 @@ class _Base:
         partition_key_path: str = "/id",
         partition_key: Callable[[AggregateId], str] | None = None,
         on_charge: ChargeHook | None = None,
+        inbox_archive: Any = None,
     ) -> None:
         self.container = container
         self.codec = ItemCodec(partition_key_path, partition_key)
+        #: The container of spilled inbox IDs (:mod:`docoutbox_cosmos.archive`), if any.
+        self.inbox_archive = inbox_archive
         self.on_charge = on_charge
         self._outboxes: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self._memory_lock = threading.Lock()
@@ -100,6 +104,14 @@ class _Base:
         if ids is None:
             return None
         return flows.hinted(ids)
+
+    @property
+    def has_inbox_archive(self) -> bool:
+        """Whether the backend was given an archive container (``inbox_archive``)."""
+        return self.inbox_archive is not None
+
+    def _archive_key(self, aggregate_id: AggregateId) -> str:
+        return self.codec.key(aggregate_id)[1]
 
     def document_size(self, document: Document) -> int:
         """An upper bound of the item's size: compact UTF-8 JSON plus ``id``, ``aid``, the
@@ -242,6 +254,18 @@ class CosmosBackend(_Base):
         docs: list[Document] = self._run(flow)
         return docs
 
+    def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        """Upsert spilled inbox IDs into the archive container; its session token."""
+        archive = CosmosInboxArchive(self.inbox_archive, self._archive_key)
+        return archive.archive(aggregate_id, ids)
+
+    def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        """Which of ``ids`` the archive container holds, read with ``token``."""
+        archive = CosmosInboxArchive(self.inbox_archive, self._archive_key)
+        return archive.archived(aggregate_id, ids, token)
+
     def ensure_indexes(self) -> None:
         """Check the container exists (:class:`~docoutbox_cosmos.errors.ContainerNotFound`
         otherwise); no index to create: Cosmos DB's default indexing policy covers every
@@ -313,6 +337,18 @@ class AsyncCosmosBackend(_Base):
         flow = flows.find_due(self.codec, due_before, after, limit, partitions)
         docs: list[Document] = await self._run(flow)
         return docs
+
+    async def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        """Upsert spilled inbox IDs into the archive container; its session token."""
+        archive = AsyncCosmosInboxArchive(self.inbox_archive, self._archive_key)
+        return await archive.archive(aggregate_id, ids)
+
+    async def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        """Which of ``ids`` the archive container holds, read with ``token``."""
+        archive = AsyncCosmosInboxArchive(self.inbox_archive, self._archive_key)
+        return await archive.archived(aggregate_id, ids, token)
 
     async def ensure_indexes(self) -> None:
         """See :meth:`CosmosBackend.ensure_indexes`."""

@@ -276,6 +276,8 @@ def commit_patch(plan: CommitPlan) -> tuple[PatchOps, str] | None:
         ops.append({"op": "set", "path": "/inbox", "value": list(plan.inbox_after)})
     if plan.inbox_marks is not None:
         ops.append({"op": "set", "path": "/inbox_marks", "value": to_json(plan.inbox_marks)})
+    if plan.inbox_spill is not None:
+        ops.append({"op": "set", "path": "/inbox_spill", "value": to_json(plan.inbox_spill)})
     if plan.state_version is not None:
         ops.append({"op": "set", "path": "/state_version", "value": plan.state_version})
     ops.extend({"op": "add", "path": "/outbox/-", "value": to_json(e)} for e in plan.outbox_push)

@@ -13,6 +13,7 @@ from docoutbox.dispatch.engine.lag import PendingWork
 from docoutbox.ports.kit import StoreSettings, name_problem
 from docoutbox_cosmos.admin import FeedRanges, pending_work
 from docoutbox_cosmos.aio import AsyncCosmosKit, open_async_kit
+from docoutbox_cosmos.archive import archive_name, ensure_archive
 from docoutbox_cosmos.backend import ChargeHook, CosmosBackend
 from docoutbox_cosmos.changes import CosmosChangeSource
 from docoutbox_cosmos.clients import (
@@ -81,9 +82,14 @@ def open_kit(
     partition_key_path: str = "/id",
     on_charge: ChargeHook | None = None,
     client_options: dict[str, Any] | None = None,
+    inbox_archive: str | None = None,
 ) -> CosmosKit:
     """Open a client, check the aggregates' container exists, and create the
     coordination containers when missing.
+
+    ``inbox_archive``: the container of a spilling inbox's archive
+    (:mod:`docoutbox_cosmos.archive`, e.g. ``archive_name(container)``), created when
+    missing; None: the backend has no archive (``InboxPolicy(spill=True)`` is refused).
 
     Raises :class:`~docoutbox.errors.StoreError` for a bad endpoint or key, an unreachable
     account, or a missing database or container.
@@ -93,7 +99,13 @@ def open_kit(
         db = client.get_database_client(database)
         coll = db.get_container_client(container)
         require_container(coll)
-        backend = CosmosBackend(coll, partition_key_path=partition_key_path, on_charge=on_charge)
+        archive = None if inbox_archive is None else ensure_archive(db, inbox_archive)
+        backend = CosmosBackend(
+            coll,
+            partition_key_path=partition_key_path,
+            on_charge=on_charge,
+            inbox_archive=archive,
+        )
         lease_table = CosmosFeedRangeLeases(
             coordination_container(db, leases), coll, group or container, codec=backend.codec
         )
@@ -124,6 +136,16 @@ def settings_options(settings: StoreSettings, *, pooled: bool = True) -> dict[st
     return options
 
 
+def archive_option(settings: StoreSettings) -> str | None:
+    """The archive container a kit opens for a spilling inbox: option ``inbox_archive``,
+    "1" (or "true", "yes") for ``<container>.inbox``, or a container's name; None
+    without it."""
+    value = settings.options.get("inbox_archive", "")
+    if not value or value in ("0", "false", "no"):
+        return None
+    return archive_name(settings.collection) if value in ("1", "true", "yes") else value
+
+
 class CosmosStore:
     """The Cosmos DB adapter (:class:`~docoutbox.ports.kit.StoreAdapter`).
 
@@ -142,6 +164,7 @@ class CosmosStore:
             settings.collection,
             timeout=settings.timeout,
             client_options=settings_options(settings),
+            inbox_archive=archive_option(settings),
         )
 
     async def open_async(self, settings: StoreSettings) -> AsyncCosmosKit:
@@ -152,6 +175,7 @@ class CosmosStore:
             settings.collection,
             timeout=settings.timeout,
             client_options=settings_options(settings, pooled=False),
+            inbox_archive=archive_option(settings),
         )
 
     def name_problem(self, text: str, what: str) -> str | None:

@@ -3,6 +3,7 @@
 - :mod:`docoutbox_mongo.backend`: the store backends (:class:`MongoBackend`,
   :class:`AsyncMongoBackend`);
 - :mod:`docoutbox_mongo.plans`: write plans as MongoDB updates;
+- :mod:`docoutbox_mongo.archive`: the inbox archive of a spilling inbox;
 - :mod:`docoutbox_mongo.changes`: change streams as change sources;
 - :mod:`docoutbox_mongo.coordination`: checkpoints, leases and dead letters;
 - :mod:`docoutbox_mongo.kit`: the kit (:func:`open_kit`, :func:`open_async_kit`) and the

@@ -26,6 +26,7 @@ from docoutbox.store.plans import (
     TrimPlan,
     WritePlan,
 )
+from docoutbox_mongo import archive as inbox_archive
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import (
     DUE_FILTER,
@@ -169,6 +170,20 @@ class MongoBackend:
         with translated():
             return list(self.collection.find(query).sort("_id", ASCENDING).limit(limit))
 
+    @property
+    def archive(self) -> Any:
+        """The inbox archive's collection (:mod:`docoutbox_mongo.archive`)."""
+        return self.collection.database[inbox_archive.archive_name(self.collection.name)]
+
+    def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        inbox_archive.archive_sync(self.archive, aggregate_id, ids)
+        return None
+
+    def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        return inbox_archive.archived_sync(self.archive, aggregate_id, ids)
+
     def ensure_indexes(self) -> None:
         with translated():
             for name, keys in INDEXES:
@@ -250,6 +265,20 @@ class AsyncMongoBackend:
         with translated():
             cursor = self.collection.find(query).sort("_id", ASCENDING).limit(limit)
             return [doc async for doc in cursor]
+
+    @property
+    def archive(self) -> Any:
+        """The inbox archive's collection (:mod:`docoutbox_mongo.archive`)."""
+        return self.collection.database[inbox_archive.archive_name(self.collection.name)]
+
+    async def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        await inbox_archive.archive_async(self.archive, aggregate_id, ids)
+        return None
+
+    async def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        return await inbox_archive.archived_async(self.archive, aggregate_id, ids)
 
     async def ensure_indexes(self) -> None:
         with translated():

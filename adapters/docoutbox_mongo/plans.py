@@ -45,7 +45,11 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
     push: dict[str, Any] = {}
     if plan.outbox_push:
         push["outbox"] = {"$each": list(plan.outbox_push)}
-    if plan.inbox_push:
+    if plan.inbox_spill is not None:
+        # A spill: the IDs that leave are in the archive already (docoutbox.store.spill).
+        update["$set"]["inbox"] = list(plan.inbox_after or ())
+        update["$set"]["inbox_spill"] = plan.inbox_spill
+    elif plan.inbox_push:
         push["inbox"] = {"$each": list(plan.inbox_push), "$slice": -plan.inbox_window}
     if push:
         update["$push"] = push

@@ -8,6 +8,7 @@
   old versions upcast (the audit itself needs neither);
 - :mod:`docoutbox_spark.conform`: typed frames, with malformed documents as findings;
 - :mod:`docoutbox_spark.audit`: the audit functions (DataFrame in, DataFrame out);
+- :mod:`docoutbox_spark.spilled`: spilled inbox IDs folded back for reconciliation;
 - :mod:`docoutbox_spark.run` and :mod:`docoutbox_spark.report`: the summary, its JSON and
   the offline HTML report. The commands ``docoutbox audit``/``export`` are in the
   application ring (:mod:`docoutbox_app.cli.spark`).

@@ -23,7 +23,12 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA, raw_row
+from docoutbox_spark.schema import (
+    RAW_ARCHIVE_SCHEMA,
+    RAW_DEAD_LETTER_SCHEMA,
+    RAW_DOCUMENT_SCHEMA,
+    raw_row,
+)
 
 NAME = "docoutbox_mongo"
 
@@ -102,8 +107,10 @@ def _schema(options: dict[str, str]) -> StructType:
     kind = options.get("kind", "documents")
     if kind == "dead_letters":
         return RAW_DEAD_LETTER_SCHEMA
+    if kind == "inbox_archive":  # docoutbox_spark.spilled
+        return RAW_ARCHIVE_SCHEMA
     if kind != "documents":
-        raise ValueError(f"unknown kind {kind!r} (documents or dead_letters)")
+        raise ValueError(f"unknown kind {kind!r} (documents, dead_letters or inbox_archive)")
     return RAW_DOCUMENT_SCHEMA
 
 

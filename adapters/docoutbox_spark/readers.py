@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 from docoutbox_spark.cosmos_source import NAME as COSMOS
 from docoutbox_spark.cosmos_source import CosmosSource
 from docoutbox_spark.datasource import NAME, MongoSource
-from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
+from docoutbox_spark.schema import RAW_ARCHIVE_SCHEMA, RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
 
 CONNECTOR = "org.mongodb.spark:mongo-spark-connector_2.13:10.5.0"
 PARTITIONER = "com.mongodb.spark.sql.connector.read.partitioner.PaginateIntoPartitionsPartitioner"
@@ -224,7 +224,7 @@ def count_documents(target: MongoTarget) -> int:
 
 
 # Parquet snapshot: one directory per role, raw rows, so malformed documents survive it.
-ROLES = ("producer", "consumer", "dead_letters")
+ROLES = ("producer", "consumer", "dead_letters", "consumer_archive")
 
 
 def write_snapshot(frames: dict[str, DataFrame], directory: str | Path) -> dict[str, int]:
@@ -245,7 +245,10 @@ def read_snapshot(spark: SparkSession, directory: str | Path) -> dict[str, DataF
     for role in ROLES:
         path = Path(directory) / role
         if path.is_dir():
-            schema = RAW_DEAD_LETTER_SCHEMA if role == "dead_letters" else RAW_DOCUMENT_SCHEMA
+            schema = {
+                "dead_letters": RAW_DEAD_LETTER_SCHEMA,
+                "consumer_archive": RAW_ARCHIVE_SCHEMA,
+            }.get(role, RAW_DOCUMENT_SCHEMA)
             found[role] = spark.read.schema(schema).parquet(str(path))
     return found
 

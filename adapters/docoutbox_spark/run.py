@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from docoutbox_spark import audit
 from docoutbox_spark.conform import Conformed, conform, conform_dead_letters
+from docoutbox_spark.spilled import with_spilled
 
 # Finding kinds, and how many of each are allowed before the audit fails (None: never).
 DEFAULT_THRESHOLDS: dict[str, int | None] = {
@@ -214,8 +215,12 @@ def run_audit(
     expected_documents: int | None = None,
     config: AuditConfig | None = None,
     source: dict[str, Any] | None = None,
+    consumer_archive: DataFrame | None = None,
 ) -> dict[str, Any]:
     """Audit raw frames; return the summary (JSON-ready) with findings and figures.
+
+    ``consumer_archive``: the consumers' spilled inbox IDs (:mod:`docoutbox_spark.spilled`),
+    which count as held in their windows.
 
     Spark jobs: one per source read (its conformed rows persisted), then one query of
     three shuffles and its result: six for a producer and a consumer collection."""
@@ -243,6 +248,8 @@ def run_audit(
             consumed = conform(consumer, persist=LEVEL)
             persisted.append(consumed)
             cdocs = consumed.documents
+            if consumer_archive is not None:
+                cdocs = with_spilled(cdocs, consumer_archive)
             items += [
                 _item(
                     "malformed",

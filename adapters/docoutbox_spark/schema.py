@@ -95,6 +95,16 @@ def raw_schema(typed: StructType) -> StructType:
 RAW_DOCUMENT_SCHEMA = raw_schema(DOCUMENT_SCHEMA)
 RAW_DEAD_LETTER_SCHEMA = raw_schema(DEAD_LETTER_SCHEMA)
 
+#: A row of a spilling inbox's archive (:mod:`docoutbox_spark.spilled`).
+ARCHIVE_SCHEMA = StructType(
+    [
+        StructField("_id", StringType(), True),
+        StructField("aggregate_id", StringType(), True),
+        StructField("message_id", StringType(), True),
+    ]
+)
+RAW_ARCHIVE_SCHEMA = raw_schema(ARCHIVE_SCHEMA)
+
 
 def _iso(value: datetime) -> str:
     if value.tzinfo is not None:

@@ -3,6 +3,7 @@ write per message.
 
 - :mod:`~docoutbox.store.document`: the stored layout and its reading;
 - :mod:`~docoutbox.store.inbox`: de-duplication (ID window, exact watermarks);
+- :mod:`~docoutbox.store.spill`: inbox spill-over (IDs move to an archive, not away);
 - :mod:`~docoutbox.store.schedule`: scheduled entries, cancellation and the due-time hint;
 - :mod:`~docoutbox.store.plans`: pure write plans and :func:`~docoutbox.store.plans.apply_plan`,
   the reference semantics;

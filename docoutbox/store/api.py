@@ -27,6 +27,7 @@ from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
+from docoutbox.ports.archive import check_archive
 from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
@@ -43,6 +44,7 @@ from docoutbox.store.core import (
 )
 from docoutbox.store.document import Snapshot
 from docoutbox.store.group import Coalescer, handle_async, handle_sync
+from docoutbox.store.spill import Archive, Archived
 from docoutbox.stored.claim import PutPayload, perform_payload, perform_payload_async
 
 S = TypeVar("S", bound=BaseModel)
@@ -75,6 +77,10 @@ def _perform(
         return backend.find_pending(
             after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
         )
+    if isinstance(op, Archived):
+        return backend.archived_inbox(op.aggregate_id, op.ids, op.token)  # type: ignore[attr-defined]
+    if isinstance(op, Archive):
+        return backend.archive_inbox(op.aggregate_id, op.ids)  # type: ignore[attr-defined]
     sleep(op.seconds)
     return None
 
@@ -107,6 +113,10 @@ async def _perform_async(
         return await backend.find_pending(
             after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
         )
+    if isinstance(op, Archived):
+        return await backend.archived_inbox(op.aggregate_id, op.ids, op.token)  # type: ignore[attr-defined]
+    if isinstance(op, Archive):
+        return await backend.archive_inbox(op.aggregate_id, op.ids)  # type: ignore[attr-defined]
     await sleep(op.seconds)
     return None
 
@@ -170,6 +180,7 @@ class _StoreFlows(Generic[S]):
         self, backend: StoreBackend | AsyncStoreBackend, model: type[S], config: StoreConfig | None
     ) -> None:
         _check_store_arguments(backend, model, config)
+        check_archive(backend, (config or StoreConfig()).inbox.spill)
         self._core = Core(
             model, config or StoreConfig(), backend.document_size, backend.max_document_bytes
         )

@@ -43,6 +43,7 @@ from docoutbox.errors import (
 )
 from docoutbox.handlers import Decision, Handler, takes_context
 from docoutbox.model import AggregateId, Message, check_aggregate_id
+from docoutbox.store import spill
 from docoutbox.store.core import Core, Flow, Load, Outcome, Sleep, Status, Write
 from docoutbox.store.document import (
     Document,
@@ -231,6 +232,29 @@ class BatchCore(Generic[S]):
             except DocOutboxError as exc:
                 self._fail(aggregate_id, items, todo, results, exc, seen, version)
                 break
+            lookup = spill.lookup_many(
+                config.inbox,
+                doc,
+                [items[i].message for i in todo if items[i].message.id not in seen],
+            )
+            if lookup is not None:
+                try:
+                    found = yield lookup
+                except TransientStoreError as exc:  # retried like a failed load
+                    attempt += 1
+                    late = self.core.transient(exc, started)
+                    if attempt >= retry.max_attempts or late is not None:
+                        self._fail(aggregate_id, items, todo, results, late or exc, seen, version)
+                        break
+                    yield Sleep(retry.delay(attempt, config.rng))
+                    fresh = True
+                    continue
+                except DocOutboxError as exc:
+                    self._fail(aggregate_id, items, todo, results, exc, seen, version)
+                    break
+                for index in todo:
+                    if items[index].message.id in found:
+                        seen.setdefault(items[index].message.id, index)  # archived: processed
             chunk = self._chunk(aggregate_id, snapshot, items, todo, seen, attempt)
             if not chunk.steps:
                 self._settle(chunk, results, todo, items, seen)
@@ -246,7 +270,7 @@ class BatchCore(Generic[S]):
                 self._fail(aggregate_id, items, todo, results, exc, seen, version)
                 break
             try:
-                after, size = self._fit(aggregate_id, base, chunk, known)
+                plan, after, size = self._fit(aggregate_id, base, chunk, known)
             except DocumentTooLarge as exc:
                 if not fresh:
                     fresh = True  # a cached copy may hold entries trimmed since: reload
@@ -257,11 +281,13 @@ class BatchCore(Generic[S]):
                 chunk.covered = [i for i in chunk.covered if i <= first]
                 self._settle(chunk, results, todo, items, seen)
                 continue
-            plan = merge_plans([step.plan for step in chunk.steps])
             attempt += 1
             writes += 1
             try:
-                applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
+                applied, plan = yield from spill.commit_steps(
+                    plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
+                )
+                after = spill.written(after, plan)
             except TransientStoreError as exc:
                 # The write may or may not have happened: reload and let the inbox decide.
                 late = self.core.transient(exc, started)
@@ -340,7 +366,11 @@ class BatchCore(Generic[S]):
                 current = read_snapshot(
                     self._new(aggregate_id), self.core.model, values=self.core.values
                 )
-            if is_duplicate(policy, current.inbox, current.marks, msg):
+            if is_duplicate(policy, current.inbox, current.marks, msg) or (
+                # A spilling window keeps what the chunk pushes out of it (the commit
+                # archives it): stored at the chunk's start, processed for good.
+                windowed and policy.spill and snapshot is not None and msg.id in snapshot.inbox
+            ):
                 chunk.others[index] = Outcome(Status.DUPLICATE, aggregate_id, version, attempt)
                 if windowed and snapshot is not None and msg.id in snapshot.inbox:
                     seen[msg.id] = index  # stored, hence final: it may leave the window
@@ -384,19 +414,28 @@ class BatchCore(Generic[S]):
 
     def _fit(
         self, aggregate_id: AggregateId, base: Document, chunk: _Chunk[S], known: int | None
-    ) -> tuple[Document, int]:
-        """The document after the longest prefix of the chunk that fits, and its size.
+    ) -> tuple[CommitPlan, Document, int]:
+        """The commit of the longest prefix of the chunk that fits, the document after it,
+        and its size.
 
         Cuts ``chunk`` back to that prefix; raises DocumentTooLarge when not even its first
-        applied message fits.
+        applied message fits. A spilling inbox spills what leaves the window, and, before
+        a prefix is cut, every ID but the commit's own (:mod:`docoutbox.store.spill`).
         """
+        policy = self.core.config.inbox
         steps = chunk.steps
         keep = len(steps)
         while True:
-            plan = merge_plans([step.plan for step in steps[:keep]])
+            merged = merge_plans([step.plan for step in steps[:keep]])
+            plan = spill.plan_spill(merged, base, policy)
             after = apply_plan(base, plan)
             assert after is not None
             size = self._measure(after, plan, known)
+            if size > self._limit and policy.spill:
+                plan = spill.plan_spill(merged, base, policy, everything=True)
+                after = apply_plan(base, plan)
+                assert after is not None
+                size = self._measure(after, plan, None)
             if size <= self._limit:
                 break
             if keep == 1:
@@ -407,7 +446,7 @@ class BatchCore(Generic[S]):
             chunk.steps = steps[:keep]
             chunk.covered = [i for i in chunk.covered if i <= last]
             chunk.others = {i: r for i, r in chunk.others.items() if i <= last}
-        return after, size
+        return plan, after, size
 
     def _measure(self, after: Document, plan: CommitPlan, known: int | None) -> int:
         """An upper bound of ``after``'s size: cheap from a known size, else measured."""
@@ -419,10 +458,14 @@ class BatchCore(Generic[S]):
                 "m": list(plan.inbox_marks or ()),
             }
             slack = 64 + 8 * (len(plan.outbox_push) + len(plan.inbox_push))
+            if plan.inbox_spill is not None:
+                added["x"] = plan.inbox_spill
+                slack += spill.SLACK
             bound = known + self._size_of(added) + slack
             if bound <= self._limit:
                 return bound
-        return self._size_of(after)
+        # A spill's token is set after the measure: its room is reserved here.
+        return self._size_of(after) + (spill.SLACK if plan.inbox_spill is not None else 0)
 
     def _new(self, aggregate_id: AggregateId) -> Document:
         try:

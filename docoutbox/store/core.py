@@ -64,6 +64,7 @@ from docoutbox.model import (
     with_article,
 )
 from docoutbox.retry import MAX_COUNT, RetryPolicy, check_int
+from docoutbox.store import spill
 from docoutbox.store.document import (
     ID,
     Document,
@@ -122,7 +123,7 @@ class Sleep:
     seconds: float
 
 
-Op = Load | Write | FindPending | Sleep | PutPayload
+Op = Load | Write | FindPending | Sleep | PutPayload | spill.Archive | spill.Archived
 Flow = Generator[Op, Any, T]
 
 #: The most partitions a store may spread its documents over.
@@ -377,7 +378,21 @@ class Core(Generic[S]):
                     return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state, self.values)
-            if is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg):
+            duplicate = is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg)
+            if not duplicate and (lookup := spill.lookup(self.config.inbox, doc, msg)):
+                try:
+                    duplicate = msg.id in (yield lookup)
+                except TransientStoreError as exc:
+                    attempt += 1
+                    if attempt >= retry.max_attempts:
+                        raise
+                    if (late := self.transient(exc, started)) is not None:
+                        raise late from exc
+                    self._observed_retry("transient")
+                    yield Sleep(retry.delay(attempt, self.config.rng))
+                    fresh = True
+                    continue
+            if duplicate:
                 if doc is not None:
                     self.cache.put(aggregate_id, doc, known, snapshot.state)
                 return Outcome(Status.DUPLICATE, aggregate_id, snapshot.version, attempt)
@@ -393,19 +408,28 @@ class Core(Generic[S]):
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
             plan = yield from self.claim(plan)
+            plan = spill.plan_spill(plan, doc, self.config.inbox)
             after = apply_plan(base, plan)
             assert after is not None
             try:
                 size = self._measure(after, plan, known, aggregate_id)
             except DocumentTooLarge:
-                if fresh:
+                if not fresh:
+                    fresh = True  # the cached copy may still hold entries trimmed since
+                    continue
+                plan = spill.plan_spill(plan, doc, self.config.inbox, everything=True)
+                if not plan.inbox_spilled:
                     raise
-                fresh = True  # the cached copy may still hold entries trimmed since
-                continue
+                after = apply_plan(base, plan)
+                assert after is not None
+                size = self._measure(after, plan, None, aggregate_id)
             attempt += 1
             lost: TransientStoreError | None = None
             try:
-                applied = yield Write(plan if doc is not None else InsertPlan(aggregate_id, after))
+                applied, plan = yield from spill.commit_steps(
+                    plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
+                )
+                after = spill.written(after, plan)
             except TransientStoreError as exc:
                 # The write may or may not have happened: the document will say.
                 if (late := self.transient(exc, started)) is not None:
@@ -506,10 +530,15 @@ class Core(Generic[S]):
             if plan.inbox_marks:
                 added["m"] = plan.inbox_marks
             slack = 64 + 8 * (len(plan.outbox_push) + len(plan.inbox_push))
+            if plan.inbox_spill is not None:
+                added["x"] = plan.inbox_spill
+                slack += spill.SLACK  # the archive's token, set after this measure
             bound = known + self._size_of(added) + slack
             if bound <= self._limit:
                 return bound
         size = self._size_of(after)
+        if plan.inbox_spill is not None:
+            size += spill.SLACK  # room for the archive's token, set after this measure
         if size > self._limit:
             raise DocumentTooLarge(aggregate_id, size, self._limit)
         return size

@@ -5,6 +5,7 @@
     { _id, type, version, partition, state: {...},
       inbox: ["msg-id", ...],                          newest last, bounded
       inbox_marks: [{source, hw, above: [...]}, ...],  exact de-duplication
+      inbox_spill?: {count, token},                    the inbox spilled (spill.py)
       outbox: [{id, type, payload, headers, created_at, seq, aggregate_id, ...,
                 due?, key?, released?}],                scheduled entries: see schedule.py
       outbox_seq, created_at, updated_at,

@@ -72,6 +72,11 @@ class CommitPlan:
     #: False leaves the field alone: the document had no scheduled entry.
     sets_due: bool = False
     earliest_due: datetime | None = None
+    #: Inbox IDs this commit moves to the inbox archive (:mod:`docoutbox.store.spill`),
+    #: written there before the commit; ``inbox_after`` is then the inbox without them.
+    inbox_spilled: tuple[str, ...] = ()
+    #: The document's ``inbox_spill`` field after the commit (None: unchanged).
+    inbox_spill: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -363,6 +368,9 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     }
     if plan.inbox_push:
         after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
+    if plan.inbox_spill is not None:
+        after["inbox"] = list(plan.inbox_after or ())
+        after["inbox_spill"] = dict(plan.inbox_spill)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
     if plan.state_version is not None:

@@ -42,6 +42,8 @@ class MemoryBackend:
         self.max_document_bytes = max_document_bytes
         self.docs: dict[AggregateId, Document] = {}
         self.changes: list[Document] = []
+        #: The inbox archive: spilled inbox IDs per aggregate (:mod:`docoutbox.store.spill`).
+        self.archive: dict[AggregateId, set[str]] = {}
         self._lock = threading.Lock()
 
     def document_size(self, document: Document) -> int:
@@ -112,6 +114,17 @@ class MemoryBackend:
     def ensure_indexes(self) -> None:
         return None
 
+    def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        with self._lock:
+            self.archive.setdefault(aggregate_id, set()).update(ids)
+            return None
+
+    def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        with self._lock:
+            return self.archive.get(aggregate_id, set()).intersection(ids)
+
 
 class AsyncMemoryBackend:
     """The async twin of :class:`MemoryBackend`, sharing its documents."""
@@ -155,3 +168,11 @@ class AsyncMemoryBackend:
 
     async def ensure_indexes(self) -> None:
         return None
+
+    async def archive_inbox(self, aggregate_id: AggregateId, ids: Collection[str]) -> str | None:
+        return self.sync.archive_inbox(aggregate_id, ids)
+
+    async def archived_inbox(
+        self, aggregate_id: AggregateId, ids: Collection[str], token: str | None = None
+    ) -> set[str]:
+        return self.sync.archived_inbox(aggregate_id, ids, token)

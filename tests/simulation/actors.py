@@ -211,6 +211,8 @@ class Env:
         s = self.schedule
         if s.consumer_exact:
             return InboxPolicy(window=0, exact=True)
+        if s.consumer_spill:
+            return InboxPolicy(window=2 if s.consumer_window < 1 else s.consumer_window, spill=True)
         bound = s.producers * s.commands * s.max_targets  # the most one sink can receive
         return InboxPolicy(window=bound if s.consumer_window < 0 else s.consumer_window)
 

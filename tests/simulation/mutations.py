@@ -59,6 +59,15 @@ The claim check, one mutation per rule (claim-checked schedules, a setting):
 - ``claim-sweep-referenced``: the sweep deletes stale payloads whether or not a pending
   entry refers to them;
 - ``claim-sweep-young``: the sweep deletes unreferenced payloads of any age (the grace).
+
+Inbox spill-over (consumers spill a window of 2, a schedule setting):
+
+- ``spill-after-commit``: a commit that spills writes the archive after the commit
+  instead of before it, so a crash or a reader in between finds the IDs nowhere;
+- ``spill-lookup-off``: a message missing from a spilled document's window is never
+  looked up in the archive;
+- ``spill-evicts``: a commit that spills archives nothing (the IDs are evicted, as
+  without spill).
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ from docoutbox.dispatch.engine import flow as dispatch
 from docoutbox.drive import drive
 from docoutbox.errors import InvalidInput, PayloadMissing
 from docoutbox.model import OutboxMessage
-from docoutbox.store import batch, plans
+from docoutbox.store import batch, plans, spill
 from docoutbox.store import core as flows
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, ReleasePlan, TrimPlan, WritePlan, apply_plan
@@ -496,6 +505,40 @@ def claim_sweep_young() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def spill_after_commit() -> Iterator[None]:
+    def commit_then_archive(
+        plan: CommitPlan, write: Callable[[WritePlan], Any], insert: Any = None
+    ) -> Generator[Any, Any, tuple[bool, CommitPlan]]:
+        applied: bool = yield write(plan if insert is None else insert)
+        if plan.inbox_spilled:
+            yield spill.Archive(plan.aggregate_id, plan.inbox_spilled)
+        return applied, plan
+
+    with mock.patch.object(spill, "commit_steps", commit_then_archive):
+        yield
+
+
+@contextmanager
+def spill_lookup_off() -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(spill, "lookup", return_value=None))
+        stack.enter_context(mock.patch.object(spill, "lookup_many", return_value=None))
+        yield
+
+
+@contextmanager
+def spill_evicts() -> Iterator[None]:
+    def evicting(
+        plan: CommitPlan, write: Callable[[WritePlan], Any], insert: Any = None
+    ) -> Generator[Any, Any, tuple[bool, CommitPlan]]:
+        applied: bool = yield write(plan if insert is None else insert)
+        return applied, plan
+
+    with mock.patch.object(spill, "commit_steps", evicting):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "inbox-off": inbox_off,
     "consumer-window-0": nullcontext,
@@ -529,6 +572,9 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "claim-delete-deferred": claim_delete_deferred,
     "claim-sweep-referenced": claim_sweep_referenced,
     "claim-sweep-young": claim_sweep_young,
+    "spill-after-commit": spill_after_commit,
+    "spill-lookup-off": spill_lookup_off,
+    "spill-evicts": spill_evicts,
 }
 
 

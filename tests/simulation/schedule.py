@@ -99,6 +99,9 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "claim-sweep-young": (("claimed", "true"), ("claim_stress", "true")),
     # Entries pending for longer than the grace.
     "claim-sweep-referenced": (("claimed", "true"), ("stuck", "30")),
+    "spill-after-commit": (("consumer_exact", "false"), ("consumer_spill", "true")),
+    "spill-lookup-off": (("consumer_exact", "false"), ("consumer_spill", "true")),
+    "spill-evicts": (("consumer_exact", "false"), ("consumer_spill", "true")),
 }
 
 
@@ -164,6 +167,9 @@ class Schedule:
     claimed: bool = False
     #: Every claim fault at its highest level (:data:`CLAIM_LEVELS`).
     claim_stress: bool = False
+    #: Consumers spill their inbox (``InboxPolicy(spill=True)``), with a window of 2 unless
+    #: ``consumer_window`` says otherwise (memory store only).
+    consumer_spill: bool = False
 
     def fault(self, kind: str) -> float:
         if self.claim_stress and kind in CLAIM_LEVELS and dict(self.faults).get(kind) != 0.0:
@@ -210,9 +216,11 @@ def draw(seed: int, store: str = "memory") -> Schedule:
     )
     claims = random.Random(f"schedule/{seed}/claims")
     claim_faults = tuple((kind, claims.choice(CLAIM_LEVELS[kind])) for kind in CLAIM_FAULTS)
-    return replace(
+    schedule = replace(
         schedule, claimed=claims.random() < 0.3, faults=(*schedule.faults, *claim_faults)
     )
+    spill = rng.random() < 0.3 and store == "memory" and not schedule.consumer_exact
+    return replace(schedule, consumer_spill=spill)
 
 
 def _parse(kind: type | str, text: str) -> object:

@@ -65,6 +65,9 @@ def first_violation(store: str, mutation: str, invariant: str, client: Any = Non
         ("claim-delete-deferred", "claim-deleted-early"),  # deleted before the trim
         ("claim-sweep-referenced", "claim-swept-referenced"),
         ("claim-sweep-young", "published"),  # a payload swept under an in-flight commit
+        ("spill-after-commit", "inbox-spill"),  # IDs leave the inbox before the archive
+        ("spill-lookup-off", "consumed-once"),  # a spilled ID's redelivery applies again
+        ("spill-evicts", "consumed-once"),  # spilled IDs forgotten: applied again
     ],
 )
 def test_mutation_is_caught_in_memory(mutation: str, invariant: str) -> None:

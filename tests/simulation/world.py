@@ -33,11 +33,13 @@ from docoutbox.errors import (
     TransientStoreError,
 )
 from docoutbox.model import Message, OutboxMessage
+from docoutbox.ports.archive import InboxArchive
 from docoutbox.ports.dispatch import ChangeEvent
 from docoutbox.ports.store import DueBackend, StoreBackend
 from docoutbox.store.core import FindPending, Load, Write
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, InsertPlan, ReleasePlan, TrimPlan, WritePlan
+from docoutbox.store.spill import Archive, Archived
 from docoutbox.stored.claim import (
     DeletePayloads,
     DeleteStale,
@@ -202,6 +204,18 @@ class World:
                 return backend.load(aggregate_id)
             case Write(plan=plan):
                 return self.write(backend, plan)
+            case Archive(aggregate_id=aggregate_id, ids=ids):
+                if self.fault("write_error"):
+                    raise TransientStoreError("injected: the archive write failed")
+                assert isinstance(backend, InboxArchive)
+                self.stats["archive.written"] += 1
+                return backend.archive_inbox(aggregate_id, ids)
+            case Archived(aggregate_id=aggregate_id, ids=ids, token=token):
+                if self.fault("load_error"):
+                    raise TransientStoreError("injected: the archive read failed")
+                assert isinstance(backend, InboxArchive)
+                self.stats["archive.read"] += 1
+                return backend.archived_inbox(aggregate_id, ids, token)
             case FindPending(after=after, limit=limit, older_than=older, partitions=parts):
                 if self.fault("find_error"):
                     raise TransientStoreError("injected: the query failed")
@@ -314,6 +328,12 @@ class World:
                 self.violation(
                     "inbox-window", f"{where} pushed {plan.inbox_push}, the inbox is {inbox}"
                 )
+            if backend is self.stores.sinks and self.schedule.consumer_spill:
+                # Rule 1 of docoutbox.store.spill: an ID leaves the inbox only once archived.
+                gone = set(before.get("inbox") or ()) - set(inbox)
+                lost = gone - backend.archive.get(plan.aggregate_id, set())
+                if lost:
+                    self.violation("inbox-spill", f"{where} dropped {sorted(lost)} unarchived")
             return
         if isinstance(plan, ReleasePlan):
             return

@@ -103,6 +103,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dead-letters", help="the dead-letter collection (docoutbox_dead_letters)")
     p.add_argument(
+        "--spilled",
+        action="store_true",
+        help="the consumers spill their inbox (InboxPolicy(spill=True)): read the IDs in "
+        "the consumer collection's archive (<consumer collection>.inbox) too",
+    )
+    p.add_argument(
         "--reader",
         choices=["connector", "datasource", "cosmos"],
         help="connector (default with --mongo-uri), datasource (pymongo), or cosmos (default "
@@ -368,6 +374,14 @@ def _frames(
             args.reader,
             partitions=args.read_partitions,
         )
+    if args.consumer_collection and getattr(args, "spilled", False):
+        from docoutbox_spark.spilled import read_mongo_archive  # noqa: PLC0415
+
+        frames["consumer_archive"] = read_mongo_archive(
+            spark,
+            MongoTarget(args.mongo_uri, args.db, args.consumer_collection),
+            partitions=args.read_partitions,
+        )
     if args.dead_letters:
         frames["dead_letters"] = read_mongo(
             spark,
@@ -406,6 +420,12 @@ def _cosmos_frames(
     frames = {"producer": read_cosmos(spark, target(args.collection))}
     if args.consumer_collection:
         frames["consumer"] = read_cosmos(spark, target(args.consumer_collection))
+        if getattr(args, "spilled", False):
+            from docoutbox_spark.spilled import read_cosmos_archive  # noqa: PLC0415
+
+            frames["consumer_archive"] = read_cosmos_archive(
+                spark, target(args.consumer_collection)
+            )
     if args.dead_letters:
         frames["dead_letters"] = read_cosmos(spark, target(args.dead_letters), "dead_letters")
     source = {
@@ -519,6 +539,7 @@ def _audit(spark: Any, args: argparse.Namespace, thresholds: dict[str, int | Non
         frames["producer"],
         consumer=frames.get("consumer"),
         dead_letters=frames.get("dead_letters"),
+        consumer_archive=frames.get("consumer_archive"),
         expected_documents=expected,
         config=config,
         source=source,
