@@ -204,25 +204,63 @@ class AsyncRabbitPublisher(Routing):
             return [exc] * len(entries)
         self._in_flight += 1
         try:
-            outcomes = await asyncio.gather(*(self._send(underlay, entry) for entry in entries))
+            outcomes = await self._round(underlay, entries)
         finally:
             self._in_flight -= 1
             self._used_at = asyncio.get_running_loop().time()
         if any(isinstance(outcome, BrokerUnavailable) for outcome in outcomes):
             await self._drop(channel)  # the next call reconnects
-        return list(outcomes)
+        return outcomes
+
+    async def _round(
+        self, channel: aiormq.abc.AbstractChannel, entries: Sequence[OutboxMessage]
+    ) -> list[Exception | None]:
+        """Send every entry (in order, each in a task of its own), then await the confirms
+        under one deadline for the whole round, ``timeout`` seconds, instead of a timer per
+        publish: an entry not confirmed by then is cancelled, as its own timeout would
+        have cancelled it, and fails with that timeout's error."""
+        outcomes: list[Exception | None] = [None] * len(entries)
+        sends: dict[asyncio.Task[Exception | None], tuple[int, str]] = {}
+        for index, entry in enumerate(entries):
+            try:
+                body, fields, key, what = self.outgoing(entry)
+            except DocOutboxError as exc:  # this entry's outcome; the others are independent
+                outcomes[index] = exc
+                continue
+            send = asyncio.ensure_future(self._send(channel, body, fields, key, what))
+            sends[send] = (index, what)
+        if not sends:
+            return outcomes
+        try:
+            _, late = await asyncio.wait(sends, timeout=self.timeout)
+        except BaseException:  # cancelled: so are the sends
+            for send in sends:
+                send.cancel()
+            raise
+        for send in late:
+            send.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+        for send, (index, what) in sends.items():
+            if send in late:
+                expired = TimeoutError(f"no confirm within {self.timeout} s")
+                outcomes[index] = translate(expired, what)
+            else:
+                outcomes[index] = send.result()
+        return outcomes
 
     async def _send(
-        self, channel: aiormq.abc.AbstractChannel, entry: OutboxMessage
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        body: bytes,
+        fields: dict[str, Any],
+        key: str,
+        what: str,
     ) -> Exception | None:
-        """Publish one entry of a round on the confirm-mode ``channel`` (aio-pika's own
+        """Publish one entry on the confirm-mode ``channel`` (aio-pika's own
         ``Exchange.publish`` does the same call) and await its confirm; its outcome (what
         :func:`translated` would raise, translated here without a context manager per
-        entry)."""
-        try:
-            body, fields, key, what = self.outgoing(entry)
-        except DocOutboxError as exc:  # this entry's outcome; the others are independent
-            return exc
+        entry). The round bounds the wait (:meth:`_round`)."""
         try:
             await channel.basic_publish(
                 body,
@@ -230,7 +268,6 @@ class AsyncRabbitPublisher(Routing):
                 routing_key=key,
                 properties=amqp_properties(fields),
                 mandatory=self.mandatory,
-                timeout=self.timeout,
             )
         except _TRANSLATED as exc:
             error = translate(exc, what)
