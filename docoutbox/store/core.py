@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -48,6 +48,7 @@ from docoutbox.handlers import (
     Context,
     Decision,
     Handler,
+    Handlers,
     check_handling,
     check_result,
     takes_context,
@@ -495,7 +496,13 @@ class Core(Generic[S]):
     ) -> Decision[S]:
         """Run ``handler`` on ``state`` (with a :class:`~docoutbox.handlers.Context` when
         ``contextual``, as :func:`~docoutbox.handlers.takes_context` said) and check what
-        it returned. ``snapshot`` tells the context which scheduled entries are pending."""
+        it returned. ``snapshot`` tells the context which scheduled entries are pending.
+
+        A :class:`~docoutbox.handlers.Handlers` hands over the message type's own handler,
+        so a context (and a reading of the clock) is made only for a handler that takes
+        one."""
+        if type(handler) is Handlers:
+            handler, contextual = handler.resolve(message.type)
         if contextual:
             scheduled = None
             if snapshot is not None and snapshot.raw_outbox:
@@ -610,7 +617,7 @@ class Core(Generic[S]):
             raise invalid(
                 f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
             )
-        extra = cast(BaseModel, state).__pydantic_extra__
+        extra = state.__pydantic_extra__
         problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
         if problem is None and extra:
             problem = storable_problem(extra)

@@ -223,15 +223,19 @@ def plan_commit(
     ``state`` is the decision's state in stored form when the caller has it already (the
     store checks it reads back); by default it is dumped here.
     """
-    entries = seal(
-        decision.emits,
-        aggregate_id=snapshot.aggregate_id,
-        aggregate_type=snapshot.aggregate_type,
-        last_seq=snapshot.outbox_seq,
-        cause=message,
-        now=now,
-        deterministic_ids=deterministic_ids,
-        version=snapshot.version + 1,
+    entries = (
+        seal(
+            decision.emits,
+            aggregate_id=snapshot.aggregate_id,
+            aggregate_type=snapshot.aggregate_type,
+            last_seq=snapshot.outbox_seq,
+            cause=message,
+            now=now,
+            deterministic_ids=deterministic_ids,
+            version=snapshot.version + 1,
+        )
+        if decision.emits
+        else []
     )
     marks = None
     inbox_push: tuple[str, ...] = ()
@@ -248,7 +252,9 @@ def plan_commit(
         expected_version=snapshot.version,
         state=decision.state.model_dump(mode="json") if state is None else state,
         outbox_push=tuple(entries),
-        outbox_seq=snapshot.outbox_seq + sum(1 for entry in entries if "seq" in entry),
+        outbox_seq=snapshot.outbox_seq + sum(1 for entry in entries if "seq" in entry)
+        if entries
+        else snapshot.outbox_seq,
         inbox_push=inbox_push,
         inbox_window=policy.window,
         inbox_after=inbox_after,
@@ -267,9 +273,9 @@ def _schedule(
     """The entries ``decision`` cancels, whether the commit sets ``earliest_due``, and to
     what. A cancel of a key with no cancellable entry cancels nothing (see
     :class:`~docoutbox.model.Cancel`); a new key must not name a pending entry that stays."""
-    scheduled = any(DUE in entry for entry in entries)
-    if not (decision.cancels or scheduled or snapshot.cancelled) and not any(
-        DUE in entry for entry in snapshot.raw_outbox
+    scheduled = bool(entries) and any(DUE in entry for entry in entries)
+    if not (decision.cancels or scheduled or snapshot.cancelled) and not (
+        snapshot.raw_outbox and any(DUE in entry for entry in snapshot.raw_outbox)
     ):
         return (), False, None
     pending = cancellable(snapshot.raw_outbox, snapshot.cancelled)
@@ -317,6 +323,8 @@ def plan_trim(
 
 def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     """The document after ``plan``, or None when the plan would not apply to ``doc``."""
+    if type(plan) is CommitPlan:  # the commit path's every write: checked first
+        return None if doc is None else _committed(doc, plan)
     if isinstance(plan, InsertPlan):
         return None if doc is not None else dict(plan.document)
     if doc is None:
@@ -354,6 +362,11 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 outbox[index] = {**entry, "attempts": plan.attempts, "last_error": plan.last_error}
                 return {**doc, "outbox": outbox}
         return None
+    return _committed(doc, plan)
+
+
+def _committed(doc: Document, plan: CommitPlan) -> Document | None:
+    """``doc`` after the commit ``plan`` (None: its version or cancels do not match)."""
     if doc.get("version") != plan.expected_version:
         return None
     if plan.cancel_ids and not _cancellable(doc, plan.cancel_ids):

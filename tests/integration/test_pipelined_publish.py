@@ -31,7 +31,7 @@ from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import DispatcherConfig
-from docoutbox.errors import PermanentPublishError, PublishError
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import AsyncPipelinedPublisher, PipelinedPublisher
 from docoutbox.store.document import partition_of, utcnow
@@ -120,6 +120,53 @@ def bounded_queue(box: Sandbox, length: int) -> tuple[str, str]:
     box.channel.queue_declare(queue, durable=True, arguments=arguments)
     box.channel.queue_bind(queue, exchange, "#")
     return exchange, queue
+
+
+class _StuckChannel:
+    """A confirm-mode channel that never confirms the entry ``stuck`` (no broker)."""
+
+    def __init__(self, stuck: str) -> None:
+        self.stuck = stuck
+        self.sent: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def get_underlay_channel(self) -> _StuckChannel:
+        return self
+
+    async def basic_publish(self, body: bytes, **options: Any) -> None:
+        message_id = options["properties"].message_id
+        self.sent.append(message_id)
+        if message_id == self.stuck:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(message_id)
+                raise
+
+
+def test_a_rabbitmq_round_has_one_deadline_and_fails_only_what_it_did_not_confirm() -> None:
+    """The asyncio publisher bounds a whole round by ``timeout``: an entry still
+    unconfirmed then is cancelled and fails with ``BrokerUnavailable``; the others keep
+    their own outcomes, in order."""
+    channel = _StuckChannel("b")
+
+    async def round_() -> list[Exception | None]:
+        publisher = AsyncRabbitPublisher("amqp://guest:guest@127.0.0.1:1/", "ex", timeout=0.05)
+
+        async def opened() -> Any:
+            return channel
+
+        publisher._open = opened  # type: ignore[method-assign]
+        entries = [make_entry(id=i) for i in ("a", "b", "c")]
+        return await publisher.publish_many(entries)
+
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], BrokerUnavailable)
+    assert "publish entry b " in str(outcomes[1]) and "timed out" in str(outcomes[1])
+    assert "127.0.0.1:1" in str(outcomes[1])
+    assert channel.sent == ["a", "b", "c"]
+    assert channel.cancelled == ["b"]
 
 
 @pytest.mark.rabbitmq

@@ -23,7 +23,7 @@ from docoutbox import (
     StoreConfig,
     emit,
 )
-from docoutbox.errors import InvalidConfig
+from docoutbox.errors import InvalidConfig, UnknownMessageType
 from docoutbox.handlers import takes_context
 from docoutbox.receive import Delivery, Options, Receiver
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
@@ -98,6 +98,37 @@ def test_two_argument_handlers_keep_working_beside_them() -> None:
     direct = handlers(Note(), message("m-2", "Count"))
     assert isinstance(direct, Note) and direct.two_args == 1
     assert loaded(notes, "n-1").two_args == 1
+
+
+def test_a_context_is_made_only_for_the_handlers_that_take_one() -> None:
+    """The store reads its clock once for the commit, and once more only for a handler
+    of the registry that takes a context (the registry hands over the type's handler)."""
+    reads: list[int] = []
+
+    def clock() -> datetime:
+        reads.append(1)
+        return NOON
+
+    notes = AggregateStore(MemoryBackend(), Note, StoreConfig(clock=clock))
+    handlers = contextual()
+    notes.handle("n-1", message("m-0", "Count"), handlers, create=True)  # creates, then warm
+    reads.clear()
+    assert notes.handle("n-1", message("m-1", "Count"), handlers).applied
+    assert len(reads) == 1
+    reads.clear()
+    outcome = notes.handle("n-1", message("m-2"), handlers)
+    assert outcome.state is not None and outcome.state.seen == [expected("m-2")]
+    assert len(reads) == 2
+
+
+def test_the_registry_resolves_a_type_or_refuses_it() -> None:
+    handlers = contextual()
+    assert handlers.resolve("Count")[1] is False
+    assert handlers.resolve("Write")[1] is True
+    with pytest.raises(UnknownMessageType, match="Nope"):
+        handlers.resolve("Nope")
+    with pytest.raises(UnknownMessageType, match="Nope"):
+        store().handle("n-1", message("m-1", "Nope"), handlers, create=True)
 
 
 def test_a_contextual_handler_called_without_a_context_is_a_clear_error() -> None:

@@ -14,7 +14,7 @@ from docoutbox import Decision, emit
 from docoutbox.errors import InvalidHandlerResult, InvalidPayload
 from docoutbox.handlers import check_result
 from docoutbox.store.document import from_millis
-from docoutbox.store.plans import appended, kept_window
+from docoutbox.store.plans import CommitPlan, appended, apply_plan, kept_window
 from docoutbox_mongo.backend import bson_size
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -119,3 +119,24 @@ def test_kept_window_is_append_then_slice() -> None:
         before = list(items)
         assert kept_window(items, push, window) == [*items, *push][-window:]
         assert list(items) == before  # never changed in place
+
+
+def test_a_commit_plan_applies_to_its_version_and_to_no_missing_document() -> None:
+    doc = {"_id": "a", "version": 3, "state": {}, "inbox": ["x"], "outbox": [], "outbox_seq": 0}
+    plan = CommitPlan(
+        aggregate_id="a",
+        expected_version=3,
+        state={"n": 1},
+        outbox_push=(),
+        outbox_seq=0,
+        inbox_push=("y",),
+        inbox_window=2,
+        inbox_after=("x", "y"),
+        inbox_marks=None,
+        updated_at=EPOCH,
+    )
+    after = apply_plan(doc, plan)
+    assert after is not None
+    assert (after["version"], after["state"], after["inbox"]) == (4, {"n": 1}, ["x", "y"])
+    assert apply_plan(None, plan) is None
+    assert apply_plan({**doc, "version": 2}, plan) is None
