@@ -366,8 +366,21 @@ def reconcile_sources(
         )
         .where(F.col("emitted").isNotNull())
     )
-    m = F.col("marks")
-    emitted = F.col("emitted")
+    emitted, marks = F.col("emitted"), F.col("marks")
+    return grouped.select(
+        "source",
+        "emitted",
+        F.when(F.size(marks) <= 1, _one_mark(emitted, marks))
+        .otherwise(_any_marks(emitted, marks))
+        .alias("r"),
+    ).select("source", "emitted", "r.counts", "r.issues")
+
+
+def _any_marks(emitted: Column, m: Column) -> Column:
+    """The statuses of :func:`reconcile_sources` (``counts``, ``issues``) of a stream
+    with any number of marks, from the status of every emitted seq. ``emitted``: the
+    stream's last seq; ``m``: its marks; the columns ``pending`` and ``dead`` hold its
+    pending and quarantined seqs."""
 
     def seen(mark: Column, seq: Column) -> Column:
         return (seq <= mark["hw"]) | F.array_contains(mark["above"], seq)
@@ -408,47 +421,95 @@ def reconcile_sources(
             )
         )
     )
-    statuses = grouped.select(
-        "source",
-        "emitted",
-        F.transform(every, lambda s: F.struct(s.alias("seq"), status(s).alias("status"))).alias(
-            "st"
-        ),
-        beyond.alias("beyond"),
-        "marks",
-    )
-    st = F.col("st")
 
-    def count(name: str) -> Column:
+    def count(st: Column, name: str) -> Column:
         return F.size(F.filter(st, lambda x: x["status"] == name)).cast("long").alias(name)
 
+    def by_seq(st: Column) -> Column:
+        """Every emitted seq's status: the general case, any number of marks."""
+        issues = F.concat(
+            F.transform(
+                F.filter(st, lambda x: ~x["status"].isin(*RECONCILED)),
+                lambda x: F.struct(
+                    x["seq"].alias("seq"),
+                    x["status"].alias("status"),
+                    F.when(x["status"] == "duplicated", who(x["seq"]))
+                    .otherwise(F.array().cast("array<string>"))
+                    .alias("consumers"),
+                ),
+            ),
+            F.transform(
+                beyond,
+                lambda s: F.struct(
+                    s.alias("seq"), F.lit("unexpected").alias("status"), who(s).alias("consumers")
+                ),
+            ),
+        ).cast(f"array<{ISSUE}>")
+        counts = F.struct(
+            *(count(st, name) for name in (*RECONCILED, "duplicated", "lost", "candidate")),
+            F.size(beyond).cast("long").alias("unexpected"),
+        )
+        return F.struct(counts.alias("counts"), issues.alias("issues"))
+
+    statuses = F.transform(every, lambda s: F.struct(s.alias("seq"), status(s).alias("status")))
+    # Bound once (a lambda's argument), read by every count and the issues.
+    return F.transform(F.array(statuses), by_seq)[0]
+
+
+def _one_mark(emitted: Column, marks: Column) -> Column:
+    """The statuses of :func:`reconcile_sources` for a stream with at most one mark (the
+    usual case), from ranges and set operations: the seqs no mark covers are the few
+    above its ``hw``, so nothing is computed per emitted seq."""
+    one = F.size(marks) == 1
+    mark = F.get(marks, F.lit(0))
+    hw = F.when(one, F.greatest(mark["hw"], F.lit(0))).otherwise(F.lit(0)).cast("bigint")
+    above = F.when(one, mark["above"]).otherwise(F.array().cast("array<bigint>"))
+    none = F.array().cast("array<bigint>")
+    uncovered = F.array_except(
+        F.when(emitted > hw, F.sequence(hw + 1, emitted)).otherwise(none), above
+    )
+    unpending = F.array_except(uncovered, F.col("pending"))
+    missing = F.array_except(unpending, F.col("dead"))
+    beyond = F.array_sort(
+        F.array_distinct(
+            F.concat(
+                F.when(one & (mark["hw"] > emitted), F.sequence(emitted + 1, mark["hw"])).otherwise(
+                    none
+                ),
+                F.filter(above, lambda a: a > emitted),
+            )
+        )
+    )
+    gone = F.size(missing).cast("long")
+    counts = F.struct(
+        (F.greatest(emitted, F.lit(0)) - F.size(uncovered)).cast("long").alias("marks"),
+        F.size(F.array_intersect(uncovered, F.col("pending"))).cast("long").alias("pending"),
+        F.size(F.array_intersect(unpending, F.col("dead"))).cast("long").alias("dead_letter"),
+        F.lit(0).cast("long").alias("duplicated"),
+        F.when(one, gone).otherwise(F.lit(0).cast("long")).alias("lost"),
+        F.when(one, F.lit(0).cast("long")).otherwise(gone).alias("candidate"),
+        F.size(beyond).cast("long").alias("unexpected"),
+    )
+    status = F.when(one, F.lit("lost")).otherwise(F.lit("candidate"))
     issues = F.concat(
         F.transform(
-            F.filter(st, lambda x: ~x["status"].isin(*RECONCILED)),
-            lambda x: F.struct(
-                x["seq"].alias("seq"),
-                x["status"].alias("status"),
-                F.when(x["status"] == "duplicated", who(x["seq"]))
-                .otherwise(F.array().cast("array<string>"))
-                .alias("consumers"),
+            missing,
+            lambda s: F.struct(
+                s.alias("seq"),
+                status.alias("status"),
+                F.array().cast("array<string>").alias("consumers"),
             ),
         ),
         F.transform(
-            F.col("beyond"),
+            beyond,
             lambda s: F.struct(
-                s.alias("seq"), F.lit("unexpected").alias("status"), who(s).alias("consumers")
+                s.alias("seq"),
+                F.lit("unexpected").alias("status"),
+                F.array(mark["consumer"]).alias("consumers"),
             ),
         ),
     ).cast(f"array<{ISSUE}>")
-    return statuses.select(
-        "source",
-        "emitted",
-        F.struct(
-            *(count(name) for name in (*RECONCILED, "duplicated", "lost", "candidate")),
-            F.size("beyond").cast("long").alias("unexpected"),
-        ).alias("counts"),
-        issues.alias("issues"),
-    )
+    return F.struct(counts.alias("counts"), issues.alias("issues"))
 
 
 def window_ids(consumer_documents: DataFrame) -> DataFrame:

@@ -97,7 +97,7 @@ _ENTRY_RAW = (
 _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
 
-def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
+def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool = True) -> Conformed:
     """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`).
 
     Each outbox entry is parsed once, into the documents' typed entries (``_entries``),
@@ -105,7 +105,8 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     an entry field pushed below the explode cannot repeat the parse. With ``persist``, the
     typed documents (entries included) are persisted at that level and read at once (one
     Spark job), so the source is read once whatever is computed from the three frames
-    afterwards; call :meth:`Conformed.unpersist` when done. ``documents`` carries
+    afterwards; call :meth:`Conformed.unpersist` when done. ``read=False`` leaves the
+    reading to the caller, who may fill several caches in one job. ``documents`` carries
     ``seqs``, the ``seq`` of each readable outbox entry (positive integers only), for
     per-document checks that need no shuffle."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
@@ -191,7 +192,8 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None) -> Conformed:
     )
     if persist is not None:
         base = base.persist(persist)
-        base.write.format("noop").mode("overwrite").save()  # read it now, once
+        if read:
+            base.write.format("noop").mode("overwrite").save()  # read it now, once
     documents = base.drop("_entries")
     entries = _entries(base)
     malformed = documents.where(F.size("problems") > 0).select(

@@ -1,11 +1,12 @@
 """Run every audit over the frames and collect a JSON-ready summary with its findings.
 
-One pass: each source is read once (its conformed rows persisted, one Spark job each), and
-every finding and figure is computed in one query with three shuffles (reconciliation by
-stream; message IDs and the figures' groups; a per-kind ranking), then collected in one
-bounded result: at most ``sample`` rows per finding kind with each kind's exact count, and
-the figures (totals, percentiles, backlog by type, partitions, size buckets, dead letters
-by error). A producer and a consumer collection take six Spark jobs in all.
+One pass: each source is read once (its conformed rows persisted, every source in one
+Spark job), and every finding and figure is computed in one query with four shuffles
+(reconciliation by stream; message IDs and the streams' issues; the figures' few groups;
+a per-kind ranking), then collected in one bounded result: at most ``sample`` rows per
+finding kind with each kind's exact count, and the figures (totals, percentiles, backlog
+by type, partitions, size buckets, dead letters by error). An audit takes six Spark jobs,
+whatever the number of sources.
 Nothing collected grows with the collections.
 
 Timestamps are carried as microseconds since the epoch and rendered as UTC here, so the
@@ -49,7 +50,9 @@ DEFAULT_THRESHOLDS: dict[str, int | None] = {
     "partition_skew": None,
 }
 
-LEVEL = StorageLevel.MEMORY_AND_DISK
+#: Persisted sources are kept as objects (read back without deserializing them, as each
+#: branch of the query reads them again), and spill to disk when memory is short.
+LEVEL = StorageLevel.MEMORY_AND_DISK_DESER
 #: Rows kept of the figures that are lists.
 BACKLOG_ROWS = 500
 DEAD_LETTER_ROWS = 200
@@ -222,17 +225,17 @@ def run_audit(
     ``consumer_archive``: the consumers' spilled inbox IDs (:mod:`docoutbox_spark.spilled`),
     which count as held in their windows.
 
-    Spark jobs: one per source read (its conformed rows persisted), then one query of
-    three shuffles and its result: six for a producer and a consumer collection."""
+    Spark jobs: one that reads every source once (their conformed rows persisted), then one
+    query of four shuffles and its result: six, whatever the number of sources."""
     config = config or AuditConfig()
     persisted: list[Conformed | DataFrame] = []
     try:
-        produced = conform(producer, persist=LEVEL)
+        produced = conform(producer, persist=LEVEL, read=False)
         persisted.append(produced)
-        items, keyed = _producer_parts(produced, config)
+        items, facts, keyed = _producer_parts(produced, config)
         dead = None
         if dead_letters is not None:
-            dead = persist(conform_dead_letters(dead_letters))
+            dead = conform_dead_letters(dead_letters).persist(LEVEL)
             persisted.append(dead)
             items.append(
                 _item(
@@ -241,11 +244,11 @@ def run_audit(
                     b=F.col("id"),
                 )
             )
-            keyed.append(
+            facts.append(
                 _fact(dead, "dead_error", k1=F.col("error"), t=F.unix_micros("quarantined_at"))
             )
         if consumer is not None:
-            consumed = conform(consumer, persist=LEVEL)
+            consumed = conform(consumer, persist=LEVEL, read=False)
             persisted.append(consumed)
             cdocs = consumed.documents
             if consumer_archive is not None:
@@ -260,12 +263,13 @@ def run_audit(
                 ),
                 _saturation(cdocs, "consumer", config),
             ]
+            facts.append(_fact(cdocs, "consumer_documents"))
             keyed += [
-                _fact(cdocs, "consumer_documents"),
                 _keyed(audit.window_ids(cdocs), "i", F.col("id"), consumer=F.col("consumer")),
                 _by_stream(audit.reconcile_sources(produced.documents, cdocs, dead)),
             ]
-        items.append(_by_key(_union(keyed)))
+        read_once(persisted)
+        items += [_by_key(_union(keyed)), _figures(_union(facts))]
         rows = _collect(_union(items), config.sample)
     finally:
         for frame in persisted:
@@ -273,11 +277,17 @@ def run_audit(
     return _summary(rows, config, expected_documents, source, consumer is not None, dead)
 
 
-def persist(frame: DataFrame) -> DataFrame:
-    """``frame`` persisted and read now (one Spark job), so that it is read once."""
-    frame = frame.persist(LEVEL)
-    frame.write.format("noop").mode("overwrite").save()
-    return frame
+def read_once(frames: list[Conformed | DataFrame]) -> None:
+    """Fill the caches of persisted ``frames`` in one Spark job, so that each source is
+    read once, before anything is computed from it."""
+    cached = [
+        part
+        for frame in frames
+        for part in (frame.persisted if isinstance(frame, Conformed) else (frame,))
+    ]
+    marks = [part.select(F.lit(0).alias("x")) for part in cached]
+    if marks:
+        _union(marks).write.format("noop").mode("overwrite").save()
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
@@ -296,8 +306,9 @@ def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> D
 
 def _producer_parts(
     produced: Conformed, config: AuditConfig
-) -> tuple[list[DataFrame], list[DataFrame]]:
-    """The producer's findings that need no shuffle, and its rows for the shuffle by key."""
+) -> tuple[list[DataFrame], list[DataFrame], list[DataFrame]]:
+    """The producer's findings that need no shuffle, its contributions to the figures, and
+    its rows for the shuffle by message ID."""
     docs, entries = produced.documents, produced.entries
     items = [
         _item("malformed", produced.malformed, b=F.col("aggregate_id"), d=F.col("entry_id")),
@@ -338,7 +349,7 @@ def _producer_parts(
     bucket = F.least(F.floor(F.col("size_bytes") * 10 / config.size_limit), F.lit(10))
     dated = entries.where(audit.waiting(config.now))
     age = audit.age(config.now)
-    keyed = [
+    facts = [
         _fact(
             docs,
             "documents",
@@ -358,14 +369,16 @@ def _producer_parts(
             k2=F.coalesce("destination", F.lit("(default)")),
             t=F.unix_micros("created_at"),
         ),
+    ]
+    keyed = [
         _keyed(
             entries.where(F.col("id").isNotNull()),
             "i",
             F.col("id"),
             producer=F.col("aggregate_id"),
-        ),
+        )
     ]
-    return items, keyed
+    return items, facts, keyed
 
 
 def _by_stream(sources: DataFrame) -> DataFrame:
@@ -399,17 +412,36 @@ def _by_stream(sources: DataFrame) -> DataFrame:
     return sources.select(F.explode(rows.cast(f"array<{_KEYED}>")).alias("k")).select("k.*")
 
 
-def _by_key(keyed: DataFrame) -> DataFrame:
-    """One shuffle by key, and every result row it yields, in one pass over its output:
-    entry IDs in several producers' outboxes, IDs in several consumers' windows, the ID
-    check of streams whose consumers keep no exact marks, the streams' issues, and the
-    figures."""
+#: The columns of a figure's aggregation, as its result row carries them.
+_FIGURE_COLUMNS = ("n", "pending", "flag", "values", "pct", "max", "xmin", "tmin", "tmax")
+
+
+def _figure(grouped: DataFrame) -> Column:
+    """The result row of a figure (``a``: its group, keyed by ``b``, ``c``) from the
+    columns of :data:`_FIGURE_COLUMNS`."""
+    group = F.col("a")
+    return _item_of(
+        F.concat(F.lit("figure:"), group),
+        _json(
+            group.alias("group"),
+            F.col("b").alias("k1"),
+            F.col("c").alias("k2"),
+            *_FIGURE_COLUMNS,
+        ),
+        a=F.when(group.isin("backlog", "dead_error"), -F.col("n")).when(
+            group.isin("partition", "histogram"), F.col("b").cast("double")
+        ),
+        b=F.col("b"),
+        d=F.col("c"),
+        n=F.col("n"),
+    )
+
+
+def _figures(facts: DataFrame) -> DataFrame:
+    """The figures: one aggregation over the few groups of :func:`_fact` (sums, counts,
+    percentiles, bounds), which each task folds to a row per group before the shuffle."""
     pct = F.percentile_approx("v", list(audit.PERCENTILES), PERCENTILE_ACCURACY)
-    grouped = keyed.groupBy("ns", "a", "b", "c").agg(
-        F.collect_list("cand").alias("cands"),
-        F.array_sort(F.collect_set("consumer")).alias("consumers"),
-        F.array_sort(F.collect_set("producer")).alias("aggregates"),
-        F.flatten(F.collect_list("issues")).alias("issues"),
+    grouped = facts.groupBy("a", "b", "c").agg(
         F.sum("n").alias("n"),
         F.sum("pending").alias("pending"),
         F.sum("flag").alias("flag"),
@@ -420,6 +452,34 @@ def _by_key(keyed: DataFrame) -> DataFrame:
         F.min("t").alias("tmin"),
         F.max("t").alias("tmax"),
     )
+    return grouped.select(_figure(grouped).alias("item")).select("item.*")
+
+
+def _by_key(keyed: DataFrame) -> DataFrame:
+    """One shuffle by key, and every result row it yields, in one pass over its output:
+    entry IDs in several producers' outboxes, IDs in several consumers' windows, the ID
+    check of streams whose consumers keep no exact marks, the streams' issues, and the
+    reconciliation's counts. Its aggregates are the lists a message ID needs and one sum;
+    the figures, which need percentiles, have their own aggregation (:func:`_figures`)."""
+    grouped = keyed.groupBy("ns", "a", "b", "c").agg(
+        F.collect_list("cand").alias("cands"),
+        F.array_sort(F.collect_set("consumer")).alias("consumers"),
+        F.array_sort(F.collect_set("producer")).alias("aggregates"),
+        F.flatten(F.collect_list("issues")).alias("issues"),
+        F.sum("n").alias("n"),
+    )
+    # The reconciliation's counts are figures with a sum only.
+    grouped = grouped.select(
+        "*",
+        F.lit(None).cast("bigint").alias("pending"),
+        F.lit(None).cast("bigint").alias("flag"),
+        F.lit(0).cast("bigint").alias("values"),
+        F.lit(None).cast("array<double>").alias("pct"),
+        F.lit(None).cast("double").alias("max"),
+        F.lit(None).cast("bigint").alias("xmin"),
+        F.lit(None).cast("bigint").alias("tmin"),
+        F.lit(None).cast("bigint").alias("tmax"),
+    )
     ns, key = F.col("ns"), F.col("a")
     consumers, cands = F.col("consumers"), F.col("cands")
 
@@ -427,30 +487,7 @@ def _by_key(keyed: DataFrame) -> DataFrame:
         return F.when(condition, values).otherwise(_none(_ITEM))
 
     is_id = ns == "i"
-    group = F.col("a")
-    figure = _item_of(
-        F.concat(F.lit("figure:"), group),
-        _json(
-            group.alias("group"),
-            F.col("b").alias("k1"),
-            F.col("c").alias("k2"),
-            "n",
-            "pending",
-            "flag",
-            "values",
-            "pct",
-            "max",
-            "xmin",
-            "tmin",
-            "tmax",
-        ),
-        a=F.when(group.isin("backlog", "dead_error"), -F.col("n")).when(
-            group.isin("partition", "histogram"), F.col("b").cast("double")
-        ),
-        b=F.col("b"),
-        d=F.col("c"),
-        n=F.col("n"),
-    )
+    figure = _figure(grouped)
     rows = F.concat(
         when(
             is_id & (F.size("aggregates") > 1),

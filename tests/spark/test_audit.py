@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from docoutbox_spark import audit
 from docoutbox_spark.conform import conform
@@ -166,3 +168,49 @@ def test_a_scheduled_entry_waits_from_its_due_time(spark: Any) -> None:
     assert {r["aggregate_id"] for r in summary["rows"]["stuck"]} == {"t-2", "t-3"}
     assert summary["ages"]["pending"] == 2
     assert summary["ages"]["max"] == 7200.0
+
+
+def _streams(count: int) -> list[tuple[Any, ...]]:
+    """Streams with at most one mark, of every shape: seqs covered by the ``hw``, by
+    ``above`` or by both, pending, quarantined, lost, beyond the emitted ones, negative
+    or absent bounds, duplicated pending seqs."""
+    rng = random.Random(31)
+    rows = []
+    for i in range(count):
+        emitted = rng.randint(-1, 12)
+        pending = [rng.randint(1, 14) for _ in range(rng.randint(0, 4))]
+        dead = [rng.randint(1, 14) for _ in range(rng.randint(0, 2))]
+        marks = []
+        if rng.random() < 0.8:
+            above = [rng.randint(-1, 18) for _ in range(rng.randint(0, 4))]
+            marks.append((f"c-{i}", rng.randint(-2, 16), above))
+        rows.append((f"s-{i}", emitted, pending, dead, marks))
+    return rows
+
+
+def test_streams_with_one_mark_get_the_statuses_every_seq_would_get(spark: Any) -> None:
+    # The usual stream (at most one mark) is reconciled from ranges and set operations;
+    # it must agree with the status of every emitted seq, which handles any marks.
+    schema = (
+        "source string, emitted bigint, pending array<bigint>, dead array<bigint>, "
+        "marks array<struct<consumer:string,hw:bigint,above:array<bigint>>>"
+    )
+    streams = spark.createDataFrame(_streams(600), schema)
+    emitted, marks = F.col("emitted"), F.col("marks")
+    rows = streams.select(
+        "source",
+        audit._one_mark(emitted, marks).alias("short"),
+        audit._any_marks(emitted, marks).alias("every"),
+    ).collect()
+    assert len(rows) == 600
+    differ = [r.source for r in rows if r.short != r.every]
+    assert differ == []
+    statuses = {i.status for r in rows for i in r.every.issues}
+    assert statuses == {"lost", "candidate", "unexpected"}
+    # Every status is met, and the counts account for every emitted seq once.
+    kinds = ("marks", "pending", "dead_letter", "duplicated", "lost", "candidate")
+    assert all(any(r.every.counts[k] for r in rows) for k in (*kinds[:3], *kinds[4:]))
+    assert any(r.every.counts["unexpected"] for r in rows)
+    emitted_of = {s[0]: s[1] for s in _streams(600)}
+    for r in rows:
+        assert sum(r.every.counts[k] for k in kinds) == max(emitted_of[r.source], 0)

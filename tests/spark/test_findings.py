@@ -163,6 +163,15 @@ def test_a_two_source_audit_takes_at_most_six_spark_jobs(spark: Any) -> None:
     assert counted.jobs <= 6
 
 
+def test_an_audit_with_dead_letters_reads_its_three_sources_in_one_job(spark: Any) -> None:
+    producer = frame(spark, planted.producer(big=False))
+    consumer = frame(spark, planted.consumer())
+    dead = frame(spark, planted.dead_letters(), RAW_DEAD_LETTER_SCHEMA)
+    with counting_jobs(spark) as counted:
+        run_audit(producer, consumer=consumer, dead_letters=dead, config=config())
+    assert counted.jobs <= 6
+
+
 def test_the_audit_config_defaults_to_the_whole_check() -> None:
     assert AuditConfig().thresholds["unverifiable"] is None
     assert AuditConfig().thresholds["lost"] == 0
