@@ -17,10 +17,11 @@ from docoutbox.errors import InvalidInput, PermanentPublishError, PublishError
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.core import Sleep, Write
 from docoutbox.stored.claim import DeletePayloads, GetPayload, perform_payload
-from docoutbox.stored.sweep import sweep_orphans
-from docoutbox.testing.memory import MemoryBackend
-from docoutbox.testing.payloads import MemoryPayloads
+from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
+from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
+from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
 from docoutbox.testing.publisher import MemoryDeadLetters
+from tests.support.loopless import run
 from tests.unit.test_claim_check import BIG, SMALL, T0, emit, message, store
 
 Publisher = Callable[[OutboxMessage], None]
@@ -214,3 +215,34 @@ def test_an_encoded_claim_checked_dead_letter_is_refused_by_name() -> None:
     with pytest.raises(InvalidInput, match="claim-checked entry encoded"):
         admin.replay([big["id"]])
     assert big["id"] in dead.entries
+
+
+class AsyncLetters:
+    """An async dead-letter store, as the async sweep asks it."""
+
+    def __init__(self, dead: MemoryDeadLetters) -> None:
+        self.dead = dead
+
+    async def refers_to(self, payload_id: str) -> bool:
+        return self.dead.refers_to(payload_id)
+
+
+def test_the_async_sweep_keeps_a_payload_a_dead_letter_refers_to() -> None:
+    backend, payloads, dead, big, _, _, _ = quarantined(refuse)
+    shared = AsyncMemoryBackend(backend)
+    later = T0 + timedelta(hours=2)
+    letters = AsyncLetters(dead)
+    pid = big["claim"]["id"]
+    report = run(
+        sweep_orphans_async(
+            shared, AsyncMemoryPayloads(payloads), 100.0, dead_letters=letters, now=later
+        )
+    )
+    assert report.referenced == [pid] and pid in payloads.items
+    dead.entries.clear()
+    report = run(
+        sweep_orphans_async(
+            shared, AsyncMemoryPayloads(payloads), 100.0, dead_letters=letters, now=later
+        )
+    )
+    assert report.deleted == [pid] and payloads.items == {}
