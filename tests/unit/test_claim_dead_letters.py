@@ -246,3 +246,22 @@ def test_the_async_sweep_keeps_a_payload_a_dead_letter_refers_to() -> None:
         )
     )
     assert report.deleted == [pid] and payloads.items == {}
+
+
+def test_publishing_references_dead_letters_the_reference_too() -> None:
+    payloads = MemoryPayloads()
+    s = store(payloads)
+    s.handle("a", message(1), emit(BIG), create=True)
+    backend: MemoryBackend = s.backend  # type: ignore[assignment]
+    (big,) = backend.docs["a"]["outbox"]
+    dead = MemoryDeadLetters()
+    doc = backend.load("a")
+    flow = dispatch_document(doc, DispatchPolicy(), random.Random(1), None, T0, references=True)
+    op = next(flow)
+    assert isinstance(op, Publish)
+    op = flow.throw(PermanentPublishError("refused"))
+    assert isinstance(op, Quarantine)
+    dead.put(op.aggregate_id, op.entry, op.error, op.attempts)
+    letter = dead.entries[big["id"]]["entry"]
+    assert "payload" not in letter and letter["claim"] == big["claim"]
+    assert dead.refers_to(big["claim"]["id"])  # the sweep keeps its payload

@@ -181,11 +181,11 @@ def dispatch_document(
     blocked = False
     #: The payload ID of each claim-checked entry to remove, deleted once trimmed.
     claimed: dict[str, str] = {}
-    #: A claim-checked entry as stored (its reference): what its quarantine records.
-    kept: dict[str, Any] | None = None
     for raw in order.entries:
-        kept = None
         raw_id = raw.get("id") if isinstance(raw, dict) else None
+        # A claim-checked entry as stored (its reference): what its quarantine records,
+        # whether the run publishes its payload or its reference.
+        kept = _as_dict(raw) if claim_of(raw) is not None and "payload" not in raw else None
         claim = None if references else claim_of(raw)
         if claim is not None and blocked and isinstance(raw_id, str):
             result.held.append(raw_id)  # not read from the payload store for nothing
@@ -195,7 +195,6 @@ def dispatch_document(
             if release is not None and numbering is not None:
                 raise InvalidInput(numbering)
             if claim is not None and "payload" not in raw:
-                kept = _as_dict(raw)
                 raw = yield from resolve_stored(raw)  # rule: never publish a reference
             numbered = raw if release is None else {**raw, "seq": seq + 1}
             entry: OutboxMessage = OutboxMessage.parse(open_entry(values, numbered))
