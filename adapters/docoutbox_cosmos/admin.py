@@ -304,9 +304,13 @@ def connect_database(
     return client, CosmosDatabase(db)
 
 
-def claim_ports(database: CosmosDatabase, container: str) -> tuple[Any, Any]:
-    """The store backend of ``container`` and the payload container beside it (for the
-    orphan sweep of the claim check; created when missing)."""
+def claim_ports(
+    database: CosmosDatabase, container: str, dead_letters: str
+) -> tuple[Any, Any, Any]:
+    """The store backend of ``container``, the payload container beside it and the
+    dead letters (for the orphan sweep of the claim check; created when missing)."""
+    from docoutbox_cosmos.clients import coordination_container  # noqa: PLC0415
+    from docoutbox_cosmos.coordination import CosmosDeadLetters  # noqa: PLC0415
     from docoutbox_cosmos.payloads import (  # noqa: PLC0415
         CosmosPayloads,
         create_payloads_container,
@@ -314,4 +318,5 @@ def claim_ports(database: CosmosDatabase, container: str) -> tuple[Any, Any]:
     )
 
     side = create_payloads_container(database.database, payloads_container(container))
-    return CosmosBackend(database[container]), CosmosPayloads(side)
+    letters = CosmosDeadLetters(coordination_container(database.database, dead_letters))
+    return CosmosBackend(database[container]), CosmosPayloads(side), letters

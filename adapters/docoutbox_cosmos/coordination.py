@@ -12,7 +12,9 @@ Each container is partitioned on ``/id``; item IDs are encoded with
   was read (a race loser gets 412); releasing clears the owner under a predicate on the
   owner. Every lost race is False, never an error.
 - :class:`CosmosDeadLetters`: ``{id: <entry id>, aggregate_id, entry, error, attempts,
-  quarantined_at}``; a second ``put`` of the same entry is a no-op (409).
+  quarantined_at}``, and ``claim_id`` (the payload ID) for a claim-checked entry, since
+  ``entry`` is stored as JSON text; a second ``put`` of the same entry is a no-op (409).
+  ``refers_to`` answers the orphan sweep: whether a dead letter holds that payload.
 
 Checkpoints and dead letters have ``azure.cosmos.aio`` twins. The dispatcher's leases by
 feed range are in :mod:`docoutbox_cosmos.leases`; :class:`CosmosLeaseTable` leases the
@@ -33,6 +35,7 @@ from azure.cosmos import exceptions as cosmos_errors
 from docoutbox.model import AggregateId
 from docoutbox.ports.dispatch import LeaseView, Position
 from docoutbox.store.document import utcnow
+from docoutbox.stored.reference import claim_of
 from docoutbox_cosmos.errors import Refusal, refusal, translated
 from docoutbox_cosmos.items import encode_id, format_time, literal, parse_time, to_json
 
@@ -91,7 +94,7 @@ def dead_letter_item(
     if not isinstance(entry_id, str) or not entry_id:
         digest = hashlib.sha256(repr(sorted(entry.items(), key=str)).encode()).hexdigest()
         entry_id = f"{aggregate_id}/malformed/{digest[:24]}"
-    return {
+    item = {
         "id": dead_letter_item_id(entry_id),
         "entry_id": entry_id,
         "aggregate_id": aggregate_id,
@@ -100,6 +103,16 @@ def dead_letter_item(
         "attempts": attempts,
         "quarantined_at": format_time(utcnow()),
     }
+    claim = claim_of(entry)
+    if claim is not None and isinstance(claim.get("id"), str):
+        item[CLAIM_ID] = claim["id"]
+    return item
+
+
+#: The field of a dead-letter item naming the payload of its claim-checked entry.
+CLAIM_ID = "claim_id"
+#: The query of :meth:`CosmosDeadLetters.refers_to`.
+CLAIMED = f"SELECT VALUE COUNT(1) FROM c WHERE c.{CLAIM_ID} = @id"
 
 
 class CosmosCheckpoints:
@@ -310,6 +323,18 @@ class CosmosDeadLetters:
                 if refusal(exc) is not Refusal.EXISTS:
                     raise  # a 409 means already quarantined
 
+    def refers_to(self, payload_id: str) -> bool:
+        """Whether a dead letter holds a claim-checked entry with that payload."""
+        with translated():
+            counts = list(
+                self.container.query_items(
+                    CLAIMED,
+                    parameters=[{"name": "@id", "value": payload_id}],
+                    enable_cross_partition_query=True,
+                )
+            )
+        return bool(counts and counts[0])
+
 
 class AsyncCosmosDeadLetters:
     """The async twin of :class:`CosmosDeadLetters`."""
@@ -327,3 +352,11 @@ class AsyncCosmosDeadLetters:
             except cosmos_errors.CosmosHttpResponseError as exc:
                 if refusal(exc) is not Refusal.EXISTS:
                     raise  # a 409 means already quarantined
+
+    async def refers_to(self, payload_id: str) -> bool:
+        with translated():
+            pages = self.container.query_items(
+                CLAIMED, parameters=[{"name": "@id", "value": payload_id}]
+            )
+            counts = [count async for count in pages]
+        return bool(counts and counts[0])

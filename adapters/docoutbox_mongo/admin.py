@@ -150,12 +150,15 @@ def lease_rows(
     return rows_of(docs, now or utcnow(), _aware)
 
 
-def claim_ports(database: Any, collection: str) -> tuple[Any, Any]:
-    """The store backend of ``collection`` and the payload store beside it (for the
-    orphan sweep of the claim check)."""
+def claim_ports(database: Any, collection: str, dead_letters: str) -> tuple[Any, Any, Any]:
+    """The store backend of ``collection``, the payload store beside it and the dead
+    letters (for the orphan sweep of the claim check)."""
     from docoutbox_mongo.backend import MongoBackend  # noqa: PLC0415
+    from docoutbox_mongo.coordination import MongoDeadLetters  # noqa: PLC0415
     from docoutbox_mongo.payloads import MongoPayloads, payloads_collection  # noqa: PLC0415
 
-    return MongoBackend(database[collection]), MongoPayloads(
-        database[payloads_collection(collection)]
+    return (
+        MongoBackend(database[collection]),
+        MongoPayloads(database[payloads_collection(collection)]),
+        MongoDeadLetters(database[dead_letters]),
     )

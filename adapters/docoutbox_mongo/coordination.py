@@ -8,7 +8,8 @@
   nothing) and simply does not get the partition.
 - :class:`MongoDeadLetters`: ``{_id: <entry id>, aggregate_id, entry, error, attempts,
   quarantined_at, origin}`` (``origin`` "dispatch", or "consume" with ``queue`` and the
-  raw ``body``); a second ``put`` of the same entry is a no-op.
+  raw ``body``); a second ``put`` of the same entry is a no-op. ``refers_to`` answers the
+  orphan sweep: whether a dead letter holds a claim-checked entry with a payload.
 """
 
 from __future__ import annotations
@@ -186,6 +187,17 @@ class MongoDeadLetters:
             except DuplicateKeyError:
                 return  # already quarantined
 
+    def refers_to(self, payload_id: str) -> bool:
+        """Whether a dead letter holds a claim-checked entry with that payload (the
+        orphan sweep keeps the payload then)."""
+        with translated():
+            return self.collection.find_one(claimed(payload_id), {"_id": 1}) is not None
+
+
+def claimed(payload_id: str) -> dict[str, Any]:
+    """The dead letters holding a claim-checked entry with that payload."""
+    return {"entry.claim.id": payload_id}
+
 
 class AsyncMongoCheckpoints(MongoCheckpoints):
     """The async twin of :class:`MongoCheckpoints` (pymongo async or Motor)."""
@@ -222,3 +234,7 @@ class AsyncMongoDeadLetters(MongoDeadLetters):
                 await self.collection.insert_one(doc)
             except DuplicateKeyError:
                 return  # already quarantined
+
+    async def refers_to(self, payload_id: str) -> bool:  # type: ignore[override]
+        with translated():
+            return await self.collection.find_one(claimed(payload_id), {"_id": 1}) is not None

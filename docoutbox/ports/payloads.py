@@ -11,6 +11,10 @@ The sweep of orphans (:mod:`docoutbox.stored.sweep`) finds payloads by age with
 ``stale`` and removes one with ``delete_stale``, which deletes only the very put it was
 shown (the same ``stored_at`` and ``generation``): a payload put again since is kept.
 
+A quarantined claim-checked entry is dead-lettered with its reference, and its payload
+stays for it: the sweep asks the dead-letter store too (:class:`ClaimedByDeadLetters`)
+before it removes a payload.
+
 Optional capabilities of a kit: :class:`PayloadKit` and :class:`AsyncPayloadKit`, a
 kit that opens the payload store beside its collection, checked once when the store
 or dispatcher is built.
@@ -100,3 +104,18 @@ class AsyncPayloadKit(Protocol):
 
     @property
     def payloads(self) -> AsyncPayloadStore: ...
+
+
+@runtime_checkable
+class ClaimedByDeadLetters(Protocol):
+    """A dead-letter store, as the orphan sweep asks it: whether a dead letter refers to
+    a payload (holds a claim-checked entry with that payload ID)."""
+
+    def refers_to(self, payload_id: str) -> bool: ...
+
+
+@runtime_checkable
+class AsyncClaimedByDeadLetters(Protocol):
+    """The async twin of :class:`ClaimedByDeadLetters`."""
+
+    async def refers_to(self, payload_id: str) -> bool: ...

@@ -6,7 +6,13 @@ dispatcher that crashed between a trim and the delete after it, from deferred tr
 and from published references (whose payloads consumers fetch within the grace).
 
 Rule: a payload is deleted only if it was put more than ``grace`` seconds ago **and**
-no entry of its aggregate refers to it, read after the payload was listed. The delete
+no entry of its aggregate and no dead letter refers to it, read after the payload was
+listed. A quarantined claim-checked entry is dead-lettered with its reference and its
+payload stays for it (:mod:`docoutbox.dispatch.engine.flow`); a replay puts the entry
+back on the outbox, and then deletes the dead letter. The sweep reads the outbox, then
+the dead letters, then the outbox again: a quarantine writes the dead letter before the
+trim, and a replay appends the entry before it deletes the dead letter, so a reference
+moving either way between the two is seen by one of the three reads. The delete
 is conditional on the very put listed (:meth:`~docoutbox.ports.payloads.PayloadStore.delete_stale`):
 a payload put again since (a slow handle refreshing it, rule 2 of
 :mod:`docoutbox.stored.claim`) is kept. A handle commits a reference only to a put
@@ -23,7 +29,13 @@ from typing import Any
 
 from docoutbox.drive import drive, drive_async
 from docoutbox.errors import InvalidConfig
-from docoutbox.ports.payloads import AsyncPayloadStore, PayloadInfo, PayloadStore
+from docoutbox.ports.payloads import (
+    AsyncClaimedByDeadLetters,
+    AsyncPayloadStore,
+    ClaimedByDeadLetters,
+    PayloadInfo,
+    PayloadStore,
+)
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.retry import check_int, check_seconds
 from docoutbox.store.core import Load
@@ -37,7 +49,15 @@ from docoutbox.stored.claim import (
 )
 from docoutbox.stored.reference import claim_of
 
-SweepOp = FindStale | Load | DeleteStale
+
+@dataclass(frozen=True)
+class DeadLettered:
+    """Ask the dead-letter store whether a dead letter refers to a payload."""
+
+    payload_id: str
+
+
+SweepOp = FindStale | Load | DeadLettered | DeleteStale
 
 
 @dataclass
@@ -45,7 +65,7 @@ class SweepReport:
     """What one sweep did, by payload ID."""
 
     deleted: list[str] = field(default_factory=list)
-    #: Stale, but a pending entry still refers to it (its entry is not published yet).
+    #: Stale, but a pending entry or a dead letter still refers to it.
     referenced: list[str] = field(default_factory=list)
     #: Put again (or deleted) between the listing and the delete: kept.
     refreshed: list[str] = field(default_factory=list)
@@ -73,14 +93,23 @@ def sweep_flow(now: datetime, grace: float, limit: int) -> Generator[SweepOp, An
     report = SweepReport()
     stale: list[PayloadInfo] = yield FindStale(stale_before(now, grace), limit)
     for info in stale:
-        doc = yield Load(info.aggregate_id)
-        if referenced(doc, info.payload_id):
+        if (yield from _held(info)):
             report.referenced.append(info.payload_id)
         elif (yield DeleteStale(info)):
             report.deleted.append(info.payload_id)
         else:
             report.refreshed.append(info.payload_id)
     return report
+
+
+def _held(info: PayloadInfo) -> Generator[SweepOp, Any, bool]:
+    """Whether an entry or a dead letter refers to ``info``'s payload: the outbox, the
+    dead letters, the outbox again (see the module doc)."""
+    if referenced((yield Load(info.aggregate_id)), info.payload_id):
+        return True
+    if (yield DeadLettered(info.payload_id)):
+        return True
+    return referenced((yield Load(info.aggregate_id)), info.payload_id)
 
 
 def _checked(grace: float, limit: int, now: datetime | None) -> datetime:
@@ -96,17 +125,21 @@ def sweep_orphans(
     payloads: PayloadStore,
     grace: float,
     *,
+    dead_letters: ClaimedByDeadLetters | None,
     limit: int = 1000,
     now: datetime | None = None,
 ) -> SweepReport:
     """Remove up to ``limit`` orphaned payloads put more than ``grace`` seconds before
     ``now`` (default: the time now). ``grace`` must be the stores' ``ClaimCheck.grace``
-    (or longer)."""
+    (or longer). ``dead_letters``: the dispatchers' dead-letter store, whose dead
+    letters keep their payloads (None only where no dispatcher quarantines into one)."""
     at = _checked(grace, limit, now)
 
     def perform(op: SweepOp) -> Any:
         if isinstance(op, Load):
             return backend.load(op.aggregate_id)
+        if isinstance(op, DeadLettered):
+            return dead_letters is not None and dead_letters.refers_to(op.payload_id)
         return perform_payload(op, payloads)
 
     report: SweepReport = drive(sweep_flow(at, grace, limit), perform)
@@ -118,6 +151,7 @@ async def sweep_orphans_async(
     payloads: AsyncPayloadStore,
     grace: float,
     *,
+    dead_letters: AsyncClaimedByDeadLetters | None,
     limit: int = 1000,
     now: datetime | None = None,
 ) -> SweepReport:
@@ -127,6 +161,8 @@ async def sweep_orphans_async(
     async def perform(op: SweepOp) -> Any:
         if isinstance(op, Load):
             return await backend.load(op.aggregate_id)
+        if isinstance(op, DeadLettered):
+            return dead_letters is not None and await dead_letters.refers_to(op.payload_id)
         payload_op: PayloadOp = op
         return await perform_payload_async(payload_op, payloads)
 

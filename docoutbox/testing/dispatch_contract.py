@@ -10,7 +10,8 @@ Reuse them for your own adapter by subclassing and providing the fixture each na
 - :class:`LeaseTableContract`: ``lease_table``, a fresh
   :class:`~docoutbox.ports.dispatch.LeaseTable` group;
 - :class:`DeadLettersContract`: ``dead_letters``, a ``(port, count)`` pair, ``count()``
-  being how many entries the store holds;
+  being how many entries the store holds (the port answers the orphan sweep's
+  ``refers_to`` too, :class:`~docoutbox.ports.payloads.ClaimedByDeadLetters`);
 - :class:`PublisherContract`: ``publisher``, a ``(port, received)`` pair, ``received()``
   the IDs of the entries the broker accepted so far, in order, read back from the broker;
 - :class:`BrokerPublisherContract`: the same, and ``unreachable_publisher``, for a
@@ -212,6 +213,17 @@ class DeadLettersContract:
         port, count = dead_letters
         port.put("a", {"value": "'garbage'"}, "malformed entry", 0)
         assert count() == 1
+
+    def test_it_tells_the_sweep_which_payloads_its_dead_letters_refer_to(
+        self, dead_letters: tuple[Any, Any]
+    ) -> None:
+        port, _ = dead_letters
+        claimed = {k: v for k, v in _entry("e-1").items() if k != "payload"}
+        claimed["claim"] = {"id": "p-1", "size": 12, "encoded": False}
+        port.put("a", claimed, "refused", 1)
+        port.put("a", _entry("e-2"), "refused", 1)
+        assert port.refers_to("p-1") is True
+        assert port.refers_to("p-2") is False
 
 
 class PublisherContract:

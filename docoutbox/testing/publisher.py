@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from docoutbox.model import AggregateId, OutboxMessage
+from docoutbox.stored.reference import claim_of
 
 #: Decides, per entry, whether to fail: return an exception to raise, or None to accept.
 FailureRule = Callable[[OutboxMessage], BaseException | None]
@@ -78,3 +79,9 @@ class MemoryDeadLetters:
                     "body": body,
                 },
             )
+
+    def refers_to(self, payload_id: str) -> bool:
+        """Whether a dead letter holds a claim-checked entry with that payload."""
+        with self._lock:
+            letters = list(self.entries.values())
+        return any((claim_of(d["entry"]) or {}).get("id") == payload_id for d in letters)

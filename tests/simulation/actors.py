@@ -31,7 +31,7 @@ from docoutbox.retry import RetryPolicy
 from docoutbox.store.batch import BatchCore, Failed, Item
 from docoutbox.store.core import Core, Op, Status, StoreConfig
 from docoutbox.stored.claim import ClaimCheck, DeleteStale, FindStale
-from docoutbox.stored.sweep import sweep_flow
+from docoutbox.stored.sweep import DeadLettered, sweep_flow
 from tests.simulation.schedule import CLAIM_GRACE, CLAIM_THRESHOLD, CODEC, Schedule
 
 M = TypeVar("M", bound=BaseModel)
@@ -153,7 +153,19 @@ class Idle:
     """Nothing to do for now: wait a few steps."""
 
 
-SimOp = Op | EngineOp | Receive | Poll | HandlerFault | Ack | Nack | Idle | FindStale | DeleteStale
+SimOp = (
+    Op
+    | EngineOp
+    | Receive
+    | Poll
+    | HandlerFault
+    | Ack
+    | Nack
+    | Idle
+    | FindStale
+    | DeadLettered
+    | DeleteStale
+)
 Process = Generator[SimOp, Any, None]
 Step = Generator[SimOp, Any, Any]
 

@@ -9,12 +9,16 @@ performs its operations with the claim faults of the schedule
 - ``claim-resolved``: a claim-checked entry is published with the payload its commit
   referenced (never its reference, never another payload);
 - ``claim-deleted-early``: the dispatcher deletes a payload only once no stored entry
-  refers to it (after the trim committed);
+  and no dead letter refers to it (after the trim committed, and never for a quarantined
+  entry);
 - ``claim-swept-referenced``: the orphan sweep never deletes a payload a pending entry
-  refers to;
-- ``claim-quarantined-unresolved``: a claim-checked entry is quarantined with its
-  payload, never with only its reference (its payload is deleted or swept after the
-  trim: the dead letter would be all that is left).
+  or a dead letter refers to;
+- ``claim-quarantined-inline``: a claim-checked entry is quarantined as stored, with its
+  reference, never with its payload inline (a dead letter over the database's limit
+  could not be written, and its aggregate's dispatch would be stuck);
+- ``claim-quarantined-unread``: a claim-checked entry is quarantined only by a
+  dispatcher whose last read of its payload found it whole (a missing payload is never
+  given up: its entry stays pending).
 
 A lost payload shows as well in ``published`` and ``liveness``: its entry can never be
 published.
@@ -50,7 +54,8 @@ SLOW_PUT_MS = 250
 
 class Claims:
     """``fault`` draws a fault (the world's), ``violation`` reports one, ``load`` reads a
-    producer document as it is now."""
+    producer document as it is now, ``dead`` tells whether a dead letter refers to a
+    payload."""
 
     def __init__(
         self,
@@ -58,11 +63,15 @@ class Claims:
         violation: Callable[[str, str], None],
         stats: Counter[str],
         load: Callable[[Any], Any],
+        dead: Callable[[str], bool],
     ) -> None:
         self.fault = fault
         self.violation = violation
         self.stats = stats
         self.load = load
+        self.dead = dead
+        #: (process, payload ID) -> whether that process's last read found it whole.
+        self.read: dict[tuple[str, str], bool] = {}
         self.payloads = MemoryPayloads()
         #: Payload ID -> the aggregate whose entry refers to it (from its puts).
         self.owners: dict[str, Any] = {}
@@ -76,7 +85,7 @@ class Claims:
         slow, self._slow = self._slow, False
         return slow
 
-    def perform(self, op: PayloadOp) -> Any:
+    def perform(self, op: PayloadOp, owner: str) -> Any:
         stats = self.stats
         if isinstance(op, PutPayload):
             if self.fault("put_error"):
@@ -89,10 +98,13 @@ class Claims:
         if isinstance(op, GetPayload):
             if self.fault("get_error"):
                 raise TransientStoreError("injected: the payload read failed")
+            self.read[owner, op.payload_id] = False
             if self.fault("payload_lost"):
                 raise PayloadMissing("injected: the payload store found nothing this time")
             stats["claim.get"] += 1
-            return self.payloads.get(op.payload_id)
+            data = self.payloads.get(op.payload_id)
+            self.read[owner, op.payload_id] = True
+            return data
         if isinstance(op, DeletePayloads):
             if self.fault("delete_error"):
                 raise TransientStoreError("injected: the payload delete failed")
@@ -100,7 +112,8 @@ class Claims:
                 if self._referenced(payload_id):
                     self.violation(
                         "claim-deleted-early",
-                        f"payload {payload_id} deleted while a stored entry refers to it",
+                        f"payload {payload_id} deleted while an entry or a dead letter "
+                        "refers to it",
                     )
             stats["claim.deleted"] += len(op.payload_ids)
             return self.payloads.delete(op.payload_ids)
@@ -113,7 +126,8 @@ class Claims:
         if stored is not None and stored[0] == op.info and self._referenced(op.info.payload_id):
             self.violation(
                 "claim-swept-referenced",
-                f"the sweep deleted payload {op.info.payload_id}, which a pending entry refers to",
+                f"the sweep deleted payload {op.info.payload_id}, which a pending entry or a "
+                "dead letter refers to",
             )
         swept = self.payloads.delete_stale(op.info)
         stats["claim.swept"] += swept
@@ -122,7 +136,7 @@ class Claims:
     def _referenced(self, payload_id: str) -> bool:
         owner = self.owners.get(payload_id)
         doc = None if owner is None else self.load(owner)
-        return referenced(doc, payload_id)
+        return referenced(doc, payload_id) or self.dead(payload_id)
 
     def committed(self, entries: Any) -> None:
         """Check and remember the claim-checked entries a producer commit stored."""
@@ -153,10 +167,18 @@ class Claims:
                 f"not its payload",
             )
 
-    def check_quarantined(self, entry: dict[str, Any]) -> None:
-        if claim_of(entry) is not None and "payload" not in entry:
+    def check_quarantined(self, entry: dict[str, Any], owner: str) -> None:
+        where = f"{entry.get('aggregate_id')}#{entry.get('seq')}"
+        if str(entry.get("id")) in self.expected and claim_of(entry) is None:
             self.violation(
-                "claim-quarantined-unresolved",
-                f"{entry.get('aggregate_id')}#{entry.get('seq')} quarantined with its "
-                "reference only",
+                "claim-quarantined-inline",
+                f"{where}, claim-checked, quarantined with its payload instead of its reference",
             )
+        claim = claim_of(entry)
+        if claim is not None and not self.read.get((owner, str(claim.get("id")))):
+            self.violation(
+                "claim-quarantined-unread",
+                f"{where} quarantined, though its payload was not read whole",
+            )
+        if claim is not None:
+            self.stats["claim.quarantined"] += 1

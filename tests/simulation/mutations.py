@@ -58,7 +58,13 @@ The claim check, one mutation per rule (claim-checked schedules, a setting):
   that trim is written (delete only after the trim commits);
 - ``claim-sweep-referenced``: the sweep deletes stale payloads whether or not a pending
   entry refers to them;
-- ``claim-sweep-young``: the sweep deletes unreferenced payloads of any age (the grace).
+- ``claim-sweep-young``: the sweep deletes unreferenced payloads of any age (the grace);
+- ``claim-dead-letter-inline``: a quarantined claim-checked entry is dead-lettered with
+  its payload resolved, inline, instead of its reference;
+- ``claim-dead-letter-deleted``: the payload of a quarantined claim-checked entry is
+  deleted after the trim, as a published one's, though its dead letter refers to it;
+- ``claim-sweep-dead-letters-off``: the sweep reads the outbox only, not the dead
+  letters, and deletes payloads that dead letters refer to.
 
 Inbox spill-over (consumers spill a window of 2, a schedule setting):
 
@@ -87,9 +93,11 @@ from docoutbox.errors import InvalidInput, PayloadMissing
 from docoutbox.model import OutboxMessage
 from docoutbox.store import batch, plans, spill
 from docoutbox.store import core as flows
+from docoutbox.store.core import Load
 from docoutbox.store.document import Document
 from docoutbox.store.plans import CommitPlan, ReleasePlan, TrimPlan, WritePlan, apply_plan
 from docoutbox.stored import claim, sweep
+from docoutbox.stored.reference import claim_of
 from docoutbox.testing import memory
 
 
@@ -506,6 +514,42 @@ def claim_sweep_young() -> Iterator[None]:
 
 
 @contextmanager
+def claim_dead_letter_inline() -> Iterator[None]:
+    publish_with_retries = dispatch._publish_with_retries
+
+    def resolved(
+        entry: Any, policy: Any, rng: Any, stored: dict[str, Any] | None = None
+    ) -> Generator[Any, Any, str]:
+        if claim_of(stored) is not None:
+            stored = None  # quarantined as published: the payload inline
+        return (yield from publish_with_retries(entry, policy, rng, stored))
+
+    with mock.patch.object(dispatch, "_publish_with_retries", resolved):
+        yield
+
+
+@contextmanager
+def claim_dead_letter_deleted() -> Iterator[None]:
+    publish_with_retries = dispatch._publish_with_retries
+
+    def as_published(*args: Any) -> Generator[Any, Any, str]:
+        outcome = yield from publish_with_retries(*args)
+        return "published" if outcome == "quarantined" else outcome
+
+    with mock.patch.object(dispatch, "_publish_with_retries", as_published):
+        yield
+
+
+@contextmanager
+def claim_sweep_dead_letters_off() -> Iterator[None]:
+    def outbox_only(info: Any) -> Generator[Any, Any, bool]:
+        return sweep.referenced((yield Load(info.aggregate_id)), info.payload_id)
+
+    with mock.patch.object(sweep, "_held", outbox_only):
+        yield
+
+
+@contextmanager
 def spill_after_commit() -> Iterator[None]:
     def commit_then_archive(
         plan: CommitPlan, write: Callable[[WritePlan], Any], insert: Any = None
@@ -572,6 +616,9 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "claim-delete-deferred": claim_delete_deferred,
     "claim-sweep-referenced": claim_sweep_referenced,
     "claim-sweep-young": claim_sweep_young,
+    "claim-dead-letter-inline": claim_dead_letter_inline,
+    "claim-dead-letter-deleted": claim_dead_letter_deleted,
+    "claim-sweep-dead-letters-off": claim_sweep_dead_letters_off,
     "spill-after-commit": spill_after_commit,
     "spill-lookup-off": spill_lookup_off,
     "spill-evicts": spill_evicts,

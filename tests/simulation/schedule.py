@@ -99,6 +99,10 @@ MUTATION_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "claim-sweep-young": (("claimed", "true"), ("claim_stress", "true")),
     # Entries pending for longer than the grace.
     "claim-sweep-referenced": (("claimed", "true"), ("stuck", "30")),
+    # Claim-checked entries quarantined (and, for the sweep, for longer than the grace).
+    "claim-dead-letter-inline": (("claimed", "true"), ("stuck", "30")),
+    "claim-dead-letter-deleted": (("claimed", "true"), ("stuck", "30")),
+    "claim-sweep-dead-letters-off": (("claimed", "true"), ("stuck", "30")),
     "spill-after-commit": (("consumer_exact", "false"), ("consumer_spill", "true")),
     "spill-lookup-off": (("consumer_exact", "false"), ("consumer_spill", "true")),
     "spill-evicts": (("consumer_exact", "false"), ("consumer_spill", "true")),

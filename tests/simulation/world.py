@@ -47,6 +47,7 @@ from docoutbox.stored.claim import (
     GetPayload,
     PutPayload,
 )
+from docoutbox.stored.sweep import DeadLettered
 from docoutbox.testing import MemoryBackend, MemoryDeadLetters
 from tests.simulation.actors import (
     COMMANDS,
@@ -96,7 +97,11 @@ class World:
         self.sink_ids = [f"c{i}" for i in range(1, s.consumers + 1)]
         #: The claim check's payload store, and its checks.
         self.claims = Claims(
-            self.fault, self.violation, stats, lambda agg: self.stores.producers.load(agg)
+            self.fault,
+            self.violation,
+            stats,
+            lambda agg: self.stores.producers.load(agg),
+            self.dead_letters.refers_to,
         )
         self.payloads = self.claims.payloads
         #: Whether the dispatcher holds a deferred trim of an aggregate (set by the harness).
@@ -231,14 +236,18 @@ class World:
                 )
                 return found
             case PutPayload() | GetPayload() | DeletePayloads() | FindStale() | DeleteStale():
-                return self.claims.perform(op)
+                return self.claims.perform(op, owner)
+            case DeadLettered(payload_id=payload_id):
+                if self.fault("find_error"):
+                    raise TransientStoreError("injected: the dead-letter query failed")
+                return self.dead_letters.refers_to(payload_id)
             case Publish(entry=entry):
                 self.publish(entry)
             case Quarantine():
                 if self.fault("deadletter_error"):
                     raise TransientStoreError("injected: the dead-letter store failed")
                 self.check_attempts(op)
-                self.claims.check_quarantined(op.entry)
+                self.claims.check_quarantined(op.entry, owner)
                 self.dead_letters.put(op.aggregate_id, op.entry, op.error, op.attempts)
                 self.record.quarantined.setdefault(str(op.entry["id"]), self.record.tick())
                 self.stats["quarantined"] += 1

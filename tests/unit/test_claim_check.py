@@ -343,7 +343,9 @@ def test_the_sweep_removes_only_old_unreferenced_payloads() -> None:
     young = PayloadInfo("young", "a", "gone", 3, T0 + timedelta(seconds=90), "g")
     payloads.put(orphan, b"abc")
     payloads.put(young, b"abc")
-    report = sweep_orphans(s.backend, payloads, 100.0, now=T0 + timedelta(seconds=150))
+    report = sweep_orphans(
+        s.backend, payloads, 100.0, dead_letters=None, now=T0 + timedelta(seconds=150)
+    )
     assert report.deleted == ["orphan"] and len(report.referenced) == 1
     assert set(payloads.items) == {"young", *report.referenced}
 
@@ -359,7 +361,9 @@ def test_the_sweep_keeps_a_payload_put_again_after_it_was_listed() -> None:
             payloads.put(PayloadInfo("p", "a", "e", 3, T0 + timedelta(seconds=200), "g2"), b"abc")
             return backend.load(aggregate_id)
 
-    report = sweep_orphans(Refreshing(), payloads, 100.0, now=T0 + timedelta(seconds=200))
+    report = sweep_orphans(
+        Refreshing(), payloads, 100.0, dead_letters=None, now=T0 + timedelta(seconds=200)
+    )
     assert report.refreshed == ["p"] and "p" in payloads.items
 
 
@@ -399,7 +403,11 @@ def test_the_async_store_dispatch_ports_sweep_and_resolve_share_the_flows() -> N
     run(ports.perform(DeletePayloads((pid,))))
     assert shared.items == {}
     shared.put(PayloadInfo("orphan", "a", "gone", 1, T0, "g"), b"x")
-    report = run(sweep_orphans_async(backend, payloads, 100.0, now=T0 + timedelta(hours=1)))
+    report = run(
+        sweep_orphans_async(
+            backend, payloads, 100.0, dead_letters=None, now=T0 + timedelta(hours=1)
+        )
+    )
     assert report.deleted == ["orphan"]
 
 

@@ -137,7 +137,7 @@ def add_commands(sub: Any) -> None:
     sweep = osub.add_parser(
         "sweep-payloads",
         help="delete the claim check's orphaned payloads: put over --grace seconds ago and "
-        "referred to by no pending entry",
+        "referred to by no pending entry and no dead letter (of --dead-letters)",
         formatter_class=Formatter,
     )
     _connection(sweep, collection=True)
@@ -366,11 +366,13 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _sweep_payloads(args: argparse.Namespace) -> int:
     def body(database: Any, admin: Any) -> int:
-        backend, payloads = admin.claim_ports(database, args.collection)
+        backend, payloads, letters = admin.claim_ports(database, args.collection, args.dead_letters)
         now = utcnow()
         totals = {"deleted": 0, "referenced": 0, "refreshed": 0}
         while True:  # another page while a page deleted all it listed
-            report = sweep_orphans(backend, payloads, args.grace, limit=args.limit, now=now)
+            report = sweep_orphans(
+                backend, payloads, args.grace, dead_letters=letters, limit=args.limit, now=now
+            )
             for name in totals:
                 totals[name] += len(getattr(report, name))
             if len(report.deleted) < args.limit:

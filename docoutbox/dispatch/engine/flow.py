@@ -30,8 +30,11 @@ ahead of it (per-aggregate order, I4).
 Claim-checked entries (:mod:`docoutbox.stored.claim`): the payload is read back from the
 payload store before the entry is published; a missing or partial one
 (:class:`~docoutbox.errors.PayloadMissing`) leaves the entry, and those after it,
-pending (``result.missing``), neither published nor trimmed. The payloads of trimmed
-entries are deleted once their trim has applied, never before.
+pending (``result.missing``), neither published nor trimmed. The payloads of published
+entries are deleted once their trim has applied, never before. A quarantined
+claim-checked entry is dead-lettered as stored, with its reference (a dead letter holding
+the payload could exceed the database's size limit, and the run would fail at every
+try); its payload is kept for the dead letter, which a replay puts back on the outbox.
 
 Scheduled entries (:mod:`~docoutbox.dispatch.engine.due`): only those due at ``now`` are
 published, after the numbered ones, each after a release write that numbers it next in
@@ -180,6 +183,9 @@ def dispatch_document(
     claimed: dict[str, str] = {}
     for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
+        # A claim-checked entry as stored (its reference): what its quarantine records,
+        # whether the run publishes its payload or its reference.
+        kept = _as_dict(raw) if claim_of(raw) is not None and "payload" not in raw else None
         claim = None if references else claim_of(raw)
         if claim is not None and blocked and isinstance(raw_id, str):
             result.held.append(raw_id)  # not read from the payload store for nothing
@@ -203,7 +209,8 @@ def dispatch_document(
             blocked = True
             continue
         except InvalidInput as exc:
-            yield Quarantine(result.aggregate_id, _as_dict(raw), f"malformed entry: {exc}", 0)
+            dead = kept if kept is not None else _as_dict(raw)
+            yield Quarantine(result.aggregate_id, dead, f"malformed entry: {exc}", 0)
             if isinstance(raw_id, str):
                 removable.append(raw_id)
                 result.quarantined.append(raw_id)
@@ -220,12 +227,14 @@ def dispatch_document(
                 continue
             seq, version = seq + 1, version + 1
         stored = _as_dict(raw) if sealed else None
-        if claim is not None and isinstance(claim.get("id"), str):
-            claimed[entry.id] = claim["id"]
+        if kept is not None:
+            stored = kept  # dead-lettered by reference: its payload stays for it
         outcome = yield from _publish_with_retries(entry, policy, rng, stored)
         if outcome == "published":
             result.published.append(entry.id)
             removable.append(entry.id)
+            if claim is not None and isinstance(claim.get("id"), str):
+                claimed[entry.id] = claim["id"]
         elif outcome == "quarantined":
             result.quarantined.append(entry.id)
             removable.append(entry.id)

@@ -24,6 +24,14 @@ pending entries.
 - A consumer dead letter is published again, body unchanged, to the queue it came from
   (``republish``), then deleted.
 
+A claim-checked entry (:mod:`docoutbox.stored.claim`) is dead-lettered as stored, with
+its reference, and its payload stays in the payload store: the replay re-appends it
+with that reference, and the dispatcher reads the payload back and publishes it whole
+(then deletes it after the trim, as for any published entry). A purge leaves the
+payload to the orphan sweep (:mod:`docoutbox.stored.sweep`), which keeps a payload while
+a dead letter or a pending entry refers to it. An encoded claim-checked entry is not
+replayed: its payload is sealed under the entry's ID, which a replay changes.
+
 Entries encoded by a store codec (:mod:`docoutbox.stored`) are replayed only by an admin
 given the stores' values (``values=``): the entry is decoded (and its payload upcast),
 given its new ID and replay headers, and sealed again as the store would (encrypted under
@@ -50,7 +58,8 @@ from docoutbox.dispatch.tools.failures import FailureGroup, failure_groups, fing
 from docoutbox.errors import InvalidInput, NotFound
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.document import utcnow
-from docoutbox.stored.values import StoredValues
+from docoutbox.stored.reference import claim_of
+from docoutbox.stored.values import StoredValues, open_entry
 
 #: Publishes a raw body to a queue (consumer dead letters).
 Republish = Callable[[str, bytes], None]
@@ -146,8 +155,15 @@ class DeadLetterAdmin:
                 f"dead letter {name!r} holds an entry encoded by a store codec "
                 "(docoutbox.stored): replay it with the stores' codec (--decode)"
             )
+        claim = claim_of(stored)
+        if claim is not None and (claim.get("encoded") or _encoded(stored)):
+            raise InvalidInput(
+                f"dead letter {name!r} holds a claim-checked entry encoded by a store codec: "
+                "its payload is bound to the entry's ID, which a replay changes; publish it "
+                "from the payload store by hand, then purge it"
+            )
         try:
-            entry = OutboxMessage.parse(self._opened(stored))
+            entry = OutboxMessage.parse(open_entry(None, self._opened(stored)))
         except InvalidInput as exc:
             raise InvalidInput(
                 f"dead letter {name!r} holds a malformed entry and cannot be replayed "
