@@ -341,6 +341,17 @@ class Core(Generic[S]):
             )
         return None
 
+    def _read_again(self, error: TransientStoreError, attempt: int, started: float) -> Flow[None]:
+        """Wait before reading again after ``error``, the ``attempt``-th failure of a call
+        that began at ``started``; raise instead once the attempts or the deadline run out."""
+        retry = self.config.retry
+        if attempt >= retry.max_attempts:
+            raise error
+        if (late := self.transient(error, started)) is not None:
+            raise late from error
+        self._observed_retry("transient")
+        yield Sleep(retry.delay(attempt, self.config.rng))
+
     def handle(
         self,
         aggregate_id: AggregateId,
@@ -368,12 +379,7 @@ class Core(Generic[S]):
                     doc = yield Load(aggregate_id)
                 except TransientStoreError as exc:
                     attempt += 1
-                    if attempt >= retry.max_attempts:
-                        raise
-                    if (late := self.transient(exc, started)) is not None:
-                        raise late from exc
-                    self._observed_retry("transient")
-                    yield Sleep(retry.delay(attempt, self.config.rng))
+                    yield from self._read_again(exc, attempt, started)
                     continue
                 if doubt is not None and (landed := self._landed(doc, msg, doubt, attempt)):
                     return landed
@@ -385,12 +391,7 @@ class Core(Generic[S]):
                     duplicate = msg.id in (yield lookup)
                 except TransientStoreError as exc:
                     attempt += 1
-                    if attempt >= retry.max_attempts:
-                        raise
-                    if (late := self.transient(exc, started)) is not None:
-                        raise late from exc
-                    self._observed_retry("transient")
-                    yield Sleep(retry.delay(attempt, self.config.rng))
+                    yield from self._read_again(exc, attempt, started)
                     fresh = True
                     continue
             if duplicate:
