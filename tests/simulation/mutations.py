@@ -62,7 +62,8 @@ The claim check, one mutation per rule (claim-checked schedules, a setting):
 - ``claim-dead-letter-inline``: a quarantined claim-checked entry is dead-lettered with
   its payload resolved, inline, instead of its reference;
 - ``claim-dead-letter-deleted``: the payload of a quarantined claim-checked entry is
-  deleted after the trim, as a published one's, though its dead letter refers to it;
+  deleted after the trim, as a published one's, and no dead letter is asked first,
+  though its dead letter refers to it;
 - ``claim-sweep-dead-letters-off``: the sweep reads the outbox only, not the dead
   letters, and deletes payloads that dead letters refer to.
 
@@ -536,7 +537,16 @@ def claim_dead_letter_deleted() -> Iterator[None]:
         outcome = yield from publish_with_retries(*args)
         return "published" if outcome == "quarantined" else outcome
 
-    with mock.patch.object(dispatch, "_publish_with_retries", as_published):
+    def delete_unasked(
+        trimmed: list[str], claimed: dict[str, str], result: Any
+    ) -> Generator[Any, Any, None]:
+        ids = tuple(claimed[i] for i in trimmed if i in claimed)
+        if ids:
+            yield claim.DeletePayloads(ids)
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(dispatch, "_publish_with_retries", as_published))
+        stack.enter_context(mock.patch.object(dispatch, "_delete_payloads", delete_unasked))
         yield
 
 

@@ -37,7 +37,7 @@ from docoutbox.stored.claim import (
     resolve_reference_async,
 )
 from docoutbox.stored.reference import ENVELOPE
-from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
+from docoutbox.stored.sweep import DeadLettered, sweep_orphans, sweep_orphans_async
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
@@ -218,7 +218,10 @@ def test_async_stores_take_async_payload_stores() -> None:
 
 
 def dispatch(
-    backend: MemoryBackend, payloads: MemoryPayloads, references: bool = False
+    backend: MemoryBackend,
+    payloads: MemoryPayloads,
+    references: bool = False,
+    dead_lettered: frozenset[str] = frozenset(),
 ) -> tuple[list[Any], Any]:
     doc = backend.load("a")
     assert doc is not None
@@ -242,6 +245,8 @@ def dispatch(
                 send = backend.write(op.plan)
             elif isinstance(op, GetPayload | DeletePayloads):
                 send = perform_payload(op, payloads)
+            elif isinstance(op, DeadLettered):
+                send = op.payload_id in dead_lettered
         except Exception as exc:  # thrown into the flow, as drivers do
             error = exc
 
@@ -255,9 +260,21 @@ def test_the_dispatcher_publishes_the_payload_and_deletes_it_after_the_trim() ->
     s = store(payloads)
     s.handle("a", message(1), emit(BIG), create=True)
     ops, result = dispatch(s.backend, payloads)  # type: ignore[arg-type]
-    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeletePayloads"]
+    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeadLettered", "DeletePayloads"]
     assert ops[1].entry.payload == BIG and result.trimmed
     assert payloads.items == {} and s.backend.docs["a"]["outbox"] == []  # type: ignore[attr-defined]
+
+
+def test_a_payload_a_dead_letter_refers_to_is_kept_after_the_trim() -> None:
+    # Quarantined once, then published from another copy (a trim whose reply was lost):
+    # the dead letter must stay replayable, so the payload is left to the sweep.
+    payloads = MemoryPayloads()
+    s = store(payloads)
+    s.handle("a", message(1), emit(BIG), create=True)
+    (payload_id,) = payloads.items
+    ops, result = dispatch(s.backend, payloads, dead_lettered=frozenset({payload_id}))  # type: ignore[arg-type]
+    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeadLettered"]
+    assert result.trimmed and list(payloads.items) == [payload_id] and result.orphaned == []
 
 
 def test_no_delete_when_the_trim_did_not_apply() -> None:
@@ -428,7 +445,7 @@ def test_a_failed_delete_leaves_an_orphan_and_the_run_goes_on() -> None:
     broken = Failing()
     broken.items = payloads.items
     ops, result = dispatch(s.backend, broken)  # type: ignore[arg-type]
-    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeletePayloads"]
+    assert kinds(ops) == ["GetPayload", "Publish", "Write", "DeadLettered", "DeletePayloads"]
     assert result.trimmed and result.published and len(result.orphaned) == 1
     assert len(payloads.items) == 1  # left to the sweep
 

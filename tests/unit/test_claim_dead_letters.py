@@ -17,7 +17,7 @@ from docoutbox.errors import InvalidInput, PermanentPublishError, PublishError
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.store.core import Sleep, Write
 from docoutbox.stored.claim import DeletePayloads, GetPayload, perform_payload
-from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
+from docoutbox.stored.sweep import DeadLettered, sweep_orphans, sweep_orphans_async
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
 from docoutbox.testing.publisher import MemoryDeadLetters
@@ -69,6 +69,8 @@ def dispatch(
                 send = backend.write(op.plan)
             elif isinstance(op, GetPayload | DeletePayloads):
                 send = perform_payload(op, payloads)
+            elif isinstance(op, DeadLettered):
+                send = dead.refers_to(op.payload_id)
             else:
                 assert isinstance(op, Sleep)
         except Exception as exc:  # thrown into the flow, as drivers do

@@ -54,7 +54,12 @@ from docoutbox.ports.dispatch import (
     PipelinedPublisher,
     Publisher,
 )
-from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
+from docoutbox.ports.payloads import (
+    AsyncClaimedByDeadLetters,
+    AsyncPayloadStore,
+    ClaimedByDeadLetters,
+    PayloadStore,
+)
 from docoutbox.ports.store import (
     AsyncBatchWriter,
     AsyncStoreBackend,
@@ -73,6 +78,7 @@ from docoutbox.stored.claim import (
     perform_payload,
     perform_payload_async,
 )
+from docoutbox.stored.sweep import DeadLettered
 
 #: What a dispatcher calls on each of its ports (sync or async alike): the Protocols of
 #: the sync and async twins share their method names.
@@ -131,6 +137,9 @@ class Ports:
             return self.publisher.publish(op.entry)
         if isinstance(op, GetPayload | DeletePayloads):
             return perform_payload(op, self.payloads)
+        if isinstance(op, DeadLettered):
+            letters = self.dead_letters
+            return isinstance(letters, ClaimedByDeadLetters) and letters.refers_to(op.payload_id)
         if isinstance(op, PublishRound):
             return self.publish_round(op.entries)
         if isinstance(op, TrimRound):  # drivers group these (GroupWriter): one by one here
@@ -247,6 +256,11 @@ class AsyncPorts:
             return await self.publisher.publish(op.entry)
         if isinstance(op, GetPayload | DeletePayloads):
             return await perform_payload_async(op, self.payloads)
+        if isinstance(op, DeadLettered):
+            letters = self.dead_letters
+            if isinstance(letters, AsyncClaimedByDeadLetters):
+                return await letters.refers_to(op.payload_id)
+            return False
         if isinstance(op, PublishRound):
             return await self.publish_round(op.entries)
         if isinstance(op, TrimRound):  # drivers group these (AsyncGroupWriter)

@@ -73,6 +73,7 @@ from docoutbox.store.plans import FailurePlan, plan_trim
 from docoutbox.store.schedule import due_of
 from docoutbox.stored.claim import DeletePayloads, GetPayload, resolve_stored
 from docoutbox.stored.reference import claim_of
+from docoutbox.stored.sweep import DeadLettered
 from docoutbox.stored.values import StoredValues, open_entry
 
 
@@ -93,7 +94,7 @@ class Quarantine:
     attempts: int
 
 
-DispatchOp = Publish | Quarantine | Write | Sleep | GetPayload | DeletePayloads
+DispatchOp = Publish | Quarantine | Write | Sleep | GetPayload | DeadLettered | DeletePayloads
 
 
 @dataclass(frozen=True)
@@ -268,12 +269,25 @@ def _delete_payloads(
     """Rule: a payload is deleted only after the trim that removed its entry committed
     (called once the trim of ``trimmed`` applied). A failed delete leaves an orphan,
     which the sweep removes: it is reported in ``result.orphaned``, never raised, since
-    the entries were published and trimmed."""
-    ids = tuple(claimed[i] for i in trimmed if i in claimed)
+    the entries were published and trimmed.
+
+    Rule: a payload a dead letter refers to is kept. An entry quarantined once can still
+    be published from another copy (a trim whose reply was lost, a second instance), and
+    its dead letter must stay replayable: such a payload is left to the sweep, which
+    keeps it while the dead letter lasts."""
+    ids: list[str] = []
+    for trimmed_id in trimmed:
+        if trimmed_id not in claimed:
+            continue
+        try:
+            if not (yield DeadLettered(claimed[trimmed_id])):
+                ids.append(claimed[trimmed_id])
+        except StoreError:
+            result.orphaned.append(claimed[trimmed_id])  # unknown: the sweep decides
     if not ids:
         return
     try:
-        yield DeletePayloads(ids)
+        yield DeletePayloads(tuple(ids))
     except StoreError:
         result.orphaned.extend(ids)
 

@@ -85,6 +85,7 @@ from docoutbox.store.document import ID, Document, partition_of
 from docoutbox.store.plans import TrimPlan
 from docoutbox.stored.claim import DeletePayloads, GetPayload
 from docoutbox.stored.codec import Codec
+from docoutbox.stored.sweep import DeadLettered
 from docoutbox.stored.upcast import Upcasters
 from docoutbox.stored.values import StoredValues
 
@@ -259,7 +260,7 @@ class FindDue:
 
 
 StreamOp = StartMarker | OpenStream | PollChanges | CloseStream | LoadCheckpoint | SaveCheckpoint
-RunOp = Load | Publish | Quarantine | Write | Sleep | GetPayload | DeletePayloads
+RunOp = Load | Publish | Quarantine | Write | Sleep | GetPayload | DeadLettered | DeletePayloads
 BatchOp = RunOp | PublishRound | TrimRound
 EngineOp = StreamOp | BatchOp | FindPending | FindDue
 
