@@ -44,6 +44,7 @@ from docoutbox import Aggregate, AggregateStore, Decision, Message, StoreConfig,
 from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
 from docoutbox.store.core import Write
 from docoutbox.stored.claim import ClaimCheck, DeletePayloads, GetPayload, perform_payload
+from docoutbox.stored.sweep import DeadLettered
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.payloads import MongoPayloads
 
@@ -86,6 +87,8 @@ def _dispatch(backend: MongoBackend, payloads: MongoPayloads, aggregate: str) ->
             send = backend.write(op.plan)
         elif isinstance(op, GetPayload | DeletePayloads):
             send = perform_payload(op, payloads)
+        elif isinstance(op, DeadLettered):
+            send = False  # nothing is quarantined here
         else:
             raise AssertionError(f"unexpected operation {op!r}")
 
