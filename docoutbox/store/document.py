@@ -137,6 +137,25 @@ class Snapshot(Generic[S]):
         return tuple(OutboxMessage.parse(open_entry(values, e)) for e in self.raw_outbox)
 
 
+def is_sequence_number(value: Any) -> bool:
+    """Whether ``value`` is a sequence number: a plain non-negative int (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def stored_outbox_seq(doc: Document) -> int:
+    """The document's ``outbox_seq`` (0 when absent); MalformedDocument if it is not a
+    sequence number (``"3"``, ``True``, ``2.5``, ``-1``): entries numbered from it would
+    collide or skip, so a commit never reads one by coercion."""
+    value = doc.get("outbox_seq", 0)
+    if not is_sequence_number(value):
+        raise MalformedDocument(
+            f"document {doc.get(ID)!r} has outbox_seq {value!r}, not a sequence number "
+            "(a non-negative integer)"
+        )
+    seq: int = value
+    return seq
+
+
 def read_snapshot(
     doc: Document, model: type[S], state: S | None = None, values: StoredValues | None = None
 ) -> Snapshot[S]:
@@ -147,6 +166,7 @@ def read_snapshot(
     """
     if state is None and values is not None:
         state = _open_state(doc, model, values)
+    outbox_seq = stored_outbox_seq(doc)
     try:
         marks = {
             m["source"]: Mark(m["source"], int(m["hw"]), tuple(m.get("above", ())))
@@ -165,7 +185,7 @@ def read_snapshot(
             ),
             inbox=tuple(doc.get("inbox") or ()),
             marks=marks,
-            outbox_seq=int(doc.get("outbox_seq", 0)),
+            outbox_seq=outbox_seq,
             partition=int(doc.get("partition", 0)),
             updated_at=doc.get("updated_at"),
             raw_outbox=tuple(doc.get("outbox") or ()),

@@ -68,7 +68,7 @@ from docoutbox.errors import (
 from docoutbox.model import AggregateId, OutboxMessage
 from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
-from docoutbox.store.document import ID, REVISION, Document
+from docoutbox.store.document import ID, REVISION, Document, is_sequence_number
 from docoutbox.store.plans import FailurePlan, plan_trim
 from docoutbox.store.schedule import due_of
 from docoutbox.stored.claim import DeletePayloads, GetPayload, resolve_stored
@@ -306,7 +306,7 @@ def _numbering_fault(doc: Document) -> str | None:
     release would fail at every run: the due entries it cannot number are quarantined
     instead (I7), once, and the run goes on."""
     value = doc.get("outbox_seq")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if is_sequence_number(value):
         return None
     return f"the document's outbox_seq {value!r} is not a sequence number: cannot number a release"
 
