@@ -152,13 +152,14 @@ def lease_rows(
 
 def claim_ports(database: Any, collection: str, dead_letters: str) -> tuple[Any, Any, Any]:
     """The store backend of ``collection``, the payload store beside it and the dead
-    letters (for the orphan sweep of the claim check)."""
+    letters (for the orphan sweep of the claim check), with the indexes the sweep's
+    queries use (created when missing)."""
     from docoutbox_mongo.backend import MongoBackend  # noqa: PLC0415
     from docoutbox_mongo.coordination import MongoDeadLetters  # noqa: PLC0415
     from docoutbox_mongo.payloads import MongoPayloads, payloads_collection  # noqa: PLC0415
 
-    return (
-        MongoBackend(database[collection]),
-        MongoPayloads(database[payloads_collection(collection)]),
-        MongoDeadLetters(database[dead_letters]),
-    )
+    payloads = MongoPayloads(database[payloads_collection(collection)])
+    letters = MongoDeadLetters(database[dead_letters])
+    payloads.ensure_indexes()
+    letters.ensure_indexes()
+    return MongoBackend(database[collection]), payloads, letters

@@ -9,7 +9,9 @@
 - :class:`MongoDeadLetters`: ``{_id: <entry id>, aggregate_id, entry, error, attempts,
   quarantined_at, origin}`` (``origin`` "dispatch", or "consume" with ``queue`` and the
   raw ``body``); a second ``put`` of the same entry is a no-op. ``refers_to`` answers the
-  orphan sweep: whether a dead letter holds a claim-checked entry with a payload.
+  orphan sweep and the dispatcher before it deletes a published entry's payload: whether
+  a dead letter holds a claim-checked entry with a payload, by the sparse index
+  :data:`DEAD_LETTER_INDEXES` (``ensure_indexes``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from docoutbox.model import AggregateId
 from docoutbox.ports.dispatch import LeaseView, Position
 from docoutbox.store.document import utcnow
 from docoutbox_mongo.errors import translated
+
+#: The dead letters' index of ``refers_to`` (``(name, keys, options)``): sparse, as only
+#: claim-checked entries have a ``claim``.
+DEAD_LETTER_INDEXES: tuple[tuple[str, list[tuple[str, int]], dict[str, Any]], ...] = (
+    ("docoutbox_dead_letter_claim", [("entry.claim.id", 1)], {"sparse": True}),
+)
 
 
 def _aware(value: datetime) -> datetime:
@@ -187,6 +195,12 @@ class MongoDeadLetters:
             except DuplicateKeyError:
                 return  # already quarantined
 
+    def ensure_indexes(self) -> None:
+        """Create :data:`DEAD_LETTER_INDEXES` (idempotent)."""
+        with translated():
+            for name, keys, options in DEAD_LETTER_INDEXES:
+                self.collection.create_index(keys, name=name, **options)
+
     def refers_to(self, payload_id: str) -> bool:
         """Whether a dead letter holds a claim-checked entry with that payload (the
         orphan sweep keeps the payload then)."""
@@ -234,6 +248,11 @@ class AsyncMongoDeadLetters(MongoDeadLetters):
                 await self.collection.insert_one(doc)
             except DuplicateKeyError:
                 return  # already quarantined
+
+    async def ensure_indexes(self) -> None:  # type: ignore[override]
+        with translated():
+            for name, keys, options in DEAD_LETTER_INDEXES:
+                await self.collection.create_index(keys, name=name, **options)
 
     async def refers_to(self, payload_id: str) -> bool:  # type: ignore[override]
         with translated():

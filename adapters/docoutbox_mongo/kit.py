@@ -72,6 +72,13 @@ class MongoKit:
         coll = self.backend.collection
         return MongoPayloads(coll.database[payloads_collection(coll.name)])
 
+    def ensure_indexes(self) -> None:
+        """Create the indexes of the collection, of its claim check's payloads and of the
+        dead letters (idempotent; a set-up step, never done on open)."""
+        self.backend.ensure_indexes()
+        self.payloads.ensure_indexes()
+        self.dead_letters.ensure_indexes()
+
     def outbox_stats(self) -> OutboxStats:
         """The backlog, in one query (a projection of the pending documents)."""
         return outbox_stats(self.backend.collection)
@@ -159,6 +166,12 @@ class AsyncMongoKit:
         """The async twin of :attr:`MongoKit.payloads`."""
         coll = self.backend.collection
         return AsyncMongoPayloads(coll.database[payloads_collection(coll.name)])
+
+    async def ensure_indexes(self) -> None:
+        """The async twin of :meth:`MongoKit.ensure_indexes`."""
+        await self.backend.ensure_indexes()
+        await self.payloads.ensure_indexes()
+        await self.dead_letters.ensure_indexes()
 
     async def close(self) -> None:
         closed = self.client.close()

@@ -12,7 +12,9 @@ finished (if it is still its generation). pymongo's ``gridfs`` (which the wire s
 serves) is not used: a GridFS file has no manifest to replace or delete conditionally,
 which the sweep's ``delete_stale`` and a put made again need.
 Both twins build their filters and documents with the functions below and only call
-the driver.
+the driver. ``ensure_indexes`` creates the two indexes every query of the side collection
+needs beyond ``_id`` (:data:`INDEXES`): the orphan sweep's listing of stale manifests and
+the chunks of a payload.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from docoutbox_mongo.errors import translated
 #: Bytes per chunk document (well under MongoDB's 16 MB document limit).
 CHUNK_SIZE = 1024 * 1024
 _MANIFEST = {"kind": "manifest"}
+
+#: The side collection's indexes, ``(name, keys, options)``: manifests by the time put
+#: (the sweep's :func:`stale_query`, partial: chunks are not in it), and chunks by payload
+#: generation and put time (a get, a delete, a sweep's delete of a put's chunks).
+INDEXES: tuple[tuple[str, list[tuple[str, int]], dict[str, Any]], ...] = (
+    ("docoutbox_payload_stale", [("stored_at", 1)], {"partialFilterExpression": _MANIFEST}),
+    ("docoutbox_payload_chunks", [("p", 1), ("g", 1), ("t", 1)], {}),
+)
 
 
 def payloads_collection(collection: str) -> str:
@@ -82,6 +92,11 @@ def _same_put(info: PayloadInfo) -> dict[str, Any]:
     return {"_id": info.payload_id, "generation": info.generation, "stored_at": info.stored_at}
 
 
+def stale_query(before: datetime) -> dict[str, Any]:
+    """The manifests put before ``before`` (sorted by ``stored_at``: :data:`INDEXES`)."""
+    return {**_MANIFEST, "stored_at": {"$lt": before}}
+
+
 def _put_chunks(info: PayloadInfo) -> dict[str, Any]:
     """The chunks of ``info``'s put and of every put before it."""
     return {"p": info.payload_id, "$or": [{"g": info.generation}, {"t": {"$lt": info.stored_at}}]}
@@ -93,6 +108,12 @@ class MongoPayloads:
     def __init__(self, collection: Any, chunk_size: int = CHUNK_SIZE) -> None:
         self.collection = collection
         self.chunk_size = chunk_size
+
+    def ensure_indexes(self) -> None:
+        """Create :data:`INDEXES` (idempotent)."""
+        with translated():
+            for name, keys, options in INDEXES:
+                self.collection.create_index(keys, name=name, **options)
 
     def put(self, info: PayloadInfo, data: bytes) -> None:
         chunks = _chunks(info, data, self.chunk_size)
@@ -123,11 +144,7 @@ class MongoPayloads:
 
     def stale(self, before: datetime, limit: int) -> list[PayloadInfo]:
         with translated():
-            docs = list(
-                self.collection.find({**_MANIFEST, "stored_at": {"$lt": before}})
-                .sort("stored_at", 1)
-                .limit(limit)
-            )
+            docs = list(self.collection.find(stale_query(before)).sort("stored_at", 1).limit(limit))
         return [info_of(doc, _aware(doc["stored_at"])) for doc in docs]
 
     def delete_stale(self, info: PayloadInfo) -> bool:
@@ -144,6 +161,12 @@ class AsyncMongoPayloads:
     def __init__(self, collection: Any, chunk_size: int = CHUNK_SIZE) -> None:
         self.collection = collection
         self.chunk_size = chunk_size
+
+    async def ensure_indexes(self) -> None:
+        """Create :data:`INDEXES` (idempotent)."""
+        with translated():
+            for name, keys, options in INDEXES:
+                await self.collection.create_index(keys, name=name, **options)
 
     async def put(self, info: PayloadInfo, data: bytes) -> None:
         chunks = _chunks(info, data, self.chunk_size)
@@ -175,11 +198,7 @@ class AsyncMongoPayloads:
 
     async def stale(self, before: datetime, limit: int) -> list[PayloadInfo]:
         with translated():
-            cursor = (
-                self.collection.find({**_MANIFEST, "stored_at": {"$lt": before}})
-                .sort("stored_at", 1)
-                .limit(limit)
-            )
+            cursor = self.collection.find(stale_query(before)).sort("stored_at", 1).limit(limit)
             docs = [doc async for doc in cursor]
         return [info_of(doc, _aware(doc["stored_at"])) for doc in docs]
 
