@@ -64,6 +64,7 @@ class AsyncCosmosKit:
         )
 
     async def close(self) -> None:
+        self.leases.close()
         await self.client.close()
         self.lease_client.close()
 

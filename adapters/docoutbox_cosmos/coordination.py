@@ -24,6 +24,7 @@ partition numbers stored on the documents instead, as the MongoDB adapter does.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -159,6 +160,26 @@ class GroupItems:
     def __init__(self, container: Any, group: str) -> None:
         self.container = container
         self.group = group
+        #: The renewals' threads: one pool for the table's life (made at the first
+        #: heartbeat that renews two leases or more), shut down by :meth:`close`.
+        self._renewals: ThreadPoolExecutor | None = None
+        self._renewals_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Shut the renewals' pool down (waiting for renewals under way). A renewal after
+        this starts a new pool; the kit closes its table when it closes."""
+        with self._renewals_lock:
+            pool, self._renewals = self._renewals, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _renewal_pool(self) -> ThreadPoolExecutor:
+        with self._renewals_lock:
+            if self._renewals is None:
+                self._renewals = ThreadPoolExecutor(
+                    RENEW_CONCURRENCY, thread_name_prefix=f"docoutbox-renew-{self.group}"
+                )
+            return self._renewals
 
     def _member_id(self, owner: str) -> str:
         return encode_id(f"{self.group}/member/{owner}")
@@ -211,26 +232,29 @@ class GroupItems:
         with translated():
             delete_if_present(self.container, self._member_id(owner))
 
-    @staticmethod
     def _renew_each(
+        self,
         partitions: Collection[int],
         owner: str,
         expires_at: datetime,
         write: Callable[[int, str, dict[str, Any]], object],
     ) -> None:
         """Renew each lease with ``write`` (its conditional write), concurrently (up to
-        :data:`RENEW_CONCURRENCY`): a heartbeat must fit well inside the TTL however many
-        partitions it holds."""
+        :data:`RENEW_CONCURRENCY`, on the table's one pool): a heartbeat must fit well
+        inside the TTL however many partitions it holds."""
         stamp = {"expires_at": format_time(expires_at), "timestamp": format_time(utcnow())}
         held = sorted(partitions)
         if len(held) <= 1:
             for partition in held:
                 write(partition, owner, stamp)
             return
-        with ThreadPoolExecutor(min(RENEW_CONCURRENCY, len(held))) as pool:
-            futures = [pool.submit(write, p, owner, stamp) for p in held]
-        for future in futures:
-            future.result()  # re-raise the first failure, translated
+        pool = self._renewal_pool()
+        futures = [pool.submit(write, p, owner, stamp) for p in held]
+        # Every renewal ends before the heartbeat goes on; then the first failure
+        # (translated) is raised.
+        failures = [error for error in (f.exception() for f in futures) if error is not None]
+        if failures:
+            raise failures[0]
 
 
 class CosmosLeaseTable(GroupItems):

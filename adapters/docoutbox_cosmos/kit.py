@@ -65,6 +65,7 @@ class CosmosKit:
         return pending_work(self.backend.container, ranges=self._ranges, codec=self.backend.codec)
 
     def close(self) -> None:
+        self.leases.close()
         self.client.close()
 
 
