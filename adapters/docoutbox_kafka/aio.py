@@ -103,15 +103,12 @@ class AsyncKafkaConsumer(KafkaSettlement[AsyncAggregateStore[S], AnyRejects], Ge
                     self.dead_letters, verdict, record.value() or b"", self._origin(record)
                 )
 
-        receiver = AsyncReceiver(
-            self.store,
-            self.handler,
-            self.aggregate_id_of,
-            self._options(),
-            keep=keep,
-            sleep=self._sleep,
-        )
-        verdicts = await receiver.receive(self._deliveries(records))
+        receiver: AsyncReceiver[S] | None = self._receiver
+        if receiver is None:
+            receiver = self._receiver = AsyncReceiver(
+                self.store, self.handler, self.aggregate_id_of, self._options(), sleep=self._sleep
+            )
+        verdicts = await receiver.receive(self._deliveries(records), keep=keep)
         settled = self._settle(records, verdicts)
         for topic, partition, offset in settled.rewind:
             with translated(f"rewind {topic}[{partition}] to {offset}"):

@@ -87,9 +87,30 @@ class ConsumerStats(receive.ConsumerStats):
     commits: int = 0
 
 
+#: The settings a consumer's receiver is built from: setting one drops the receiver, and
+#: the next poll builds it again.
+RECEIVER_SETTINGS = frozenset(
+    {"store", "handler", "aggregate_id_of", "create", "creates", "retry", "batch", "_sleep"}
+)
+
+
 class KafkaSettlement(Generic[St, R]):
     """What the sync and asyncio Kafka consumers share: settings, offsets, dead-letter
-    records, counts and logs (no I/O but the dead-letter topic's producer)."""
+    records, counts and logs (no I/O but the dead-letter topic's producer).
+
+    What handles a poll's records (the receive flow's options and its receiver) is built
+    at the first poll that brings records and kept for the next ones, not built again
+    for each: setting one of :data:`RECEIVER_SETTINGS` drops it. Each poll passes its
+    own ``keep`` (it knows the poll's records).
+    """
+
+    #: The shell's receiver (a Receiver or an AsyncReceiver), built on first use.
+    _receiver: Any = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in RECEIVER_SETTINGS:
+            super().__setattr__("_receiver", None)
 
     def __init__(
         self,
@@ -346,15 +367,15 @@ class KafkaConsumer(KafkaSettlement[AggregateStore[S], Rejects], Generic[S]):
         return self.stats
 
     def _handle(self, consumer: Consumer, records: list[Record]) -> None:
-        receiver = Receiver(
-            self.store,
-            self.handler,
-            self.aggregate_id_of,
-            self._options(),
+        receiver: Receiver[S] | None = self._receiver
+        if receiver is None:
+            receiver = self._receiver = Receiver(
+                self.store, self.handler, self.aggregate_id_of, self._options(), sleep=self._sleep
+            )
+        verdicts = receiver.receive(
+            self._deliveries(records),
             keep=lambda index, verdict: self._dead_letter(records[index], verdict),
-            sleep=self._sleep,
         )
-        verdicts = receiver.receive(self._deliveries(records))
         settled = self._settle(records, verdicts)
         for topic, partition, offset in settled.rewind:
             with translated(f"rewind {topic}[{partition}] to {offset}"):
