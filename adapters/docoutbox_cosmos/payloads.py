@@ -11,13 +11,16 @@ payload ID)::
 
 A chunk holds at most :data:`CHUNK_SIZE` bytes (base64 in the item: about 1.4 MB, under
 the 2 MB limit and under the local test server's request size). Both twins build their
-items and queries with the functions below and only call the SDK.
+items and queries with the functions below and only call the SDK; a delete (all of a
+payload, or a stale put's, guarded by its manifest's ETag) is decided by one sans-IO
+flow (:func:`delete_flow`, :func:`delete_stale_flow`) each twin drives.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Generator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +28,7 @@ from azure.core import MatchConditions
 from azure.cosmos import PartitionKey
 from azure.cosmos import exceptions as cosmos_errors
 
+from docoutbox.drive import drive, drive_async
 from docoutbox.errors import TransientStoreError
 from docoutbox.ports.payloads import PayloadInfo
 from docoutbox.stored.chunks import assemble, chunk_name, info_of, manifest, split
@@ -123,6 +127,73 @@ def _missing(exc: cosmos_errors.CosmosHttpResponseError) -> bool:
     return refusal(exc) is Refusal.MISSING
 
 
+@dataclass(frozen=True)
+class ReadHead:
+    """Read a payload's manifest (None when there is none)."""
+
+    payload_id: str
+
+
+@dataclass(frozen=True)
+class ChunkItems:
+    """List a payload's chunk items, every generation's."""
+
+    payload_id: str
+
+
+@dataclass(frozen=True)
+class DeleteItem:
+    """Delete one item of a payload's partition: True if deleted, False if it was gone
+    (or, with ``etag``, changed since that read)."""
+
+    item_id: str
+    payload_id: str
+    etag: str | None = None
+
+
+PayloadItemOp = ReadHead | ChunkItems | DeleteItem
+
+
+def delete_flow(
+    payload_id: str, chosen: Callable[[dict[str, Any]], bool], *, head: bool
+) -> Generator[PayloadItemOp, Any, None]:
+    """Delete the manifest (``head``) and the ``chosen`` chunks; one gone already is fine."""
+    if head:
+        yield DeleteItem(MANIFEST, payload_id)
+    for chunk in (yield ChunkItems(payload_id)):
+        if chosen(chunk):
+            yield DeleteItem(chunk["id"], payload_id)
+
+
+def delete_stale_flow(info: PayloadInfo) -> Generator[PayloadItemOp, Any, bool]:
+    """Delete ``info``'s put if its manifest is still that put's: the manifest under the
+    ETag read (a put made again since keeps it), then the chunks of that put and of the
+    puts before it. False when the payload was put again, or deleted, meanwhile."""
+    head = yield ReadHead(info.payload_id)
+    if head is None or not _same_put(head, info):
+        return False
+    if not (yield DeleteItem(MANIFEST, info.payload_id, head["_etag"])):
+        return False
+    yield from delete_flow(info.payload_id, lambda c: _replaced(c, info), head=False)
+    return True
+
+
+def _everything(_: dict[str, Any]) -> bool:
+    return True
+
+
+def _conditions(op: DeleteItem) -> dict[str, Any]:
+    if op.etag is None:
+        return {}
+    return {"etag": op.etag, "match_condition": MatchConditions.IfNotModified}
+
+
+def _gone(exc: cosmos_errors.CosmosHttpResponseError, op: DeleteItem) -> bool:
+    """Whether a refused delete means the item is gone (or, guarded, changed)."""
+    kind = refusal(exc)
+    return kind is Refusal.MISSING or (op.etag is not None and kind is Refusal.STALE)
+
+
 class CosmosPayloads:
     """A :class:`~docoutbox.ports.payloads.PayloadStore` on a container partitioned on
     ``/pid`` (:func:`create_payloads_container`)."""
@@ -171,22 +242,20 @@ class CosmosPayloads:
     def delete(self, payload_ids: Collection[str]) -> None:
         with translated():
             for payload_id in payload_ids:
-                self._delete_where(payload_id, lambda _: True, head=True)
+                drive(delete_flow(payload_id, _everything, head=True), self._perform)
 
-    def _delete_where(self, payload_id: str, chosen: Any, *, head: bool) -> None:
-        if head:
-            try:
-                self.container.delete_item(MANIFEST, partition_key=payload_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if not _missing(exc):
-                    raise
-        for chunk in list(self.container.query_items(**_query(payload_id))):
-            if chosen(chunk):
-                try:
-                    self.container.delete_item(chunk["id"], partition_key=payload_id)
-                except cosmos_errors.CosmosHttpResponseError as exc:
-                    if not _missing(exc):
-                        raise
+    def _perform(self, op: PayloadItemOp) -> Any:
+        if isinstance(op, ReadHead):
+            return self._read_head(op.payload_id)
+        if isinstance(op, ChunkItems):
+            return list(self.container.query_items(**_query(op.payload_id)))
+        try:
+            self.container.delete_item(op.item_id, partition_key=op.payload_id, **_conditions(op))
+        except cosmos_errors.CosmosHttpResponseError as exc:
+            if not _gone(exc, op):
+                raise
+            return False
+        return True
 
     def stale(self, before: datetime, limit: int) -> list[PayloadInfo]:
         with translated():
@@ -201,22 +270,7 @@ class CosmosPayloads:
 
     def delete_stale(self, info: PayloadInfo) -> bool:
         with translated():
-            head = self._read_head(info.payload_id)
-            if head is None or not _same_put(head, info):
-                return False
-            try:
-                self.container.delete_item(
-                    MANIFEST,
-                    partition_key=info.payload_id,
-                    etag=head["_etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) not in (Refusal.STALE, Refusal.MISSING):
-                    raise
-                return False
-            self._delete_where(info.payload_id, lambda c: _replaced(c, info), head=False)
-        return True
+            return drive(delete_stale_flow(info), self._perform)
 
 
 class AsyncCosmosPayloads:
@@ -271,22 +325,22 @@ class AsyncCosmosPayloads:
     async def delete(self, payload_ids: Collection[str]) -> None:
         with translated():
             for payload_id in payload_ids:
-                await self._delete_where(payload_id, lambda _: True, head=True)
+                await drive_async(delete_flow(payload_id, _everything, head=True), self._perform)
 
-    async def _delete_where(self, payload_id: str, chosen: Any, *, head: bool) -> None:
-        if head:
-            try:
-                await self.container.delete_item(MANIFEST, partition_key=payload_id)
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if not _missing(exc):
-                    raise
-        for chunk in await self._chunk_items(payload_id):
-            if chosen(chunk):
-                try:
-                    await self.container.delete_item(chunk["id"], partition_key=payload_id)
-                except cosmos_errors.CosmosHttpResponseError as exc:
-                    if not _missing(exc):
-                        raise
+    async def _perform(self, op: PayloadItemOp) -> Any:
+        if isinstance(op, ReadHead):
+            return await self._read_head(op.payload_id)
+        if isinstance(op, ChunkItems):
+            return await self._chunk_items(op.payload_id)
+        try:
+            await self.container.delete_item(
+                op.item_id, partition_key=op.payload_id, **_conditions(op)
+            )
+        except cosmos_errors.CosmosHttpResponseError as exc:
+            if not _gone(exc, op):
+                raise
+            return False
+        return True
 
     async def stale(self, before: datetime, limit: int) -> list[PayloadInfo]:
         with translated():
@@ -300,19 +354,4 @@ class AsyncCosmosPayloads:
 
     async def delete_stale(self, info: PayloadInfo) -> bool:
         with translated():
-            head = await self._read_head(info.payload_id)
-            if head is None or not _same_put(head, info):
-                return False
-            try:
-                await self.container.delete_item(
-                    MANIFEST,
-                    partition_key=info.payload_id,
-                    etag=head["_etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except cosmos_errors.CosmosHttpResponseError as exc:
-                if refusal(exc) not in (Refusal.STALE, Refusal.MISSING):
-                    raise
-                return False
-            await self._delete_where(info.payload_id, lambda c: _replaced(c, info), head=False)
-        return True
+            return await drive_async(delete_stale_flow(info), self._perform)
