@@ -16,14 +16,13 @@ from pydantic import BaseModel
 from docoutbox import AggregateStore, AsyncAggregateStore, Decision, Emit, StoreConfig
 from docoutbox.dispatch.drivers.operations import AsyncPorts, Ports
 from docoutbox.dispatch.drivers.ownership import SoleOwner
-from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
 from docoutbox.drive import drive
 from docoutbox.errors import InvalidConfig, InvalidInput, PayloadMissing, TransientStoreError
 from docoutbox.model import Message
 from docoutbox.ports.payloads import PayloadInfo
 from docoutbox.retry import Backoff
-from docoutbox.store.core import Sleep, Write
+from docoutbox.store.core import Sleep
 from docoutbox.store.plans import TrimPlan, WritePlan
 from docoutbox.stored import AesGcm, Codec, Keyring, Zlib
 from docoutbox.stored.claim import (
@@ -32,17 +31,17 @@ from docoutbox.stored.claim import (
     GetPayload,
     is_reference,
     payload_id,
-    perform_payload,
     resolve_reference,
     resolve_reference_async,
 )
 from docoutbox.stored.reference import ENVELOPE
-from docoutbox.stored.sweep import DeadLettered, sweep_orphans, sweep_orphans_async
+from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
 from docoutbox.testing.dispatch import MemoryChangeSource, MemoryCheckpoints
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
 from docoutbox.testing.publisher import AsyncMemoryPublisher, MemoryDeadLetters, MemoryPublisher
 from docoutbox_app.wiring import DispatchOptions, kit_payloads
+from tests.support.dispatch_flow import dispatch_run
 from tests.support.loopless import run
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -223,32 +222,10 @@ def dispatch(
     references: bool = False,
     dead_lettered: frozenset[str] = frozenset(),
 ) -> tuple[list[Any], Any]:
-    doc = backend.load("a")
-    assert doc is not None
-    ops: list[Any] = []
-    flow = dispatch_document(
-        doc, DispatchPolicy(), random.Random(1), None, T0, references=references
+    """One run over aggregate ``a``; the dead letters refer to ``dead_lettered``."""
+    return dispatch_run(
+        backend, payloads, T0, references=references, refers_to=dead_lettered.__contains__
     )
-    send: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return ops, stop.value
-        ops.append(op)
-        send, error = None, None
-        try:
-            if isinstance(op, Publish):
-                send = None
-            elif isinstance(op, Write):
-                send = backend.write(op.plan)
-            elif isinstance(op, GetPayload | DeletePayloads):
-                send = perform_payload(op, payloads)
-            elif isinstance(op, DeadLettered):
-                send = op.payload_id in dead_lettered
-        except Exception as exc:  # thrown into the flow, as drivers do
-            error = exc
 
 
 def kinds(ops: list[Any]) -> list[str]:
@@ -327,16 +304,7 @@ def test_references_are_published_as_envelopes_and_resolved_by_consumers() -> No
     payloads = MemoryPayloads()
     s = store(payloads, codec=codec)
     s.handle("a", message(1), emit(BIG), create=True)
-    doc = s.backend.load("a")  # type: ignore[attr-defined]
-    ops: list[Any] = []
-    flow = dispatch_document(doc, DispatchPolicy(), random.Random(1), None, T0, references=True)
-    op = next(flow)
-    while True:
-        ops.append(op)
-        try:
-            op = flow.send(True if isinstance(op, Write) else None)
-        except StopIteration:
-            break
+    ops, _ = dispatch(s.backend, payloads, references=True)  # type: ignore[arg-type]
     assert kinds(ops) == ["Publish", "Write"]  # no read, no delete: the sweep removes it
     published = ops[0].entry.payload
     assert is_reference(published)

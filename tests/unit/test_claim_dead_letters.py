@@ -15,20 +15,16 @@ from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, Quarantine, 
 from docoutbox.dispatch.tools.replay import GONE, DeadLetterAdmin
 from docoutbox.errors import InvalidInput, PermanentPublishError, PublishError
 from docoutbox.model import AggregateId, OutboxMessage
-from docoutbox.store.core import Sleep, Write
-from docoutbox.stored.claim import DeletePayloads, GetPayload, perform_payload
-from docoutbox.stored.sweep import DeadLettered, sweep_orphans, sweep_orphans_async
+from docoutbox.stored.claim import DeletePayloads
+from docoutbox.stored.sweep import sweep_orphans, sweep_orphans_async
 from docoutbox.testing.memory import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.payloads import AsyncMemoryPayloads, MemoryPayloads
 from docoutbox.testing.publisher import MemoryDeadLetters
+from tests.support.dispatch_flow import accept, dispatch_run
 from tests.support.loopless import run
 from tests.unit.test_claim_check import BIG, SMALL, T0, emit, message, store
 
 Publisher = Callable[[OutboxMessage], None]
-
-
-def accept(entry: OutboxMessage) -> None:
-    """A broker that takes every entry."""
 
 
 def refuse(entry: OutboxMessage) -> None:
@@ -47,34 +43,7 @@ def dispatch(
     policy: DispatchPolicy | None = None,
 ) -> tuple[list[Any], Any]:
     """One run of the dispatch flow over aggregate ``a``, every op performed."""
-    doc = backend.load("a")
-    assert doc is not None
-    ops: list[Any] = []
-    flow = dispatch_document(doc, policy or DispatchPolicy(), random.Random(1), None, T0)
-    send: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return ops, stop.value
-        ops.append(op)
-        send, error = None, None
-        try:
-            if isinstance(op, Publish):
-                publish(op.entry)
-            elif isinstance(op, Quarantine):
-                dead.put(op.aggregate_id, op.entry, op.error, op.attempts)
-            elif isinstance(op, Write):
-                send = backend.write(op.plan)
-            elif isinstance(op, GetPayload | DeletePayloads):
-                send = perform_payload(op, payloads)
-            elif isinstance(op, DeadLettered):
-                send = dead.refers_to(op.payload_id)
-            else:
-                assert isinstance(op, Sleep)
-        except Exception as exc:  # thrown into the flow, as drivers do
-            error = exc
+    return dispatch_run(backend, payloads, T0, publish=publish, dead=dead, policy=policy)
 
 
 def quarantined(publish: Publisher, policy: DispatchPolicy | None = None) -> Any:

@@ -41,28 +41,16 @@ class Clock:
 
 
 class Silent:
-    """An ownership of every partition that does not announce what it gains."""
+    """The product's no-lease ownership (:class:`SoleOwner`, every partition) less
+    ``on_acquired``: an ownership that does not announce what it gains."""
 
-    def start(self) -> None:
-        return None
+    def __init__(self) -> None:
+        self.sole = SoleOwner()
 
-    def stop(self, *, release: bool = True) -> None:
-        return None
-
-    def owned(self) -> None:
-        return None
-
-    def enter(self, partition: int) -> bool:
-        return True
-
-    def leave(self, partition: int) -> None:
-        return None
-
-    def valid(self, partition: int) -> bool:
-        return True
-
-    def take_acquired(self) -> list[Any]:
-        return []
+    def __getattr__(self, name: str) -> Any:
+        if name == "on_acquired":
+            raise AttributeError(name)
+        return getattr(self.sole, name)
 
 
 def engine(clock: Clock, ownership: Any = None, *, stream: bool = True, **options: Any) -> Any:
