@@ -1,12 +1,13 @@
-"""One run of the dispatch flow over one aggregate, every operation performed on memory
-ports: the hand-driven run the claim check's unit tests share (a driver without an
-engine, so a test sees each operation the flow yields, in order)."""
+"""One run of the dispatch flow, driven by hand (a driver without an engine, so a test
+sees each operation the flow yields, in order): over a document alone
+(:func:`document_run`, every write applied) or over an aggregate of memory ports
+(:func:`dispatch_run`, the claim check's tests). :func:`entry` builds a stored entry."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Generator
+from datetime import UTC, datetime
 from typing import Any
 
 from docoutbox.dispatch.engine.flow import (
@@ -21,6 +22,7 @@ from docoutbox.model import OutboxMessage
 from docoutbox.store.core import Sleep, Write
 from docoutbox.stored.claim import DeletePayloads, GetPayload, perform_payload
 from docoutbox.stored.sweep import DeadLettered
+from docoutbox.stored.values import StoredValues
 from docoutbox.testing.memory import MemoryBackend
 from docoutbox.testing.payloads import MemoryPayloads
 from docoutbox.testing.publisher import MemoryDeadLetters
@@ -28,6 +30,54 @@ from docoutbox.testing.publisher import MemoryDeadLetters
 
 def accept(entry: OutboxMessage) -> None:
     """A broker that takes every entry."""
+
+
+def entry(seq: int, **extra: Any) -> dict[str, Any]:
+    """A stored entry of aggregate ``a`` (type ``A``), seq ``seq``, ID ``e<seq>``."""
+    return {
+        "id": f"e{seq}",
+        "type": "T",
+        "payload": {},
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+        "seq": seq,
+        "aggregate_id": "a",
+        "aggregate_type": "A",
+        **extra,
+    }
+
+
+def recorded(
+    flow: Generator[Any, Any, DispatchResult], perform: Callable[[Any], Any]
+) -> tuple[list[Any], DispatchResult]:
+    """Drive ``flow`` with ``perform`` (a failure is thrown into the flow, as drivers
+    do); the operations it yielded, and its result."""
+    ops: list[Any] = []
+
+    def record(op: Any) -> Any:
+        ops.append(op)
+        return perform(op)
+
+    result: DispatchResult = drive(flow, record)
+    return ops, result
+
+
+def document_run(
+    doc: dict[str, Any],
+    policy: DispatchPolicy | None = None,
+    *,
+    values: StoredValues | None = None,
+    publish: Callable[[OutboxMessage], None] = accept,
+) -> tuple[list[Any], DispatchResult]:
+    """One run over ``doc``: ``publish`` is the broker (raising refuses), every write
+    applies, anything else (a quarantine, a sleep) returns at once."""
+
+    def perform(op: Any) -> Any:
+        if isinstance(op, Publish):
+            return publish(op.entry)
+        return True if isinstance(op, Write) else None
+
+    flow = dispatch_document(doc, policy or DispatchPolicy(), random.Random(1), values)
+    return recorded(flow, perform)
 
 
 def dispatch_run(
@@ -51,10 +101,8 @@ def dispatch_run(
     doc = backend.load(aggregate_id)
     assert doc is not None
     asked = refers_to or (dead.refers_to if dead is not None else lambda _: False)
-    ops: list[Any] = []
 
     def perform(op: Any) -> Any:
-        ops.append(op)
         if isinstance(op, Publish):
             return publish(op.entry)
         if isinstance(op, Quarantine):
@@ -73,5 +121,4 @@ def dispatch_run(
     flow = dispatch_document(
         doc, policy or DispatchPolicy(), random.Random(1), None, now, references=references
     )
-    result: DispatchResult = drive(flow, perform)
-    return ops, result
+    return recorded(flow, perform)

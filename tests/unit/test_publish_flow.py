@@ -2,55 +2,31 @@
 
 from __future__ import annotations
 
-import random
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
+from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, Quarantine
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidConfig,
     PermanentPublishError,
     PublishError,
 )
+from docoutbox.model import OutboxMessage
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.plans import FailurePlan, TrimPlan
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def entry(seq: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": f"e{seq}",
-        "type": "T",
-        "payload": {},
-        "created_at": NOW,
-        "seq": seq,
-        "aggregate_id": "a",
-        "aggregate_type": "A",
-        **extra,
-    }
+from tests.support.dispatch_flow import document_run, entry
 
 
 def drive(doc: dict[str, Any], policy: DispatchPolicy, fail: dict[str, list[Exception]]) -> Any:
     """Run the flow; ``fail[entry_id]`` lists errors its next publishes raise."""
-    ops: list[Any] = []
-    flow = dispatch_document(doc, policy, random.Random(1))
-    send: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return ops, stop.value
-        ops.append(op)
-        send, error = None, None
-        if isinstance(op, Publish) and fail.get(op.entry.id):
-            error = fail[op.entry.id].pop(0)
-        elif isinstance(op, Write):
-            send = True
+
+    def publish(sent: OutboxMessage) -> None:
+        if fail.get(sent.id):
+            raise fail[sent.id].pop(0)
+
+    return document_run(doc, policy, publish=publish)
 
 
 def published(ops: list[Any]) -> list[int]:

@@ -4,19 +4,17 @@ codec or key the dispatcher lacks stops the flow instead of quarantining."""
 
 from __future__ import annotations
 
-import random
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, Quarantine, dispatch_document
+from docoutbox.dispatch.engine.flow import Publish, Quarantine
 from docoutbox.dispatch.engine.loop import DispatcherConfig
 from docoutbox.errors import InvalidConfig, PermanentPublishError, UnknownCodec, UnknownKey
-from docoutbox.store.core import Write
+from docoutbox.model import OutboxMessage
 from docoutbox.stored import AesGcm, Codec, Keyring, StoredValues, Upcasters, Zlib
+from tests.support.dispatch_flow import document_run, entry
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 KEYS = {"k1": bytes(range(32)), "k2": bytes(range(32, 64))}
 SECRET = {"name": "Ada Lovelace"}
 
@@ -26,38 +24,17 @@ def codec(current: str = "k1", keys: dict[str, bytes] = KEYS) -> Codec:
 
 
 def stored(seq: int, values: StoredValues, payload: dict[str, Any] = SECRET) -> dict[str, Any]:
-    return values.seal_entry(
-        {
-            "id": f"e{seq}",
-            "type": "Named",
-            "payload": payload,
-            "headers": {"who": "Ada"},
-            "created_at": NOW,
-            "seq": seq,
-            "aggregate_id": "a",
-            "aggregate_type": "A",
-        }
-    )
+    return values.seal_entry(entry(seq, type="Named", payload=payload, headers={"who": "Ada"}))
 
 
 def drive(
     doc: dict[str, Any], values: StoredValues | None, fail: frozenset[str] = frozenset()
 ) -> Any:
-    ops: list[Any] = []
-    flow = dispatch_document(doc, DispatchPolicy(), random.Random(1), values)
-    send: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.send(send) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return ops, stop.value
-        ops.append(op)
-        send, error = None, None
-        if isinstance(op, Publish) and op.entry.id in fail:
-            error = PermanentPublishError("refused")
-        elif isinstance(op, Write):
-            send = True
+    def publish(sent: OutboxMessage) -> None:
+        if sent.id in fail:
+            raise PermanentPublishError("refused")
+
+    return document_run(doc, values=values, publish=publish)
 
 
 def test_entries_are_published_decoded_whatever_key_wrote_them() -> None:
