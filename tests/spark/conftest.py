@@ -49,16 +49,18 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def planted_db(wire_server: Any) -> Any:
-
-    client: Any = MongoClient(wire_server.uri)
+    """The planted collections in a scratch database, dropped at the session's end. No
+    client stays open in between: its monitor threads would outlive the Spark tier and
+    sleep inside the unit tier, whose guard refuses a sleep."""
     name = f"audit_{uuid.uuid4().hex[:8]}"
-    db = client[name]
-    db.producer.insert_many(planted.producer())
-    db.consumer.insert_many(planted.consumer())
-    db.dead.insert_many(planted.dead_letters())
+    with MongoClient(wire_server.uri) as client:
+        db = client[name]
+        db.producer.insert_many(planted.producer())
+        db.consumer.insert_many(planted.consumer())
+        db.dead.insert_many(planted.dead_letters())
     yield wire_server.uri, name
-    client.drop_database(name)
-    client.close()
+    with MongoClient(wire_server.uri) as client:
+        client.drop_database(name)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -26,8 +26,25 @@ class ForbiddenInUnitTests(BaseException):
     """A unit test reached a thread, a socket, an event loop or a sleep."""
 
 
+def _describe(thread: Any) -> str:
+    """A thread's name and what runs on it (its target's, else its class's, module and
+    name): ``'Thread-1' (py4j.clientserver.FinalizerWorker)``."""
+    runs = getattr(thread, "_target", None) or type(thread)
+    origin = f"{getattr(runs, '__module__', '?')}.{getattr(runs, '__qualname__', '?')}"
+    return f"{getattr(thread, 'name', '?')!r} ({origin})"
+
+
 def _refuse(what: str) -> Any:
     def refused(*args: Any, **kwargs: Any) -> NoReturn:
+        thread = threading.current_thread()
+        if thread is not threading.main_thread():
+            # Not the test's own thread (the tier starts none): one left running by an
+            # earlier tier of the same pytest run.
+            raise ForbiddenInUnitTests(
+                f"{what} on thread {_describe(thread)}, which was running before this unit "
+                "test: a client, session or pool an earlier test or fixture of this run "
+                "left open; close it where it was opened"
+            )
         raise ForbiddenInUnitTests(
             f"{what} in a unit test: move the test to tests/integration/, or drive the "
             "sans-IO engine with an injected clock (see tests/README.md, 'Test tiers')"

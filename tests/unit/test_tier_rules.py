@@ -6,12 +6,19 @@ so this test reads the tier's sources instead: no call of ``time.time``,
 ``time.monotonic``, ``time.perf_counter``, ``datetime.now``, ``utcnow``, ``asyncio.run``
 or ``new_event_loop``, and no ``threading`` import. A test that needs them belongs in
 ``tests/integration/``; one that needs time gets an injected clock.
+
+The tiers run in one pytest process (``scripts/test``), the unit tier last: a thread an
+earlier tier leaves running (a MongoDB client's monitors) sleeps inside it and trips the
+guard. So no session-wide fixture of the suite holds a MongoDB client open across its
+``yield``, and the guard names the thread it stopped.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import threading
+import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,10 @@ from tests.support import loopless
 from tests.unit.conftest import FORBIDDEN, ForbiddenInUnitTests
 
 UNIT = Path(__file__).parent
+TESTS = UNIT.parent
+#: Fixture scopes that outlive a tier.
+WIDE = {"session", "package"}
+CLIENTS = {"MongoClient", "AsyncMongoClient", "AsyncIOMotorClient"}
 #: Attribute calls that read the wall clock or start a loop, as ``owner.name``.
 CALLS = {
     ("time", "time"),
@@ -101,3 +112,83 @@ def test_loopless_runs_a_coroutine_that_only_yields_and_refuses_one_that_waits()
 def test_the_tier_refuses_each_forbidden_call(owner: Any, name: str, what: str) -> None:
     with pytest.raises(ForbiddenInUnitTests, match=name):
         getattr(owner, name)()
+
+
+def _scope(decorator: ast.expr) -> str | None:
+    if isinstance(decorator, ast.Call):
+        for keyword in decorator.keywords:
+            if keyword.arg == "scope" and isinstance(keyword.value, ast.Constant):
+                return str(keyword.value.value)
+    return None
+
+
+def _opens_client(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call)
+        and (getattr(n.func, "id", None) or getattr(n.func, "attr", None)) in CLIENTS
+        for n in ast.walk(node)
+    )
+
+
+def _has_yield(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(node))
+
+
+def held_clients(path: Path) -> list[str]:
+    """Session- or package-scoped fixtures of ``path`` that open a MongoDB client before
+    their ``yield`` without closing it first (outside a ``with`` that ends before it)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.FunctionDef) or not _has_yield(node):
+            continue
+        if not any(_scope(d) in WIDE for d in node.decorator_list):
+            continue
+        for statement in node.body:
+            if _has_yield(statement):
+                if isinstance(statement, ast.With) and any(
+                    _opens_client(item.context_expr) for item in statement.items
+                ):
+                    found.append(f"{path.name}:{statement.lineno}: {node.name}")
+                break
+            if not isinstance(statement, ast.With) and _opens_client(statement):
+                found.append(f"{path.name}:{statement.lineno}: {node.name}")
+    return found
+
+
+def test_no_session_wide_fixture_holds_a_mongodb_client_open() -> None:
+    sources = sorted(TESTS.rglob("*.py"))
+    assert len(sources) > 100
+    assert [h for p in sources for h in held_clients(p)] == []
+
+
+def test_the_check_sees_a_client_held_across_the_yield(tmp_path: Path) -> None:
+    planted = tmp_path / "conftest.py"
+    planted.write_text(
+        "import pytest\nfrom pymongo import MongoClient\n\n"
+        '@pytest.fixture(scope="session")\ndef held():\n'
+        "    client = MongoClient('mongodb://x')\n    yield client\n    client.close()\n\n"
+        '@pytest.fixture(scope="package")\ndef within():\n'
+        "    with MongoClient('mongodb://x') as client:\n        yield client\n\n"
+        '@pytest.fixture(scope="session")\ndef closed():\n'
+        "    with MongoClient('mongodb://x') as client:\n        client.ping()\n"
+        "    yield 'name'\n\n"
+        "@pytest.fixture\ndef per_test():\n"
+        "    client = MongoClient('mongodb://x')\n    yield client\n    client.close()\n"
+    )
+    assert [h.split(": ")[1] for h in held_clients(planted)] == ["held", "within"]
+
+
+def test_a_refused_call_on_a_thread_left_running_names_the_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Leaked:
+        name = "pymongo_server_monitor_thread"
+
+        def _target(self) -> None:
+            """What the thread runs."""
+
+    monkeypatch.setattr(threading, "current_thread", Leaked)
+    with pytest.raises(ForbiddenInUnitTests) as refused:
+        time.sleep(0.5)
+    assert "'pymongo_server_monitor_thread' (tests.unit.test_tier_rules." in str(refused.value)
+    assert "Leaked._target), which was running before" in str(refused.value)
