@@ -364,12 +364,13 @@ class Core(Generic[S]):
         msg: Message = Message.parse(message)
         check_handling(handler, create)
         contextual = takes_context(handler)
-        retry = self.config.retry
+        config = self.config
+        retry, policy = config.retry, config.inbox
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)
         fresh = doc is None
         attempt = 0
-        started = self.config.timer()
+        started = config.timer()
         #: A write whose outcome the store has yet to read from the document.
         doubt: Doubt | None = None
         while True:
@@ -385,8 +386,8 @@ class Core(Generic[S]):
                     return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state, self.values)
-            duplicate = is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg)
-            if not duplicate and (lookup := spill.lookup(self.config.inbox, doc, msg)):
+            duplicate = is_duplicate(policy, snapshot.inbox, snapshot.marks, msg)
+            if not duplicate and policy.spill and (lookup := spill.lookup(policy, doc, msg)):
                 try:
                     duplicate = msg.id in (yield lookup)
                 except TransientStoreError as exc:
@@ -409,8 +410,10 @@ class Core(Generic[S]):
             decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg, snapshot)
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
-            plan = yield from self.claim(plan)
-            plan = spill.plan_spill(plan, doc, self.config.inbox)
+            if config.claim_check is not None:
+                plan = yield from self.claim(plan)
+            if policy.spill:
+                plan = spill.plan_spill(plan, doc, policy)
             after = apply_plan(base, plan)
             assert after is not None
             try:
@@ -419,7 +422,7 @@ class Core(Generic[S]):
                 if not fresh:
                     fresh = True  # the cached copy may still hold entries trimmed since
                     continue
-                plan = spill.plan_spill(plan, doc, self.config.inbox, everything=True)
+                plan = spill.plan_spill(plan, doc, policy, everything=True)
                 if not plan.inbox_spilled:
                     raise
                 after = apply_plan(base, plan)
@@ -428,10 +431,13 @@ class Core(Generic[S]):
             attempt += 1
             lost: TransientStoreError | None = None
             try:
-                applied, plan = yield from spill.commit_steps(
-                    plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
-                )
-                after = spill.written(after, plan)
+                if doc is not None and not plan.inbox_spilled:  # the usual commit: one write
+                    applied = yield fast_frozen(Write, plan=plan)
+                else:
+                    applied, plan = yield from spill.commit_steps(
+                        plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
+                    )
+                    after = spill.written(after, plan)
             except TransientStoreError as exc:
                 # The write may or may not have happened: the document will say.
                 if (late := self.transient(exc, started)) is not None:
@@ -455,7 +461,7 @@ class Core(Generic[S]):
             # reply, it is settled by reading the document before any answer.
             final = attempt >= retry.max_attempts
             doubt = Doubt(after, tuple(entries), decision.state, lost, final)
-            observer = self.config.observer
+            observer = config.observer
             if lost is None and observer is not None:
                 observer.conflict(self.aggregate_type)
             if not final:
@@ -652,7 +658,7 @@ class Core(Generic[S]):
         if observer is not None and entries:
             entries = with_headers(entries, observer.headers(message))
             plan = replace(plan, outbox_push=tuple(entries))
-        return self.seal(plan), entries
+        return (plan if self.values is None else self.seal(plan)), entries
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)
