@@ -76,6 +76,7 @@ from docoutbox.store.document import (
     read_snapshot,
 )
 from docoutbox.store.document import utcnow as _utcnow
+from docoutbox.store.dump import exactly_typed, plain_fields
 from docoutbox.store.inbox import is_duplicate
 from docoutbox.store.observe import StoreObserver, with_headers
 from docoutbox.store.plans import (
@@ -318,6 +319,8 @@ class Core(Generic[S]):
         self._size_of = size_of
         self._limit = limit
         self._warned = False
+        #: The model's fields when all are plain (:mod:`docoutbox.store.dump`), else None.
+        self._plain = plain_fields(model)
 
     def transient(self, error: TransientStoreError, started: float) -> TransientStoreError | None:
         """The error to raise instead of retrying ``error`` (None: retry it) for a call that
@@ -362,8 +365,11 @@ class Core(Generic[S]):
     ) -> Flow[Outcome[S]]:
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
-        check_handling(handler, create)
-        contextual = takes_context(handler)
+        if type(handler) is Handlers and type(create) is bool:
+            contextual = True  # what the checks below answer for a Handlers registry
+        else:
+            check_handling(handler, create)
+            contextual = takes_context(handler)
         config = self.config
         retry, policy = config.retry, config.inbox
         cached = self.cache.take(aggregate_id)
@@ -445,8 +451,8 @@ class Core(Generic[S]):
                 applied, lost = False, exc
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)
-                outcome: Outcome[S] = fast_frozen(
-                    Outcome,
+                outcome: Outcome[S] = object.__new__(Outcome)
+                outcome.__dict__.update(  # fast_frozen(Outcome, ...) without its call
                     status=Status.APPLIED,
                     aggregate_id=aggregate_id,
                     version=after["version"],
@@ -625,14 +631,19 @@ class Core(Generic[S]):
                 f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
             )
         extra = state.__pydantic_extra__
-        problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
+        values = state.__dict__
+        problem = storable_problem(values)  # what storable_problem(state) checks
         if problem is None and extra:
             problem = storable_problem(extra)
         if problem is not None:
             raise InvalidPayload(f"{model.__name__} state: {problem}")
+        plain = self._plain
+        # warnings="error" refuses a field holding another type; it cannot fire when
+        # every value has its plain field's exact type (docoutbox.store.dump).
+        checked = plain is None or not exactly_typed(values, plain)
         try:
             stored: dict[str, Any] = model.__pydantic_serializer__.to_python(
-                state, mode="json", warnings="error"
+                state, mode="json", warnings="error" if checked else False
             )
         except (PydanticSerializationError, ValueError, TypeError, AttributeError) as exc:
             raise invalid(f"{model.__name__} state does not serialize: {exc}") from exc
