@@ -27,7 +27,7 @@ from docoutbox.errors import DocumentTooLarge, InvalidHandlerResult
 from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
 from docoutbox.store.document import ID, Document, Snapshot
-from docoutbox.store.inbox import Mark, record_mark, uses_marks
+from docoutbox.store.inbox import Mark, record_mark
 from docoutbox.store.schedule import (
     CANCELLED,
     DUE,
@@ -240,7 +240,7 @@ def plan_commit(
     marks = None
     inbox_push: tuple[str, ...] = ()
     inbox_after = None
-    if uses_marks(policy, message):
+    if policy.exact and message.source is not None and message.seq is not None:  # uses_marks
         marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
     elif policy.window:
         inbox_push = (message.id,)
