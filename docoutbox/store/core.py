@@ -630,17 +630,19 @@ class Core(Generic[S]):
             raise invalid(
                 f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
             )
-        extra = state.__pydantic_extra__
         values = state.__dict__
-        problem = storable_problem(values)  # what storable_problem(state) checks
-        if problem is None and extra:
-            problem = storable_problem(extra)
-        if problem is not None:
-            raise InvalidPayload(f"{model.__name__} state: {problem}")
         plain = self._plain
-        # warnings="error" refuses a field holding another type; it cannot fire when
-        # every value has its plain field's exact type (docoutbox.store.dump).
+        # warnings="error" refuses a field holding another type; it cannot fire, and
+        # storable_problem finds nothing, when every value of a plain model has its
+        # field's exact type and is storable (docoutbox.store.dump).
         checked = plain is None or not exactly_typed(values, plain)
+        if checked:
+            extra = state.__pydantic_extra__
+            problem = storable_problem(values)  # what storable_problem(state) checks
+            if problem is None and extra:
+                problem = storable_problem(extra)
+            if problem is not None:
+                raise InvalidPayload(f"{model.__name__} state: {problem}")
         try:
             stored: dict[str, Any] = model.__pydantic_serializer__.to_python(
                 state, mode="json", warnings="error" if checked else False

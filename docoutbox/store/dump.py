@@ -7,17 +7,22 @@ alone lets ``"5"`` through an ``int`` field (stored as text), so the dump runs w
 small state, so for a model whose fields are all plain (``int``, ``float``, ``str``,
 ``bool``, each optionally ``None``; no serializer, no computed field, no extra fields)
 the store checks each value's exact type itself and dumps without the check when every
-one matches. Any other value, or any other model, takes the checked dump.
+one matches. The same pass checks what :func:`~docoutbox.model.storable_problem` would
+(texts UTF-8, floats finite), so that walk is skipped too. Any other value, or any
+other model, takes the checked path.
 """
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import Any
 
 from pydantic import BaseModel
 
+from docoutbox.model import is_utf8
+
 #: A plain field: its name, its type, and whether it may hold None.
-PlainField = tuple[str, type, bool]
+PlainField = tuple[str, Any, bool]
 
 _PLAIN: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 _FIELD_KEYS = frozenset({"type", "schema", "metadata", "validation_alias", "frozen"})
@@ -52,10 +57,21 @@ def plain_fields(model: type[BaseModel]) -> tuple[PlainField, ...] | None:
 
 
 def exactly_typed(values: dict[str, Any], fields: tuple[PlainField, ...]) -> bool:
-    """Whether ``values`` (a state's ``__dict__``) holds every plain field with exactly
-    its type (or None where allowed): then its dump cannot warn."""
+    """Whether ``values`` (a state's ``__dict__``) holds exactly the plain ``fields``,
+    each with exactly its type (or None where allowed), every text UTF-8 and every float
+    finite: then its dump cannot warn, and :func:`~docoutbox.model.storable_problem`
+    has nothing to say about it. False sends the state down the checked path."""
+    if len(values) != len(fields):  # a key that is no field (model_copy puts one there)
+        return False
     for name, kind, nullable in fields:
-        value = values.get(name, values)  # a missing field: ``values`` is no field's type
-        if type(value) is not kind and not (nullable and value is None):
+        value: Any = values.get(name, values)  # missing: ``values`` is no field's type
+        if type(value) is not kind:
+            if nullable and value is None:
+                continue
+            return False
+        if kind is str:
+            if not value.isascii() and not is_utf8(value):
+                return False
+        elif kind is float and not isfinite(value):
             return False
     return True

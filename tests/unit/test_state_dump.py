@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 from pydantic import ConfigDict, Field, computed_field, field_serializer
 
 from docoutbox import Aggregate, AggregateStore, Message
-from docoutbox.errors import InvalidHandlerResult
+from docoutbox.errors import InvalidHandlerResult, InvalidInput, InvalidPayload
 from docoutbox.store.dump import exactly_typed, plain_fields
 from docoutbox.testing.memory import MemoryBackend
 
@@ -71,6 +72,35 @@ def test_exact_types_only() -> None:
     missing = dict(Plain().__dict__)
     del missing["label"]
     assert not exactly_typed(missing, fields)
+    assert not exactly_typed(Plain().model_copy(update={"other": 1}).__dict__, fields)
+
+
+def test_exactly_typed_values_are_storable_too() -> None:
+    """The fast path skips storable_problem: it refuses what that would refuse."""
+    fields = plain_fields(Plain)
+    assert fields is not None
+    assert exactly_typed(Plain(label="é", ratio=1.5).__dict__, fields)
+    for state in (Plain(label="\ud800"), Plain(ratio=math.nan), Plain(ratio=-math.inf)):
+        assert not exactly_typed(state.__dict__, fields), state
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        Plain(label="\udfff"),
+        Plain(ratio=math.inf),
+        Plain().model_copy(update={"other": "\ud800"}),
+    ],
+    ids=["surrogate", "inf", "unknown-key"],
+)
+def test_a_plain_state_that_cannot_be_stored_is_refused(state: Plain) -> None:
+    store = AggregateStore(MemoryBackend(), Plain)
+    store.create("a", Plain())
+    with pytest.raises(InvalidInput):
+        store.handle("a", Message(id="m", type="T"), lambda s, m: state)
+    assert store.get("a").version == 0
+    with pytest.raises(InvalidPayload):
+        store.create("b", Plain(label="\ud800"))
 
 
 @pytest.mark.parametrize("update", [{"n": "5"}, {"flag": 1}, {"maybe": "3"}, {"label": 7}], ids=str)
