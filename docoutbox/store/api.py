@@ -51,22 +51,14 @@ S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
 
 
-def run_sync(
-    flow: Flow[T],
-    backend: StoreBackend,
-    sleep: Callable[[float], None],
-    payloads: PayloadStore | None = None,
-) -> T:
-    """Drive ``flow`` against a sync backend (and payload store, for the claim check)."""
-    return drive(flow, partial(_perform, backend, sleep, payloads))
-
-
 def _perform(
     backend: StoreBackend,
     sleep: Callable[[float], None],
     payloads: PayloadStore | None,
     op: Op,
 ) -> Any:
+    """Perform one operation of a store flow on a sync backend (each store binds the
+    first three arguments once, with ``partial``)."""
     if isinstance(op, Write):  # a commit's only operation on a warm cache: tested first
         return backend.write(op.plan)
     if isinstance(op, PutPayload):
@@ -85,22 +77,13 @@ def _perform(
     return None
 
 
-async def run_async(
-    flow: Flow[T],
-    backend: AsyncStoreBackend,
-    sleep: Callable[[float], Awaitable[None]],
-    payloads: AsyncPayloadStore | None = None,
-) -> T:
-    """Drive ``flow`` against an async backend (and payload store)."""
-    return await drive_async(flow, partial(_perform_async, backend, sleep, payloads))
-
-
 async def _perform_async(
     backend: AsyncStoreBackend,
     sleep: Callable[[float], Awaitable[None]],
     payloads: AsyncPayloadStore | None,
     op: Op,
 ) -> Any:
+    """The async twin of :func:`_perform`."""
     if isinstance(op, Write):
         return await backend.write(op.plan)
     if isinstance(op, PutPayload):
