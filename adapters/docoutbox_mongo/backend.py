@@ -27,7 +27,7 @@ from docoutbox.store.plans import (
     WritePlan,
 )
 from docoutbox_mongo import archive as inbox_archive
-from docoutbox_mongo.errors import is_duplicate_id, translated
+from docoutbox_mongo.errors import DRIVER_ERRORS, is_duplicate_id, translate, translated
 from docoutbox_mongo.plans import (
     DUE_FILTER,
     DUE_INDEX,
@@ -108,8 +108,8 @@ class MongoBackend:
     def __init__(self, collection: Any) -> None:
         self.collection = collection
 
-    def document_size(self, document: Document) -> int:
-        return bson_size(document)
+    #: :func:`bson_size` itself: the store calls it once per commit.
+    document_size = staticmethod(bson_size)
 
     def load(self, aggregate_id: AggregateId) -> Document | None:
         with translated(aggregate_id):
@@ -117,6 +117,13 @@ class MongoBackend:
         return doc
 
     def write(self, plan: WritePlan) -> bool:
+        if type(plan) is CommitPlan:  # every handled message: the fewest calls around it
+            query, update = commit_update(plan)
+            try:
+                matched: int = self.collection.update_one(query, update).matched_count
+            except DRIVER_ERRORS as exc:
+                raise translate(exc, plan.aggregate_id) from exc
+            return matched == 1
         with translated(plan.aggregate_id):
             if isinstance(plan, InsertPlan):
                 try:
@@ -206,8 +213,8 @@ class AsyncMongoBackend:
     def __init__(self, collection: Any) -> None:
         self.collection = collection
 
-    def document_size(self, document: Document) -> int:
-        return bson_size(document)
+    #: :func:`bson_size` itself: the store calls it once per commit.
+    document_size = staticmethod(bson_size)
 
     async def load(self, aggregate_id: AggregateId) -> Document | None:
         with translated(aggregate_id):
@@ -215,6 +222,13 @@ class AsyncMongoBackend:
         return doc
 
     async def write(self, plan: WritePlan) -> bool:
+        if type(plan) is CommitPlan:
+            query, update = commit_update(plan)
+            try:
+                result = await self.collection.update_one(query, update)
+            except DRIVER_ERRORS as exc:
+                raise translate(exc, plan.aggregate_id) from exc
+            return bool(result.matched_count == 1)
         with translated(plan.aggregate_id):
             if isinstance(plan, InsertPlan):
                 try:

@@ -2,6 +2,7 @@
 write per message.
 
 - :mod:`~docoutbox.store.document`: the stored layout and its reading;
+- :mod:`~docoutbox.store.dump`: a state's stored form, type-checked only where it can fail;
 - :mod:`~docoutbox.store.inbox`: de-duplication (ID window, exact watermarks);
 - :mod:`~docoutbox.store.spill`: inbox spill-over (IDs move to an archive, not away);
 - :mod:`~docoutbox.store.schedule`: scheduled entries, cancellation and the due-time hint;

@@ -51,28 +51,20 @@ S = TypeVar("S", bound=BaseModel)
 T = TypeVar("T")
 
 
-def run_sync(
-    flow: Flow[T],
-    backend: StoreBackend,
-    sleep: Callable[[float], None],
-    payloads: PayloadStore | None = None,
-) -> T:
-    """Drive ``flow`` against a sync backend (and payload store, for the claim check)."""
-    return drive(flow, partial(_perform, backend=backend, sleep=sleep, payloads=payloads))
-
-
 def _perform(
-    op: Op,
     backend: StoreBackend,
     sleep: Callable[[float], None],
-    payloads: PayloadStore | None = None,
+    payloads: PayloadStore | None,
+    op: Op,
 ) -> Any:
+    """Perform one operation of a store flow on a sync backend (each store binds the
+    first three arguments once, with ``partial``)."""
+    if isinstance(op, Write):  # a commit's only operation on a warm cache: tested first
+        return backend.write(op.plan)
     if isinstance(op, PutPayload):
         return perform_payload(op, payloads)
     if isinstance(op, Load):
         return backend.load(op.aggregate_id)
-    if isinstance(op, Write):
-        return backend.write(op.plan)
     if isinstance(op, FindPending):
         return backend.find_pending(
             after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
@@ -85,30 +77,19 @@ def _perform(
     return None
 
 
-async def run_async(
-    flow: Flow[T],
-    backend: AsyncStoreBackend,
-    sleep: Callable[[float], Awaitable[None]],
-    payloads: AsyncPayloadStore | None = None,
-) -> T:
-    """Drive ``flow`` against an async backend (and payload store)."""
-    return await drive_async(
-        flow, partial(_perform_async, backend=backend, sleep=sleep, payloads=payloads)
-    )
-
-
 async def _perform_async(
-    op: Op,
     backend: AsyncStoreBackend,
     sleep: Callable[[float], Awaitable[None]],
-    payloads: AsyncPayloadStore | None = None,
+    payloads: AsyncPayloadStore | None,
+    op: Op,
 ) -> Any:
+    """The async twin of :func:`_perform`."""
+    if isinstance(op, Write):
+        return await backend.write(op.plan)
     if isinstance(op, PutPayload):
         return await perform_payload_async(op, payloads)
     if isinstance(op, Load):
         return await backend.load(op.aggregate_id)
-    if isinstance(op, Write):
-        return await backend.write(op.plan)
     if isinstance(op, FindPending):
         return await backend.find_pending(
             after=op.after, limit=op.limit, older_than=op.older_than, partitions=op.partitions
@@ -208,17 +189,6 @@ class _StoreFlows(Generic[S]):
         check_handling(handler, create)
         return Item(Message.parse(message), handler, create)
 
-    def _handle_flow(
-        self,
-        aggregate_id: AggregateId,
-        message: Message | dict[str, Any],
-        handler: Handler[S],
-        create: bool,
-    ) -> Flow[Outcome[S]]:
-        outcome = yield from self._core.handle(aggregate_id, message, handler, create=create)
-        self._notify((outcome,))
-        return outcome
-
     def _batch_flow(
         self,
         aggregate_id: AggregateId,
@@ -295,9 +265,11 @@ class AggregateStore(_StoreFlows[S]):
         self._payloads: PayloadStore | None = _payloads(config, asynchronous=False)
         self._sleep = sleep
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
+        #: Performs one operation of a flow; made once, as every call drives flows.
+        self._perform: Callable[[Op], Any] = partial(_perform, backend, sleep, self._payloads)
 
     def _run(self, flow: Flow[T]) -> T:
-        return run_sync(flow, self.backend, self._sleep, self._payloads)
+        return drive(flow, self._perform)
 
     def handle(
         self,
@@ -313,9 +285,10 @@ class AggregateStore(_StoreFlows[S]):
         ``group_commit=True``, concurrent calls for one aggregate share writes
         (:mod:`docoutbox.store.group`).
         """
-        observed = self._observed(aggregate_id, message)
-        if observed is None:
+        if self._core.config.observer is None:
             return self._handle(aggregate_id, message, handler, create)
+        observed = self._observed(aggregate_id, message)
+        assert observed is not None
         with observed[1]:
             return self._handle(aggregate_id, observed[0], handler, create)
 
@@ -327,10 +300,13 @@ class AggregateStore(_StoreFlows[S]):
         create: bool,
     ) -> Outcome[S]:
         if self._group is None:
-            return self._run(self._handle_flow(aggregate_id, message, handler, create))
-        item = self._item(message, handler, create)
-        outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
-        self._notify((outcome,))
+            flow = self._core.handle(aggregate_id, message, handler, create=create)
+            outcome = drive(flow, self._perform)
+        else:
+            item = self._item(message, handler, create)
+            outcome = handle_sync(self._group, self._run_batch, aggregate_id, item)
+        if self.commit_listeners:
+            self._notify((outcome,))
         return outcome
 
     def handle_batch(
@@ -419,9 +395,12 @@ class AsyncAggregateStore(_StoreFlows[S]):
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
         )
+        self._perform: Callable[[Op], Awaitable[Any]] = partial(
+            _perform_async, backend, sleep, self._payloads
+        )
 
     async def _run(self, flow: Flow[T]) -> T:
-        return await run_async(flow, self.backend, self._sleep, self._payloads)
+        return await drive_async(flow, self._perform)
 
     async def handle(
         self,
@@ -431,9 +410,10 @@ class AsyncAggregateStore(_StoreFlows[S]):
         *,
         create: bool = False,
     ) -> Outcome[S]:
-        observed = self._observed(aggregate_id, message)
-        if observed is None:
+        if self._core.config.observer is None:
             return await self._handle(aggregate_id, message, handler, create)
+        observed = self._observed(aggregate_id, message)
+        assert observed is not None
         with observed[1]:
             return await self._handle(aggregate_id, observed[0], handler, create)
 
@@ -445,10 +425,13 @@ class AsyncAggregateStore(_StoreFlows[S]):
         create: bool,
     ) -> Outcome[S]:
         if self._group is None:
-            return await self._run(self._handle_flow(aggregate_id, message, handler, create))
-        item = self._item(message, handler, create)
-        outcome = await handle_async(self._group, self._run_batch, aggregate_id, item)
-        self._notify((outcome,))
+            flow = self._core.handle(aggregate_id, message, handler, create=create)
+            outcome = await drive_async(flow, self._perform)
+        else:
+            item = self._item(message, handler, create)
+            outcome = await handle_async(self._group, self._run_batch, aggregate_id, item)
+        if self.commit_listeners:
+            self._notify((outcome,))
         return outcome
 
     async def handle_batch(

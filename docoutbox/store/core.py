@@ -76,6 +76,7 @@ from docoutbox.store.document import (
     read_snapshot,
 )
 from docoutbox.store.document import utcnow as _utcnow
+from docoutbox.store.dump import exactly_typed, plain_fields
 from docoutbox.store.inbox import is_duplicate
 from docoutbox.store.observe import StoreObserver, with_headers
 from docoutbox.store.plans import (
@@ -318,6 +319,8 @@ class Core(Generic[S]):
         self._size_of = size_of
         self._limit = limit
         self._warned = False
+        #: The model's fields when all are plain (:mod:`docoutbox.store.dump`), else None.
+        self._plain = plain_fields(model)
 
     def transient(self, error: TransientStoreError, started: float) -> TransientStoreError | None:
         """The error to raise instead of retrying ``error`` (None: retry it) for a call that
@@ -362,14 +365,18 @@ class Core(Generic[S]):
     ) -> Flow[Outcome[S]]:
         check_aggregate_id(aggregate_id)
         msg: Message = Message.parse(message)
-        check_handling(handler, create)
-        contextual = takes_context(handler)
-        retry = self.config.retry
+        if type(handler) is Handlers and type(create) is bool:
+            contextual = True  # what the checks below answer for a Handlers registry
+        else:
+            check_handling(handler, create)
+            contextual = takes_context(handler)
+        config = self.config
+        retry, policy = config.retry, config.inbox
         cached = self.cache.take(aggregate_id)
         doc, known, state = cached if cached is not None else (None, None, None)
         fresh = doc is None
         attempt = 0
-        started = self.config.timer()
+        started = config.timer()
         #: A write whose outcome the store has yet to read from the document.
         doubt: Doubt | None = None
         while True:
@@ -385,8 +392,8 @@ class Core(Generic[S]):
                     return landed
             base = doc if doc is not None else self._initial(aggregate_id, create)
             snapshot = read_snapshot(base, self.model, state, self.values)
-            duplicate = is_duplicate(self.config.inbox, snapshot.inbox, snapshot.marks, msg)
-            if not duplicate and (lookup := spill.lookup(self.config.inbox, doc, msg)):
+            duplicate = is_duplicate(policy, snapshot.inbox, snapshot.marks, msg)
+            if not duplicate and policy.spill and (lookup := spill.lookup(policy, doc, msg)):
                 try:
                     duplicate = msg.id in (yield lookup)
                 except TransientStoreError as exc:
@@ -409,8 +416,10 @@ class Core(Generic[S]):
             decision = self.decide(handler, contextual, aggregate_id, snapshot.state, msg, snapshot)
             stored, readable = self._state_document(decision.state, InvalidHandlerResult)
             plan, entries = self._plan(snapshot, msg, decision, stored)
-            plan = yield from self.claim(plan)
-            plan = spill.plan_spill(plan, doc, self.config.inbox)
+            if config.claim_check is not None:
+                plan = yield from self.claim(plan)
+            if policy.spill:
+                plan = spill.plan_spill(plan, doc, policy)
             after = apply_plan(base, plan)
             assert after is not None
             try:
@@ -419,7 +428,7 @@ class Core(Generic[S]):
                 if not fresh:
                     fresh = True  # the cached copy may still hold entries trimmed since
                     continue
-                plan = spill.plan_spill(plan, doc, self.config.inbox, everything=True)
+                plan = spill.plan_spill(plan, doc, policy, everything=True)
                 if not plan.inbox_spilled:
                     raise
                 after = apply_plan(base, plan)
@@ -428,10 +437,13 @@ class Core(Generic[S]):
             attempt += 1
             lost: TransientStoreError | None = None
             try:
-                applied, plan = yield from spill.commit_steps(
-                    plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
-                )
-                after = spill.written(after, plan)
+                if doc is not None and not plan.inbox_spilled:  # the usual commit: one write
+                    applied = yield fast_frozen(Write, plan=plan)
+                else:
+                    applied, plan = yield from spill.commit_steps(
+                        plan, Write, None if doc is not None else InsertPlan(aggregate_id, after)
+                    )
+                    after = spill.written(after, plan)
             except TransientStoreError as exc:
                 # The write may or may not have happened: the document will say.
                 if (late := self.transient(exc, started)) is not None:
@@ -439,8 +451,8 @@ class Core(Generic[S]):
                 applied, lost = False, exc
             if applied:
                 self.cache.put(aggregate_id, after, size, readable)
-                outcome: Outcome[S] = fast_frozen(
-                    Outcome,
+                outcome: Outcome[S] = object.__new__(Outcome)
+                outcome.__dict__.update(  # fast_frozen(Outcome, ...) without its call
                     status=Status.APPLIED,
                     aggregate_id=aggregate_id,
                     version=after["version"],
@@ -455,7 +467,7 @@ class Core(Generic[S]):
             # reply, it is settled by reading the document before any answer.
             final = attempt >= retry.max_attempts
             doubt = Doubt(after, tuple(entries), decision.state, lost, final)
-            observer = self.config.observer
+            observer = config.observer
             if lost is None and observer is not None:
                 observer.conflict(self.aggregate_type)
             if not final:
@@ -618,15 +630,22 @@ class Core(Generic[S]):
             raise invalid(
                 f"state must be exactly {with_article(model.__name__)}, got {type(state).__name__}"
             )
-        extra = state.__pydantic_extra__
-        problem = storable_problem(state.__dict__)  # what storable_problem(state) checks
-        if problem is None and extra:
-            problem = storable_problem(extra)
-        if problem is not None:
-            raise InvalidPayload(f"{model.__name__} state: {problem}")
+        values = state.__dict__
+        plain = self._plain
+        # warnings="error" refuses a field holding another type; it cannot fire, and
+        # storable_problem finds nothing, when every value of a plain model has its
+        # field's exact type and is storable (docoutbox.store.dump).
+        checked = plain is None or not exactly_typed(values, plain)
+        if checked:
+            extra = state.__pydantic_extra__
+            problem = storable_problem(values)  # what storable_problem(state) checks
+            if problem is None and extra:
+                problem = storable_problem(extra)
+            if problem is not None:
+                raise InvalidPayload(f"{model.__name__} state: {problem}")
         try:
             stored: dict[str, Any] = model.__pydantic_serializer__.to_python(
-                state, mode="json", warnings="error"
+                state, mode="json", warnings="error" if checked else False
             )
         except (PydanticSerializationError, ValueError, TypeError, AttributeError) as exc:
             raise invalid(f"{model.__name__} state does not serialize: {exc}") from exc
@@ -652,7 +671,7 @@ class Core(Generic[S]):
         if observer is not None and entries:
             entries = with_headers(entries, observer.headers(message))
             plan = replace(plan, outbox_push=tuple(entries))
-        return self.seal(plan), entries
+        return (plan if self.values is None else self.seal(plan)), entries
 
     def create(self, aggregate_id: AggregateId, state: S) -> Flow[Created[S]]:
         check_aggregate_id(aggregate_id)

@@ -40,9 +40,7 @@ def is_duplicate(
     policy: InboxPolicy, inbox: tuple[str, ...], marks: dict[str, Mark], message: Message
 ) -> bool:
     """True when ``message`` was already processed, as far as retention can tell."""
-    if uses_marks(policy, message):
-        assert message.source is not None
-        assert message.seq is not None
+    if policy.exact and message.source is not None and message.seq is not None:  # uses_marks
         mark = marks.get(message.source)
         return mark is not None and mark.seen(message.seq)
     return message.id in inbox

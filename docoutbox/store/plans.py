@@ -26,8 +26,8 @@ from typing import Any
 from docoutbox.errors import DocumentTooLarge, InvalidHandlerResult
 from docoutbox.handlers import Decision
 from docoutbox.model import AggregateId, Emit, InboxPolicy, Message
-from docoutbox.store.document import ID, Document, Snapshot, fast_frozen
-from docoutbox.store.inbox import Mark, record_mark, uses_marks
+from docoutbox.store.document import ID, Document, Snapshot
+from docoutbox.store.inbox import Mark, record_mark
 from docoutbox.store.schedule import (
     CANCELLED,
     DUE,
@@ -240,14 +240,17 @@ def plan_commit(
     marks = None
     inbox_push: tuple[str, ...] = ()
     inbox_after = None
-    if uses_marks(policy, message):
+    if policy.exact and message.source is not None and message.seq is not None:  # uses_marks
         marks = marks_to_doc(record_mark(policy, snapshot.marks, message))
     elif policy.window:
         inbox_push = (message.id,)
         inbox_after = appended(snapshot.inbox, message.id, policy.window)
-    cancel_ids, sets_due, hint = _schedule(snapshot, decision, entries)
-    plan = fast_frozen(
-        CommitPlan,
+    if entries or decision.cancels or snapshot.raw_outbox or snapshot.cancelled:
+        cancel_ids, sets_due, hint = _schedule(snapshot, decision, entries)
+    else:  # what _schedule answers when there is nothing to schedule or cancel
+        cancel_ids, sets_due, hint = (), False, None
+    plan: CommitPlan = object.__new__(CommitPlan)
+    plan.__dict__.update(  # fast_frozen(CommitPlan, ...) without its call
         aggregate_id=snapshot.aggregate_id,
         expected_version=snapshot.version,
         state=decision.state.model_dump(mode="json") if state is None else state,

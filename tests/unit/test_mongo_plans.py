@@ -9,8 +9,10 @@ from pymongo import errors as pm
 
 from docoutbox.errors import DocumentTooLarge, PermanentStoreError, TransientStoreError
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
+from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.errors import is_duplicate_id, translated
 from docoutbox_mongo.plans import commit_update, failure_update, pending_filter, trim_update
+from tests.support.loopless import run
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -66,7 +68,7 @@ def test_pending_filter_pages_across_id_types() -> None:
     assert {"partition": {"$in": [1, 3]}} in full
 
 
-@pytest.mark.parametrize(
+TRANSLATIONS = (
     ("error", "expected"),
     [
         (pm.AutoReconnect("gone"), TransientStoreError),
@@ -86,11 +88,43 @@ def test_pending_filter_pages_across_id_types() -> None:
         (pm.ConfigurationError("bad"), PermanentStoreError),
     ],
 )
+
+
+@pytest.mark.parametrize(*TRANSLATIONS)
 def test_driver_errors_translate_by_class_and_code(
     error: Exception, expected: type[Exception]
 ) -> None:
     with pytest.raises(expected) as caught, translated("a"):
         raise error
+    assert caught.value.__cause__ is error
+
+
+class _Failing:
+    """A collection whose updates raise ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def update_one(self, query: object, update: object) -> object:
+        raise self.error
+
+
+class _AsyncFailing(_Failing):
+    async def update_one(self, query: object, update: object) -> object:  # type: ignore[override]
+        raise self.error
+
+
+@pytest.mark.parametrize(*TRANSLATIONS)
+def test_a_commits_driver_errors_translate_like_any_other_write(
+    error: Exception, expected: type[Exception]
+) -> None:
+    """The commit's update is written without :class:`translated` around it (the hot
+    path): its errors translate the same, sync and async."""
+    with pytest.raises(expected) as caught:
+        MongoBackend(_Failing(error)).write(commit())
+    assert caught.value.__cause__ is error
+    with pytest.raises(expected) as caught:
+        run(AsyncMongoBackend(_AsyncFailing(error)).write(commit()))
     assert caught.value.__cause__ is error
 
 
