@@ -201,6 +201,33 @@ def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_tri
     assert [e.document for e in source.poll(500)] == [{"_id": 3}]  # the next poll fetches
 
 
+def test_the_first_poll_after_an_opening_that_brought_nothing_sends_no_get_more() -> None:
+    class Cursor:
+        def __init__(self) -> None:
+            self._data: list[dict[str, Any]] = []  # the opening's reply: nothing yet
+
+    class Empty(FakeStream):
+        def __init__(self) -> None:
+            super().__init__([])
+            self._cursor = Cursor()
+            self.round_trips = 0
+
+        def try_next(self) -> dict[str, Any] | None:
+            self.round_trips += 1  # a getMore
+            return None
+
+    stream = Empty()
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert source.poll(500) == []
+    assert stream.round_trips == 0
+    assert source.poll(500) == []
+    assert stream.round_trips == 1
+    source.open({"resume_after": {"_data": "0000"}})  # again after each opening
+    assert source.poll(500) == []
+    assert stream.round_trips == 1
+
+
 def test_an_invalidate_event_is_a_lost_stream() -> None:
     stream = FakeStream([([{"_id": {"_data": "0001"}, "operationType": "invalidate"}], None)])
     source = MongoChangeSource(FakeCollection(stream))
