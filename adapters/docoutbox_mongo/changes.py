@@ -5,7 +5,9 @@ pending entry (``fullDocument.outbox.0``), and keeps of each event only its resu
 its operation type and the document's :data:`EVENT_FIELDS`. Documents are identified by
 ``fullDocument._id`` (with ``full_document="updateLookup"``), not by ``documentKey``,
 which some servers fill wrongly. The stream is polled with ``try_next()``: it never
-blocks, whatever the server does with ``maxAwaitTimeMS``.
+blocks, whatever the server does with ``maxAwaitTimeMS``. The first poll after the stream
+opens sends no ``getMore`` when the opening's reply brought no change: that reply is the
+server's answer of a moment ago (on the wire server every read scans the whole oplog).
 
 Positions are ``{"resume_after": <resume token>}`` or ``{"start_at": <Timestamp>}``.
 
@@ -108,6 +110,8 @@ class MongoChangeSource:
         self._clock = clock
         self._stream: Any = None
         self._token: Any = None
+        #: The stream opened since the last poll (see :meth:`_fresh_and_empty`).
+        self._opened = False
 
     def start_marker(self) -> Position:
         with translated():
@@ -125,11 +129,21 @@ class MongoChangeSource:
                 PIPELINE, full_document="updateLookup", batch_size=self.batch_size, **args
             )
         self._token = args.get("resume_after")
+        self._opened = True
+
+    def _fresh_and_empty(self) -> bool:
+        """Whether this is the first poll since the stream opened and the opening's reply
+        holds no change: the server answered "nothing yet" a moment ago, so this poll
+        sends no ``getMore`` (the next one does). Unknown buffering counts as not empty."""
+        opened, self._opened = self._opened, False
+        return opened and not _buffered(self._stream)
 
     def poll(self, max_events: int) -> list[ChangeEvent]:
         if self._stream is None:
             raise ChangeStreamLost("the change stream is not open")
         events: list[ChangeEvent] = []
+        if self._fresh_and_empty():
+            return events
         with translated_stream():
             while len(events) < max_events:
                 if events and not _buffered(self._stream):
@@ -188,11 +202,14 @@ class AsyncMongoChangeSource(MongoChangeSource):
                 stream = await stream
             self._stream = stream
         self._token = args.get("resume_after")
+        self._opened = True
 
     async def poll(self, max_events: int) -> list[ChangeEvent]:  # type: ignore[override]
         if self._stream is None:
             raise ChangeStreamLost("the change stream is not open")
         events: list[ChangeEvent] = []
+        if self._fresh_and_empty():
+            return events
         with translated_stream():
             while len(events) < max_events:
                 if events and not _buffered(self._stream):

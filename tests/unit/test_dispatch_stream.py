@@ -201,6 +201,33 @@ def test_a_poll_hands_over_what_arrived_instead_of_waiting_for_another_round_tri
     assert [e.document for e in source.poll(500)] == [{"_id": 3}]  # the next poll fetches
 
 
+def test_the_first_poll_after_an_opening_that_brought_nothing_sends_no_get_more() -> None:
+    class Cursor:
+        def __init__(self) -> None:
+            self._data: list[dict[str, Any]] = []  # the opening's reply: nothing yet
+
+    class Empty(FakeStream):
+        def __init__(self) -> None:
+            super().__init__([])
+            self._cursor = Cursor()
+            self.round_trips = 0
+
+        def try_next(self) -> dict[str, Any] | None:
+            self.round_trips += 1  # a getMore
+            return None
+
+    stream = Empty()
+    source = MongoChangeSource(FakeCollection(stream))
+    source.open({"resume_after": {"_data": "0000"}})
+    assert source.poll(500) == []
+    assert stream.round_trips == 0
+    assert source.poll(500) == []
+    assert stream.round_trips == 1
+    source.open({"resume_after": {"_data": "0000"}})  # again after each opening
+    assert source.poll(500) == []
+    assert stream.round_trips == 1
+
+
 def test_an_invalidate_event_is_a_lost_stream() -> None:
     stream = FakeStream([([{"_id": {"_data": "0001"}, "operationType": "invalidate"}], None)])
     source = MongoChangeSource(FakeCollection(stream))
@@ -374,14 +401,17 @@ def test_a_drained_stream_is_read_again_after_the_poll_interval_not_on_every_tur
     assert "PollChanges" in turn_ops(engine)  # a read that brought changes: read on
 
 
-def waiting_engine(clock: Clock, **options: Any) -> DispatchEngine:
-    """An engine reading every 1/16 s, its stream open (times stay exact in binary)."""
+def waiting_engine(clock: Clock, *, active: bool = True, **options: Any) -> DispatchEngine:
+    """An engine reading every 1/16 s, its stream open (times stay exact in binary); with
+    ``active``, its first read brought a pending document (so its waits start short)."""
     engine = engine_of(
         DispatcherConfig(name="w", poll_interval=1 / 16, checkpoint_interval=0, **options),
         monotonic=clock,
     )
     engine.begin()
     turn_ops(engine)  # opens the stream
+    if active:
+        assert "PollChanges" in turn_ops(engine, [pending(0)])
     return engine
 
 
@@ -404,6 +434,29 @@ def test_reads_that_bring_nothing_space_out_up_to_max_stream_wait() -> None:
     assert reads_at(engine, clock, 3) == [0, 1, 3, 7, 15, 23, 31, 39, 47]
     due = engine.next_due()
     assert due is not None and due == 0.5 - 1 / 16  # drivers sleep until then
+
+
+def test_a_stream_just_opened_waits_the_longest_until_a_read_brings_a_document() -> None:
+    """Nothing says entries are coming when the stream opens: its reads are
+    max_stream_wait apart at once (on the wire server every read scans the whole oplog),
+    not poll_interval, until one brings a pending document."""
+    clock = Clock()
+    engine = waiting_engine(clock, active=False, max_stream_wait=1.0)
+    assert reads_at(engine, clock, 2) == [0, 16, 32]
+    clock.now = 3.0
+    assert "PollChanges" in turn_ops(engine, [pending(1)])  # a document: read on
+    assert "PollChanges" in turn_ops(engine)  # nothing: wait poll_interval now
+    assert reads_at(engine, clock, 4) == [49, 51, 55, 63]
+
+
+def test_a_stream_reopened_starts_with_the_longest_wait_again() -> None:
+    clock = Clock()
+    engine = waiting_engine(clock, max_stream_wait=1.0)
+    assert reads_at(engine, clock, 3 / 16) == [0, 1, 3]
+    engine._open = False  # as after a read that failed
+    clock.now = 7 / 16  # the next read was due
+    assert "OpenStream" in turn_ops(engine)
+    assert reads_at(engine, clock, 2) == [7, 23]
 
 
 def test_a_read_that_brings_a_pending_document_starts_the_waits_over() -> None:

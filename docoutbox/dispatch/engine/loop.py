@@ -10,8 +10,9 @@ generators that yield operations (:data:`EngineOp`) and receive their results, d
   and the checkpoint still), poll the change stream (opening it from the checkpoint, or
   fresh behind a :class:`~docoutbox.dispatch.engine.checkpoint.Gate`; paced: not while a round
   of runs waits for workers, and once drained only every ``poll_interval``, a wait that
-  doubles while reads keep bringing nothing, up to ``max_stream_wait``, and starts over
-  on :meth:`DispatchEngine.read_soon`), and save the checkpoint behind the completed
+  doubles while reads keep bringing nothing, up to ``max_stream_wait``, where it starts
+  once the stream opens, and starts over on a pending document or
+  :meth:`DispatchEngine.read_soon`), and save the checkpoint behind the completed
   prefix of events (I5);
 - :meth:`DispatchEngine.run`, one aggregate's run: take the copy of the document that
   came with its latest request (an event's or a sweep's; entries never change, and those
@@ -115,10 +116,12 @@ class DispatcherConfig:
     #: The longest wait between two reads of the change stream while reads bring no
     #: pending document: after each such read the wait doubles, from ``poll_interval`` up
     #: to this; a read that brings one, or :meth:`DispatchEngine.read_soon`, starts it
-    #: over. None: every ``poll_interval``. Waits count from a read's start, so a server
-    #: that holds an empty read itself (MongoDB's ``maxAwaitTimeMS``, 1 s by default) is
-    #: read again at once; one that answers at once (the wire server, whose every read
-    #: scans its whole oplog; Cosmos DB, which bills every read) is read less often.
+    #: over. A stream just opened waits this long after each read until then: nothing
+    #: says entries are coming. None: every ``poll_interval``. Waits count from a read's
+    #: start, so a server that holds an empty read itself (MongoDB's ``maxAwaitTimeMS``,
+    #: 1 s by default) is read again at once; one that answers at once (the wire server,
+    #: whose every read scans its whole oplog; Cosmos DB, which bills every read) is read
+    #: less often.
     max_stream_wait: float | None = None
     batch_size: int = 500
     sweep_page: int = 100
@@ -286,6 +289,10 @@ class BrokerState:
         if changed:
             log.warning("broker_available_again")
 
+
+#: Reads that brought nothing, as counted when the stream (re)opens: its waits start at
+#: ``max_stream_wait`` (see :meth:`DispatchEngine._quiet_wait`).
+QUIET_ON_OPEN = 64
 
 #: Documents :meth:`DispatchEngine.check_partitions` samples at start-up.
 PARTITION_SAMPLE = 50
@@ -686,7 +693,7 @@ class DispatchEngine:
         base, top = self.config.poll_interval, self.config.max_stream_wait
         if top is None:
             return base
-        return min(top, base * 2.0 ** min(self._quiet_reads - 1, 30))
+        return min(top, base * 2.0 ** min(self._quiet_reads - 1, QUIET_ON_OPEN))
 
     def read_soon(self) -> None:
         """Read the stream at the next turn, and start its waits over: entries were
@@ -745,6 +752,9 @@ class DispatchEngine:
             self._stream_failed(exc, now)
             return
         self._open, self._failures = True, 0
+        # Nothing seen yet says entries are coming: reads wait the longest until one
+        # brings a pending document or read_soon is called.
+        self._quiet_reads = QUIET_ON_OPEN
         log.info("stream_opened")
 
     def _fresh_start(self) -> Generator[EngineOp, Any, None]:
