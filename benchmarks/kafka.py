@@ -13,6 +13,10 @@ same records, in the same run, on the same broker.
   ``KafkaPublisher`` (each publish round produced whole, then its reports awaited) and
   trimming; timed until the last record is confirmed; the threaded driver, and the
   asyncio driver with ``AsyncKafkaPublisher``;
+- Dispatcher -> Kafka with ``linger.ms`` 5: the same two dispatchers, their publisher
+  configured to wait up to 5 ms for more records before a produce request (the default
+  0 sends a request for the first record of an empty queue: the records of a round go
+  out in several small requests, each costing librdkafka's broker thread CPU);
 - Dispatcher -> memory: the same drivers with the in-memory publisher, each one's own
   ceiling on this server.
 
@@ -60,14 +64,16 @@ DENSITIES = (1, 10)
 THREADS = 4
 ROUNDS = 5
 #: The dispatchers compared at every density (the raw loop is the baseline).
-KINDS = ["threads", "async", "threads-memory", "async-memory"]
+KINDS = ["threads", "async", "threads-linger", "async-linger", "threads-memory", "async-memory"]
+#: ``linger.ms`` of the ``-linger`` variants.
+LINGER_MS = 5
 
 
 class CountingKafka(KafkaPublisher):
     """The Kafka publisher, noting each confirmed entry (and when) in ``stamps``."""
 
-    def __init__(self, bootstrap: str, topic: str, stamps: TimedPublisher) -> None:
-        super().__init__(bootstrap, topic)
+    def __init__(self, config: str | dict[str, Any], topic: str, stamps: TimedPublisher) -> None:
+        super().__init__(config, topic)
         self.stamps = stamps
 
     def publish(self, entry: OutboxMessage) -> None:
@@ -85,8 +91,8 @@ class CountingKafka(KafkaPublisher):
 class CountingAsyncKafka(AsyncKafkaPublisher):
     """The asyncio Kafka publisher, noting each confirmed entry (and when) in ``stamps``."""
 
-    def __init__(self, bootstrap: str, topic: str, stamps: TimedPublisher) -> None:
-        super().__init__(bootstrap, topic)
+    def __init__(self, config: str | dict[str, Any], topic: str, stamps: TimedPublisher) -> None:
+        super().__init__(config, topic)
         self.stamps = stamps
 
     async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
@@ -191,18 +197,23 @@ class KafkaDispatch(DispatchReader):
     """The benchmark's dispatcher (as :class:`DispatchReader`), publishing to Kafka through
     a producer connected before timing starts."""
 
-    def __init__(self, bench: Workbench, kind: str, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(
+        self, bench: Workbench, kind: str, bootstrap: str, topic: str, linger_ms: int = 0
+    ) -> None:
+        self.config: str | dict[str, Any] = bootstrap
+        if linger_ms:
+            self.config = {"bootstrap.servers": bootstrap, "linger.ms": linger_ms}
+        self.topic = topic
         self.sync: CountingKafka | None = None
         super().__init__(bench, kind)
 
     def _sync_publisher(self) -> Any:
-        self.sync = CountingKafka(self.bootstrap, self.topic, self.publisher)
+        self.sync = CountingKafka(self.config, self.topic, self.publisher)
         _warm(self.sync._current(), self.topic)
         return self.sync
 
     def _async_publisher(self) -> Any:
-        publisher = CountingAsyncKafka(self.bootstrap, self.topic, self.publisher)
+        publisher = CountingAsyncKafka(self.config, self.topic, self.publisher)
         _warm(publisher.sync._current(), self.topic)
         return publisher
 
@@ -230,10 +241,11 @@ def dispatcher(
     entry in µs."""
     bench = backlog(client, entries, density)
     driver = "async" if kind.startswith("async") else "dispatcher"
+    linger = LINGER_MS if kind.endswith("linger") else 0
     reader = (
         DispatchReader(bench, driver)
         if kind.endswith("memory")
-        else KafkaDispatch(bench, driver, bootstrap, topic)
+        else KafkaDispatch(bench, driver, bootstrap, topic, linger)
     )
     rate = timed_drain(reader, entries, cpu)
     if sink is not None:
@@ -297,11 +309,18 @@ LABELS = {
     "publisher": f"KafkaPublisher, {THREADS} threads (no database)",
     "threads": "Dispatcher (threads) -> KafkaPublisher",
     "async": "AsyncDispatcher -> AsyncKafkaPublisher",
+    "threads-linger": f"Dispatcher (threads) -> KafkaPublisher, linger.ms={LINGER_MS}",
+    "async-linger": f"AsyncDispatcher -> AsyncKafkaPublisher, linger.ms={LINGER_MS}",
     "threads-memory": "Dispatcher (threads) -> memory",
     "async-memory": "AsyncDispatcher -> memory",
 }
 #: Each dispatcher's ceiling on this server: the same driver publishing to memory.
-MEMORY = {"threads": "threads-memory", "async": "async-memory"}
+MEMORY = {
+    "threads": "threads-memory",
+    "async": "async-memory",
+    "threads-linger": "threads-memory",
+    "async-linger": "async-memory",
+}
 
 
 def _table(
