@@ -175,6 +175,12 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def cpu_medians(samples: Mapping[str, Sequence[float]], warmup: int) -> dict[str, float]:
+    """Each variant's median client CPU per entry, past the ``warmup`` rounds (every
+    variant of :func:`interleaved` records one sample per round, warm-ups first)."""
+    return {name: median(values[warmup:] or values) for name, values in samples.items()}
+
+
 def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:
     """The median over rounds of candidate/baseline measured in the same round."""
     return statistics.median(c / b for c, b in zip(candidate, baseline, strict=True))

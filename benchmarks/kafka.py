@@ -13,6 +13,10 @@ same records, in the same run, on the same broker.
   ``KafkaPublisher`` (each publish round produced whole, then its reports awaited) and
   trimming; timed until the last record is confirmed; the threaded driver, and the
   asyncio driver with ``AsyncKafkaPublisher``;
+- Dispatcher -> Kafka with ``linger.ms`` 5: the same two dispatchers, their publisher
+  configured to wait up to 5 ms for more records before a produce request (the default
+  0 sends a request for the first record of an empty queue: the records of a round go
+  out in several small requests, each costing librdkafka's broker thread CPU);
 - Dispatcher -> memory: the same drivers with the in-memory publisher, each one's own
   ceiling on this server.
 
@@ -38,6 +42,7 @@ from benchmarks.common import (
     Table,
     against_ceilings,
     connect,
+    cpu_medians,
     interleaved,
 )
 from benchmarks.dispatch import (
@@ -59,14 +64,16 @@ DENSITIES = (1, 10)
 THREADS = 4
 ROUNDS = 5
 #: The dispatchers compared at every density (the raw loop is the baseline).
-KINDS = ["threads", "async", "threads-memory", "async-memory"]
+KINDS = ["threads", "async", "threads-linger", "async-linger", "threads-memory", "async-memory"]
+#: ``linger.ms`` of the ``-linger`` variants.
+LINGER_MS = 5
 
 
 class CountingKafka(KafkaPublisher):
     """The Kafka publisher, noting each confirmed entry (and when) in ``stamps``."""
 
-    def __init__(self, bootstrap: str, topic: str, stamps: TimedPublisher) -> None:
-        super().__init__(bootstrap, topic)
+    def __init__(self, config: str | dict[str, Any], topic: str, stamps: TimedPublisher) -> None:
+        super().__init__(config, topic)
         self.stamps = stamps
 
     def publish(self, entry: OutboxMessage) -> None:
@@ -84,8 +91,8 @@ class CountingKafka(KafkaPublisher):
 class CountingAsyncKafka(AsyncKafkaPublisher):
     """The asyncio Kafka publisher, noting each confirmed entry (and when) in ``stamps``."""
 
-    def __init__(self, bootstrap: str, topic: str, stamps: TimedPublisher) -> None:
-        super().__init__(bootstrap, topic)
+    def __init__(self, config: str | dict[str, Any], topic: str, stamps: TimedPublisher) -> None:
+        super().__init__(config, topic)
         self.stamps = stamps
 
     async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
@@ -110,8 +117,11 @@ def _warm(producer: Any, topic: str) -> None:
     assert producer.flush(TIMEOUT) == 0
 
 
-def raw_loop(bootstrap: str, topic: str, entries: list[OutboxMessage]) -> float:
+def raw_loop(
+    bootstrap: str, topic: str, entries: list[OutboxMessage], cpu: list[float] | None = None
+) -> float:
     producer = _producer(bootstrap, topic)
+    cpu_began = time.process_time()
     began = time.perf_counter()
     for entry in entries:
         while True:
@@ -125,12 +135,23 @@ def raw_loop(bootstrap: str, topic: str, entries: list[OutboxMessage]) -> float:
                 producer.poll(0.01)
         producer.poll(0)
     left = producer.flush(TIMEOUT)
+    rate = len(entries) / (time.perf_counter() - began)
+    _cpu(cpu, cpu_began, len(entries))
     assert left == 0, f"{left} records undelivered"
-    return len(entries) / (time.perf_counter() - began)
+    return rate
 
 
-def raw_one_by_one(bootstrap: str, topic: str, entries: list[OutboxMessage]) -> float:
+def _cpu(cpu: list[float] | None, began: float, count: int) -> None:
+    """Note in ``cpu`` the client CPU per record in µs since ``began`` (process time)."""
+    if cpu is not None:
+        cpu.append((time.process_time() - began) / count * 1e6)
+
+
+def raw_one_by_one(
+    bootstrap: str, topic: str, entries: list[OutboxMessage], cpu: list[float] | None = None
+) -> float:
     producer = _producer(bootstrap, topic)
+    cpu_began = time.process_time()
     began = time.perf_counter()
     for entry in entries:
         producer.produce(
@@ -138,10 +159,14 @@ def raw_one_by_one(bootstrap: str, topic: str, entries: list[OutboxMessage]) -> 
             headers=headers_for(entry),
         )  # fmt: skip
         assert producer.flush(TIMEOUT) == 0
-    return len(entries) / (time.perf_counter() - began)
+    rate = len(entries) / (time.perf_counter() - began)
+    _cpu(cpu, cpu_began, len(entries))
+    return rate
 
 
-def publisher_threads(bootstrap: str, topic: str, entries: list[OutboxMessage]) -> float:
+def publisher_threads(
+    bootstrap: str, topic: str, entries: list[OutboxMessage], cpu: list[float] | None = None
+) -> float:
     publisher = KafkaPublisher(bootstrap, topic)
     _warm(publisher._current(), topic)
     shares = [entries[i::THREADS] for i in range(THREADS)]
@@ -155,12 +180,14 @@ def publisher_threads(bootstrap: str, topic: str, entries: list[OutboxMessage]) 
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(share,)) for share in shares]
+    cpu_began = time.process_time()
     began = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     rate = len(entries) / (time.perf_counter() - began)
+    _cpu(cpu, cpu_began, len(entries))
     publisher.close()
     assert not errors, errors
     return rate
@@ -170,18 +197,23 @@ class KafkaDispatch(DispatchReader):
     """The benchmark's dispatcher (as :class:`DispatchReader`), publishing to Kafka through
     a producer connected before timing starts."""
 
-    def __init__(self, bench: Workbench, kind: str, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(
+        self, bench: Workbench, kind: str, bootstrap: str, topic: str, linger_ms: int = 0
+    ) -> None:
+        self.config: str | dict[str, Any] = bootstrap
+        if linger_ms:
+            self.config = {"bootstrap.servers": bootstrap, "linger.ms": linger_ms}
+        self.topic = topic
         self.sync: CountingKafka | None = None
         super().__init__(bench, kind)
 
     def _sync_publisher(self) -> Any:
-        self.sync = CountingKafka(self.bootstrap, self.topic, self.publisher)
+        self.sync = CountingKafka(self.config, self.topic, self.publisher)
         _warm(self.sync._current(), self.topic)
         return self.sync
 
     def _async_publisher(self) -> Any:
-        publisher = CountingAsyncKafka(self.bootstrap, self.topic, self.publisher)
+        publisher = CountingAsyncKafka(self.config, self.topic, self.publisher)
         _warm(publisher.sync._current(), self.topic)
         return publisher
 
@@ -202,17 +234,20 @@ def dispatcher(
     density: int,
     kind: str,
     sink: list[OutboxMessage] | None = None,
+    cpu: list[float] | None = None,
 ) -> float:
     """Dispatch ``entries`` fresh commits with the ``kind`` driver (one of :data:`KINDS`);
-    a given ``sink`` receives what was published."""
+    a given ``sink`` receives what was published, a given ``cpu`` the client CPU per
+    entry in µs."""
     bench = backlog(client, entries, density)
     driver = "async" if kind.startswith("async") else "dispatcher"
+    linger = LINGER_MS if kind.endswith("linger") else 0
     reader = (
         DispatchReader(bench, driver)
         if kind.endswith("memory")
-        else KafkaDispatch(bench, driver, bootstrap, topic)
+        else KafkaDispatch(bench, driver, bootstrap, topic, linger)
     )
-    rate = timed_drain(reader, entries)
+    rate = timed_drain(reader, entries, cpu)
     if sink is not None:
         sink.extend(reader.publisher.published)
     return rate
@@ -234,6 +269,7 @@ def run(uri: str, scale: Scale) -> Table:
     entries = scale.dispatch_entries
     rounds = min(scale.rounds, ROUNDS)
     samples: dict[int, dict[str, list[float]]] = {}
+    cpu: dict[int, dict[str, list[float]]] = {}
     try:
         topic = topics.create(f"bench-{uuid.uuid4().hex[:6]}", partitions=4)
         for density in DENSITIES:
@@ -241,21 +277,30 @@ def run(uri: str, scale: Scale) -> Table:
             # The records, and a warm-up of the broker, the server and the dispatcher.
             dispatcher(client, bootstrap, topic, entries, density, "async", records)
             assert len(records) == entries, (len(records), entries)
+            used = cpu[density] = {name: [] for name in LABELS}
             plan: dict[str, Callable[[], float]] = {
-                "raw": partial(raw_loop, bootstrap, topic, records)
+                "raw": partial(raw_loop, bootstrap, topic, records, used["raw"])
             }
             if density == max(DENSITIES):
                 quarter = records[: entries // 4]
-                plan["one-by-one"] = partial(raw_one_by_one, bootstrap, topic, quarter)
-                plan["publisher"] = partial(publisher_threads, bootstrap, topic, records)
+                plan["one-by-one"] = partial(
+                    raw_one_by_one, bootstrap, topic, quarter, used["one-by-one"]
+                )
+                plan["publisher"] = partial(
+                    publisher_threads, bootstrap, topic, records, used["publisher"]
+                )
             for kind in KINDS:
-                plan[kind] = partial(dispatcher, client, bootstrap, topic, entries, density, kind)
+                plan[kind] = partial(
+                    dispatcher, client, bootstrap, topic, entries, density, kind, cpu=used[kind]
+                )
             samples[density] = interleaved(plan, rounds, scale.warmup)
     finally:
         topics.close()
         client.drop_database("docoutbox_bench")
         client.close()
-    return _table(samples, entries, rounds)
+    warmup = scale.warmup
+    used_cpu = {d: cpu_medians({k: v for k, v in c.items() if v}, warmup) for d, c in cpu.items()}
+    return _table(samples, used_cpu, entries, rounds)
 
 
 LABELS = {
@@ -264,14 +309,26 @@ LABELS = {
     "publisher": f"KafkaPublisher, {THREADS} threads (no database)",
     "threads": "Dispatcher (threads) -> KafkaPublisher",
     "async": "AsyncDispatcher -> AsyncKafkaPublisher",
+    "threads-linger": f"Dispatcher (threads) -> KafkaPublisher, linger.ms={LINGER_MS}",
+    "async-linger": f"AsyncDispatcher -> AsyncKafkaPublisher, linger.ms={LINGER_MS}",
     "threads-memory": "Dispatcher (threads) -> memory",
     "async-memory": "AsyncDispatcher -> memory",
 }
 #: Each dispatcher's ceiling on this server: the same driver publishing to memory.
-MEMORY = {"threads": "threads-memory", "async": "async-memory"}
+MEMORY = {
+    "threads": "threads-memory",
+    "async": "async-memory",
+    "threads-linger": "threads-memory",
+    "async-linger": "async-memory",
+}
 
 
-def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int) -> Table:
+def _table(
+    samples: dict[int, dict[str, list[float]]],
+    cpu: dict[int, dict[str, float]],
+    entries: int,
+    rounds: int,
+) -> Table:
     table = Table(
         "kafka",
         "Dispatch throughput to Kafka vs a raw confluent-kafka produce loop of the same records",
@@ -283,6 +340,7 @@ def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int
             "vs same driver -> memory",
             "vs the lower ceiling",
             "additive bound",
+            "client CPU µs/record",
         ],
     )
     for density, by_kind in samples.items():
@@ -305,7 +363,9 @@ def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int
                 "" if to_memory is None else f"{to_memory:.2f}x",
                 "" if lower is None else f"{lower:.2f}x",
                 "" if bound is None else f"{bound:.2f}x",
+                f"{cpu[density][name]:.0f}",
             )
+            found["cpu_us_per_entry"] = cpu[density][name]
             figures[name] = found
         table.figures[f"per_aggregate_{density}"] = figures
     table.notes += [
@@ -320,6 +380,9 @@ def _table(samples: dict[int, dict[str, list[float]]], entries: int, rounds: int
         "-> memory in the same round (the goal is >= 0.8x); 'additive bound' is what "
         "adding the two ceilings' costs per entry on one interpreter allows: "
         "1/(1/raw + 1/memory) over the lower one.",
+        "'client CPU' is this process's CPU time (every thread, librdkafka's included) per "
+        "record over the timed span, median over rounds: the database and the broker run "
+        "apart.",
         "Every dispatcher round checks that each entry was published and trimmed; the raw "
         "loops check that every record was delivered.",
     ]
