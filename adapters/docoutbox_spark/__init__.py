@@ -7,6 +7,7 @@
 - :mod:`docoutbox_spark.stored`: raw rows with values a store codec encoded decoded, and
   old versions upcast (the audit itself needs neither);
 - :mod:`docoutbox_spark.conform`: typed frames, with malformed documents as findings;
+- :mod:`docoutbox_spark.sqltext`: the SQL text the audit's expressions are built as;
 - :mod:`docoutbox_spark.audit`: the audit functions (DataFrame in, DataFrame out);
 - :mod:`docoutbox_spark.spilled`: spilled inbox IDs folded back for reconciliation;
 - :mod:`docoutbox_spark.run` and :mod:`docoutbox_spark.report`: the summary, its JSON and

@@ -261,35 +261,23 @@ def _everything() -> object:
 DETERMINISTIC_NAMESPACE = "5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21"
 
 
-def deterministic_id(source: Column, seq: Column) -> Column:
-    """The deterministic ID of entry ``seq`` of stream ``source`` (``type/aggregate_id``):
-    the UUID version 5 of ``source/seq`` in :data:`DETERMINISTIC_NAMESPACE`."""
-    name = F.concat(source, F.lit("/"), seq.cast("string"))
-    digest = F.sha1(
-        F.concat(F.unhex(F.lit(DETERMINISTIC_NAMESPACE.replace("-", ""))), F.encode(name, "UTF-8"))
-    )
+def deterministic_id(source: str, seq: str) -> str:
+    """The deterministic ID of entry ``seq`` of stream ``source`` (``type/aggregate_id``),
+    both SQL expressions: the UUID version 5 of ``source/seq`` in
+    :data:`DETERMINISTIC_NAMESPACE`, as a SQL expression."""
+    name = f"concat({source}, '/', CAST({seq} AS string))"
+    namespace = DETERMINISTIC_NAMESPACE.replace("-", "")
+    digest = f"sha1(concat(unhex('{namespace}'), encode({name}, 'UTF-8')))"
 
-    def part(start: int, length: int) -> Column:
-        return F.substring(digest, start + 1, length)
+    def part(start: int, length: int) -> str:
+        return f"substring({digest}, {start + 1}, {length})"
 
-    variant = F.lower(
-        F.conv(
-            ((F.conv(part(16, 1), 16, 10).cast("int").bitwiseAND(3)).bitwiseOR(8)).cast("string"),
-            10,
-            16,
-        )
+    variant = (
+        f"lower(conv(CAST(((CAST(conv({part(16, 1)}, 16, 10) AS int) & 3) | 8) AS string), 10, 16))"
     )
-    return F.concat(
-        part(0, 8),
-        F.lit("-"),
-        part(8, 4),
-        F.lit("-5"),
-        part(13, 3),
-        F.lit("-"),
-        variant,
-        part(17, 3),
-        F.lit("-"),
-        part(20, 12),
+    return (
+        f"concat({part(0, 8)}, '-', {part(8, 4)}, '-5', {part(13, 3)}, '-', {variant}, "
+        f"{part(17, 3)}, '-', {part(20, 12)})"
     )
 
 
@@ -541,7 +529,7 @@ def reconcile(
         .select("source", "i.seq", "i.status", "i.consumers")
     )
     candidates = issues.where(F.col("status") == "candidate").select(
-        "source", "seq", deterministic_id(F.col("source"), F.col("seq")).alias("id")
+        "source", "seq", F.expr(deterministic_id("source", "seq")).alias("id")
     )
     held = (
         window_ids(consumer_documents)

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from docoutbox.stored.codec import PREFIX
 from docoutbox_spark.schema import SIZE_FIELD
+from docoutbox_spark.sqltext import aliased, empty, literal, name, when
 
 FINDING_COLUMNS = ("kind", "aggregate_id", "entry_id", "detail")
 #: How an encoded stored value begins.
@@ -39,53 +40,57 @@ class Conformed:
             frame.unpersist()
 
 
-def _is_array(raw: Column) -> Column:
-    return F.ltrim(raw).startswith("[")
+# Each helper below returns SQL text (:mod:`docoutbox_spark.sqltext`); its arguments are
+# SQL expressions.
 
 
-def _array(raw: Column) -> Column:
-    return F.when(_is_array(raw), F.from_json(raw, "array<string>"))
+def _is_array(raw: str) -> str:
+    return f"startswith(ltrim({raw}), '[')"
 
 
-def _long(raw: Column) -> Column:
-    return raw.try_cast("bigint")
+def _array(raw: str) -> str:
+    return when(_is_array(raw), f"from_json({raw}, 'array<string>')")
 
 
-def _ts(raw: Column) -> Column:
-    return raw.try_cast("timestamp")
+def _long(raw: str) -> str:
+    return f"try_cast({raw} AS bigint)"
 
 
-def _problem(condition: Column, text: str) -> Column:
-    return F.when(condition, F.lit(text))
+def _ts(raw: str) -> str:
+    return f"try_cast({raw} AS timestamp)"
 
 
-def _required_long(raw: Column, name: str) -> list[Column]:
+def _problem(condition: str, text: str) -> str:
+    return when(condition, literal(text))
+
+
+def _required_long(raw: str, field: str) -> list[str]:
     return [
-        _problem(raw.isNull(), f"{name}: missing"),
-        _problem(raw.isNotNull() & _long(raw).isNull(), f"{name}: not an integer"),
+        _problem(f"{raw} IS NULL", f"{field}: missing"),
+        _problem(f"({raw} IS NOT NULL AND {_long(raw)} IS NULL)", f"{field}: not an integer"),
     ]
 
 
-def _optional_long(raw: Column, name: str) -> Column:
-    return _problem(raw.isNotNull() & _long(raw).isNull(), f"{name}: not an integer")
+def _optional_long(raw: str, field: str) -> str:
+    return _problem(f"({raw} IS NOT NULL AND {_long(raw)} IS NULL)", f"{field}: not an integer")
 
 
-def _optional_array(raw: Column, name: str) -> Column:
-    return _problem(raw.isNotNull() & _array(raw).isNull(), f"{name}: not an array")
+def _optional_array(raw: str, field: str) -> str:
+    return _problem(f"({raw} IS NOT NULL AND {_array(raw)} IS NULL)", f"{field}: not an array")
 
 
-def _optional_ts(raw: Column, name: str) -> Column:
-    return _problem(raw.isNotNull() & _ts(raw).isNull(), f"{name}: not a date")
+def _optional_ts(raw: str, field: str) -> str:
+    return _problem(f"({raw} IS NOT NULL AND {_ts(raw)} IS NULL)", f"{field}: not a date")
 
 
-def _object(raw: Column) -> Column:
-    return F.ltrim(raw).startswith("{")
+def _object(raw: str) -> str:
+    return f"startswith(ltrim({raw}), '{{')"
 
 
-def _value(raw: Column) -> Column:
+def _value(raw: str) -> str:
     """A stored value: a JSON object, or a value a store codec encoded (``dx1:...``,
     :mod:`docoutbox.stored`), which the audit never needs to read."""
-    return _object(raw) | raw.startswith(ENCODED)
+    return f"({_object(raw)} OR startswith({raw}, {literal(ENCODED)}))"
 
 
 _ENTRY_RAW = (
@@ -110,84 +115,63 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
     ``seqs``, the ``seq`` of each readable outbox entry (positive integers only), for
     per-document checks that need no shuffle."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
-    estimate = sum(
-        (F.coalesce(F.octet_length(F.col(c)), F.lit(0)) + F.lit(len(c) + 2) for c in raw_cols),
-        F.lit(5),
+    estimate = "5"
+    for column in raw_cols:
+        estimate = f"({estimate} + (coalesce(octet_length({name(column)}), 0) + {len(column) + 2}))"
+    marks_raw = f"transform({_array('inbox_marks')}, m -> from_json(m, {literal(_MARK_RAW)}))"
+    bad_mark = (
+        f"exists({marks_raw}, m -> (m IS NULL OR m.source IS NULL OR {_long('m.hw')} IS NULL "
+        f"OR (m.above IS NOT NULL AND {_array('m.above')} IS NULL)))"
     )
-    marks_raw = F.transform(_array(F.col("inbox_marks")), lambda m: F.from_json(m, _MARK_RAW))
-    bad_mark = F.exists(
-        marks_raw,
-        lambda m: (
-            m.isNull()
-            | m["source"].isNull()
-            | _long(m["hw"]).isNull()
-            | (m["above"].isNotNull() & _array(m["above"]).isNull())
+    problems = [
+        _problem("`type` IS NULL", "type: missing"),
+        *_required_long("version", "version"),
+        _optional_long("`partition`", "partition"),
+        _problem("outbox IS NULL", "outbox: missing"),
+        _problem(f"(outbox IS NOT NULL AND {_array('outbox')} IS NULL)", "outbox: not an array"),
+        *_required_long("outbox_seq", "outbox_seq"),
+        _optional_array("inbox", "inbox"),
+        _optional_array("inbox_marks", "inbox_marks"),
+        _problem(
+            f"coalesce({bad_mark}, false)", "inbox_marks: an element is not {source, hw, above}"
         ),
+        _optional_ts("created_at", "created_at"),
+        _optional_ts("updated_at", "updated_at"),
+    ]
+    marks = (
+        f"transform({marks_raw}, m -> named_struct('source', m.source, 'hw', {_long('m.hw')}, "
+        f"'above', transform({_array('m.above')}, a -> {_long('a')})))"
     )
-    problems = F.array_compact(
-        F.array(
-            _problem(F.col("type").isNull(), "type: missing"),
-            *_required_long(F.col("version"), "version"),
-            _optional_long(F.col("partition"), "partition"),
-            _problem(F.col("outbox").isNull(), "outbox: missing"),
-            _problem(
-                F.col("outbox").isNotNull() & _array(F.col("outbox")).isNull(),
-                "outbox: not an array",
-            ),
-            *_required_long(F.col("outbox_seq"), "outbox_seq"),
-            _optional_array(F.col("inbox"), "inbox"),
-            _optional_array(F.col("inbox_marks"), "inbox_marks"),
-            _problem(
-                F.coalesce(bad_mark, F.lit(False)),
-                "inbox_marks: an element is not {source, hw, above}",
-            ),
-            _optional_ts(F.col("created_at"), "created_at"),
-            _optional_ts(F.col("updated_at"), "updated_at"),
+    entry = when(_object("r"), f"from_json(r, {literal(_ENTRY_RAW)})")
+    parsed = raw.selectExpr(
+        "*", f"transform({_array('outbox')}, r -> named_struct('raw', r, 'e', {entry})) AS _parsed"
+    )
+    base = parsed.selectExpr(
+        *aliased(
+            [
+                ("aggregate_id", "`_id`"),
+                ("type", "`type`"),
+                ("version", _long("version")),
+                ("partition", f"coalesce({_long('`partition`')}, 0)"),
+                ("inbox", _array("inbox")),
+                ("inbox_marks", marks),
+                ("outbox_seq", _long("outbox_seq")),
+                ("created_at", _ts("created_at")),
+                ("updated_at", _ts("updated_at")),
+                ("size_bytes", f"coalesce({name(SIZE_FIELD)}, {estimate})"),
+                ("size_exact", f"({name(SIZE_FIELD)} IS NOT NULL)"),
+                ("_entries", f"transform(_parsed, (x, p) -> {_typed_entry('x', 'p')})"),
+                ("pending", "coalesce(size(_parsed), 0)"),
+                ("problems", f"array_compact(array({', '.join(problems)}))"),
+            ]
         )
-    )
-    marks = F.transform(
-        marks_raw,
-        lambda m: F.struct(
-            m["source"].alias("source"),
-            _long(m["hw"]).alias("hw"),
-            F.transform(_array(m["above"]), lambda a: _long(a)).alias("above"),
-        ),
-    )
-    outbox = _array(F.col("outbox"))
-    parsed = raw.select(
-        "*",
-        F.transform(
-            outbox,
-            lambda r: F.struct(
-                r.alias("raw"), F.when(_object(r), F.from_json(r, _ENTRY_RAW)).alias("e")
-            ),
-        ).alias("_parsed"),
-    )
-    typed = F.transform(F.col("_parsed"), _typed_entry)
-    base = parsed.select(
-        F.col("_id").alias("aggregate_id"),
-        F.col("type"),
-        _long(F.col("version")).alias("version"),
-        F.coalesce(_long(F.col("partition")), F.lit(0)).alias("partition"),
-        _array(F.col("inbox")).alias("inbox"),
-        marks.alias("inbox_marks"),
-        _long(F.col("outbox_seq")).alias("outbox_seq"),
-        _ts(F.col("created_at")).alias("created_at"),
-        _ts(F.col("updated_at")).alias("updated_at"),
-        F.coalesce(F.col(SIZE_FIELD), estimate).alias("size_bytes"),
-        F.col(SIZE_FIELD).isNotNull().alias("size_exact"),
-        typed.alias("_entries"),
-        F.coalesce(F.size("_parsed"), F.lit(0)).alias("pending"),
-        problems.alias("problems"),
     )
     # Each entry's seq from the typed entries (their positive seqs), in a projection of
     # its own so that the entries are parsed once per document.
-    base = base.select(
-        *[c for c in base.columns if c != "problems"],
-        F.coalesce(
-            F.filter(F.transform("_entries", lambda x: x["seq"]), lambda q: q.isNotNull()),
-            F.array().cast("array<bigint>"),
-        ).alias("seqs"),
+    base = base.selectExpr(
+        *[name(c) for c in base.columns if c != "problems"],
+        "coalesce(filter(transform(_entries, x -> x.seq), q -> q IS NOT NULL), "
+        f"{empty('bigint')}) AS seqs",
         "problems",
     )
     if persist is not None:
@@ -196,22 +180,17 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
             base.write.format("noop").mode("overwrite").save()  # read it now, once
     documents = base.drop("_entries")
     entries = _entries(base)
-    malformed = documents.where(F.size("problems") > 0).select(
-        F.lit("malformed").alias("kind"),
-        F.col("aggregate_id"),
-        F.lit(None).cast("string").alias("entry_id"),
-        F.array_join("problems", "; ").alias("detail"),
+    malformed = documents.where("size(problems) > 0").selectExpr(
+        "'malformed' AS kind",
+        "aggregate_id",
+        "CAST(NULL AS string) AS entry_id",
+        "array_join(problems, '; ') AS detail",
     )
-    bad_entries = entries.where(F.size("problems") > 0).select(
-        F.lit("malformed").alias("kind"),
-        F.col("aggregate_id"),
-        F.col("id").alias("entry_id"),
-        F.concat(
-            F.lit("outbox["),
-            F.col("position").cast("string"),
-            F.lit("]: "),
-            F.array_join("problems", "; "),
-        ).alias("detail"),
+    bad_entries = entries.where("size(problems) > 0").selectExpr(
+        "'malformed' AS kind",
+        "aggregate_id",
+        "id AS entry_id",
+        "concat('outbox[', CAST(position AS string), ']: ', array_join(problems, '; ')) AS detail",
     )
     return Conformed(
         documents,
@@ -221,68 +200,83 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
     )
 
 
-def _typed_entry(x: Column, position: Column) -> Column:
+def _typed_entry(x: str, position: str) -> str:
     """One outbox entry (``x``: its raw JSON text and its parse) with typed fields and its
-    problems."""
-    f = x["e"]
+    problems, as SQL."""
+    f = f"{x}.e"
 
-    def req(name: str) -> Column:
-        return _problem(f.isNotNull() & f[name].isNull(), f"{name}: missing")
+    def field(key: str) -> str:
+        return f"{f}.{name(key)}"
 
-    problems = F.array_compact(
-        F.array(
-            _problem(f.isNull(), "not an object"),
-            req("id"),
-            req("type"),
-            # A claim-checked entry keeps a reference (``claim``) instead of its payload.
-            _problem(
-                f.isNotNull() & f["payload"].isNull() & f["claim"].isNull(), "payload: missing"
-            ),
-            _problem(f["payload"].isNotNull() & ~_value(f["payload"]), "payload: not an object"),
-            _problem(f["headers"].isNotNull() & ~_value(f["headers"]), "headers: not an object"),
-            req("created_at"),
-            _problem(
-                f["created_at"].isNotNull() & _ts(f["created_at"]).isNull(),
-                "created_at: not a date",
-            ),
-            _problem(f["due"].isNotNull() & _ts(f["due"]).isNull(), "due: not a date"),
-            # A scheduled entry has no seq until the dispatcher releases it.
-            _problem(f.isNotNull() & f["seq"].isNull() & f["due"].isNull(), "seq: missing"),
-            _problem(
-                f["seq"].isNotNull() & F.coalesce(_long(f["seq"]) < 1, F.lit(True)),
-                "seq: not a positive integer",
-            ),
-            req("aggregate_id"),
-            req("aggregate_type"),
-            _problem(
-                f["attempts"].isNotNull() & _long(f["attempts"]).isNull(),
-                "attempts: not an integer",
-            ),
-        )
-    )
-    seq = _long(f["seq"])
-    return F.struct(
-        position.cast("int").alias("position"),
-        f["id"].alias("id"),
-        f["type"].alias("type"),
-        f["destination"].alias("destination"),
-        f["payload"].alias("payload"),
-        f["headers"].alias("headers"),
-        _ts(f["created_at"]).alias("created_at"),
-        _ts(f["due"]).alias("due"),
-        F.when(seq >= 1, seq).alias("seq"),
-        f["aggregate_id"].alias("entry_aggregate_id"),
-        f["aggregate_type"].alias("entry_aggregate_type"),
-        F.coalesce(_long(f["attempts"]), F.lit(0)).alias("attempts"),
-        f["last_error"].alias("last_error"),
-        problems.alias("problems"),
+    def req(key: str) -> str:
+        return _problem(f"({f} IS NOT NULL AND {field(key)} IS NULL)", f"{key}: missing")
+
+    seq = _long(field("seq"))
+    problems = [
+        _problem(f"{f} IS NULL", "not an object"),
+        req("id"),
+        req("type"),
+        # A claim-checked entry keeps a reference (``claim``) instead of its payload.
+        _problem(
+            f"({f} IS NOT NULL AND {field('payload')} IS NULL AND {field('claim')} IS NULL)",
+            "payload: missing",
+        ),
+        _problem(
+            f"({field('payload')} IS NOT NULL AND NOT {_value(field('payload'))})",
+            "payload: not an object",
+        ),
+        _problem(
+            f"({field('headers')} IS NOT NULL AND NOT {_value(field('headers'))})",
+            "headers: not an object",
+        ),
+        req("created_at"),
+        _problem(
+            f"({field('created_at')} IS NOT NULL AND {_ts(field('created_at'))} IS NULL)",
+            "created_at: not a date",
+        ),
+        _problem(
+            f"({field('due')} IS NOT NULL AND {_ts(field('due'))} IS NULL)", "due: not a date"
+        ),
+        # A scheduled entry has no seq until the dispatcher releases it.
+        _problem(
+            f"({f} IS NOT NULL AND {field('seq')} IS NULL AND {field('due')} IS NULL)",
+            "seq: missing",
+        ),
+        _problem(
+            f"({field('seq')} IS NOT NULL AND coalesce({seq} < 1, true))",
+            "seq: not a positive integer",
+        ),
+        req("aggregate_id"),
+        req("aggregate_type"),
+        _problem(
+            f"({field('attempts')} IS NOT NULL AND {_long(field('attempts'))} IS NULL)",
+            "attempts: not an integer",
+        ),
+    ]
+    parts = [
+        ("position", f"CAST({position} AS int)"),
+        ("id", field("id")),
+        ("type", field("type")),
+        ("destination", field("destination")),
+        ("payload", field("payload")),
+        ("headers", field("headers")),
+        ("created_at", _ts(field("created_at"))),
+        ("due", _ts(field("due"))),
+        ("seq", when(f"{seq} >= 1", seq)),
+        ("entry_aggregate_id", field("aggregate_id")),
+        ("entry_aggregate_type", field("aggregate_type")),
+        ("attempts", f"coalesce({_long(field('attempts'))}, 0)"),
+        ("last_error", field("last_error")),
+        ("problems", f"array_compact(array({', '.join(problems)}))"),
         # The payload's stored size: a claim-checked entry's from its reference.
-        F.coalesce(
-            F.get_json_object(f["claim"], "$.size").cast("long"),
-            F.length(f["payload"]).cast("long"),
-        ).alias("payload_bytes"),
-        f["claim"].isNotNull().alias("claimed"),
-    )
+        (
+            "payload_bytes",
+            f"coalesce(CAST(get_json_object({field('claim')}, '$.size') AS bigint), "
+            f"CAST(length({field('payload')}) AS bigint))",
+        ),
+        ("claimed", f"({field('claim')} IS NOT NULL)"),
+    ]
+    return "named_struct(" + ", ".join(f"{literal(k)}, {v}" for k, v in parts) + ")"
 
 
 def _entries(base: DataFrame) -> DataFrame:
@@ -298,14 +292,18 @@ def _entries(base: DataFrame) -> DataFrame:
 def conform_dead_letters(raw: DataFrame) -> DataFrame:
     """Dead-letter rows (``{_id, aggregate_id, entry, error, attempts, quarantined_at}``)
     with the entry's source stream and seq when they can be read."""
-    e = F.from_json(F.col("entry"), _ENTRY_RAW)
-    return raw.select(
-        F.col("_id").alias("id"),
-        F.col("aggregate_id"),
-        F.coalesce(F.col("error"), F.lit("(no error recorded)")).alias("error"),
-        _long(F.col("attempts")).alias("attempts"),
-        _ts(F.col("quarantined_at")).alias("quarantined_at"),
-        F.concat(e["aggregate_type"], F.lit("/"), e["aggregate_id"]).alias("source"),
-        _long(e["seq"]).alias("seq"),
-        e["id"].alias("entry_id"),
+    e = f"from_json(entry, {literal(_ENTRY_RAW)})"
+    return raw.selectExpr(
+        *aliased(
+            [
+                ("id", "`_id`"),
+                ("aggregate_id", "aggregate_id"),
+                ("error", "coalesce(error, '(no error recorded)')"),
+                ("attempts", _long("attempts")),
+                ("quarantined_at", _ts("quarantined_at")),
+                ("source", f"concat({e}.aggregate_type, '/', {e}.aggregate_id)"),
+                ("seq", _long(f"{e}.seq")),
+                ("entry_id", f"{e}.id"),
+            ]
+        )
     )

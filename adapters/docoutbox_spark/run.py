@@ -22,12 +22,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from docoutbox_spark import audit
 from docoutbox_spark.conform import Conformed, conform, conform_dead_letters
 from docoutbox_spark.spilled import with_spilled
+from docoutbox_spark.sqltext import aliased, empty, literal, name
 
 # Finding kinds, and how many of each are allowed before the audit fails (None: never).
 DEFAULT_THRESHOLDS: dict[str, int | None] = {
@@ -99,115 +100,140 @@ def _instant(micros: Any) -> str | None:
 
 
 # --- the one result frame: (kind, sort, row) --------------------------------------------
+#
+# The result rows are built as SQL text, each frame's in one projection: the driver makes
+# one JVM call per projection instead of several per field, which is most of the time an
+# audit of a small collection takes to build its query.
 
 _SORT = "struct<a:double,b:string,c:double,d:string>"
 #: A row of the one result: its finding kind (or figure), its order within the kind, the
 #: row as JSON, and a number the kind sums (counts that are not rows).
 _ITEM = f"struct<kind:string,sort:{_SORT},row:string,n:bigint>"
 _CAND = "struct<source:string,seq:bigint>"
-#: A row keyed for the shuffle by message ID and figure (``ns``: ``i`` a message ID in
-#: ``a``; ``f`` a figure, group ``a`` keyed by ``b``, ``c``; ``s`` a stream's issues).
+#: The fields of a row keyed for the shuffle by message ID and figure, after ``ns`` and
+#: ``a`` (``ns``: ``i`` a message ID in ``a``; ``f`` a figure, group ``a`` keyed by ``b``,
+#: ``c``; ``s`` a stream's issues).
+_KEYED_FIELDS = (
+    ("b", "string"),
+    ("c", "string"),
+    ("cand", _CAND),
+    ("consumer", "string"),
+    ("producer", "string"),
+    ("issues", f"array<{audit.ISSUE}>"),
+    ("n", "bigint"),
+    ("pending", "bigint"),
+    ("flag", "bigint"),
+    ("v", "double"),
+    ("x", "bigint"),
+    ("t", "bigint"),
+)
 _KEYED = (
-    "struct<ns:string,a:string,b:string,c:string,cand:struct<source:string,seq:bigint>,"
-    f"consumer:string,producer:string,issues:array<{audit.ISSUE}>,n:bigint,pending:bigint,"
-    "flag:bigint,v:double,x:bigint,t:bigint>"
+    "struct<ns:string,a:string,"
+    + ",".join(f"{field}:{kind}" for field, kind in _KEYED_FIELDS)
+    + ">"
 )
 
 
-def _json(*columns: Column) -> Column:
-    return F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+def _json(struct: str) -> str:
+    """The JSON object of the SQL struct ``struct``, nulls kept."""
+    return f"to_json({struct}, map('ignoreNullFields', 'false'))"
 
 
-def _item_of(
-    kind: str | Column,
-    row: Column,
-    a: Column | None = None,
-    b: Column | None = None,
-    c: Column | None = None,
-    d: Column | None = None,
-    n: Column | None = None,
-) -> Column:
-    sort = F.struct(
-        (a if a is not None else F.lit(0.0)).cast("double").alias("a"),
-        (b if b is not None else F.lit("")).cast("string").alias("b"),
-        (c if c is not None else F.lit(0.0)).cast("double").alias("c"),
-        (d if d is not None else F.lit("")).cast("string").alias("d"),
+_EMPTY = "''"
+
+
+def _fields(values: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{literal(field)}, {value}" for field, value in values)
+
+
+def _item_parts(
+    kind: str,
+    row: str,
+    a: str | None = None,
+    b: str | None = None,
+    c: str | None = None,
+    d: str | None = None,
+    n: str | None = None,
+) -> list[tuple[str, str]]:
+    """A result row's fields as SQL: ``kind`` its label (an expression), ``row`` its JSON,
+    ``a, b, c, d`` its order within the kind, ``n`` what the kind sums."""
+    sort = _fields(
+        [
+            ("a", f"CAST({a or '0D'} AS double)"),
+            ("b", f"CAST({b or _EMPTY} AS string)"),
+            ("c", f"CAST({c or '0D'} AS double)"),
+            ("d", f"CAST({d or _EMPTY} AS string)"),
+        ]
     )
-    label = F.lit(kind) if isinstance(kind, str) else kind
-    return F.struct(
-        label.alias("kind"),
-        sort.alias("sort"),
-        row.alias("row"),
-        (n if n is not None else F.lit(1)).cast("bigint").alias("n"),
-    )
+    return [
+        ("kind", kind),
+        ("sort", f"named_struct({sort})"),
+        ("row", row),
+        ("n", f"CAST({n or '1'} AS bigint)"),
+    ]
+
+
+def _item_of(kind: str, row: str, **order: str | None) -> str:
+    """A result row as one SQL struct (see :func:`_item_parts`)."""
+    return f"named_struct({_fields(_item_parts(kind, row, **order))})"
 
 
 def _item(
-    kind: str | Column,
+    kind: str,
     frame: DataFrame,
-    a: Column | None = None,
-    b: Column | None = None,
-    c: Column | None = None,
-    d: Column | None = None,
+    a: str | None = None,
+    b: str | None = None,
+    c: str | None = None,
+    d: str | None = None,
+    *,
+    label: str | None = None,
 ) -> DataFrame:
-    """``frame``'s rows as result rows: ``row`` is the JSON of every column (nulls kept),
-    ``sort`` orders the kind's rows (``a, b, c, d``)."""
-    row = _json(*[F.col(name) for name in frame.columns])
-    return frame.select(_item_of(kind, row, a, b, c, d).alias("item")).select("item.*")
+    """``frame``'s rows as result rows of ``kind`` (or of the SQL expression ``label``):
+    ``row`` is the JSON of every column (nulls kept), ``sort`` orders the kind's rows
+    (``a, b, c, d``, SQL expressions)."""
+    row = _json(f"struct({', '.join(name(column) for column in frame.columns)})")
+    parts = _item_parts(label or literal(kind), row, a, b, c, d)
+    return frame.selectExpr(*aliased(parts))
 
 
-def _keyed_of(ns: str, a: Column, **values: Column | None) -> Column:
-    fields = {
-        "b": "string",
-        "c": "string",
-        "cand": _CAND,
-        "consumer": "string",
-        "producer": "string",
-        "issues": f"array<{audit.ISSUE}>",
-        "n": "bigint",
-        "pending": "bigint",
-        "flag": "bigint",
-        "v": "double",
-        "x": "bigint",
-        "t": "bigint",
-    }
-    unknown = set(values) - set(fields)
+def _keyed_parts(ns: str, a: str, **values: str | None) -> list[tuple[str, str]]:
+    unknown = set(values) - {field for field, _ in _KEYED_FIELDS}
     if unknown:
         raise ValueError(f"unknown keyed fields: {sorted(unknown)}")
-    cols = [F.lit(ns).alias("ns"), a.cast("string").alias("a")]
-    for name, kind in fields.items():
-        value = values.get(name)
-        cols.append((value if value is not None else F.lit(None)).cast(kind).alias(name))
-    return F.struct(*cols)
+    parts = [("ns", literal(ns)), ("a", f"CAST({a} AS string)")]
+    for column, kind in _KEYED_FIELDS:
+        parts.append((column, f"CAST({values.get(column) or 'NULL'} AS {kind})"))
+    return parts
 
 
-def _keyed(frame: DataFrame, ns: str, a: Column, **values: Column | None) -> DataFrame:
-    return frame.select(_keyed_of(ns, a, **values).alias("k")).select("k.*")
+def _keyed_of(ns: str, a: str, **values: str | None) -> str:
+    """A keyed row as one SQL struct (``a`` and ``values``: SQL expressions)."""
+    return f"named_struct({_fields(_keyed_parts(ns, a, **values))})"
+
+
+def _keyed(frame: DataFrame, ns: str, a: str, **values: str | None) -> DataFrame:
+    parts = _keyed_parts(ns, a, **values)
+    return frame.selectExpr(*aliased(parts))
 
 
 def _fact(
     frame: DataFrame,
     group: str,
     *,
-    k1: Column | None = None,
-    k2: Column | None = None,
-    n: Column | None = None,
-    **values: Column | None,
+    k1: str | None = None,
+    k2: str | None = None,
+    n: str | None = None,
+    **values: str | None,
 ) -> DataFrame:
     """One contribution to a figure: rows of ``group`` (keyed by ``k1``, ``k2``) are summed
     (``n``, ``pending``, ``flag``), ranked (percentiles and maximum of ``v``), and bounded
-    (minimum of ``x``, minimum and maximum of the instant ``t`` in microseconds)."""
-    return _keyed(
-        frame, "f", F.lit(group), b=k1, c=k2, n=n if n is not None else F.lit(1), **values
-    )
+    (minimum of ``x``, minimum and maximum of the instant ``t`` in microseconds). Values
+    are SQL expressions."""
+    return _keyed(frame, "f", literal(group), b=k1, c=k2, n=n or "1", **values)
 
 
-def _on(condition: Column) -> Column:
-    return F.when(condition, 1).otherwise(0)
-
-
-def _none(ddl: str) -> Column:
-    return F.array().cast(f"array<{ddl}>")
+def _on(condition: str) -> str:
+    return f"CASE WHEN {condition} THEN 1 ELSE 0 END"
 
 
 def run_audit(
@@ -241,12 +267,10 @@ def run_audit(
                 _item(
                     "dead_letter",
                     dead.select("id", "aggregate_id", "entry_id", "error"),
-                    b=F.col("id"),
+                    b="id",
                 )
             )
-            facts.append(
-                _fact(dead, "dead_error", k1=F.col("error"), t=F.unix_micros("quarantined_at"))
-            )
+            facts.append(_fact(dead, "dead_error", k1="error", t="unix_micros(quarantined_at)"))
         if consumer is not None:
             consumed = conform(consumer, persist=LEVEL, read=False)
             persisted.append(consumed)
@@ -257,15 +281,15 @@ def run_audit(
                 _item(
                     "malformed",
                     consumed.malformed.withColumn("kind", F.lit("malformed_consumer")),
-                    a=F.lit(1),
-                    b=F.col("aggregate_id"),
-                    d=F.col("entry_id"),
+                    a="1",
+                    b="aggregate_id",
+                    d="entry_id",
                 ),
                 _saturation(cdocs, "consumer", config),
             ]
             facts.append(_fact(cdocs, "consumer_documents"))
             keyed += [
-                _keyed(audit.window_ids(cdocs), "i", F.col("id"), consumer=F.col("consumer")),
+                _keyed(audit.window_ids(cdocs), "i", "id", consumer="consumer"),
                 _by_stream(audit.reconcile_sources(produced.documents, cdocs, dead)),
             ]
         read_once(persisted)
@@ -300,8 +324,8 @@ def _union(frames: list[DataFrame]) -> DataFrame:
 def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> DataFrame:
     found = audit.inbox_saturation(documents, config.window, config.above_limit, ordered=False)
     found = found.withColumn("collection", F.lit(collection))
-    kind = F.when(F.col("kind") == "window", "inbox_window_full").otherwise("inbox_above")
-    return _item(kind, found, b=F.col("aggregate_id"), d=F.col("source"))
+    kind = "CASE WHEN kind = 'window' THEN 'inbox_window_full' ELSE 'inbox_above' END"
+    return _item("", found, b="aggregate_id", d="source", label=kind)
 
 
 def _producer_parts(
@@ -311,73 +335,62 @@ def _producer_parts(
     its rows for the shuffle by message ID."""
     docs, entries = produced.documents, produced.entries
     items = [
-        _item("malformed", produced.malformed, b=F.col("aggregate_id"), d=F.col("entry_id")),
+        _item("malformed", produced.malformed, b="aggregate_id", d="entry_id"),
         _item(
             "stuck",
             audit.stuck(entries, config.now, config.sla_seconds, ordered=False),
-            a=-F.col("age"),
-            b=F.col("aggregate_id"),
-            c=F.col("seq"),
+            a="-age",
+            b="aggregate_id",
+            c="seq",
         ),
         _item(
             "retrying",
             audit.retries(entries, ordered=False),
-            a=-F.col("attempts"),
-            b=F.col("aggregate_id"),
-            c=F.col("seq"),
+            a="-attempts",
+            b="aggregate_id",
+            c="seq",
         ),
         _item(
-            F.col("kind"),
+            "",
             audit.seq_anomalies(docs, ordered=False),
-            b=F.col("aggregate_id"),
-            c=F.col("seq"),
+            b="aggregate_id",
+            c="seq",
+            label="kind",
         ),
-        _item(
-            "outbox_seq_behind",
-            audit.outbox_seq_behind(docs, ordered=False),
-            b=F.col("aggregate_id"),
-        ),
+        _item("outbox_seq_behind", audit.outbox_seq_behind(docs, ordered=False), b="aggregate_id"),
         _item(
             "near_size_limit",
             audit.near_size_limit(docs, config.size_limit, config.size_fraction, ordered=False),
-            a=-F.col("size_bytes"),
-            b=F.col("aggregate_id"),
+            a="-size_bytes",
+            b="aggregate_id",
         ),
         _saturation(docs, "producer", config),
     ]
-    inbox = F.coalesce(F.size("inbox"), F.lit(0))
-    bucket = F.least(F.floor(F.col("size_bytes") * 10 / config.size_limit), F.lit(10))
-    dated = entries.where(audit.waiting(config.now))
-    age = audit.age(config.now)
+    inbox = "coalesce(size(inbox), 0)"
+    bucket = f"least(floor(size_bytes * 10 / {int(config.size_limit)}), 10)"
+    ages = entries.where(audit.waiting(config.now)).select(audit.age(config.now).alias("age"))
     facts = [
         _fact(
             docs,
             "documents",
-            pending=F.col("pending"),
-            flag=_on(F.col("pending") > 0),
-            v=F.col("size_bytes"),
-            x=F.col("size_exact").cast("int"),
+            pending="pending",
+            flag=_on("pending > 0"),
+            v="size_bytes",
+            x="CAST(size_exact AS int)",
         ),
-        _fact(docs, "inbox", v=inbox, flag=_on(inbox >= config.window)),
-        _fact(docs, "partition", k1=F.col("partition"), pending=F.col("pending")),
+        _fact(docs, "inbox", v=inbox, flag=_on(f"{inbox} >= {int(config.window)}")),
+        _fact(docs, "partition", k1="`partition`", pending="pending"),
         _fact(docs, "histogram", k1=bucket),
-        _fact(dated, "ages", v=age),
+        _fact(ages, "ages", v="age"),
         _fact(
             entries,
             "backlog",
-            k1=F.coalesce("type", F.lit("(unknown)")),
-            k2=F.coalesce("destination", F.lit("(default)")),
-            t=F.unix_micros("created_at"),
+            k1="coalesce(`type`, '(unknown)')",
+            k2="coalesce(destination, '(default)')",
+            t="unix_micros(created_at)",
         ),
     ]
-    keyed = [
-        _keyed(
-            entries.where(F.col("id").isNotNull()),
-            "i",
-            F.col("id"),
-            producer=F.col("aggregate_id"),
-        )
-    ]
+    keyed = [_keyed(entries.where("id IS NOT NULL"), "i", "id", producer="aggregate_id")]
     return items, facts, keyed
 
 
@@ -385,56 +398,43 @@ def _by_stream(sources: DataFrame) -> DataFrame:
     """The reconciliation by stream (:func:`~docoutbox_spark.audit.reconcile_sources`) as
     rows for the shuffle by key, in one pass over it: each seq to check by ID, the counts,
     and the stream's other issues."""
-    issues = F.col("issues")
-    candidate = F.filter(issues, lambda i: i["status"] == "candidate")
-    others = F.filter(issues, lambda i: i["status"] != "candidate")
-    counts = [
-        _keyed_of("f", F.lit("reconciliation"), b=F.lit(name), n=F.col(f"counts.{name}"))
-        for name in (*audit.RECONCILED, "duplicated", "lost", "unexpected")
-    ]
-    rows = F.concat(
-        F.transform(
-            candidate,
-            lambda i: _keyed_of(
-                "i",
-                audit.deterministic_id(F.col("source"), i["seq"]),
-                cand=F.struct(F.col("source").alias("source"), i["seq"].alias("seq")),
-            ),
-        ),
-        F.array(
-            _keyed_of("f", F.lit("reconciliation"), b=F.lit("emitted"), n=F.col("emitted")),
-            *counts,
-        ),
-        F.when(
-            F.size(others) > 0, F.array(_keyed_of("s", F.col("source"), issues=others))
-        ).otherwise(_none(_KEYED)),
+    candidate = "filter(issues, i -> i.status = 'candidate')"
+    others = "filter(issues, i -> i.status != 'candidate')"
+    checked = _keyed_of(
+        "i",
+        audit.deterministic_id("source", "i.seq"),
+        cand="named_struct('source', source, 'seq', i.seq)",
     )
-    return sources.select(F.explode(rows.cast(f"array<{_KEYED}>")).alias("k")).select("k.*")
+    counts = [
+        _keyed_of("f", "'reconciliation'", b=literal(status), n=f"counts.{status}")
+        for status in (*audit.RECONCILED, "duplicated", "lost", "unexpected")
+    ]
+    emitted = _keyed_of("f", "'reconciliation'", b="'emitted'", n="emitted")
+    issues = _keyed_of("s", "source", issues=others)
+    rows = (
+        f"concat(transform({candidate}, i -> {checked}), array({', '.join([emitted, *counts])}), "
+        f"CASE WHEN size({others}) > 0 THEN array({issues}) ELSE {empty(_KEYED)} END)"
+    )
+    return sources.selectExpr(f"explode(CAST({rows} AS array<{_KEYED}>)) AS k").select("k.*")
 
 
 #: The columns of a figure's aggregation, as its result row carries them.
 _FIGURE_COLUMNS = ("n", "pending", "flag", "values", "pct", "max", "xmin", "tmin", "tmax")
 
 
-def _figure(grouped: DataFrame) -> Column:
+def _figure() -> list[tuple[str, str]]:
     """The result row of a figure (``a``: its group, keyed by ``b``, ``c``) from the
-    columns of :data:`_FIGURE_COLUMNS`."""
-    group = F.col("a")
-    return _item_of(
-        F.concat(F.lit("figure:"), group),
-        _json(
-            group.alias("group"),
-            F.col("b").alias("k1"),
-            F.col("c").alias("k2"),
-            *_FIGURE_COLUMNS,
-        ),
-        a=F.when(group.isin("backlog", "dead_error"), -F.col("n")).when(
-            group.isin("partition", "histogram"), F.col("b").cast("double")
-        ),
-        b=F.col("b"),
-        d=F.col("c"),
-        n=F.col("n"),
+    columns of :data:`_FIGURE_COLUMNS`, as SQL."""
+    row = _json(
+        "named_struct('group', a, 'k1', b, 'k2', c, "
+        + ", ".join(f"{literal(column)}, {name(column)}" for column in _FIGURE_COLUMNS)
+        + ")"
     )
+    order = (
+        "CASE WHEN a IN ('backlog', 'dead_error') THEN -n "
+        "WHEN a IN ('partition', 'histogram') THEN CAST(b AS double) END"
+    )
+    return _item_parts("concat('figure:', a)", row, a=order, b="b", d="c", n="n")
 
 
 def _figures(facts: DataFrame) -> DataFrame:
@@ -452,7 +452,7 @@ def _figures(facts: DataFrame) -> DataFrame:
         F.min("t").alias("tmin"),
         F.max("t").alias("tmax"),
     )
-    return grouped.select(_figure(grouped).alias("item")).select("item.*")
+    return grouped.selectExpr(*aliased(_figure()))
 
 
 def _by_key(keyed: DataFrame) -> DataFrame:
@@ -469,87 +469,64 @@ def _by_key(keyed: DataFrame) -> DataFrame:
         F.sum("n").alias("n"),
     )
     # The reconciliation's counts are figures with a sum only.
-    grouped = grouped.select(
+    grouped = grouped.selectExpr(
         "*",
-        F.lit(None).cast("bigint").alias("pending"),
-        F.lit(None).cast("bigint").alias("flag"),
-        F.lit(0).cast("bigint").alias("values"),
-        F.lit(None).cast("array<double>").alias("pct"),
-        F.lit(None).cast("double").alias("max"),
-        F.lit(None).cast("bigint").alias("xmin"),
-        F.lit(None).cast("bigint").alias("tmin"),
-        F.lit(None).cast("bigint").alias("tmax"),
+        "CAST(NULL AS bigint) AS pending",
+        "CAST(NULL AS bigint) AS flag",
+        "CAST(0 AS bigint) AS `values`",
+        "CAST(NULL AS array<double>) AS pct",
+        "CAST(NULL AS double) AS max",
+        "CAST(NULL AS bigint) AS xmin",
+        "CAST(NULL AS bigint) AS tmin",
+        "CAST(NULL AS bigint) AS tmax",
     )
-    ns, key = F.col("ns"), F.col("a")
-    consumers, cands = F.col("consumers"), F.col("cands")
 
-    def when(condition: Column, values: Column) -> Column:
-        return F.when(condition, values).otherwise(_none(_ITEM))
+    def when(condition: str, values: str) -> str:
+        return f"CASE WHEN {condition} THEN {values} ELSE {empty(_ITEM)} END"
 
-    is_id = ns == "i"
-    figure = _figure(grouped)
-    rows = F.concat(
-        when(
-            is_id & (F.size("aggregates") > 1),
-            F.array(
-                _item_of(
-                    "duplicate_entry_id",
-                    _json(key.alias("entry_id"), "aggregates"),
-                    b=key,
-                )
-            ),
-        ),
-        when(
-            is_id & (F.size(consumers) > 1),
-            F.array(
-                _item_of(
-                    "duplicated",
-                    _json(key.alias("entry_id"), F.lit("duplicated").alias("status"), consumers),
-                    a=F.lit(1),
-                    b=key,
-                )
-            ),
-        ),
-        when(
-            is_id & (F.size(consumers) == 0),
-            F.transform(
-                cands,
-                lambda c: _item_of(
-                    "unverifiable",
-                    _json(
-                        c["source"].alias("source"),
-                        c["seq"].alias("seq"),
-                        F.lit("unverifiable").alias("status"),
-                    ),
-                    b=c["source"],
-                    c=c["seq"],
-                ),
-            ),
-        ),
-        when(
-            is_id & (F.size(consumers) > 0) & (F.size(cands) > 0),
-            F.array(_item_of("count:id_window", F.lit("{}"), n=F.size(cands))),
-        ),
-        when(
-            ns == "s",
-            F.transform(
-                F.col("issues"),
-                lambda i: _item_of(
-                    i["status"],
-                    _json(
-                        key.alias("source"),
-                        i["seq"].alias("seq"),
-                        i["status"].alias("status"),
-                        i["consumers"].alias("consumers"),
-                    ),
-                    b=key,
-                    c=i["seq"],
-                ),
-            ),
-        ),
-        when(ns == "f", F.array(figure)),
+    is_id = "ns = 'i'"
+    figure = f"named_struct({_fields(_figure())})"
+    duplicate = _item_of(
+        "'duplicate_entry_id'",
+        _json("named_struct('entry_id', a, 'aggregates', aggregates)"),
+        b="a",
     )
-    return grouped.select(F.explode(rows.cast(f"array<{_ITEM}>")).alias("item")).select("item.*")
+    duplicated = _item_of(
+        "'duplicated'",
+        _json("named_struct('entry_id', a, 'status', 'duplicated', 'consumers', consumers)"),
+        a="1",
+        b="a",
+    )
+    unverifiable = _item_of(
+        "'unverifiable'",
+        _json("named_struct('source', m.source, 'seq', m.seq, 'status', 'unverifiable')"),
+        b="m.source",
+        c="m.seq",
+    )
+    issue = _item_of(
+        "i.status",
+        _json(
+            "named_struct('source', a, 'seq', i.seq, 'status', i.status, 'consumers', i.consumers)"
+        ),
+        b="a",
+        c="i.seq",
+    )
+    rows = ", ".join(
+        [
+            when(f"{is_id} AND size(aggregates) > 1", f"array({duplicate})"),
+            when(f"{is_id} AND size(consumers) > 1", f"array({duplicated})"),
+            when(f"{is_id} AND size(consumers) = 0", f"transform(cands, m -> {unverifiable})"),
+            when(
+                f"{is_id} AND size(consumers) > 0 AND size(cands) > 0",
+                f"array({_item_of(literal('count:id_window'), literal('{}'), n='size(cands)')})",
+            ),
+            when("ns = 's'", f"transform(issues, i -> {issue})"),
+            when("ns = 'f'", f"array({figure})"),
+        ]
+    )
+    return grouped.selectExpr(f"explode(CAST(concat({rows}) AS array<{_ITEM}>)) AS item").select(
+        "item.*"
+    )
 
 
 _Collected = dict[str, tuple[int, int, list[dict[str, Any]]]]
@@ -643,10 +620,10 @@ def _summary(
         **sizes,
         "exact": documents.get("xmin"),
     }
-    for name, limit in (("mongodb", audit.MONGODB_LIMIT), ("cosmos", audit.COSMOS_LIMIT)):
+    for store, limit in (("mongodb", audit.MONGODB_LIMIT), ("cosmos", audit.COSMOS_LIMIT)):
         for p in ("p50", "p90", "p99", "max"):
             value = sizes[p]
-            size_figures[f"headroom_{name}_{p}"] = None if value is None else 1 - value / limit
+            size_figures[f"headroom_{store}_{p}"] = None if value is None else 1 - value / limit
     inbox = _first(rows, "figure:inbox")
     ages = _first(rows, "figure:ages")
     summary: dict[str, Any] = {

@@ -13,6 +13,7 @@ from docoutbox_spark import audit
 from docoutbox_spark.conform import conform
 from docoutbox_spark.run import AuditConfig, run_audit
 from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA, raw_row
+from docoutbox_spark.sqltext import literal, name
 from tests.spark import planted
 
 
@@ -214,3 +215,11 @@ def test_streams_with_one_mark_get_the_statuses_every_seq_would_get(spark: Any) 
     emitted_of = {s[0]: s[1] for s in _streams(600)}
     for r in rows:
         assert sum(r.every.counts[k] for k in kinds) == max(emitted_of[r.source], 0)
+
+
+def test_sql_text_quotes_any_literal_and_column_name(spark: Any) -> None:
+    """The audit's expressions are SQL text: a literal or a column name holding quotes,
+    backslashes or backticks reads back as it was."""
+    odd = "it's a \\ `test` \\' with \"quotes\""
+    row = spark.range(1).selectExpr(f"{literal(odd)} AS {name(odd)}").collect()[0]
+    assert row[odd] == odd
