@@ -32,7 +32,7 @@ from collections.abc import (
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -646,6 +646,24 @@ async def keep_async(
     result: Any = rejects.put(**rejected(verdict, body, queue))
     if inspect.isawaitable(result):
         await result
+
+
+class KeptReceiver:
+    """A consumer shell's receiver, built on first use and kept for the next deliveries.
+
+    A subclass names the attributes its receiver is built from in ``receiver_settings``:
+    setting one of them drops the kept receiver, and the next use builds it again.
+    """
+
+    #: The attributes the receiver is built from.
+    receiver_settings: ClassVar[frozenset[str]] = frozenset()
+    #: The shell's receiver (a Receiver or an AsyncReceiver), built on first use.
+    _receiver: Any = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in self.receiver_settings:
+            super().__setattr__("_receiver", None)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from docoutbox.receive import (
     Action,
     Delivery,
     HandlerRetry,
+    KeptReceiver,
     Options,
     Receiver,
     Rejects,
@@ -94,7 +95,7 @@ RECEIVER_SETTINGS = frozenset(
 )
 
 
-class KafkaSettlement(Generic[St, R]):
+class KafkaSettlement(KeptReceiver, Generic[St, R]):
     """What the sync and asyncio Kafka consumers share: settings, offsets, dead-letter
     records, counts and logs (no I/O but the dead-letter topic's producer).
 
@@ -104,13 +105,7 @@ class KafkaSettlement(Generic[St, R]):
     own ``keep`` (it knows the poll's records).
     """
 
-    #: The shell's receiver (a Receiver or an AsyncReceiver), built on first use.
-    _receiver: Any = None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name in RECEIVER_SETTINGS:
-            super().__setattr__("_receiver", None)
+    receiver_settings = RECEIVER_SETTINGS
 
     def __init__(
         self,

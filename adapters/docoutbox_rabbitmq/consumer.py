@@ -25,6 +25,7 @@ from docoutbox.receive import (
     ConsumerStats,
     Delivery,
     HandlerRetry,
+    KeptReceiver,
     Options,
     Receiver,
     Rejects,
@@ -52,7 +53,7 @@ RECEIVER_SETTINGS = frozenset(
 )
 
 
-class Settlement(Generic[St, R]):
+class Settlement(KeptReceiver, Generic[St, R]):
     """What the pika and aio-pika consumers share: settings, counts, logs (no I/O).
 
     What handles a delivery (the receive flow's options and its receiver) is built on the
@@ -60,13 +61,7 @@ class Settlement(Generic[St, R]):
     :data:`RECEIVER_SETTINGS` drops it.
     """
 
-    #: The shell's receiver (a Receiver or an AsyncReceiver), built on first use.
-    _receiver: Any = None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name in RECEIVER_SETTINGS:
-            super().__setattr__("_receiver", None)
+    receiver_settings = RECEIVER_SETTINGS
 
     def __init__(
         self,
