@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
-from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, StoreConfig
 from docoutbox.codec import encode_entry
 from docoutbox.receive import NO_RETRY, Action
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryDeadLetters
@@ -17,26 +17,10 @@ from docoutbox_rabbitmq import RabbitConsumer
 from docoutbox_rabbitmq import aio as rabbit_aio
 from docoutbox_rabbitmq import consumer as rabbit_sync
 from tests.support import loopless
+from tests.support.consumers import counting, refusing
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
-
-
-def counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    """Count the receivers ``module`` builds."""
-    built: list[int] = []
-    original = getattr(module, name)
-
-    def made(*args: Any, **kwargs: Any) -> Any:
-        built.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, made)
-    return built
-
-
-def refusing(state: Ledger, message: Message) -> Ledger:
-    raise RuntimeError(f"refused {message.id}")
 
 
 def sync_consumer(letters: MemoryDeadLetters | None = None) -> RabbitConsumer[Ledger]:

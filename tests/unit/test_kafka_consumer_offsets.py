@@ -13,30 +13,8 @@ from docoutbox import AggregateStore, InboxPolicy, StoreConfig
 from docoutbox.codec import encode_entry
 from docoutbox.retry import RetryPolicy
 from docoutbox_kafka import KafkaConsumer
+from tests.support.consumers import Record
 from tests.support.e2e import FaultyBackend
-
-
-class Record:
-    def __init__(self, offset: int, value: bytes) -> None:
-        self._offset, self._value = offset, value
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> None:
-        return None
-
-    def error(self) -> None:
-        return None
 
 
 class ScriptedConsumer:

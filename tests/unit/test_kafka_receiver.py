@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from benchmarks.ledger import Ledger, by_source, ledger_handlers, make_entry
-from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, Message, StoreConfig
+from docoutbox import AggregateStore, AsyncAggregateStore, InboxPolicy, StoreConfig
 from docoutbox.codec import encode_entry
 from docoutbox.receive import NO_RETRY, Action, Verdict
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryDeadLetters
@@ -17,55 +17,14 @@ from docoutbox_kafka import KafkaConsumer
 from docoutbox_kafka import aio as kafka_aio
 from docoutbox_kafka import consumer as kafka_sync
 from tests.support import loopless
+from tests.support.consumers import Record, counting, refusing
 
 SETTINGS = {"bootstrap.servers": "127.0.0.1:1"}
 EXACT = StoreConfig(inbox=InboxPolicy(window=0, exact=True))
 
 
-class Record:
-    """A polled record of topic ``t``, partition 0."""
-
-    def __init__(self, offset: int, value: bytes) -> None:
-        self._offset, self._value = offset, value
-
-    def topic(self) -> str:
-        return "t"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> None:
-        return None
-
-    def error(self) -> None:
-        return None
-
-
 def record(offset: int, seq: int) -> Any:
     return Record(offset, encode_entry(make_entry("p1", seq, id=f"m{seq}")))
-
-
-def counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    """Count the receivers ``module`` builds."""
-    built: list[int] = []
-    original = getattr(module, name)
-
-    def made(*args: Any, **kwargs: Any) -> Any:
-        built.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, made)
-    return built
-
-
-def refusing(state: Ledger, message: Message) -> Ledger:
-    raise RuntimeError(f"refused {message.id}")
 
 
 def sync_consumer(letters: MemoryDeadLetters, verdicts: list[Verdict]) -> KafkaConsumer[Ledger]:
