@@ -275,6 +275,47 @@ class Table:
         return "\n".join(lines)
 
 
+def add_ceiling_rows(
+    table: Table,
+    samples: Mapping[int, Mapping[str, Sequence[float]]],
+    cpu: Mapping[int, Mapping[str, float]],
+    labels: Mapping[str, str],
+    memory: Mapping[str, str],
+    digits: int = 2,
+) -> None:
+    """Add to ``table`` one row per density and measured variant of a broker dispatch
+    benchmark: its rate against the raw loop (``samples[density]["raw"]``) and against
+    its two ceilings (:func:`against_ceilings`, ``memory`` naming each dispatcher's
+    memory variant), then its client CPU per entry; the figures go to
+    ``table.figures["per_aggregate_<density>"]``. ``digits``: of the ratio to the raw
+    loop."""
+    for density, by_kind in samples.items():
+        figures: dict[str, Any] = {}
+        for name, label in labels.items():
+            if name not in by_kind:
+                continue
+            ceiling = memory.get(name)
+            found = against_ceilings(
+                by_kind[name], by_kind["raw"], by_kind[ceiling] if ceiling else None
+            )
+            low, high = found.pop("low"), found.pop("high")
+            to_memory, lower = found["ratio_to_memory"], found["ratio_to_lower_ceiling"]
+            bound = found["additive_bound"]
+            table.add(
+                density,
+                label,
+                found["per_s"],
+                f"{found['ratio_to_raw']:.{digits}f}x ({low:.{digits}f}-{high:.{digits}f})",
+                "" if to_memory is None else f"{to_memory:.2f}x",
+                "" if lower is None else f"{lower:.2f}x",
+                "" if bound is None else f"{bound:.2f}x",
+                f"{cpu[density][name]:.0f}",
+            )
+            found["cpu_us_per_entry"] = cpu[density][name]
+            figures[name] = found
+        table.figures[f"per_aggregate_{density}"] = figures
+
+
 def fmt(value: Any) -> str:
     if isinstance(value, float):
         if value >= 1000:

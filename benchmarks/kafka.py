@@ -40,7 +40,7 @@ from confluent_kafka import Producer
 from benchmarks.common import (
     Scale,
     Table,
-    against_ceilings,
+    add_ceiling_rows,
     connect,
     cpu_medians,
     interleaved,
@@ -343,31 +343,7 @@ def _table(
             "client CPU µs/record",
         ],
     )
-    for density, by_kind in samples.items():
-        figures: dict[str, Any] = {}
-        for name, label in LABELS.items():
-            if name not in by_kind:
-                continue
-            memory = MEMORY.get(name)
-            found = against_ceilings(
-                by_kind[name], by_kind["raw"], by_kind[memory] if memory else None
-            )
-            low, high = found.pop("low"), found.pop("high")
-            to_memory, lower = found["ratio_to_memory"], found["ratio_to_lower_ceiling"]
-            bound = found["additive_bound"]
-            table.add(
-                density,
-                label,
-                found["per_s"],
-                f"{found['ratio_to_raw']:.3f}x ({low:.3f}-{high:.3f})",
-                "" if to_memory is None else f"{to_memory:.2f}x",
-                "" if lower is None else f"{lower:.2f}x",
-                "" if bound is None else f"{bound:.2f}x",
-                f"{cpu[density][name]:.0f}",
-            )
-            found["cpu_us_per_entry"] = cpu[density][name]
-            figures[name] = found
-        table.figures[f"per_aggregate_{density}"] = figures
+    add_ceiling_rows(table, samples, cpu, LABELS, MEMORY, digits=3)
     table.notes += [
         f"{entries:,} records per round (one entry per commit, 1 or 10 pending entries per "
         "aggregate: the aggregates are the record keys) on a 4-partition topic of a "

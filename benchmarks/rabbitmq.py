@@ -40,7 +40,7 @@ import aio_pika
 from benchmarks.common import (
     Scale,
     Table,
-    against_ceilings,
+    add_ceiling_rows,
     connect,
     cpu_medians,
     interleaved,
@@ -311,29 +311,7 @@ def _table(
             "client CPU µs/entry",
         ],
     )
-    for density, by_kind in samples.items():
-        figures: dict[str, Any] = {}
-        for name, label in LABELS.items():
-            memory = MEMORY.get(name)
-            found = against_ceilings(
-                by_kind[name], by_kind["raw"], by_kind[memory] if memory else None
-            )
-            low, high = found.pop("low"), found.pop("high")
-            to_memory, lower = found["ratio_to_memory"], found["ratio_to_lower_ceiling"]
-            bound = found["additive_bound"]
-            table.add(
-                density,
-                label,
-                found["per_s"],
-                f"{found['ratio_to_raw']:.2f}x ({low:.2f}-{high:.2f})",
-                "" if to_memory is None else f"{to_memory:.2f}x",
-                "" if lower is None else f"{lower:.2f}x",
-                "" if bound is None else f"{bound:.2f}x",
-                f"{cpu[density][name]:.0f}",
-            )
-            found["cpu_us_per_entry"] = cpu[density][name]
-            figures[name] = found
-        table.figures[f"per_aggregate_{density}"] = figures
+    add_ceiling_rows(table, samples, cpu, LABELS, MEMORY)
     table.notes += [
         f"{entries:,} entries per round ({entries:,} or {entries // 10:,} aggregates), "
         f"{rounds} interleaved rounds per density after a warm-up, on the shared RabbitMQ "
