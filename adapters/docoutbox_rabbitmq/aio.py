@@ -14,11 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import aio_pika
 import aio_pika.message
-import aiormq.abc
 import aiormq.exceptions as ax
 from pamqp.commands import Basic
 from pydantic import BaseModel
@@ -37,9 +36,11 @@ from docoutbox.receive import (
     keep_async,
 )
 from docoutbox.store.api import AsyncAggregateStore
+from docoutbox_rabbitmq import frames
 from docoutbox_rabbitmq.amqp import Routing, masked, topology
 from docoutbox_rabbitmq.consumer import Settlement
 from docoutbox_rabbitmq.errors import by_reply_code, connection_failed, nacked, returned
+from docoutbox_rabbitmq.rounds import ConfirmChannel, Outgoing, message_id_of, publish_round
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -82,6 +83,15 @@ def translate(exc: BaseException, what: str) -> DocOutboxError:
     return PublishError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+def round_error(exc: BaseException, what: str) -> DocOutboxError:
+    """:func:`translate` for an entry of a round: a channel closed without a reason (aiormq
+    then fails its futures with a bare ``Exception``) leaves the entry unconfirmed, as a
+    lost connection does."""
+    if type(exc) is Exception:
+        exc = ax.ChannelInvalidStateError(f"the channel closed: {exc!r}")
+    return translate(exc, what)
+
+
 #: What :func:`translated` turns into docoutbox's publish errors.
 _TRANSLATED: tuple[type[BaseException], ...] = (TimeoutError, ax.AMQPError, OSError, RuntimeError)
 
@@ -95,27 +105,12 @@ async def translated(what: str) -> AsyncIterator[None]:
         raise translate(exc, what) from exc
 
 
-#: The property fields :func:`~docoutbox_rabbitmq.amqp.message_for` makes, which
-#: :func:`amqp_properties` builds directly.
-_FIELDS = frozenset(
-    {
-        "content_type",
-        "delivery_mode",
-        "message_id",
-        "type",
-        "timestamp",
-        "correlation_id",
-        "headers",
-    }
-)
-
-
 def amqp_properties(fields: Mapping[str, Any]) -> Basic.Properties:
     """The AMQP properties ``aio_pika.Message(body, **fields).properties`` gives, for the
     fields of :func:`~docoutbox_rabbitmq.amqp.message_for`, built without the message
     object (its checked attribute setters took about 16 µs per publish). Other fields go
     the long way."""
-    if not fields.keys() <= _FIELDS:
+    if not fields.keys() <= frames.FIELDS:
         return aio_pika.Message(b"", **fields).properties
     timestamp = fields.get("timestamp")
     correlation_id = fields.get("correlation_id")
@@ -137,10 +132,12 @@ class AsyncRabbitPublisher(Routing):
     The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
     properties, body and errors. The channel runs in publisher-confirm mode with
     ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
-    Concurrent ``publish`` calls share one channel, each awaiting its own confirm, so a
-    dispatcher keeps several messages in flight; ``publish_many`` sends a whole round
-    on that channel before awaiting the confirms
-    (:class:`~docoutbox.ports.dispatch.AsyncPipelinedPublisher`). A lost connection
+    ``publish_many`` writes a whole round's frames on that channel at once and then
+    awaits the confirms (:class:`~docoutbox.ports.dispatch.AsyncPipelinedPublisher`, in
+    :mod:`~docoutbox_rabbitmq.rounds`); ``publish`` is a round of one, and concurrent
+    calls share the channel, so a dispatcher keeps many messages in flight. aio-pika
+    (aiormq) keeps the connection: handshake, TLS, heartbeats, ``connection.blocked``
+    and close. A lost connection
     raises ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
     (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
@@ -166,45 +163,49 @@ class AsyncRabbitPublisher(Routing):
         self._in_flight = 0
 
     async def publish(self, entry: OutboxMessage) -> None:
-        body, fields, key, what = self.outgoing(entry)
-        channel = await self._open()
-        message = aio_pika.Message(body, **fields)
-        self._in_flight += 1
-        try:
-            async with translated(what):
-                exchange = await self._exchange(channel)
-                await exchange.publish(
-                    message,
-                    key,
-                    mandatory=self.mandatory,
-                    timeout=self.timeout,
-                )
-        except BrokerUnavailable:
-            await self._drop(channel)  # the next call reconnects
-            raise
-        finally:
-            self._in_flight -= 1
-            self._used_at = asyncio.get_running_loop().time()
+        """Publish ``entry`` and return once the broker confirms it: a round of one."""
+        outcome = (await self.publish_many([entry]))[0]
+        if outcome is not None:
+            raise outcome
 
     async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
-        """Publish every entry on the confirm-mode channel without waiting in between,
-        then await each one's confirm: one outcome per entry, None once confirmed, else
-        the error ``publish`` would raise for it. A nack or return of one entry does not
-        touch the others (they are independent: see
+        """Publish every entry on the confirm-mode channel in one write, then await the
+        confirms (:mod:`~docoutbox_rabbitmq.rounds`): one outcome per entry, None once
+        confirmed, else the error ``publish`` would raise for it. A nack or return of one
+        entry does not touch the others (they are independent: see
         :class:`~docoutbox.ports.dispatch.PipelinedPublisher`); a connection lost with
         entries in flight fails those not yet confirmed with ``BrokerUnavailable``, and
-        the next call reconnects."""
+        the next call reconnects. The whole round has one deadline, ``timeout``."""
         if not entries:
             return []
+        outcomes: list[Exception | None] = [None] * len(entries)
+        sends: list[tuple[int, Outgoing]] = []
+        for index, entry in enumerate(entries):
+            try:
+                sends.append((index, self._outgoing(entry)))
+            except DocOutboxError as exc:  # this entry's outcome; the others are independent
+                outcomes[index] = exc
+        if not sends:
+            return outcomes
         try:
             channel = await self._open()
             async with translated(f"publish to exchange {self.exchange!r}"):
                 underlay = await channel.get_underlay_channel()
         except DocOutboxError as exc:  # nothing was sent
-            return [exc] * len(entries)
+            for index, _ in sends:
+                outcomes[index] = exc
+            return outcomes
         self._in_flight += 1
         try:
-            outcomes = await self._round(underlay, entries)
+            await publish_round(
+                cast(ConfirmChannel, underlay),
+                self.exchange,
+                self.mandatory,
+                sends,
+                outcomes,
+                self.timeout,
+                round_error,
+            )
         finally:
             self._in_flight -= 1
             self._used_at = asyncio.get_running_loop().time()
@@ -212,75 +213,15 @@ class AsyncRabbitPublisher(Routing):
             await self._drop(channel)  # the next call reconnects
         return outcomes
 
-    async def _round(
-        self, channel: aiormq.abc.AbstractChannel, entries: Sequence[OutboxMessage]
-    ) -> list[Exception | None]:
-        """Send every entry (in order, each in a task of its own), then await the confirms
-        under one deadline for the whole round, ``timeout`` seconds, instead of a timer per
-        publish: an entry not confirmed by then is cancelled, as its own timeout would
-        have cancelled it, and fails with that timeout's error."""
-        outcomes: list[Exception | None] = [None] * len(entries)
-        sends: dict[asyncio.Task[Exception | None], tuple[int, str]] = {}
-        for index, entry in enumerate(entries):
-            try:
-                body, fields, key, what = self.outgoing(entry)
-            except DocOutboxError as exc:  # this entry's outcome; the others are independent
-                outcomes[index] = exc
-                continue
-            send = asyncio.ensure_future(self._send(channel, body, fields, key, what))
-            sends[send] = (index, what)
-        if not sends:
-            return outcomes
-        try:
-            _, late = await asyncio.wait(sends, timeout=self.timeout)
-        except BaseException:  # cancelled: so are the sends
-            for send in sends:
-                send.cancel()
-            raise
-        for send in late:
-            send.cancel()
-        if late:
-            await asyncio.gather(*late, return_exceptions=True)
-        for send, (index, what) in sends.items():
-            if send in late:
-                expired = TimeoutError(f"no confirm within {self.timeout} s")
-                outcomes[index] = translate(expired, what)
-            else:
-                outcomes[index] = send.result()
-        return outcomes
-
-    async def _send(
-        self,
-        channel: aiormq.abc.AbstractChannel,
-        body: bytes,
-        fields: dict[str, Any],
-        key: str,
-        what: str,
-    ) -> Exception | None:
-        """Publish one entry on the confirm-mode ``channel`` (aio-pika's own
-        ``Exchange.publish`` does the same call) and await its confirm; its outcome (what
-        :func:`translated` would raise, translated here without a context manager per
-        entry). The round bounds the wait (:meth:`_round`)."""
-        try:
-            await channel.basic_publish(
-                body,
-                exchange=self.exchange,
-                routing_key=key,
-                properties=amqp_properties(fields),
-                mandatory=self.mandatory,
-            )
-        except _TRANSLATED as exc:
-            error = translate(exc, what)
-            error.__cause__ = exc
-            return error
-        return None
-
-    async def _exchange(
-        self, channel: aio_pika.abc.AbstractChannel
-    ) -> aio_pika.abc.AbstractExchange:
-        if not self.exchange:
-            return channel.default_exchange
-        return await channel.get_exchange(self.exchange, ensure=False)
+    def _outgoing(self, entry: OutboxMessage) -> Outgoing:
+        """``entry`` encoded for a round: routing key, properties, body, message id."""
+        body, fields, key, what = self.outgoing(entry)
+        message_id = message_id_of(fields)
+        if fields.keys() <= frames.FIELDS:
+            props = frames.properties(fields)
+        else:
+            props = amqp_properties(fields).marshal()
+        return Outgoing(key, props, body, message_id, what)
 
     async def declare(
         self,

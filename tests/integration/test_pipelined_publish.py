@@ -20,8 +20,12 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
+import aiormq.exceptions as ax
+import pamqp.frame
 import pika
 import pytest
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from benchmarks.ledger import make_entry
 from benchmarks.rabbit import Sandbox
@@ -40,7 +44,7 @@ from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
 from docoutbox_rabbitmq.pipelined import PipelinedRabbitPublisher
-from tests.support.e2e import require_rabbitmq
+from tests.support.e2e import broker_address, require_rabbitmq, through
 from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
 
@@ -122,51 +126,116 @@ def bounded_queue(box: Sandbox, length: int) -> tuple[str, str]:
     return exchange, queue
 
 
-class _StuckChannel:
-    """A confirm-mode channel that never confirms the entry ``stuck`` (no broker)."""
+class _FakeChannel:
+    """aiormq's confirm-mode channel as a round uses it, with no broker: the test reads
+    what was written and settles the slots itself."""
 
-    def __init__(self, stuck: str) -> None:
-        self.stuck = stuck
-        self.sent: list[str] = []
-        self.cancelled: list[str] = []
+    number = 1
+    max_content_size = 131_064
 
-    async def get_underlay_channel(self) -> _StuckChannel:
+    def __init__(self) -> None:
+        self.delivery_tag = 0
+        self.confirmations: dict[int, Any] = {}
+        self.message_id_delivery_tag: dict[str, int] = {}
+        self.write_queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.closing: list[asyncio.Future[Any]] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        return self._lock
+
+    def create_future(self) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        self.closing.append(future)
+        return future
+
+    async def get_underlay_channel(self) -> _FakeChannel:
         return self
 
-    async def basic_publish(self, body: bytes, **options: Any) -> None:
-        message_id = options["properties"].message_id
-        self.sent.append(message_id)
-        if message_id == self.stuck:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled.append(message_id)
-                raise
+    async def sent(self) -> list[str]:
+        """The message ids of the next write, in order (one write per round)."""
+        payload = (await self.write_queue.get()).payload
+        ids = []
+        while payload:
+            used, _, frame = pamqp.frame.unmarshal(payload)
+            payload = payload[used:]
+            if isinstance(frame, ContentHeader):
+                ids.append(frame.properties.message_id)
+        return ids
+
+
+def publisher_on(channel: _FakeChannel, timeout: float = 30.0) -> AsyncRabbitPublisher:
+    publisher = AsyncRabbitPublisher("amqp://guest:guest@127.0.0.1:1/", "ex", timeout=timeout)
+
+    async def opened() -> Any:
+        return channel
+
+    publisher._open = opened  # type: ignore[method-assign]
+    return publisher
 
 
 def test_a_rabbitmq_round_has_one_deadline_and_fails_only_what_it_did_not_confirm() -> None:
     """The asyncio publisher bounds a whole round by ``timeout``: an entry still
-    unconfirmed then is cancelled and fails with ``BrokerUnavailable``; the others keep
-    their own outcomes, in order."""
-    channel = _StuckChannel("b")
+    unconfirmed then fails with ``BrokerUnavailable``, and its late confirm is ignored;
+    the others keep their own outcomes, in order."""
+    channel = _FakeChannel()
 
-    async def round_() -> list[Exception | None]:
-        publisher = AsyncRabbitPublisher("amqp://guest:guest@127.0.0.1:1/", "ex", timeout=0.05)
-
-        async def opened() -> Any:
-            return channel
-
-        publisher._open = opened  # type: ignore[method-assign]
+    async def round_() -> tuple[list[Exception | None], list[str]]:
+        publisher = publisher_on(channel, timeout=0.05)
         entries = [make_entry(id=i) for i in ("a", "b", "c")]
-        return await publisher.publish_many(entries)
+        sending = asyncio.ensure_future(publisher.publish_many(entries))
+        sent = await channel.sent()
+        channel.confirmations[1].set_result(None)
+        channel.confirmations[3].set_result(None)
+        outcomes = await sending
+        channel.confirmations[2].set_result(None)  # too late: nothing changes
+        return outcomes, sent
 
-    outcomes = asyncio.run(round_())
+    outcomes, sent = asyncio.run(round_())
+    assert sent == ["a", "b", "c"]
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], BrokerUnavailable)
     assert "publish entry b " in str(outcomes[1]) and "timed out" in str(outcomes[1])
     assert "127.0.0.1:1" in str(outcomes[1])
-    assert channel.sent == ["a", "b", "c"]
-    assert channel.cancelled == ["b"]
+    assert channel.message_id_delivery_tag == {}
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        (ax.ChannelNotFoundEntity("NOT_FOUND - no exchange 'ex'"), PermanentPublishError),
+        (ax.AMQPConnectionError("connection lost"), BrokerUnavailable),
+        (Exception, BrokerUnavailable),  # aiormq's close without a reason
+    ],
+)
+def test_a_channel_closing_mid_round_fails_only_the_unconfirmed_entries(
+    reason: BaseException | type[BaseException], expected: type[Exception]
+) -> None:
+    """A nack, a return, an ack, then the channel closes: each entry keeps what the broker
+    said, and the unconfirmed ones take the close reason, translated."""
+    channel = _FakeChannel()
+
+    async def round_() -> list[Exception | None]:
+        publisher = publisher_on(channel)
+        sending = asyncio.ensure_future(
+            publisher.publish_many([make_entry(id=f"e{i}") for i in range(6)])
+        )
+        await channel.sent()
+        channel.confirmations[1].set_result(None)
+        channel.confirmations[2].set_exception(ax.DeliveryError(None, Basic.Nack(2)))
+        returned = Basic.Return(312, "NO_ROUTE", "ex", "k")
+        channel.confirmations[3].set_exception(ax.DeliveryError(None, returned))
+        channel.confirmations[4].set_result(None)
+        for future in channel.closing:
+            future.set_exception(reason)
+        return await sending
+
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[3] is None
+    assert type(outcomes[1]) is PublishError and "nack" in str(outcomes[1]).lower()
+    assert type(outcomes[2]) is PublishError and "312" in str(outcomes[2])
+    assert all(type(o) is expected for o in outcomes[4:]), outcomes
 
 
 @pytest.mark.rabbitmq
@@ -194,6 +263,77 @@ def test_a_rabbitmq_round_confirms_or_refuses_each_entry_on_its_own(url: str, bo
     assert "312" in str(mixed[1])
     assert len(box.drain(queue)) == 2
     assert len(box.drain(routed)) == 2
+
+
+@pytest.mark.rabbitmq
+def test_a_long_round_arrives_in_order_with_bodies_over_frame_max(url: str, box: Sandbox) -> None:
+    """One round of 1,500 entries, three of them with bodies of several ``frame_max``
+    (131,072 bytes by default): all confirmed, delivered in the round's order, intact."""
+    exchange, queue = bounded_queue(box, 10_000)
+    entries = [make_entry("long", seq) for seq in range(1, 1501)]
+    for seq in (2, 700, 1500):
+        entries[seq - 1] = entries[seq - 1].model_copy(
+            update={"payload": {"blob": f"{seq}:" + "x" * 400_000}}
+        )
+
+    async def round_() -> list[Exception | None]:
+        async with AsyncRabbitPublisher(url, exchange) as publisher:
+            return await publisher.publish_many(entries)
+
+    assert asyncio.run(round_()) == [None] * 1500
+    received = [decode_entry(body) for _, body in box.drain(queue)]
+    assert [e.seq for e in received] == list(range(1, 1501))
+    assert received == entries
+
+
+@pytest.mark.rabbitmq
+def test_a_connection_killed_mid_round_fails_every_unconfirmed_entry_and_reconnects(
+    url: str, box: Sandbox
+) -> None:
+    """The connection drops as the broker's first confirm comes back: no entry of the
+    round is confirmed, so every one fails with ``BrokerUnavailable``; the next call
+    opens a new connection and its round is confirmed."""
+    exchange, queue = bounded_queue(box, 10_000)
+    with TcpProxy(broker_address(url)) as proxy:
+
+        async def rounds() -> tuple[list[Exception | None], list[Exception | None]]:
+            async with AsyncRabbitPublisher(through(url, proxy.port), exchange) as publisher:
+                await publisher.publish(make_entry("warm"))  # connected, channel open
+                proxy.drop_next_reply()
+                lost = await publisher.publish_many([make_entry("k", s) for s in range(1, 201)])
+                again = await publisher.publish_many([make_entry("n", s) for s in range(1, 6)])
+                return lost, again
+
+        lost, again = asyncio.run(rounds())
+    assert all(isinstance(o, BrokerUnavailable) for o in lost), lost
+    assert again == [None] * 5
+    seqs = [decode_entry(body) for _, body in box.drain(queue)]
+    assert [e.seq for e in seqs if e.aggregate_id == "n"] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.rabbitmq
+def test_a_round_to_a_deleted_exchange_fails_and_the_next_round_reopens(
+    url: str, box: Sandbox
+) -> None:
+    """The broker closes the channel (404) on the round's first entry: every entry fails
+    with the permanent error, and once the exchange is back the next round uses a new
+    channel."""
+    exchange, queue = bounded_queue(box, 10_000)
+
+    async def rounds() -> tuple[list[Exception | None], list[Exception | None]]:
+        async with AsyncRabbitPublisher(url, exchange) as publisher:
+            await publisher.publish(make_entry("warm"))
+            box.channel.exchange_delete(exchange)
+            gone = await publisher.publish_many([make_entry("g", s) for s in range(1, 51)])
+            box.channel.exchange_declare(exchange, "topic", durable=True)
+            box.channel.queue_bind(queue, exchange, "#")
+            back = await publisher.publish_many([make_entry("b", s) for s in range(1, 4)])
+            return gone, back
+
+    gone, back = asyncio.run(rounds())
+    assert all(type(o) is PermanentPublishError and "404" in str(o) for o in gone), gone
+    assert back == [None] * 3
+    assert len(box.drain(queue)) == 4
 
 
 @pytest.mark.rabbitmq
