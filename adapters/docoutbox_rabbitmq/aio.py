@@ -221,7 +221,7 @@ class AsyncRabbitPublisher(Routing):
             props = frames.properties(fields)
         else:
             props = amqp_properties(fields).marshal()
-        return Outgoing(key, props, body, message_id, what)
+        return Outgoing(frames.short_string(key, "routing key"), props, body, message_id, what)
 
     async def declare(
         self,

@@ -104,17 +104,17 @@ def properties(fields: Mapping[str, Any]) -> bytes:
 def publish(
     channel: int,
     exchange: bytes,
-    routing_key: str,
+    routing_key: bytes,
     mandatory: bool,
     props: bytes,
     body: bytes,
     max_content: int,
 ) -> bytes:
     """The frames of one ``basic.publish`` on ``channel``: the method frame (``exchange``
-    already a short string), the content header (``props`` from :func:`properties`), and
-    the body in frames of at most ``max_content`` bytes (``frame_max`` less
-    :data:`BODY_OVERHEAD`)."""
-    method = _PUBLISH + exchange + short_string(routing_key, "routing key")
+    and ``routing_key`` already short strings), the content header (``props`` from
+    :func:`properties`), and the body in frames of at most ``max_content`` bytes
+    (``frame_max`` less :data:`BODY_OVERHEAD`)."""
+    method = _PUBLISH + exchange + routing_key
     method += b"\x01" if mandatory else b"\x00"
     header = _CONTENT.pack(60, 0, len(body)) + props
     frames = [

@@ -53,10 +53,10 @@ class ConfirmChannel(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """One entry ready to send: its routing key, encoded properties, body, message id and
-    the description its errors carry."""
+    """One entry ready to send: its routing key (an AMQP short string), encoded
+    properties, body, message id and the description its errors carry."""
 
-    key: str
+    key: bytes
     props: bytes
     body: bytes
     message_id: str

@@ -287,6 +287,24 @@ def test_a_long_round_arrives_in_order_with_bodies_over_frame_max(url: str, box:
 
 
 @pytest.mark.rabbitmq
+def test_a_routing_key_amqp_cannot_carry_fails_its_entry_only(url: str, box: Sandbox) -> None:
+    """A routing key over 255 bytes is refused before anything is sent, as that entry's
+    permanent error; the round's other entries go out (aiormq raised ValueError out of
+    the whole round)."""
+    exchange, queue = bounded_queue(box, 100)
+    entries = [make_entry("r", 1), make_entry("r", 2, destination="k" * 256), make_entry("r", 3)]
+
+    async def round_() -> list[Exception | None]:
+        async with AsyncRabbitPublisher(url, exchange) as publisher:
+            return await publisher.publish_many(entries)
+
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], PermanentPublishError) and "routing key" in str(outcomes[1])
+    assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 3]
+
+
+@pytest.mark.rabbitmq
 def test_a_connection_killed_mid_round_fails_every_unconfirmed_entry_and_reconnects(
     url: str, box: Sandbox
 ) -> None:

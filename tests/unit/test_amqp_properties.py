@@ -81,7 +81,8 @@ def test_a_publish_s_frames_are_the_bytes_pamqp_marshals(
     body, fields = message_for(item, wire)
     expected = pamqp_frames(7, "acc.key", amqp_properties(fields), body, 4088)
     ex = frames.short_string("ex", "exchange")
-    assert frames.publish(7, ex, "acc.key", True, frames.properties(fields), body, 4088) == expected
+    key = frames.short_string("acc.key", "routing key")
+    assert frames.publish(7, ex, key, True, frames.properties(fields), body, 4088) == expected
 
 
 @pytest.mark.parametrize("size", [0, 1, 99, 100, 101, 250, 300])
@@ -89,7 +90,7 @@ def test_a_body_over_frame_max_goes_in_frames_of_at_most_frame_max(size: int) ->
     body, fields = message_for(entry())
     body = bytes(range(100)) * 3
     body = body[:size]
-    data = frames.publish(1, b"\x02ex", "k", True, frames.properties(fields), body, 100)
+    data = frames.publish(1, b"\x02ex", b"\x01k", True, frames.properties(fields), body, 100)
     assert data == pamqp_frames(1, "k", amqp_properties(fields), body, 100)
     # the body frames: type 3, each payload at most 100 bytes, together the body
     header_end = data.index(b"\xce\x02") + 1
@@ -110,7 +111,7 @@ def test_a_value_amqp_cannot_carry_is_refused_before_sending() -> None:
     with pytest.raises(PermanentPublishError, match="message_id is 300 bytes"):
         frames.properties(fields)
     with pytest.raises(PermanentPublishError, match="routing key"):
-        frames.publish(1, b"\x00", "k" * 256, True, b"", b"", 100)
+        frames.short_string("k" * 256, "routing key")
     _, fields = message_for(entry())
     fields["headers"] = {"bad": object()}
     with pytest.raises(PermanentPublishError, match="AMQP table"):
