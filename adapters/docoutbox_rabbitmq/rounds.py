@@ -143,17 +143,19 @@ class Slot:
         return self.round.settled[self.index]
 
     def set_result(self, _: object) -> None:
-        self._forget()
+        self.forget()
         self.round.settle(self.index, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        self._forget()
+        self.forget()
         if not self.done():
             failure = self.round.translate(exc, self.what)
             failure.__cause__ = exc
             self.round.settle(self.index, failure)
 
-    def _forget(self) -> None:
+    def forget(self) -> None:
+        """Drop this entry's message id from the channel's map of returns to tags (aiormq
+        does not call a settled slot again, and a late return then finds nothing)."""
         ids = self.channel.message_id_delivery_tag
         if ids.get(self.message_id) == self.tag:
             del ids[self.message_id]
@@ -184,6 +186,7 @@ async def publish_round(
     round_ = Round(outcomes, channel.create_future(), translate)
     for index, _ in sends:
         round_.expect(index)
+    slots: list[Slot] = []
     try:
         async with asyncio.timeout(timeout):
             async with channel.lock:
@@ -194,13 +197,26 @@ async def publish_round(
                 confirmations, ids = channel.confirmations, channel.message_id_delivery_tag
                 for index, out in sends:
                     tag += 1
-                    confirmations[tag] = Slot(round_, index, channel, tag, out.message_id, out.what)
+                    slot = Slot(round_, index, channel, tag, out.message_id, out.what)
+                    confirmations[tag] = slot
                     ids[out.message_id] = tag
+                    slots.append(slot)
             await round_.done
     except TimeoutError:
-        round_.fail_unsettled(TimeoutError(f"no confirm within {timeout} s"), whats)
+        expire(round_, slots, TimeoutError(f"no confirm within {timeout} s"), whats)
     except asyncio.CancelledError:
-        round_.fail_unsettled(TimeoutError("the round was cancelled"), whats)
+        expire(round_, slots, TimeoutError("the round was cancelled"), whats)
         raise
     except Exception as exc:  # noqa: BLE001 - the channel's close reason: each entry's outcome
-        round_.fail_unsettled(exc, whats)
+        expire(round_, slots, exc, whats)
+
+
+def expire(
+    round_: Round, slots: Sequence[Slot], error: BaseException, whats: Sequence[str]
+) -> None:
+    """Fail every unsettled entry of ``round_`` with ``error``, and forget the message ids
+    of its slots: aiormq ignores a settled slot's late confirm, and a late return then
+    finds no tag."""
+    round_.fail_unsettled(error, whats)
+    for slot in slots:
+        slot.forget()
