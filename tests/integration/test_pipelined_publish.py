@@ -306,6 +306,26 @@ def test_a_routing_key_amqp_cannot_carry_fails_its_entry_only(url: str, box: San
 
 
 @pytest.mark.rabbitmq
+def test_heartbeats_keep_the_connection_of_the_rounds_open(url: str, box: Sandbox) -> None:
+    """Rounds write on aiormq's connection, whose heartbeats (every second here) keep it
+    open while the publisher is idle for several heartbeat timeouts."""
+    exchange, queue = bounded_queue(box, 100)
+    beating = url + ("&" if "?" in url else "?") + "heartbeat=1"
+
+    async def rounds() -> tuple[list[Exception | None], list[Exception | None], bool]:
+        async with AsyncRabbitPublisher(beating, exchange, probe_idle=3600) as publisher:
+            first = await publisher.publish_many([make_entry("h", 1)])
+            connection = publisher._connection
+            await asyncio.sleep(4)  # the broker closes a connection after 2 missed beats
+            second = await publisher.publish_many([make_entry("h", 2)])
+            return first, second, publisher._connection is connection
+
+    first, second, same = asyncio.run(rounds())
+    assert first == [None] and second == [None] and same
+    assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 2]
+
+
+@pytest.mark.rabbitmq
 def test_a_connection_killed_mid_round_fails_every_unconfirmed_entry_and_reconnects(
     url: str, box: Sandbox
 ) -> None:
