@@ -175,7 +175,12 @@ async def publish_round(
     if not sends:
         return
     number, size = channel.number, channel.max_content_size
-    target = frames.short_string(exchange, "exchange")
+    try:
+        target = frames.short_string(exchange, "exchange")
+    except DocOutboxError as exc:  # nothing is sent: every entry's outcome
+        for index, _ in sends:
+            outcomes[index] = exc
+        return
     payload = b"".join(
         frames.publish(number, target, out.key, mandatory, out.props, out.body, size)
         for _, out in sends

@@ -291,7 +291,7 @@ def test_a_long_round_arrives_in_order_with_bodies_over_frame_max(url: str, box:
 def test_a_routing_key_amqp_cannot_carry_fails_its_entry_only(url: str, box: Sandbox) -> None:
     """A routing key over 255 bytes is refused before anything is sent, as that entry's
     permanent error; the round's other entries go out (aiormq raised ValueError out of
-    the whole round)."""
+    the whole round). An exchange name over 255 bytes fails every entry so."""
     exchange, queue = bounded_queue(box, 100)
     entries = [make_entry("r", 1), make_entry("r", 2, destination="k" * 256), make_entry("r", 3)]
 
@@ -299,10 +299,17 @@ def test_a_routing_key_amqp_cannot_carry_fails_its_entry_only(url: str, box: San
         async with AsyncRabbitPublisher(url, exchange) as publisher:
             return await publisher.publish_many(entries)
 
+    async def too_long() -> list[Exception | None]:
+        async with AsyncRabbitPublisher(url, "x" * 256) as publisher:
+            return await publisher.publish_many(entries)
+
     outcomes = asyncio.run(round_())
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], PermanentPublishError) and "routing key" in str(outcomes[1])
     assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 3]
+    refused = asyncio.run(too_long())
+    assert all(isinstance(o, PermanentPublishError) for o in refused)
+    assert "exchange is 256 bytes" in str(refused[0]) and "exchange" in str(refused[2])
 
 
 @pytest.mark.rabbitmq
