@@ -7,6 +7,9 @@ commit.
   thread, for the threaded dispatcher to pipeline confirms;
 - :mod:`docoutbox_rabbitmq.aio`: the aio-pika twins (``AsyncRabbitPublisher``,
   ``AsyncRabbitConsumer``);
+- :mod:`docoutbox_rabbitmq.rounds`: a publish round on aiormq's confirm-mode channel,
+  written once and settled by the broker's confirms;
+- :mod:`docoutbox_rabbitmq.frames`: the AMQP frames of one ``basic.publish``;
 - :mod:`docoutbox_rabbitmq.amqp`: message properties, declarations, masked URLs;
 - :mod:`docoutbox_rabbitmq.broker`: the ``docoutbox.brokers`` adapter;
 - :mod:`docoutbox_rabbitmq.replay`: republishing dead letters;
