@@ -28,7 +28,7 @@ from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
 from docoutbox.ports.archive import check_archive
-from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
+from docoutbox.ports.payloads import AsyncPayloadStore, IndexedPayloads, PayloadStore
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
@@ -133,6 +133,13 @@ def _payloads(config: StoreConfig | None, *, asynchronous: bool) -> Any:
             f"got {type(claim.payloads).__name__}"
         )
     return claim.payloads
+
+
+def _indexed(backend: object, payloads: object) -> list[Any]:
+    """What a store's ``ensure_indexes`` sets up, in order: the backend's collection, then
+    the claim check's payload store when it has indexes of its own (:class:`IndexedPayloads`:
+    MongoDB's side collection). Sync and async stores call ``ensure_indexes`` on each."""
+    return [backend, *([payloads] if isinstance(payloads, IndexedPayloads) else [])]
 
 
 def _check_driver(backend: object, *, asynchronous: bool) -> None:
@@ -263,6 +270,7 @@ class AggregateStore(_StoreFlows[S]):
         super().__init__(backend, model, config)
         self.backend = backend
         self._payloads: PayloadStore | None = _payloads(config, asynchronous=False)
+        self._indexed = _indexed(backend, self._payloads)
         self._sleep = sleep
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
         #: Performs one operation of a flow; made once, as every call drives flows.
@@ -372,7 +380,11 @@ class AggregateStore(_StoreFlows[S]):
             yield from page
 
     def ensure_indexes(self) -> None:
-        self.backend.ensure_indexes()
+        """Create every index the store's queries use (idempotent; an explicit set-up
+        step, never done on import): the collection's, and its claim check's payload
+        store's when that has any."""
+        for part in self._indexed:
+            part.ensure_indexes()
 
 
 class AsyncAggregateStore(_StoreFlows[S]):
@@ -391,6 +403,7 @@ class AsyncAggregateStore(_StoreFlows[S]):
         super().__init__(backend, model, config)
         self.backend = backend
         self._payloads: AsyncPayloadStore | None = _payloads(config, asynchronous=True)
+        self._indexed = _indexed(backend, self._payloads)
         self._sleep = sleep
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
@@ -486,4 +499,6 @@ class AsyncAggregateStore(_StoreFlows[S]):
                 return
 
     async def ensure_indexes(self) -> None:
-        await self.backend.ensure_indexes()
+        """The async twin of :meth:`AggregateStore.ensure_indexes`."""
+        for part in self._indexed:
+            await part.ensure_indexes()
