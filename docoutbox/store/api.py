@@ -165,8 +165,14 @@ class _StoreFlows(Generic[S]):
     """
 
     def __init__(
-        self, backend: StoreBackend | AsyncStoreBackend, model: type[S], config: StoreConfig | None
+        self,
+        backend: StoreBackend | AsyncStoreBackend,
+        model: type[S],
+        config: StoreConfig | None,
+        *,
+        asynchronous: bool,
     ) -> None:
+        _check_driver(backend, asynchronous=asynchronous)
         _check_store_arguments(backend, model, config)
         check_archive(backend, (config or StoreConfig()).inbox.spill)
         self._core = Core(
@@ -175,6 +181,10 @@ class _StoreFlows(Generic[S]):
         self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
         #: Called with every outcome that committed new outbox entries (immediate dispatch).
         self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
+        #: The claim check's payload store, sync or async as the store (None: none).
+        self._payloads: Any = _payloads(config, asynchronous=asynchronous)
+        #: What ``ensure_indexes`` sets up.
+        self._indexed = _indexed(backend, self._payloads)
 
     @property
     def config(self) -> StoreConfig:
@@ -266,11 +276,8 @@ class AggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], None] = time.sleep,
         group_commit: bool = False,
     ) -> None:
-        _check_driver(backend, asynchronous=False)
-        super().__init__(backend, model, config)
+        super().__init__(backend, model, config, asynchronous=False)
         self.backend = backend
-        self._payloads: PayloadStore | None = _payloads(config, asynchronous=False)
-        self._indexed = _indexed(backend, self._payloads)
         self._sleep = sleep
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
         #: Performs one operation of a flow; made once, as every call drives flows.
@@ -399,11 +406,8 @@ class AsyncAggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         group_commit: bool = False,
     ) -> None:
-        _check_driver(backend, asynchronous=True)
-        super().__init__(backend, model, config)
+        super().__init__(backend, model, config, asynchronous=True)
         self.backend = backend
-        self._payloads: AsyncPayloadStore | None = _payloads(config, asynchronous=True)
-        self._indexed = _indexed(backend, self._payloads)
         self._sleep = sleep
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
