@@ -12,7 +12,8 @@
   guarded by ``version`` and does not change it.
 
 :func:`apply_plan` is the reference semantics every store must match; the in-memory store
-and the size guard use it directly.
+and the size guard use it directly. Its guards compare stored counters (``version``,
+``outbox_seq``) as the databases' filters do: by numeric value, a boolean never.
 """
 
 from __future__ import annotations
@@ -360,7 +361,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 return {**doc, "outbox": outbox, "outbox_seq": seq, "version": version + 1}
         return None
     if isinstance(plan, SettlePlan):
-        if doc.get("version") != plan.version:
+        if not _same_number(doc.get("version"), plan.version):
             return None
         settled = {**doc, EARLIEST_DUE: plan.earliest_due}
         if plan.earliest_due is None:
@@ -378,7 +379,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
 
 def _committed(doc: Document, plan: CommitPlan) -> Document | None:
     """``doc`` after the commit ``plan`` (None: its version or cancels do not match)."""
-    if doc.get("version") != plan.expected_version:
+    if not _same_number(doc.get("version"), plan.expected_version):
         return None
     if plan.cancel_ids and not _cancellable(doc, plan.cancel_ids):
         return None

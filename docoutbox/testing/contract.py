@@ -27,7 +27,7 @@ from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
 from docoutbox.store.core import StoreConfig
 from docoutbox.store.document import utcnow
-from docoutbox.store.plans import InsertPlan, ReleasePlan, entry_id
+from docoutbox.store.plans import CommitPlan, InsertPlan, ReleasePlan, SettlePlan, entry_id
 from docoutbox.testing.blocking import BlockingStore
 
 MakeStore = Callable[..., Any]
@@ -65,13 +65,14 @@ def backend_of(store: Any) -> Any:
     return store.backend
 
 
-def raw_document(aggregate_id: str, outbox_seq: Any) -> dict[str, Any]:
-    """A stored document with one unnumbered entry to release, ``outbox_seq`` as given."""
+def raw_document(aggregate_id: str, outbox_seq: Any = 1, version: Any = 1) -> dict[str, Any]:
+    """A stored document with one unnumbered entry to release, ``outbox_seq`` and
+    ``version`` as given."""
     entry = {"id": f"{aggregate_id}-e", "type": "Added", "payload": {}, "headers": {}}
     return {
         "_id": aggregate_id,
         "type": "Counter",
-        "version": 1,
+        "version": version,
         "partition": 0,
         "state": {},
         "inbox": [],
@@ -79,6 +80,11 @@ def raw_document(aggregate_id: str, outbox_seq: Any) -> dict[str, Any]:
         "outbox_seq": outbox_seq,
         "updated_at": utcnow(),
     }
+
+
+def bare_commit(aggregate_id: str, expected_version: int) -> CommitPlan:
+    """A commit of an empty state that adds nothing, guarded by ``expected_version``."""
+    return CommitPlan(aggregate_id, expected_version, {}, (), 1, (), 10, None, None, utcnow())
 
 
 class StoreContract:
@@ -311,3 +317,19 @@ class StoreContract:
             doc = backend.load(aggregate_id)
             assert type(doc["outbox_seq"]) is type(stored) and doc["outbox_seq"] == stored
             assert "seq" not in doc["outbox"][0] and doc["version"] == 1
+
+    def test_commits_and_settles_compare_version_as_a_number(self, store: Any) -> None:
+        """A commit and a settle apply only while the stored ``version`` equals the plan's,
+        compared as the databases compare numbers: a stored ``true`` is not 1."""
+        backend = backend_of(store)
+        for aggregate_id, stored in (("int", 1), ("bool", True), ("str", "1")):
+            document = raw_document(aggregate_id, version=stored)
+            assert backend.write(InsertPlan(aggregate_id, document))
+        assert backend.write(SettlePlan("int", 1, None))
+        assert backend.write(bare_commit("int", 1))
+        assert backend.load("int")["version"] == 2
+        for aggregate_id, stored in (("bool", True), ("str", "1")):
+            assert not backend.write(SettlePlan(aggregate_id, 1, None))
+            assert not backend.write(bare_commit(aggregate_id, 1))
+            doc = backend.load(aggregate_id)
+            assert type(doc["version"]) is type(stored) and doc["version"] == stored
