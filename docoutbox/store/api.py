@@ -135,11 +135,19 @@ def _payloads(config: StoreConfig | None, *, asynchronous: bool) -> Any:
     return claim.payloads
 
 
-def _indexed(backend: object, payloads: object) -> list[Any]:
+def _indexed(backend: object, payloads: object, *, asynchronous: bool) -> list[Any]:
     """What a store's ``ensure_indexes`` sets up, in order: the backend's collection, then
     the claim check's payload store when it has indexes of its own (:class:`IndexedPayloads`:
-    MongoDB's side collection). Sync and async stores call ``ensure_indexes`` on each."""
-    return [backend, *([payloads] if isinstance(payloads, IndexedPayloads) else [])]
+    MongoDB's side collection), whose ``ensure_indexes`` must be async for an async store
+    and sync for a sync one. Sync and async stores call ``ensure_indexes`` on each."""
+    if not isinstance(payloads, IndexedPayloads):
+        return [backend]
+    if inspect.iscoroutinefunction(payloads.ensure_indexes) != asynchronous:
+        kind = "async" if asynchronous else "sync"
+        raise InvalidConfig(
+            f"{type(payloads).__name__}.ensure_indexes must be {kind}, as its put is"
+        )
+    return [backend, payloads]
 
 
 def _check_driver(backend: object, *, asynchronous: bool) -> None:
@@ -184,7 +192,7 @@ class _StoreFlows(Generic[S]):
         #: The claim check's payload store, sync or async as the store (None: none).
         self._payloads: Any = _payloads(config, asynchronous=asynchronous)
         #: What ``ensure_indexes`` sets up.
-        self._indexed = _indexed(backend, self._payloads)
+        self._indexed = _indexed(backend, self._payloads, asynchronous=asynchronous)
 
     @property
     def config(self) -> StoreConfig:

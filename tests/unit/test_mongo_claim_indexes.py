@@ -13,9 +13,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import mongomock
+import pytest
 from mongomock_motor import AsyncMongoMockClient
 
 from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.errors import InvalidConfig
 from docoutbox.ports.payloads import PayloadInfo
 from docoutbox.stored.chunks import manifest
 from docoutbox.stored.claim import ClaimCheck
@@ -183,3 +185,13 @@ def test_a_payload_store_without_indexes_is_left_alone() -> None:
     store = AggregateStore(MongoBackend(db["carts"]), Counter, claim_checked(MemoryPayloads()))
     store.ensure_indexes()
     assert "docoutbox_due" in db["carts"].index_information()
+
+
+def test_a_payload_store_whose_ensure_indexes_is_of_the_other_kind_is_refused() -> None:
+    class Mixed(MemoryPayloads):
+        async def ensure_indexes(self) -> None:
+            """An async set-up on a sync payload store."""
+
+    db = mongomock.MongoClient()["shop"]
+    with pytest.raises(InvalidConfig, match=r"Mixed\.ensure_indexes must be sync"):
+        AggregateStore(MongoBackend(db["carts"]), Counter, claim_checked(Mixed()))
