@@ -94,6 +94,14 @@ def cosmos_server() -> Iterator[CosmosAccount]:
 
 
 @pytest.fixture
+def cosmos_database(cosmos_server: CosmosAccount) -> Iterator[Any]:
+    """A sync ``DatabaseProxy`` of a fresh scratch database on the session's account,
+    deleted afterwards; nothing else of the account is touched."""
+    with scratch_database(cosmos_server) as database:
+        yield database
+
+
+@pytest.fixture
 def box() -> Iterator[Any]:
     """A private RabbitMQ exchange and queues, deleted afterwards."""
 

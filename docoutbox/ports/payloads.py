@@ -17,7 +17,9 @@ before it removes a payload.
 
 Optional capabilities of a kit: :class:`PayloadKit` and :class:`AsyncPayloadKit`, a
 kit that opens the payload store beside its collection, checked once when the store
-or dispatcher is built.
+or dispatcher is built. Of a payload store: :class:`IndexedPayloads`, indexes of its own
+(MongoDB's side collection), created by the aggregate store's ``ensure_indexes`` with the
+collection's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from docoutbox.model import AggregateId
 
@@ -87,6 +89,15 @@ class AsyncPayloadStore(Protocol):
     async def stale(self, before: datetime, limit: int) -> list[PayloadInfo]: ...
 
     async def delete_stale(self, info: PayloadInfo) -> bool: ...
+
+
+@runtime_checkable
+class IndexedPayloads(Protocol):
+    """Optional: a payload store (sync or async alike) whose queries need indexes of its
+    own, created by ``ensure_indexes`` (idempotent). An aggregate store with a claim check
+    on it creates them in its own ``ensure_indexes``."""
+
+    def ensure_indexes(self) -> Any: ...
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ from docoutbox.errors import InvalidConfig, InvalidMessage, NotFound
 from docoutbox.handlers import Handler, check_handling
 from docoutbox.model import AggregateId, Message
 from docoutbox.ports.archive import check_archive
-from docoutbox.ports.payloads import AsyncPayloadStore, PayloadStore
+from docoutbox.ports.payloads import AsyncPayloadStore, IndexedPayloads, PayloadStore
 from docoutbox.ports.store import AsyncStoreBackend, StoreBackend
 from docoutbox.store.batch import BatchCore, BatchOutcome, Item
 from docoutbox.store.core import (
@@ -135,6 +135,21 @@ def _payloads(config: StoreConfig | None, *, asynchronous: bool) -> Any:
     return claim.payloads
 
 
+def _indexed(backend: object, payloads: object, *, asynchronous: bool) -> list[Any]:
+    """What a store's ``ensure_indexes`` sets up, in order: the backend's collection, then
+    the claim check's payload store when it has indexes of its own (:class:`IndexedPayloads`:
+    MongoDB's side collection), whose ``ensure_indexes`` must be async for an async store
+    and sync for a sync one. Sync and async stores call ``ensure_indexes`` on each."""
+    if not isinstance(payloads, IndexedPayloads):
+        return [backend]
+    if inspect.iscoroutinefunction(payloads.ensure_indexes) != asynchronous:
+        kind = "async" if asynchronous else "sync"
+        raise InvalidConfig(
+            f"{type(payloads).__name__}.ensure_indexes must be {kind}, as its put is"
+        )
+    return [backend, payloads]
+
+
 def _check_driver(backend: object, *, asynchronous: bool) -> None:
     """A sync store over an async backend (or the reverse) failed on its first call with
     an AttributeError or TypeError from deep inside the flow."""
@@ -158,8 +173,14 @@ class _StoreFlows(Generic[S]):
     """
 
     def __init__(
-        self, backend: StoreBackend | AsyncStoreBackend, model: type[S], config: StoreConfig | None
+        self,
+        backend: StoreBackend | AsyncStoreBackend,
+        model: type[S],
+        config: StoreConfig | None,
+        *,
+        asynchronous: bool,
     ) -> None:
+        _check_driver(backend, asynchronous=asynchronous)
         _check_store_arguments(backend, model, config)
         check_archive(backend, (config or StoreConfig()).inbox.spill)
         self._core = Core(
@@ -168,6 +189,10 @@ class _StoreFlows(Generic[S]):
         self._batch = BatchCore(self._core, backend.document_size, backend.max_document_bytes)
         #: Called with every outcome that committed new outbox entries (immediate dispatch).
         self.commit_listeners: list[Callable[[Outcome[S]], None]] = []
+        #: The claim check's payload store, sync or async as the store (None: none).
+        self._payloads: Any = _payloads(config, asynchronous=asynchronous)
+        #: What ``ensure_indexes`` sets up.
+        self._indexed = _indexed(backend, self._payloads, asynchronous=asynchronous)
 
     @property
     def config(self) -> StoreConfig:
@@ -259,10 +284,8 @@ class AggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], None] = time.sleep,
         group_commit: bool = False,
     ) -> None:
-        _check_driver(backend, asynchronous=False)
-        super().__init__(backend, model, config)
+        super().__init__(backend, model, config, asynchronous=False)
         self.backend = backend
-        self._payloads: PayloadStore | None = _payloads(config, asynchronous=False)
         self._sleep = sleep
         self._group: Coalescer[S, Future[Any]] | None = Coalescer() if group_commit else None
         #: Performs one operation of a flow; made once, as every call drives flows.
@@ -372,7 +395,11 @@ class AggregateStore(_StoreFlows[S]):
             yield from page
 
     def ensure_indexes(self) -> None:
-        self.backend.ensure_indexes()
+        """Create every index the store's queries use (idempotent; an explicit set-up
+        step, never done on import): the collection's, and its claim check's payload
+        store's when that has any."""
+        for part in self._indexed:
+            part.ensure_indexes()
 
 
 class AsyncAggregateStore(_StoreFlows[S]):
@@ -387,10 +414,8 @@ class AsyncAggregateStore(_StoreFlows[S]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         group_commit: bool = False,
     ) -> None:
-        _check_driver(backend, asynchronous=True)
-        super().__init__(backend, model, config)
+        super().__init__(backend, model, config, asynchronous=True)
         self.backend = backend
-        self._payloads: AsyncPayloadStore | None = _payloads(config, asynchronous=True)
         self._sleep = sleep
         self._group: Coalescer[S, asyncio.Future[Any]] | None = (
             Coalescer() if group_commit else None
@@ -486,4 +511,6 @@ class AsyncAggregateStore(_StoreFlows[S]):
                 return
 
     async def ensure_indexes(self) -> None:
-        await self.backend.ensure_indexes()
+        """The async twin of :meth:`AggregateStore.ensure_indexes`."""
+        for part in self._indexed:
+            await part.ensure_indexes()

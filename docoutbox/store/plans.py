@@ -12,7 +12,8 @@
   guarded by ``version`` and does not change it.
 
 :func:`apply_plan` is the reference semantics every store must match; the in-memory store
-and the size guard use it directly.
+and the size guard use it directly. Its guards compare stored counters (``version``,
+``outbox_seq``) as the databases' filters do: by numeric value, a boolean never.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class FailurePlan:
 class ReleasePlan:
     """Release a due scheduled entry for publishing and number it, if it is still pending,
     not released, not cancelled, and the document's ``outbox_seq`` is still
-    ``outbox_seq``: the entry gets ``seq = outbox_seq + 1``, ``outbox_seq`` becomes that
+    ``outbox_seq`` (compared as the databases compare numbers: a stored ``true`` is not
+    1, a stored 1.0 is): the entry gets ``seq = outbox_seq + 1``, ``outbox_seq`` becomes that
     number, and ``version`` is incremented, so a business commit computed from the same
     ``outbox_seq`` (guarded by ``version`` only) conflicts instead of reusing the number.
     A cancel guarded by the entry not being released then fails instead (see
@@ -324,6 +326,13 @@ def plan_trim(
     return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint, revision)
 
 
+def _same_number(stored: Any, expected: int) -> bool:
+    """Whether a stored counter equals ``expected`` as a database's filter compares them:
+    by numeric value whatever the number's type (``3.0`` is 3), and a boolean never (MongoDB
+    and Cosmos DB keep ``true`` apart from 1, where Python's ``True == 1``)."""
+    return isinstance(stored, int | float) and not isinstance(stored, bool) and stored == expected
+
+
 def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     """The document after ``plan``, or None when the plan would not apply to ``doc``."""
     if type(plan) is CommitPlan:  # the commit path's every write: checked first
@@ -341,7 +350,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     if isinstance(plan, ReleasePlan):
         if plan.entry_id in (doc.get(CANCELLED) or ()):
             return None
-        if doc.get("outbox_seq") != plan.outbox_seq:
+        if not _same_number(doc.get("outbox_seq"), plan.outbox_seq):
             return None
         outbox = list(doc.get("outbox", ()))
         for index, entry in enumerate(outbox):
@@ -352,7 +361,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 return {**doc, "outbox": outbox, "outbox_seq": seq, "version": version + 1}
         return None
     if isinstance(plan, SettlePlan):
-        if doc.get("version") != plan.version:
+        if not _same_number(doc.get("version"), plan.version):
             return None
         settled = {**doc, EARLIEST_DUE: plan.earliest_due}
         if plan.earliest_due is None:
@@ -370,7 +379,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
 
 def _committed(doc: Document, plan: CommitPlan) -> Document | None:
     """``doc`` after the commit ``plan`` (None: its version or cancels do not match)."""
-    if doc.get("version") != plan.expected_version:
+    if not _same_number(doc.get("version"), plan.expected_version):
         return None
     if plan.cancel_ids and not _cancellable(doc, plan.cancel_ids):
         return None

@@ -25,6 +25,10 @@ class BlockingStore:
             return self._iterating(attr)
         return attr
 
+    def blocking(self, port: Any) -> BlockingStore:
+        """``port`` (the wrapped store's async backend, say) driven on the same loop."""
+        return BlockingStore(port, self._loop)
+
     def _iterating(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A method that returns an async iterator (after checking its arguments)."""
 

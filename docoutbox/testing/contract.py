@@ -27,7 +27,8 @@ from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
 from docoutbox.store.core import StoreConfig
 from docoutbox.store.document import utcnow
-from docoutbox.store.plans import entry_id
+from docoutbox.store.plans import CommitPlan, InsertPlan, ReleasePlan, SettlePlan, entry_id
+from docoutbox.testing.blocking import BlockingStore
 
 MakeStore = Callable[..., Any]
 
@@ -54,6 +55,36 @@ def add(state: Counter, message: Message) -> Decision[Counter]:
 
 def add_msg(message_id: str, n: int = 1, emits: int = 1, **extra: Any) -> Message:
     return Message(id=message_id, type="Add", payload={"n": n, "emits": emits}, **extra)
+
+
+def backend_of(store: Any) -> Any:
+    """The store's backend, called synchronously (an async one on the loop of the
+    :class:`~docoutbox.testing.blocking.BlockingStore` that wraps its store)."""
+    if isinstance(store, BlockingStore):
+        return store.blocking(store.backend)
+    return store.backend
+
+
+def raw_document(aggregate_id: str, outbox_seq: Any = 1, version: Any = 1) -> dict[str, Any]:
+    """A stored document with one unnumbered entry to release, ``outbox_seq`` and
+    ``version`` as given."""
+    entry = {"id": f"{aggregate_id}-e", "type": "Added", "payload": {}, "headers": {}}
+    return {
+        "_id": aggregate_id,
+        "type": "Counter",
+        "version": version,
+        "partition": 0,
+        "state": {},
+        "inbox": [],
+        "outbox": [entry],
+        "outbox_seq": outbox_seq,
+        "updated_at": utcnow(),
+    }
+
+
+def bare_commit(aggregate_id: str, expected_version: int) -> CommitPlan:
+    """A commit of an empty state that adds nothing, guarded by ``expected_version``."""
+    return CommitPlan(aggregate_id, expected_version, {}, (), 1, (), 10, None, None, utcnow())
 
 
 class StoreContract:
@@ -266,3 +297,39 @@ class StoreContract:
             entry_id("Counter", "c1", 1),
             entry_id("Counter", "c1", 2),
         ]
+
+    def test_a_release_compares_outbox_seq_as_a_number(self, store: Any) -> None:
+        """A :class:`~docoutbox.store.plans.ReleasePlan` applies only while the stored
+        ``outbox_seq`` equals the plan's, compared as the databases compare numbers: a
+        stored 1.0 is 1, a stored ``true`` is not (:func:`~docoutbox.store.plans.apply_plan`)."""
+        backend = backend_of(store)
+        for aggregate_id, stored in (("int", 1), ("float", 1.0), ("bool", True), ("str", "1")):
+            assert backend.write(InsertPlan(aggregate_id, raw_document(aggregate_id, stored)))
+        assert not backend.write(ReleasePlan("int", "int-e", 0))  # stale
+        assert backend.write(ReleasePlan("int", "int-e", 1))
+        assert backend.write(ReleasePlan("float", "float-e", 1))
+        for aggregate_id in ("bool", "str"):
+            assert not backend.write(ReleasePlan(aggregate_id, f"{aggregate_id}-e", 1))
+        for aggregate_id, seq in (("int", 2), ("float", 2)):
+            doc = backend.load(aggregate_id)
+            assert (doc["outbox_seq"], doc["outbox"][0]["seq"], doc["version"]) == (seq, seq, 2)
+        for aggregate_id, stored in (("bool", True), ("str", "1")):
+            doc = backend.load(aggregate_id)
+            assert type(doc["outbox_seq"]) is type(stored) and doc["outbox_seq"] == stored
+            assert "seq" not in doc["outbox"][0] and doc["version"] == 1
+
+    def test_commits_and_settles_compare_version_as_a_number(self, store: Any) -> None:
+        """A commit and a settle apply only while the stored ``version`` equals the plan's,
+        compared as the databases compare numbers: a stored ``true`` is not 1."""
+        backend = backend_of(store)
+        for aggregate_id, stored in (("int", 1), ("bool", True), ("str", "1")):
+            document = raw_document(aggregate_id, version=stored)
+            assert backend.write(InsertPlan(aggregate_id, document))
+        assert backend.write(SettlePlan("int", 1, None))
+        assert backend.write(bare_commit("int", 1))
+        assert backend.load("int")["version"] == 2
+        for aggregate_id, stored in (("bool", True), ("str", "1")):
+            assert not backend.write(SettlePlan(aggregate_id, 1, None))
+            assert not backend.write(bare_commit(aggregate_id, 1))
+            doc = backend.load(aggregate_id)
+            assert type(doc["version"]) is type(stored) and doc["version"] == stored

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from docoutbox.ports.kit import StoreKit
 from docoutbox.testing import MemoryPublisher
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from examples.leased_dispatch.app import cosmos_kit, leased_dispatcher, mongo_kit
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 
 AGGREGATES = 12
 
@@ -62,12 +62,6 @@ def _all_published(publisher: MemoryPublisher) -> bool:
 def test_leased_dispatchers_on_mongodb(mongo_uri: str) -> None:
     database = f"example_{uuid.uuid4().hex[:8]}"
     _drain(lambda: mongo_kit(mongo_uri, database, "accounts"))
-
-
-@pytest.fixture
-def cosmos_database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as database:
-        yield database
 
 
 @pytest.mark.cosmos

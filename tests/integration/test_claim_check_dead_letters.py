@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,7 +31,7 @@ from docoutbox_cosmos.admin import DeadLetterAdmin as CosmosDeadLetterAdmin
 from docoutbox_mongo import open_kit as open_mongo_kit
 from docoutbox_mongo.admin import DeadLetterAdmin as MongoDeadLetterAdmin
 from tests.integration.test_claim_check_e2e import LIMIT, MB, Uploader, blob, upload
-from tests.support.cosmos import all_items, create_container, scratch_database, unique
+from tests.support.cosmos import all_items, create_container, unique
 
 
 class Refusing:
@@ -145,12 +145,6 @@ def test_a_17_mb_payload_on_mongodb_is_dead_lettered_by_reference_and_replayed(
         kit.close()
         client.drop_database(name)
         client.close()
-
-
-@pytest.fixture
-def cosmos_database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as database:
-        yield database
 
 
 @pytest.mark.cosmos

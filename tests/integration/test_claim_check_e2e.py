@@ -18,7 +18,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from docoutbox_mongo import MongoBackend
 from docoutbox_mongo import open_kit as open_mongo_kit
 from docoutbox_rabbitmq import RabbitPublisher
 from docoutbox_rabbitmq.consumer import RabbitConsumer
-from tests.support.cosmos import all_items, create_container, scratch_database, unique
+from tests.support.cosmos import all_items, create_container, unique
 
 LIMIT = 64 * 1024
 MB = 1024 * 1024
@@ -178,12 +178,6 @@ def test_a_20_mb_payload_on_mongodb_goes_through_exactly_once(mongo_uri: str, bo
         kit.close()
         client.drop_database(name)
         client.close()
-
-
-@pytest.fixture
-def cosmos_database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as database:
-        yield database
 
 
 @pytest.mark.cosmos

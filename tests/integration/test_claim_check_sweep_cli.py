@@ -5,7 +5,6 @@ entries and of dead letters."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +23,7 @@ from docoutbox_cosmos.payloads import CosmosPayloads, create_payloads_container
 from docoutbox_mongo import MongoBackend
 from docoutbox_mongo.coordination import MongoDeadLetters
 from docoutbox_mongo.payloads import MongoPayloads
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 from tests.unit.test_claim_check import BIG, Box, emit, message
 
 
@@ -63,12 +62,6 @@ def test_the_sweep_command_on_mongodb(
     assert sweep(capsys, *where) == {"deleted": 1, "referenced": 2, "refreshed": 0}
     ids = {doc["_id"] for doc in mongo["boxes_payloads"].find({"kind": "manifest"})}
     assert "orphan-old" not in ids and {"orphan-young", "dead-old"} <= ids and len(ids) == 3
-
-
-@pytest.fixture
-def cosmos_database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as database:
-        yield database
 
 
 @pytest.mark.cosmos

@@ -1,6 +1,7 @@
 """The claim check's indexes on the wire server: the kit's ``ensure_indexes`` (sync and
-async) and the sweep command's ports create them, idempotently. That every query reads
-by one of them is checked in ``tests/unit/test_mongo_claim_indexes.py``."""
+async), an aggregate store's with a claim check (sync, pymongo async and Motor) and the
+sweep command's ports create them, idempotently. That every query reads by one of them is
+checked in ``tests/unit/test_mongo_claim_indexes.py``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,22 @@ import uuid
 from typing import Any
 
 import pytest
+from motor.motor_asyncio import AsyncIOMotorClient
+from pymongo import AsyncMongoClient
 
+from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.stored.claim import ClaimCheck
+from docoutbox.testing.contract import Counter
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.admin import claim_ports
 from docoutbox_mongo.coordination import DEAD_LETTER_INDEXES
 from docoutbox_mongo.kit import open_async_kit, open_kit
-from docoutbox_mongo.payloads import INDEXES, payloads_collection
+from docoutbox_mongo.payloads import (
+    INDEXES,
+    AsyncMongoPayloads,
+    MongoPayloads,
+    payloads_collection,
+)
 
 pytestmark = pytest.mark.wire
 
@@ -27,11 +39,15 @@ def listed(collection: Any) -> dict[str, tuple[list[tuple[str, int]], dict[str, 
     return found
 
 
-def check(database: Any, collection: str, dead_letters: str) -> None:
+def check_payloads(database: Any, collection: str) -> None:
     payloads = listed(database[payloads_collection(collection)])
-    letters = listed(database[dead_letters])
     for name, keys, options in INDEXES:
         assert payloads[name] == (keys, options)
+
+
+def check(database: Any, collection: str, dead_letters: str) -> None:
+    check_payloads(database, collection)
+    letters = listed(database[dead_letters])
     for name, keys, options in DEAD_LETTER_INDEXES:
         assert letters[name] == (keys, options)
 
@@ -61,6 +77,39 @@ def test_the_async_kit_creates_them_too(mongo: Any, mongo_uri: str) -> None:
 
     asyncio.run(run())
     check(mongo, collection, dead)
+
+
+def test_the_store_with_a_claim_check_creates_them(mongo: Any) -> None:
+    collection = f"c_{uuid.uuid4().hex[:8]}"
+    payloads = MongoPayloads(mongo[payloads_collection(collection)])
+    config = StoreConfig(claim_check=ClaimCheck(payloads))
+    store = AggregateStore(MongoBackend(mongo[collection]), Counter, config)
+    store.ensure_indexes()
+    store.ensure_indexes()
+    check_payloads(mongo, collection)
+    assert "docoutbox_due" in listed(mongo[collection])
+
+
+@pytest.mark.parametrize("driver", ["pymongo", "motor"])
+def test_the_async_store_creates_them_too(mongo: Any, mongo_uri: str, driver: str) -> None:
+    collection = f"c_{uuid.uuid4().hex[:8]}"
+
+    async def run() -> None:
+        client: Any = (AsyncMongoClient if driver == "pymongo" else AsyncIOMotorClient)(mongo_uri)
+        try:
+            database = client[mongo.name]
+            payloads = AsyncMongoPayloads(database[payloads_collection(collection)])
+            config = StoreConfig(claim_check=ClaimCheck(payloads))
+            store = AsyncAggregateStore(AsyncMongoBackend(database[collection]), Counter, config)
+            await store.ensure_indexes()
+            await store.ensure_indexes()
+        finally:
+            closed = client.close()
+            if closed is not None:
+                await closed
+
+    asyncio.run(run())
+    check_payloads(mongo, collection)
 
 
 def test_the_sweep_commands_ports_create_them(mongo: Any) -> None:

@@ -1,4 +1,4 @@
-"""One SparkSession for the whole test session (local[1], 512 MB, no UI), with the MongoDB
+"""One SparkSession for the Spark tests (local[1], 512 MB, no UI), with the MongoDB
 Spark connector jars of ``scripts/servers.sh install-spark``. Missing Java, pyspark or the
 jars skip the Spark tests, or fail them when servers are required (CI)."""
 
@@ -35,16 +35,19 @@ def spark_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
+    """The Spark tests' one session, ended with its gateway when they are done: a py4j
+    thread left running would sleep inside the unit tier, which refuses a sleep."""
     reason = spark_missing()
     if reason:
         missing(reason)
     from docoutbox_spark.readers import session
+    from tests.support.spark import end_session
 
     spark = session(jars=str(JARS), packages=False)
     yield spark
-    spark.stop()
+    end_session(spark)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 """The claim check's queries on MongoDB read by an index: every filter the payload store
 and the dead letters send (the orphan sweep's, the dispatcher's) names only fields of one
 of the indexes ``ensure_indexes`` creates, led by the index's first key, and the sweep's
-listing sorts by it. The indexes' existence on the wire server is checked in
+listing sorts by it; an aggregate store with a claim check creates its payload store's
+indexes in its own ``ensure_indexes`` (on mongomock and mongomock-motor here). The
+indexes' existence on the wire server is checked in
 ``tests/integration/test_mongo_claim_indexes.py``."""
 
 from __future__ import annotations
@@ -10,10 +12,21 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import mongomock
+import pytest
+from mongomock_motor import AsyncMongoMockClient
+
+from docoutbox import AggregateStore, AsyncAggregateStore, StoreConfig
+from docoutbox.errors import InvalidConfig
 from docoutbox.ports.payloads import PayloadInfo
 from docoutbox.stored.chunks import manifest
+from docoutbox.stored.claim import ClaimCheck
+from docoutbox.testing.contract import Counter
+from docoutbox.testing.payloads import MemoryPayloads
+from docoutbox_mongo import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.coordination import DEAD_LETTER_INDEXES, MongoDeadLetters
-from docoutbox_mongo.payloads import INDEXES, MongoPayloads
+from docoutbox_mongo.payloads import INDEXES, AsyncMongoPayloads, MongoPayloads
+from tests.support.loopless import run
 
 Index = tuple[str, list[tuple[str, int]], dict[str, Any]]
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -127,3 +140,58 @@ def test_ensure_indexes_creates_each_index_by_name() -> None:
     assert [(k, o["name"]) for k, o in letters.created] == [
         (k, n) for n, k, _ in DEAD_LETTER_INDEXES
     ]
+
+
+def claim_checked(payloads: Any) -> StoreConfig:
+    return StoreConfig(claim_check=ClaimCheck(payloads))
+
+
+def payload_indexes(information: dict[str, Any]) -> list[tuple[str, list[tuple[str, int]]]]:
+    """The claim check's indexes among a collection's ``index_information()``."""
+    return [(name, information[name]["key"]) for name, _, _ in INDEXES if name in information]
+
+
+EXPECTED = [(name, keys) for name, keys, _ in INDEXES]
+
+
+def test_the_store_creates_its_claim_checks_indexes_with_the_collections() -> None:
+    db = mongomock.MongoClient()["shop"]
+    store = AggregateStore(
+        MongoBackend(db["carts"]), Counter, claim_checked(MongoPayloads(db["carts_payloads"]))
+    )
+    store.ensure_indexes()
+    store.ensure_indexes()  # idempotent
+    assert payload_indexes(db["carts_payloads"].index_information()) == EXPECTED
+    assert "docoutbox_due" in db["carts"].index_information()
+    stale = db["carts_payloads"].index_information()["docoutbox_payload_stale"]
+    assert stale["partialFilterExpression"] == {"kind": "manifest"}
+
+
+def test_the_async_store_creates_them_too() -> None:
+    db = AsyncMongoMockClient()["shop"]
+    store = AsyncAggregateStore(
+        AsyncMongoBackend(db["carts"]),
+        Counter,
+        claim_checked(AsyncMongoPayloads(db["carts_payloads"])),
+    )
+    run(store.ensure_indexes())
+    assert payload_indexes(run(db["carts_payloads"].index_information())) == EXPECTED
+    assert "docoutbox_due" in run(db["carts"].index_information())
+
+
+def test_a_payload_store_without_indexes_is_left_alone() -> None:
+    """A payload store without ``ensure_indexes`` (memory, Cosmos DB) has none to make."""
+    db = mongomock.MongoClient()["shop"]
+    store = AggregateStore(MongoBackend(db["carts"]), Counter, claim_checked(MemoryPayloads()))
+    store.ensure_indexes()
+    assert "docoutbox_due" in db["carts"].index_information()
+
+
+def test_a_payload_store_whose_ensure_indexes_is_of_the_other_kind_is_refused() -> None:
+    class Mixed(MemoryPayloads):
+        async def ensure_indexes(self) -> None:
+            """An async set-up on a sync payload store."""
+
+    db = mongomock.MongoClient()["shop"]
+    with pytest.raises(InvalidConfig, match=r"Mixed\.ensure_indexes must be sync"):
+        AggregateStore(MongoBackend(db["carts"]), Counter, claim_checked(Mixed()))

@@ -10,7 +10,8 @@ or ``new_event_loop``, and no ``threading`` import. A test that needs them belon
 The tiers run in one pytest process (``scripts/test``), the unit tier last: a thread an
 earlier tier leaves running (a MongoDB client's monitors) sleeps inside it and trips the
 guard. So no session-wide fixture of the suite holds a MongoDB client open across its
-``yield``, and the guard names the thread it stopped.
+``yield``, the Spark session ends with the Spark tier (package scope, its py4j gateway
+shut down), and the guard names the thread it stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ TESTS = UNIT.parent
 #: Fixture scopes that outlive a tier.
 WIDE = {"session", "package"}
 CLIENTS = {"MongoClient", "AsyncMongoClient", "AsyncIOMotorClient"}
+#: Calls that start a Spark session (``docoutbox_spark.readers.session``, the builder).
+SPARK_STARTS = {"session", "getOrCreate"}
 #: Attribute calls that read the wall clock or start a loop, as ``owner.name``.
 CALLS = {
     ("time", "time"),
@@ -123,9 +126,14 @@ def _scope(decorator: ast.expr) -> str | None:
 
 
 def _opens_client(node: ast.AST) -> bool:
+    return _calls(node, CLIENTS)
+
+
+def _calls(node: ast.AST, names: set[str]) -> bool:
+    """Whether ``node`` calls a function or method named in ``names``."""
     return any(
         isinstance(n, ast.Call)
-        and (getattr(n.func, "id", None) or getattr(n.func, "attr", None)) in CLIENTS
+        and (getattr(n.func, "id", None) or getattr(n.func, "attr", None)) in names
         for n in ast.walk(node)
     )
 
@@ -176,6 +184,51 @@ def test_the_check_sees_a_client_held_across_the_yield(tmp_path: Path) -> None:
         "    client = MongoClient('mongodb://x')\n    yield client\n    client.close()\n"
     )
     assert [h.split(": ")[1] for h in held_clients(planted)] == ["held", "within"]
+
+
+def spark_sessions_left_running(path: Path) -> list[str]:
+    """Fixtures of ``path`` that start a Spark session and let its py4j threads outlive the
+    Spark tier: session-scoped ones (the unit tier runs after it, in the same session), and
+    package-scoped ones whose teardown does not end it with
+    :func:`tests.support.spark.end_session` (``SparkSession.stop`` keeps the gateway)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.FunctionDef) or not _has_yield(node):
+            continue
+        scopes = {_scope(d) for d in node.decorator_list} & WIDE
+        if not scopes:
+            continue
+        split = next(i for i, s in enumerate(node.body) if _has_yield(s))
+        if not any(_calls(s, SPARK_STARTS) for s in node.body[: split + 1]):
+            continue
+        if "session" in scopes or not any(
+            _calls(s, {"end_session"}) for s in node.body[split + 1 :]
+        ):
+            found.append(f"{path.name}:{node.lineno}: {node.name}")
+    return found
+
+
+def test_no_spark_session_outlives_the_spark_tier() -> None:
+    sources = sorted(TESTS.rglob("*.py"))
+    assert [h for p in sources for h in spark_sessions_left_running(p)] == []
+
+
+def test_the_check_sees_a_spark_session_left_running(tmp_path: Path) -> None:
+    planted = tmp_path / "conftest.py"
+    planted.write_text(
+        "import pytest\nfrom docoutbox_spark.readers import session\n"
+        "from tests.support.spark import end_session\n\n"
+        '@pytest.fixture(scope="session")\ndef whole_run():\n'
+        "    spark = session()\n    yield spark\n    end_session(spark)\n\n"
+        '@pytest.fixture(scope="package")\ndef stopped_only():\n'
+        "    spark = SparkSession.builder.getOrCreate()\n    yield spark\n    spark.stop()\n\n"
+        '@pytest.fixture(scope="package")\ndef ended():\n'
+        "    spark = session()\n    yield spark\n    end_session(spark)\n\n"
+        "@pytest.fixture\ndef per_test():\n"
+        "    spark = session()\n    yield spark\n    spark.stop()\n"
+    )
+    found = [h.split(": ")[1] for h in spark_sessions_left_running(planted)]
+    assert found == ["whole_run", "stopped_only"]
 
 
 def test_a_refused_call_on_a_thread_left_running_names_the_thread(
