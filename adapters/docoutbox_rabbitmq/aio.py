@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar
 
 import aio_pika
 import aio_pika.message
@@ -40,7 +40,7 @@ from docoutbox_rabbitmq import frames
 from docoutbox_rabbitmq.amqp import Routing, masked, topology
 from docoutbox_rabbitmq.consumer import Settlement
 from docoutbox_rabbitmq.errors import by_reply_code, connection_failed, nacked, returned
-from docoutbox_rabbitmq.rounds import ConfirmChannel, Outgoing, message_id_of, publish_round
+from docoutbox_rabbitmq.rounds import Outgoing, confirm_channel, message_id_of, publish_round
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -190,7 +190,7 @@ class AsyncRabbitPublisher(Routing):
         try:
             channel = await self._open()
             async with translated(f"publish to exchange {self.exchange!r}"):
-                underlay = await channel.get_underlay_channel()
+                underlay = confirm_channel(await channel.get_underlay_channel())
         except DocOutboxError as exc:  # nothing was sent
             for index, _ in sends:
                 outcomes[index] = exc
@@ -198,7 +198,7 @@ class AsyncRabbitPublisher(Routing):
         self._in_flight += 1
         try:
             await publish_round(
-                cast(ConfirmChannel, underlay),
+                underlay,
                 self.exchange,
                 self.mandatory,
                 sends,
@@ -258,6 +258,9 @@ class AsyncRabbitPublisher(Routing):
                     f"RabbitMQ at {where} refused the credentials ({type(exc.__cause__).__name__})"
                 ) from exc
             raise
+        async with translated(f"open a channel on {where}"):
+            underlay = await channel.get_underlay_channel()
+        confirm_channel(underlay)  # rounds need this aiormq's channel parts
         if declare_type is not None:
             await self.declare(exchange_type=declare_type)
         elif self.exchange:

@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiormq.abc import ChannelFrame
 
-from docoutbox.errors import DocOutboxError
+from docoutbox.errors import DocOutboxError, InvalidConfig
 from docoutbox_rabbitmq import frames
 
 
@@ -49,6 +49,33 @@ class ConfirmChannel(Protocol):
     def lock(self) -> AbstractAsyncContextManager[None]: ...
 
     def create_future(self) -> asyncio.Future[Any]: ...
+
+
+#: What a round reads and writes of aiormq's channel; not a public API of aiormq, so the
+#: ``rabbitmq-aio`` extra pins the aiormq releases these were checked against.
+_CHANNEL_PARTS = (
+    "number",
+    "max_content_size",
+    "delivery_tag",
+    "confirmations",
+    "message_id_delivery_tag",
+    "write_queue",
+    "lock",
+    "create_future",
+)
+
+
+def confirm_channel(channel: object) -> ConfirmChannel:
+    """``channel`` (an open ``aiormq.Channel`` in confirm mode) as a round uses it, or
+    :class:`~docoutbox.errors.InvalidConfig` naming what this aiormq lacks: a round never
+    starts on a channel it cannot settle."""
+    missing = [part for part in _CHANNEL_PARTS if not hasattr(channel, part)]
+    if missing or not isinstance(getattr(channel, "confirmations", None), dict):
+        raise InvalidConfig(
+            f"this aiormq release's channel lacks {', '.join(missing) or 'confirmations'}: "
+            "install the aiormq releases the rabbitmq-aio extra names"
+        )
+    return cast(ConfirmChannel, channel)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import DispatcherConfig
-from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
+from docoutbox.errors import BrokerUnavailable, InvalidConfig, PermanentPublishError, PublishError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import AsyncPipelinedPublisher, PipelinedPublisher
 from docoutbox.store.document import partition_of, utcnow
@@ -200,6 +200,28 @@ def test_a_rabbitmq_round_has_one_deadline_and_fails_only_what_it_did_not_confir
     assert "publish entry b " in str(outcomes[1]) and "timed out" in str(outcomes[1])
     assert "127.0.0.1:1" in str(outcomes[1])
     assert channel.message_id_delivery_tag == {}
+
+
+class _OtherAiormqChannel(_FakeChannel):
+    """A channel of an aiormq release whose confirms live elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.confirmations
+
+
+def test_a_round_refuses_a_channel_it_cannot_settle_and_writes_nothing() -> None:
+    """Rounds use parts of aiormq's channel that are not its public API: on a channel
+    without them every entry fails with ``InvalidConfig`` and nothing is sent."""
+    channel = _OtherAiormqChannel()
+
+    async def round_() -> list[Exception | None]:
+        return await publisher_on(channel).publish_many([make_entry(id="a"), make_entry(id="b")])
+
+    outcomes = asyncio.run(round_())
+    assert all(isinstance(outcome, InvalidConfig) for outcome in outcomes)
+    assert "confirmations" in str(outcomes[0])
+    assert channel.write_queue.empty()
 
 
 @pytest.mark.parametrize(
