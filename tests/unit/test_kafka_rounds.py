@@ -135,3 +135,10 @@ def test_a_failed_report_is_that_entry_s_error() -> None:
     failed, delivered = round_.outcomes()
     assert isinstance(failed, BrokerUnavailable) and "_MSG_TIMED_OUT" in str(failed)
     assert delivered is None
+
+
+def test_linger_is_librdkafka_s_unless_configured() -> None:
+    """The publisher leaves ``linger.ms`` to librdkafka (5 ms): a round's records share a
+    produce request. A configured value is kept, 0 included."""
+    assert "linger.ms" not in KafkaPublisher(SETTINGS, "t")._settings
+    assert KafkaPublisher({**SETTINGS, "linger.ms": 0}, "t")._settings["linger.ms"] == 0
