@@ -356,8 +356,15 @@ def timed_drain(reader: Any, entries: int, cpu: list[float] | None = None) -> fl
     return rate
 
 
-def live(client: Any, entries: int, pace: float, kind: str) -> list[float]:
-    """Commit-to-read (raw) or commit-to-publish (dispatcher) latencies, in seconds."""
+def live(
+    client: Any,
+    entries: int,
+    pace: float,
+    kind: str,
+    reader_for: Callable[[Workbench, str], Any] = DispatchReader,
+) -> list[float]:
+    """Commit-to-read (raw) or commit-to-publish (dispatcher) latencies, in seconds; a
+    dispatcher is ``reader_for(bench, kind)`` (a :class:`DispatchReader` or a twin)."""
     bench = Workbench(client, entries, LIVE_DENSITY)
     if kind == "raw":
         raw = RawReader(bench)
@@ -365,7 +372,7 @@ def live(client: Any, entries: int, pace: float, kind: str) -> list[float]:
         thread.start()
         seen = raw.seen
     else:
-        reader = DispatchReader(bench, kind)
+        reader = reader_for(bench, kind)
         reader.start()
         seen = reader.seen
     time.sleep(0.2)

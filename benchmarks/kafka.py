@@ -13,12 +13,16 @@ same records, in the same run, on the same broker.
   ``KafkaPublisher`` (each publish round produced whole, then its reports awaited) and
   trimming; timed until the last record is confirmed; the threaded driver, and the
   asyncio driver with ``AsyncKafkaPublisher``;
-- Dispatcher -> Kafka with ``linger.ms`` 5: the same two dispatchers, their publisher
-  configured to wait up to 5 ms for more records before a produce request (the default
-  0 sends a request for the first record of an empty queue: the records of a round go
-  out in several small requests, each costing librdkafka's broker thread CPU);
+- Dispatcher -> Kafka with ``linger.ms`` 0 (the publisher's default): the same two
+  dispatchers, their publisher sending a produce request for the first record of an
+  empty queue instead of waiting up to 5 ms for more records (what the Kafka how-to
+  recommends for dispatchers, and the other rows use): the records of a round then go
+  out in several small requests, each costing librdkafka's broker thread CPU;
 - Dispatcher -> memory: the same drivers with the in-memory publisher, each one's own
-  ceiling on this server.
+  ceiling on this server;
+- live: commit-to-publish latency of lone entries (one commit every 100 ms while the
+  dispatcher follows the stream), to Kafka with ``linger.ms`` 5 and 0,
+  and to memory (the dispatcher's own latency: its change-stream poll).
 
 The raw loops and the lone publisher run at 10 entries per aggregate only (their records
 differ only by key between densities).
@@ -44,6 +48,8 @@ from benchmarks.common import (
     connect,
     cpu_medians,
     interleaved,
+    median,
+    percentile,
 )
 from benchmarks.dispatch import (
     TIMEOUT,
@@ -51,6 +57,7 @@ from benchmarks.dispatch import (
     TimedPublisher,
     Workbench,
     backlog,
+    live,
     timed_drain,
 )
 from benchmarks.servers import Topics, kafka_available, kafka_bootstrap
@@ -64,9 +71,12 @@ DENSITIES = (1, 10)
 THREADS = 4
 ROUNDS = 5
 #: The dispatchers compared at every density (the raw loop is the baseline).
-KINDS = ["threads", "async", "threads-linger", "async-linger", "threads-memory", "async-memory"]
-#: ``linger.ms`` of the ``-linger`` variants.
+KINDS = ["threads", "async", "threads-linger0", "async-linger0", "threads-memory", "async-memory"]
+#: ``linger.ms`` of the dispatchers' publisher, but for the ``-linger0`` kinds.
 LINGER_MS = 5
+#: Lone entries per live round, committed ``LIVE_PACE`` a second.
+LIVE_ENTRIES = 40
+LIVE_PACE = 10.0
 
 
 class CountingKafka(KafkaPublisher):
@@ -198,10 +208,10 @@ class KafkaDispatch(DispatchReader):
     a producer connected before timing starts."""
 
     def __init__(
-        self, bench: Workbench, kind: str, bootstrap: str, topic: str, linger_ms: int = 0
+        self, bench: Workbench, kind: str, bootstrap: str, topic: str, linger_ms: int | None = None
     ) -> None:
         self.config: str | dict[str, Any] = bootstrap
-        if linger_ms:
+        if linger_ms is not None:
             self.config = {"bootstrap.servers": bootstrap, "linger.ms": linger_ms}
         self.topic = topic
         self.sync: CountingKafka | None = None
@@ -239,18 +249,31 @@ def dispatcher(
     """Dispatch ``entries`` fresh commits with the ``kind`` driver (one of :data:`KINDS`);
     a given ``sink`` receives what was published, a given ``cpu`` the client CPU per
     entry in µs."""
-    bench = backlog(client, entries, density)
-    driver = "async" if kind.startswith("async") else "dispatcher"
-    linger = LINGER_MS if kind.endswith("linger") else 0
-    reader = (
-        DispatchReader(bench, driver)
-        if kind.endswith("memory")
-        else KafkaDispatch(bench, driver, bootstrap, topic, linger)
-    )
+    reader = _reader(backlog(client, entries, density), kind, bootstrap, topic)
     rate = timed_drain(reader, entries, cpu)
     if sink is not None:
         sink.extend(reader.publisher.published)
     return rate
+
+
+def _reader(bench: Workbench, kind: str, bootstrap: str, topic: str) -> DispatchReader:
+    """The dispatcher of ``kind`` (one of :data:`KINDS`) over ``bench``."""
+    driver = "async" if kind.startswith("async") else "dispatcher"
+    if kind.endswith("memory"):
+        return DispatchReader(bench, driver)
+    linger = None if kind.endswith("linger0") else LINGER_MS
+    return KafkaDispatch(bench, driver, bootstrap, topic, linger)
+
+
+def latencies(client: Any, bootstrap: str, topic: str, rounds: int) -> dict[str, list[list[float]]]:
+    """Commit-to-publish latencies (s) of lone entries, per kind and round, interleaved."""
+    found: dict[str, list[list[float]]] = {kind: [] for kind in KINDS}
+    for index in range(rounds):
+        shift = index % len(KINDS)
+        for kind in KINDS[shift:] + KINDS[:shift]:
+            reader = partial(_reader, bootstrap=bootstrap, topic=topic)
+            found[kind].append(live(client, LIVE_ENTRIES, LIVE_PACE, kind, reader))
+    return found
 
 
 def broker() -> str:
@@ -272,6 +295,8 @@ def run(uri: str, scale: Scale) -> Table:
     cpu: dict[int, dict[str, list[float]]] = {}
     try:
         topic = topics.create(f"bench-{uuid.uuid4().hex[:6]}", partitions=4)
+        # Live rounds first, on a small oplog (every read of the wire server scans it).
+        lone = latencies(client, bootstrap, topic, rounds)
         for density in DENSITIES:
             records: list[OutboxMessage] = []
             # The records, and a warm-up of the broker, the server and the dispatcher.
@@ -300,17 +325,17 @@ def run(uri: str, scale: Scale) -> Table:
         client.close()
     warmup = scale.warmup
     used_cpu = {d: cpu_medians({k: v for k, v in c.items() if v}, warmup) for d, c in cpu.items()}
-    return _table(samples, used_cpu, entries, rounds)
+    return _table(samples, used_cpu, entries, rounds, lone)
 
 
 LABELS = {
     "raw": "raw confluent-kafka produce loop, one flush",
     "one-by-one": "raw produce + flush, one record at a time",
     "publisher": f"KafkaPublisher, {THREADS} threads (no database)",
-    "threads": "Dispatcher (threads) -> KafkaPublisher",
-    "async": "AsyncDispatcher -> AsyncKafkaPublisher",
-    "threads-linger": f"Dispatcher (threads) -> KafkaPublisher, linger.ms={LINGER_MS}",
-    "async-linger": f"AsyncDispatcher -> AsyncKafkaPublisher, linger.ms={LINGER_MS}",
+    "threads": f"Dispatcher (threads) -> KafkaPublisher, linger.ms={LINGER_MS}",
+    "async": f"AsyncDispatcher -> AsyncKafkaPublisher, linger.ms={LINGER_MS}",
+    "threads-linger0": "Dispatcher (threads) -> KafkaPublisher, linger.ms=0 (default)",
+    "async-linger0": "AsyncDispatcher -> AsyncKafkaPublisher, linger.ms=0 (default)",
     "threads-memory": "Dispatcher (threads) -> memory",
     "async-memory": "AsyncDispatcher -> memory",
 }
@@ -318,8 +343,8 @@ LABELS = {
 MEMORY = {
     "threads": "threads-memory",
     "async": "async-memory",
-    "threads-linger": "threads-memory",
-    "async-linger": "async-memory",
+    "threads-linger0": "threads-memory",
+    "async-linger0": "async-memory",
 }
 
 
@@ -328,6 +353,7 @@ def _table(
     cpu: dict[int, dict[str, float]],
     entries: int,
     rounds: int,
+    lone: dict[str, list[list[float]]],
 ) -> Table:
     table = Table(
         "kafka",
@@ -344,12 +370,22 @@ def _table(
         ],
     )
     add_ceiling_rows(table, samples, cpu, LABELS, MEMORY, digits=3)
+    live_ms = {
+        kind: {
+            "p50_ms": median([percentile(run, 50) for run in runs]) * 1000,
+            "p99_ms": median([percentile(run, 99) for run in runs]) * 1000,
+        }
+        for kind, runs in lone.items()
+    }
+    table.figures["live"] = live_ms
     table.notes += [
         f"{entries:,} records per round (one entry per commit, 1 or 10 pending entries per "
         "aggregate: the aggregates are the record keys) on a 4-partition topic of a "
         f"single-node KRaft broker on the same machine, {rounds} interleaved rounds per "
-        "density after a warm-up; producers are idempotent with acks=all, linger.ms=0 (the "
-        "publisher's default), and connected (one record delivered) before timing starts. "
+        "density after a warm-up; producers are idempotent with acks=all, the "
+        f"dispatchers' publisher has linger.ms {LINGER_MS} unless a row says 0 (the "
+        "publisher's default, which the lone publisher rows use), and is connected (one "
+        "record delivered) before timing starts. "
         "'one-by-one' runs a quarter of the records. Ratios are medians over rounds of the "
         "per-round ratio (interquartile range, or min-max below 4 rounds, in brackets); "
         "'vs the lower ceiling' divides by the lower of the raw loop and the same driver "
@@ -361,5 +397,13 @@ def _table(
         "apart.",
         "Every dispatcher round checks that each entry was published and trimmed; the raw "
         "loops check that every record was delivered.",
+        f"live, commit-to-publish of lone entries ({LIVE_ENTRIES} commits at "
+        f"{LIVE_PACE:.0f}/s per round, {rounds} interleaved rounds, medians of each round's "
+        "p50 / p99 in ms): "
+        + "; ".join(
+            f"{LABELS[kind]} {ms['p50_ms']:.1f} / {ms['p99_ms']:.1f}"
+            for kind, ms in live_ms.items()
+        )
+        + ".",
     ]
     return table

@@ -19,6 +19,7 @@ from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError
 from docoutbox.ports.dispatch import Publisher
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
+from docoutbox_kafka.publisher import _Sending
 from tests.support.aio import Blocking
 from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
@@ -290,11 +291,11 @@ def test_a_full_local_queue_waits_instead_of_failing(
     publisher = KafkaPublisher(config, topic)
     errors: list[BaseException] = []
     full = 0
-    produce = KafkaPublisher._produce
+    produce = _Sending.produce
 
-    def counting(self: KafkaPublisher, *args: Any) -> bool:
+    def counting(self: _Sending) -> bool:
         nonlocal full
-        queued = produce(self, *args)
+        queued = produce(self)
         full += not queued
         return queued
 
@@ -305,7 +306,7 @@ def test_a_full_local_queue_waits_instead_of_failing(
         except BaseException as exc:
             errors.append(exc)
 
-    monkeypatch.setattr(KafkaPublisher, "_produce", counting)
+    monkeypatch.setattr(_Sending, "produce", counting)
     threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
     for thread in threads:
         thread.start()
