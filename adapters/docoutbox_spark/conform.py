@@ -192,22 +192,31 @@ def typed_layout(raw: DataFrame) -> DataFrame:
     if is_typed(raw):
         return raw
     base = _typed(raw, keep=True)
+    # The raw text is built here, under the condition that needs it, from the raw columns
+    # passed through as they are: a document that conforms is never turned into JSON.
+    columns = [c for c in raw.columns if c != SIZE_FIELD]
+    row = ", ".join(f"{literal(c)}, {name(_KEPT + c)}" for c in columns)
+    texts = _array(name(_KEPT + "outbox"))
     kept = (
         "CASE WHEN exists(_entries, e -> size(e.problems) > 0) THEN "
-        "zip_with(_entries, _texts, (e, t) -> CASE WHEN size(e.problems) > 0 THEN t END) END"
+        f"zip_with(_entries, {texts}, (e, t) -> CASE WHEN size(e.problems) > 0 THEN t END) END"
     )
     return base.selectExpr(
         *[("_entries AS outbox" if c == "_entries" else name(c)) for c in TYPED_COLUMNS],
         "state",
         "state_version",
-        "CASE WHEN size(problems) > 0 THEN _raw END AS raw",
+        f"CASE WHEN size(problems) > 0 THEN to_json(named_struct({row})) END AS raw",
         f"{kept} AS outbox_raw",
     )
 
 
+#: The prefix of the raw columns :func:`_typed` passes through for :func:`typed_layout`.
+_KEPT = "_kept_"
+
+
 def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
     """The typed documents (:data:`TYPED_COLUMNS`) of raw rows; with ``keep``, also the
-    stored state, each row as JSON text (``_raw``) and its entries' texts (``_texts``)."""
+    stored state and every raw column as it is (named ``_kept_<column>``)."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
     estimate = "5"
     for column in raw_cols:
@@ -257,11 +266,9 @@ def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
         ("problems", f"array_compact(array({', '.join(problems)}))"),
     ]
     if keep:
-        row = ", ".join(name(c) for c in raw_cols)
         parts += [
             *((c, name(c) if c in raw_cols else "CAST(NULL AS string)") for c in KEPT_COLUMNS[:2]),
-            ("_raw", f"to_json(struct({row}))"),
-            ("_texts", "transform(_parsed, x -> x.raw)"),
+            *((_KEPT + c, name(c)) for c in raw_cols),
         ]
     base = parsed.selectExpr(*aliased(parts))
     # Each entry's seq from the typed entries (their positive seqs), in a projection of

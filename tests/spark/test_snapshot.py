@@ -5,6 +5,7 @@ raw snapshots still read and audited the same."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,15 @@ def test_the_typed_layout_is_the_declared_schema(spark: Any) -> None:
     written = typed_layout(frame(spark, planted.producer(big=False))).schema
     declared = StructType.fromDDL(TYPED_DOCUMENT_DDL)
     assert written.simpleString() == declared.simpleString()
+
+
+def test_the_export_turns_only_documents_with_problems_into_json(spark: Any) -> None:
+    # A conforming document's raw text is never built: a large state would cost its size
+    # again in memory, for every document (the test session's driver ran out of heap).
+    layout = typed_layout(frame(spark, planted.producer(big=False)))
+    plan = layout._jdf.queryExecution().optimizedPlan().toString()
+    guarded = r"CASE WHEN \(size\(problems#\d+, \w+\) > 0\) THEN invoke\(StructsToJsonEvaluator"
+    assert plan.count("StructsToJsonEvaluator") == len(re.findall(guarded, plan)) == 1
 
 
 def test_a_typed_snapshot_is_audited_as_its_raw_documents(
