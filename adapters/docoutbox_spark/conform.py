@@ -195,8 +195,8 @@ def typed_layout(raw: DataFrame) -> DataFrame:
     # The raw text is built here, under the condition that needs it, from the raw columns
     # passed through as they are: a document that conforms is never turned into JSON.
     columns = [c for c in raw.columns if c != SIZE_FIELD]
-    row = ", ".join(f"{literal(c)}, {name(_KEPT + c)}" for c in columns)
-    texts = _array(name(_KEPT + "outbox"))
+    row = ", ".join(f"{literal(c)}, {name(_kept(c))}" for c in columns)
+    texts = _array(name(_kept("outbox")))
     kept = (
         "CASE WHEN exists(_entries, e -> size(e.problems) > 0) THEN "
         f"zip_with(_entries, {texts}, (e, t) -> CASE WHEN size(e.problems) > 0 THEN t END) END"
@@ -214,9 +214,15 @@ def typed_layout(raw: DataFrame) -> DataFrame:
 _KEPT = "_kept_"
 
 
+def _kept(column: str) -> str:
+    """The name under which :func:`_typed` passes raw ``column`` through: the stored state
+    keeps its own name, so that its text (often the largest) is held once per row."""
+    return column if column in KEPT_COLUMNS else _KEPT + column
+
+
 def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
     """The typed documents (:data:`TYPED_COLUMNS`) of raw rows; with ``keep``, also the
-    stored state and every raw column as it is (named ``_kept_<column>``)."""
+    stored state and every other raw column as it is (named by :func:`_kept`)."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
     estimate = "5"
     for column in raw_cols:
@@ -268,7 +274,7 @@ def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
     if keep:
         parts += [
             *((c, name(c) if c in raw_cols else "CAST(NULL AS string)") for c in KEPT_COLUMNS[:2]),
-            *((_KEPT + c, name(c)) for c in raw_cols),
+            *((_kept(c), name(c)) for c in raw_cols if _kept(c) != c),
         ]
     base = parsed.selectExpr(*aliased(parts))
     # Each entry's seq from the typed entries (their positive seqs), in a projection of
