@@ -8,6 +8,11 @@ whose fields it needs.
 
 Numbers, booleans and dates arrive as text from every reader, so a number stored as a
 numeric string (``"5"``) reads as the number; anything that does not parse is reported.
+
+Rule: the typing is done once per document. :func:`typed_layout` stores its result (the
+layout of a Parquet snapshot, with the raw text of what did not conform), and ``conform``
+of such rows only splits them, so an audit of a snapshot and of the database it was
+exported from report the same.
 """
 
 from __future__ import annotations
@@ -103,7 +108,8 @@ _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
 
 def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool = True) -> Conformed:
-    """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`).
+    """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`), or
+    the typed rows of a typed snapshot (:func:`typed_layout`), which need no typing.
 
     Each outbox entry is parsed once, into the documents' typed entries (``_entries``),
     which the entries frame explodes: nothing downstream parses JSON again, so a filter on
@@ -114,6 +120,109 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
     reading to the caller, who may fill several caches in one job. ``documents`` carries
     ``seqs``, the ``seq`` of each readable outbox entry (positive integers only), for
     per-document checks that need no shuffle."""
+    base = _from_layout(raw) if is_typed(raw) else _typed(raw)
+    if persist is not None:
+        base = base.persist(persist)
+        if read:
+            base.write.format("noop").mode("overwrite").save()  # read it now, once
+    documents = base.drop("_entries")
+    entries = _entries(base)
+    malformed = documents.where("size(problems) > 0").selectExpr(
+        "'malformed' AS kind",
+        "aggregate_id",
+        "CAST(NULL AS string) AS entry_id",
+        "array_join(problems, '; ') AS detail",
+    )
+    bad_entries = entries.where("size(problems) > 0").selectExpr(
+        "'malformed' AS kind",
+        "aggregate_id",
+        "id AS entry_id",
+        "concat('outbox[', CAST(position AS string), ']: ', array_join(problems, '; ')) AS detail",
+    )
+    return Conformed(
+        documents,
+        entries,
+        malformed.unionByName(bad_entries),
+        (base,) if persist is not None else (),
+    )
+
+
+#: The columns of the typed documents (``_entries``: the typed outbox entries).
+TYPED_COLUMNS = (
+    "aggregate_id",
+    "type",
+    "version",
+    "partition",
+    "inbox",
+    "inbox_marks",
+    "outbox_seq",
+    "created_at",
+    "updated_at",
+    "size_bytes",
+    "size_exact",
+    "_entries",
+    "pending",
+    "seqs",
+    "problems",
+)
+#: What a typed snapshot keeps beside them: the outbox's typed entries under ``outbox``,
+#: the raw text of what did not conform (``raw``: the whole document as JSON when it has a
+#: problem; ``outbox_raw``: each entry's text where that entry has one, else null), and
+#: the business state as stored.
+KEPT_COLUMNS = ("state", "state_version", "raw", "outbox_raw")
+
+
+def is_typed(frame: DataFrame) -> bool:
+    """Whether ``frame`` holds typed snapshot rows (:func:`typed_layout`), not raw ones."""
+    columns = set(frame.columns)
+    return "problems" in columns and "outbox_raw" in columns
+
+
+def _from_layout(typed: DataFrame) -> DataFrame:
+    """The typed documents of a typed snapshot: its columns, nothing computed."""
+    return typed.selectExpr(
+        *[("outbox AS _entries" if c == "_entries" else name(c)) for c in TYPED_COLUMNS]
+    )
+
+
+def typed_layout(raw: DataFrame) -> DataFrame:
+    """Raw document rows in the typed snapshot layout (already typed rows as they are):
+    the typed documents, typed once here so that an audit of the snapshot parses and
+    types nothing, and what :data:`KEPT_COLUMNS` keeps."""
+    if is_typed(raw):
+        return raw
+    base = _typed(raw, keep=True)
+    # The raw text is built here, under the condition that needs it, from the raw columns
+    # passed through as they are: a document that conforms is never turned into JSON.
+    columns = [c for c in raw.columns if c != SIZE_FIELD]
+    row = ", ".join(f"{literal(c)}, {name(_kept(c))}" for c in columns)
+    texts = _array(name(_kept("outbox")))
+    kept = (
+        "CASE WHEN exists(_entries, e -> size(e.problems) > 0) THEN "
+        f"zip_with(_entries, {texts}, (e, t) -> CASE WHEN size(e.problems) > 0 THEN t END) END"
+    )
+    return base.selectExpr(
+        *[("_entries AS outbox" if c == "_entries" else name(c)) for c in TYPED_COLUMNS],
+        "state",
+        "state_version",
+        f"CASE WHEN size(problems) > 0 THEN to_json(named_struct({row})) END AS raw",
+        f"{kept} AS outbox_raw",
+    )
+
+
+#: The prefix of the raw columns :func:`_typed` passes through for :func:`typed_layout`.
+_KEPT = "_kept_"
+
+
+def _kept(column: str) -> str:
+    """The name under which :func:`_typed` passes raw ``column`` through: the stored state
+    keeps its own name, so that its text (often the largest) is held once per row."""
+    return column if column in KEPT_COLUMNS else _KEPT + column
+
+
+def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
+    """The typed documents (:data:`TYPED_COLUMNS`) of raw rows; with ``keep``, also the
+    stored state and every other raw column as it is (named by :func:`_kept`)."""
     raw_cols = [c for c in raw.columns if c != SIZE_FIELD]
     estimate = "5"
     for column in raw_cols:
@@ -146,57 +255,35 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
     parsed = raw.selectExpr(
         "*", f"transform({_array('outbox')}, r -> named_struct('raw', r, 'e', {entry})) AS _parsed"
     )
-    base = parsed.selectExpr(
-        *aliased(
-            [
-                ("aggregate_id", "`_id`"),
-                ("type", "`type`"),
-                ("version", _long("version")),
-                ("partition", f"coalesce({_long('`partition`')}, 0)"),
-                ("inbox", _array("inbox")),
-                ("inbox_marks", marks),
-                ("outbox_seq", _long("outbox_seq")),
-                ("created_at", _ts("created_at")),
-                ("updated_at", _ts("updated_at")),
-                ("size_bytes", f"coalesce({name(SIZE_FIELD)}, {estimate})"),
-                ("size_exact", f"({name(SIZE_FIELD)} IS NOT NULL)"),
-                ("_entries", f"transform(_parsed, (x, p) -> {_typed_entry('x', 'p')})"),
-                ("pending", "coalesce(size(_parsed), 0)"),
-                ("problems", f"array_compact(array({', '.join(problems)}))"),
-            ]
-        )
-    )
+    parts = [
+        ("aggregate_id", "`_id`"),
+        ("type", "`type`"),
+        ("version", _long("version")),
+        ("partition", f"coalesce({_long('`partition`')}, 0)"),
+        ("inbox", _array("inbox")),
+        ("inbox_marks", marks),
+        ("outbox_seq", _long("outbox_seq")),
+        ("created_at", _ts("created_at")),
+        ("updated_at", _ts("updated_at")),
+        ("size_bytes", f"coalesce({name(SIZE_FIELD)}, {estimate})"),
+        ("size_exact", f"({name(SIZE_FIELD)} IS NOT NULL)"),
+        ("_entries", f"transform(_parsed, (x, p) -> {_typed_entry('x', 'p')})"),
+        ("pending", "coalesce(size(_parsed), 0)"),
+        ("problems", f"array_compact(array({', '.join(problems)}))"),
+    ]
+    if keep:
+        parts += [
+            *((c, name(c) if c in raw_cols else "CAST(NULL AS string)") for c in KEPT_COLUMNS[:2]),
+            *((_kept(c), name(c)) for c in raw_cols if _kept(c) != c),
+        ]
+    base = parsed.selectExpr(*aliased(parts))
     # Each entry's seq from the typed entries (their positive seqs), in a projection of
     # its own so that the entries are parsed once per document.
-    base = base.selectExpr(
+    return base.selectExpr(
         *[name(c) for c in base.columns if c != "problems"],
         "coalesce(filter(transform(_entries, x -> x.seq), q -> q IS NOT NULL), "
         f"{empty('bigint')}) AS seqs",
         "problems",
-    )
-    if persist is not None:
-        base = base.persist(persist)
-        if read:
-            base.write.format("noop").mode("overwrite").save()  # read it now, once
-    documents = base.drop("_entries")
-    entries = _entries(base)
-    malformed = documents.where("size(problems) > 0").selectExpr(
-        "'malformed' AS kind",
-        "aggregate_id",
-        "CAST(NULL AS string) AS entry_id",
-        "array_join(problems, '; ') AS detail",
-    )
-    bad_entries = entries.where("size(problems) > 0").selectExpr(
-        "'malformed' AS kind",
-        "aggregate_id",
-        "id AS entry_id",
-        "concat('outbox[', CAST(position AS string), ']: ', array_join(problems, '; ')) AS detail",
-    )
-    return Conformed(
-        documents,
-        entries,
-        malformed.unionByName(bad_entries),
-        (base,) if persist is not None else (),
     )
 
 

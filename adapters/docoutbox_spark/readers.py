@@ -1,8 +1,9 @@
 """Ways into the audit: the MongoDB Spark connector, the pymongo data source, Parquet.
 
-Every reader returns raw rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA` or
-:data:`~docoutbox_spark.schema.RAW_DEAD_LETTER_SCHEMA`); :mod:`docoutbox_spark.conform`
-applies the typed schema.
+Every database reader returns raw rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`
+or :data:`~docoutbox_spark.schema.RAW_DEAD_LETTER_SCHEMA`); :mod:`docoutbox_spark.conform`
+applies the typed schema. A Parquet snapshot keeps the documents typed
+(:data:`~docoutbox_spark.schema.TYPED_DOCUMENT_DDL`), so its audit conforms nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from docoutbox_spark.conform import typed_layout
 from docoutbox_spark.cosmos_source import NAME as COSMOS
 from docoutbox_spark.cosmos_source import CosmosSource
 from docoutbox_spark.datasource import NAME, MongoSource
-from docoutbox_spark.schema import RAW_ARCHIVE_SCHEMA, RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA
+from docoutbox_spark.schema import (
+    RAW_ARCHIVE_SCHEMA,
+    RAW_DEAD_LETTER_SCHEMA,
+    RAW_DOCUMENT_SCHEMA,
+    TYPED_DOCUMENT_DDL,
+)
 
 CONNECTOR = "org.mongodb.spark:mongo-spark-connector_2.13:10.5.0"
 PARTITIONER = "com.mongodb.spark.sql.connector.read.partitioner.PaginateIntoPartitionsPartitioner"
@@ -223,32 +230,58 @@ def count_documents(target: MongoTarget) -> int:
         return int(client[target.database][target.collection].count_documents({}))
 
 
-# Parquet snapshot: one directory per role, raw rows, so malformed documents survive it.
+# Parquet snapshot: one directory per role. The documents' roles are written typed (see
+# :func:`write_snapshot`); dead letters and archives stay raw rows.
 ROLES = ("producer", "consumer", "dead_letters", "consumer_archive")
+#: The roles written in the typed layout.
+TYPED_ROLES = ("producer", "consumer")
+#: The file that marks a role's directory as the typed layout (Spark skips files whose
+#: name starts with ``_`` when it reads the directory).
+LAYOUT_FILE = "_docoutbox_layout"
+TYPED_LAYOUT = "typed-documents 1"
 
 
 def write_snapshot(frames: dict[str, DataFrame], directory: str | Path) -> dict[str, int]:
-    """Write each role's raw frame to ``directory/<role>`` as Parquet; return row counts."""
+    """Write each role's frame to ``directory/<role>`` as Parquet; return row counts.
+
+    The producer and consumer documents are written in the typed layout
+    (:func:`~docoutbox_spark.conform.typed_layout`): typed once here, so an audit of the
+    snapshot parses no JSON and types nothing. A document or entry that does not conform
+    keeps its raw text beside its typed fields and its problems, and is reported as from
+    the database. Raw frames and typed ones (a snapshot read back) are both accepted."""
     counts: dict[str, int] = {}
     for role, frame in frames.items():
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
-        path = str(Path(directory) / role)
-        frame.write.mode("overwrite").parquet(path)
-        counts[role] = spark_count(frame.sparkSession.read.parquet(path))
+        path = Path(directory) / role
+        typed = role in TYPED_ROLES
+        (typed_layout(frame) if typed else frame).write.mode("overwrite").parquet(str(path))
+        if typed:
+            (path / LAYOUT_FILE).write_text(TYPED_LAYOUT + "\n")
+        counts[role] = spark_count(frame.sparkSession.read.parquet(str(path)))
     return counts
 
 
+def is_typed_snapshot(path: str | Path) -> bool:
+    """Whether a role's directory holds the typed layout (older snapshots hold raw rows)."""
+    marker = Path(path) / LAYOUT_FILE
+    return marker.is_file() and marker.read_text().strip() == TYPED_LAYOUT
+
+
 def read_snapshot(spark: SparkSession, directory: str | Path) -> dict[str, DataFrame]:
-    """The roles present under ``directory`` (at least ``producer``)."""
+    """The roles present under ``directory`` (at least ``producer``), each with its
+    explicit schema: the typed layout where the role's directory is marked so, raw rows
+    otherwise (snapshots written before the typed layout), which the audit conforms."""
     found: dict[str, DataFrame] = {}
     for role in ROLES:
         path = Path(directory) / role
         if path.is_dir():
-            schema = {
+            schema: StructType | str = {
                 "dead_letters": RAW_DEAD_LETTER_SCHEMA,
                 "consumer_archive": RAW_ARCHIVE_SCHEMA,
             }.get(role, RAW_DOCUMENT_SCHEMA)
+            if role in TYPED_ROLES and is_typed_snapshot(path):
+                schema = TYPED_DOCUMENT_DDL
             found[role] = spark.read.schema(schema).parquet(str(path))
     return found
 

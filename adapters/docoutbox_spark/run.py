@@ -315,10 +315,14 @@ def read_once(frames: list[Conformed | DataFrame]) -> None:
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
+    """The rows of ``frames`` (each with the columns of the first), as one frame built in
+    one step: one ``UNION ALL`` analysed once, where a chain of ``unionByName`` calls
+    analyses the growing union again at each call."""
+    if len(frames) == 1:
+        return frames[0]
+    columns = ", ".join(name(column) for column in frames[0].columns)
+    query = " UNION ALL ".join(f"SELECT {columns} FROM {{f{i}}}" for i in range(len(frames)))
+    return frames[0].sparkSession.sql(query, **{f"f{i}": f for i, f in enumerate(frames)})
 
 
 def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> DataFrame:
@@ -411,8 +415,10 @@ def _by_stream(sources: DataFrame) -> DataFrame:
     ]
     emitted = _keyed_of("f", "'reconciliation'", b="'emitted'", n="emitted")
     issues = _keyed_of("s", "source", issues=others)
+    # Only the counts that are not zero: most of a stream's are, and each row is shuffled.
+    summed = f"filter(array({', '.join([emitted, *counts])}), k -> k.n != 0)"
     rows = (
-        f"concat(transform({candidate}, i -> {checked}), array({', '.join([emitted, *counts])}), "
+        f"concat(transform({candidate}, i -> {checked}), {summed}, "
         f"CASE WHEN size({others}) > 0 THEN array({issues}) ELSE {empty(_KEYED)} END)"
     )
     return sources.selectExpr(f"explode(CAST({rows} AS array<{_KEYED}>)) AS k").select("k.*")

@@ -8,7 +8,8 @@ wrong type, an outbox that is not an array) would fail the whole job in the Mong
 connector. They read :func:`raw_schema` instead, the same top-level fields as strings
 (nested values as JSON text), plus ``bson_size`` when the reader knows the exact stored
 size. :func:`docoutbox_spark.conform.conform` then applies the typed schema and turns every
-mismatch into a finding that names the document.
+mismatch into a finding that names the document. A Parquet snapshot stores the result of
+that step (:data:`TYPED_DOCUMENT_DDL`), so its audit repeats none of it.
 """
 
 from __future__ import annotations
@@ -159,3 +160,40 @@ def raw_row(doc: dict[str, Any], schema: StructType, size: int | None = None) ->
 
 def field_type(schema: StructType, name: str) -> DataType:
     return schema[name].dataType
+
+
+#: A typed outbox entry, as :func:`docoutbox_spark.conform.typed_layout` writes it: the
+#: entry's typed fields, its problems, and its payload's stored size.
+TYPED_ENTRY_DDL = (
+    "struct<position:int,id:string,type:string,destination:string,payload:string,"
+    "headers:string,created_at:timestamp,due:timestamp,seq:bigint,entry_aggregate_id:string,"
+    "entry_aggregate_type:string,attempts:bigint,last_error:string,problems:array<string>,"
+    "payload_bytes:bigint,claimed:boolean>"
+)
+#: The typed layout of a snapshot's documents (:mod:`docoutbox_spark.readers`): typed
+#: top-level fields, the outbox as typed entries, the per-document problems, the figures
+#: every audit needs (size, pending entries, seqs), the stored state, and the raw text of
+#: what did not conform (``raw``, ``outbox_raw``).
+TYPED_DOCUMENT_DDL = ", ".join(
+    [
+        "aggregate_id string",
+        "type string",
+        "version bigint",
+        "`partition` bigint",
+        "inbox array<string>",
+        "inbox_marks array<struct<source:string,hw:bigint,above:array<bigint>>>",
+        "outbox_seq bigint",
+        "created_at timestamp",
+        "updated_at timestamp",
+        "size_bytes bigint",
+        "size_exact boolean",
+        f"outbox array<{TYPED_ENTRY_DDL}>",
+        "pending int",
+        "seqs array<bigint>",
+        "problems array<string>",
+        "state string",
+        "state_version string",
+        "raw string",
+        "outbox_raw array<string>",
+    ]
+)

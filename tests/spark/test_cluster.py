@@ -1,7 +1,8 @@
 """The same audit on a Spark standalone cluster (``scripts/servers.sh start-spark-cluster``:
 a master and two workers on 127.0.0.1) as on ``local``: the connector's jars and the
 project's Python data sources are shipped to the executors, and the findings are the same
-for the connector, the pymongo data source and a Parquet snapshot."""
+for the connector, the pymongo data source and a Parquet snapshot (the typed layout the
+export writes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from docoutbox_app.cli import main
+from docoutbox_spark.readers import is_typed_snapshot
 from tests.conftest import missing
 from tests.spark import planted
 from tests.spark.conftest import JARS
@@ -64,6 +66,7 @@ def test_the_cluster_finds_what_local_finds(spark: Any, planted_db: Any, tmp_pat
     mongo = ["--mongo-uri", uri, "--db", db, "--collection", "producer"]
     both = [*mongo, "--consumer-collection", "consumer", "--dead-letters", "dead"]
     assert main(["export", *both, "--reader", "datasource", "--out", str(snapshot)]) == 0
+    assert is_typed_snapshot(snapshot / "producer") and is_typed_snapshot(snapshot / "consumer")
     sources = {
         "connector": [*both, "--reader", "connector", "--spark-jars", str(JARS)],
         "datasource": [*both, "--reader", "datasource"],
