@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
+from docoutbox.errors import InvalidConfig
 from docoutbox.ports.kit import BrokerSettings
 from docoutbox_rabbitmq.publisher import RabbitPublisher
 
@@ -22,12 +23,18 @@ def with_timeout(url: str, seconds: float) -> str:
 class RabbitBroker:
     """:class:`~docoutbox.ports.kit.BrokerAdapter`: ``url`` is an ``amqp://`` URL,
     ``destination`` the exchange (None: the default exchange), ``declare`` an exchange type
-    to declare at start (else the exchange must exist)."""
+    to declare at start (else the exchange must exist). It takes no ``options``: connection
+    settings go in the URL's query (pika's ``URLParameters``)."""
 
     label = "RabbitMQ"
     extra = "rabbitmq"
 
     def publisher(self, settings: BrokerSettings) -> RabbitPublisher:
+        if settings.options:
+            raise InvalidConfig(
+                f"the RabbitMQ broker takes no options (got {', '.join(sorted(settings.options))}):"
+                " put connection settings in the URL's query"
+            )
         publisher = RabbitPublisher(
             with_timeout(settings.url, settings.timeout),
             exchange=settings.destination or "",

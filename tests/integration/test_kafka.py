@@ -16,9 +16,11 @@ from confluent_kafka import KafkaError
 from benchmarks.ledger import make_entry
 from benchmarks.servers import Topics
 from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
-from docoutbox.errors import BrokerUnavailable, PermanentPublishError
+from docoutbox.errors import BrokerUnavailable, DocOutboxError, PermanentPublishError
 from docoutbox.ports.dispatch import Publisher
+from docoutbox.ports.kit import BrokerSettings
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
+from docoutbox_kafka.broker import BROKER
 from docoutbox_kafka.publisher import _Sending
 from tests.support.aio import Blocking
 from tests.support.kafka import proxied_ports
@@ -329,3 +331,24 @@ def test_check_fails_fast_on_a_missing_topic_or_an_unreachable_cluster(
         absent.check(timeout=10)
     with KafkaPublisher("127.0.0.1:1", topic) as publisher, pytest.raises(BrokerUnavailable):
         publisher.check(timeout=1)
+
+
+def test_the_broker_adapter_passes_options_and_lingers_for_a_dispatcher(
+    kafka: str, topics: Topics
+) -> None:
+    """``docoutbox dispatch`` and endpoints build their publisher through the adapter:
+    its ``options`` reach librdkafka (they were dropped), ``linger.ms`` is 5 for a
+    dispatcher's rounds unless they set it, and a setting librdkafka does not know is a
+    typed error, not a silent drop."""
+    topic = topics.create()
+    lingering = BROKER.publisher(BrokerSettings(kafka, topic, timeout=10))
+    with lingering:
+        assert lingering._settings["linger.ms"] == 5
+    options = {"linger.ms": "0", "client.id": "dx-options"}
+    told = BROKER.publisher(BrokerSettings(kafka, topic, timeout=10, options=options))
+    with told:
+        assert told._settings["linger.ms"] == "0"
+        assert told._settings["client.id"] == "dx-options"
+    unknown = BrokerSettings(kafka, topic, timeout=10, options={"no.such.setting": "1"})
+    with pytest.raises(DocOutboxError, match=r"no\.such\.setting"):
+        BROKER.publisher(unknown)

@@ -8,10 +8,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from docoutbox.errors import InvalidConfig
+from docoutbox.ports.kit import BrokerSettings
 from docoutbox.stored import Codec, Zlib
 from docoutbox_app import cli
 from docoutbox_app.cli import demo, main, spark
 from docoutbox_app.cli.options import stored_values
+from docoutbox_rabbitmq.broker import BROKER as RABBIT
 
 
 def _numeric(
@@ -101,3 +104,16 @@ def test_dispatch_decode_names_the_stores_codec(capsys: pytest.CaptureFixture[st
     config = cli._options(args, "n").config()
     assert config.codec is CODEC and config.upcasters is None
     assert stored_values("tests.unit.test_cli_arguments:CODEC").codec is CODEC
+
+
+@pytest.mark.parametrize("publisher", ["memory", "stdout"])
+def test_broker_options_are_never_dropped(publisher: str) -> None:
+    """``--broker-option`` reaches the broker adapter, or is refused where nothing reads
+    it (the memory and stdout publishers, the RabbitMQ adapter): never ignored."""
+    argv = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    argv += ["--broker-option", "linger.ms=5", "--publisher", publisher, "--discard-entries"]
+    with pytest.raises(InvalidConfig, match=f"no meaning with --publisher {publisher}"):
+        cli._publisher(cli._parser().parse_args(argv))
+    rabbit = BrokerSettings("amqp://guest:guest@127.0.0.1:1/", options={"frame_max": "8192"})
+    with pytest.raises(InvalidConfig, match="takes no options"):
+        RABBIT.publisher(rabbit)

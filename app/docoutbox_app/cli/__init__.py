@@ -178,7 +178,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         type=key_value,
         action=KeyValues,
-        help="a setting of the broker adapter's own (repeatable)",
+        help="a setting of the broker adapter's own (repeatable); for kafka a librdkafka "
+        "setting (linger.ms is 5 unless set here)",
     )
     d.add_argument(
         "--discard-entries",
@@ -623,6 +624,9 @@ def _work_probe(kit: StoreKit, partitions: int) -> PendingWorkProbe | None:
 
 
 def _publisher(args: argparse.Namespace) -> Publisher:
+    options = args.broker_option or {}
+    if args.publisher in ("memory", "stdout") and options:
+        raise InvalidConfig(f"--broker-option has no meaning with --publisher {args.publisher}")
     if args.publisher == "memory":
         return CountingPublisher()
     if args.publisher == "stdout":
@@ -630,7 +634,11 @@ def _publisher(args: argparse.Namespace) -> Publisher:
     wire = WireFormat(args.wire)
     if args.publisher == "kafka":
         settings = BrokerSettings(
-            args.kafka_bootstrap, args.topic, wire=wire, timeout=args.broker_timeout
+            args.kafka_bootstrap,
+            args.topic,
+            wire=wire,
+            timeout=args.broker_timeout,
+            options=options,
         )
     elif args.publisher == "rabbitmq":
         settings = BrokerSettings(
@@ -640,6 +648,7 @@ def _publisher(args: argparse.Namespace) -> Publisher:
             wire=wire,
             timeout=args.broker_timeout,
             declare=args.declare_exchange,
+            options=options,
         )
     else:
         settings = BrokerSettings(
@@ -647,7 +656,7 @@ def _publisher(args: argparse.Namespace) -> Publisher:
             routing_key=args.routing_key,
             wire=wire,
             timeout=args.broker_timeout,
-            options=args.broker_option or {},
+            options=options,
         )
     return registry.broker(args.publisher).publisher(settings)
 
