@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.__main__ import merged
+from benchmarks.__main__ import BENCHMARKS, DEFAULT_OUT, merged
 from benchmarks.common import paired_ratio, percentile
 
 pytestmark = pytest.mark.wire
@@ -46,3 +46,11 @@ def test_helpers() -> None:
     assert percentile([float(x) for x in range(1, 101)], 50) == 50
     assert percentile([float(x) for x in range(1, 101)], 99) == 99
     assert percentile([5.0], 99) == 5.0
+
+
+def test_the_recorded_results_hold_every_benchmark() -> None:
+    """``benchmarks/results.json`` is what BENCHMARKS.md and the benchmarks page quote: a
+    full run of every default benchmark, never emptied or left quick by a partial write."""
+    recorded = json.loads(DEFAULT_OUT.read_text())
+    assert recorded.get("quick") is False
+    assert set(BENCHMARKS) <= set(recorded.get("benchmarks", {}))
