@@ -52,7 +52,7 @@ def bson_size(document: Document) -> int:
     """The exact BSON size of ``document``; InvalidPayload when it cannot be encoded."""
     try:
         inbox = document.get("inbox")
-        if type(inbox) is list and len(inbox) >= _COUNTED_INBOX:
+        if (type(inbox) is list or type(inbox) is tuple) and len(inbox) >= _COUNTED_INBOX:
             counted = _ascii_strings_size(inbox)
             if counted is not None:
                 return len(bson.encode({**document, "inbox": []})) + counted
@@ -66,7 +66,7 @@ _COUNTED_INBOX = 8
 _KEY_DIGITS: list[int] = [0]
 
 
-def _ascii_strings_size(items: list[Any]) -> int | None:
+def _ascii_strings_size(items: list[Any] | tuple[Any, ...]) -> int | None:
     """What the elements of a BSON array of ``items`` add to an empty array, counted
     without encoding; None unless every item is an ASCII ``str``.
 

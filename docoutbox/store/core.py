@@ -84,8 +84,8 @@ from docoutbox.store.plans import (
     FailurePlan,
     InsertPlan,
     WritePlan,
-    apply_plan,
     cancelled_keys,
+    committed,
     guard_size,
     plan_commit,
     plan_trim,
@@ -420,7 +420,7 @@ class Core(Generic[S]):
                 plan = yield from self.claim(plan)
             if policy.spill:
                 plan = spill.plan_spill(plan, doc, policy)
-            after = apply_plan(base, plan)
+            after = committed(base, plan)
             assert after is not None
             try:
                 size = self._measure(after, plan, known, aggregate_id)
@@ -431,7 +431,7 @@ class Core(Generic[S]):
                 plan = spill.plan_spill(plan, doc, policy, everything=True)
                 if not plan.inbox_spilled:
                     raise
-                after = apply_plan(base, plan)
+                after = committed(base, plan)
                 assert after is not None
                 size = self._measure(after, plan, None, aggregate_id)
             attempt += 1

@@ -336,7 +336,7 @@ def _same_number(stored: Any, expected: int) -> bool:
 def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     """The document after ``plan``, or None when the plan would not apply to ``doc``."""
     if type(plan) is CommitPlan:  # the commit path's every write: checked first
-        return None if doc is None else _committed(doc, plan)
+        return None if doc is None else _listed(committed(doc, plan))
     if isinstance(plan, InsertPlan):
         return None if doc is not None else dict(plan.document)
     if doc is None:
@@ -374,11 +374,22 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 outbox[index] = {**entry, "attempts": plan.attempts, "last_error": plan.last_error}
                 return {**doc, "outbox": outbox}
         return None
-    return _committed(doc, plan)
+    return _listed(committed(doc, plan))
 
 
-def _committed(doc: Document, plan: CommitPlan) -> Document | None:
-    """``doc`` after the commit ``plan`` (None: its version or cancels do not match)."""
+def _listed(doc: Document | None) -> Document | None:
+    """``doc`` with its inbox as a list, as a database returns an array."""
+    if doc is not None and type(doc.get("inbox")) is tuple:
+        doc["inbox"] = list(doc["inbox"])
+    return doc
+
+
+def committed(doc: Document, plan: CommitPlan) -> Document | None:
+    """``doc`` after the commit ``plan`` (None: its version or cancels do not match).
+
+    The new inbox is the plan's own ``inbox_after`` tuple, shared (it is immutable), so
+    a commit builds it once: the store's cached copy keeps it and the next snapshot reads
+    it without a copy. :func:`apply_plan` gives the same document with a list."""
     if not _same_number(doc.get("version"), plan.expected_version):
         return None
     if plan.cancel_ids and not _cancellable(doc, plan.cancel_ids):
@@ -391,10 +402,11 @@ def _committed(doc: Document, plan: CommitPlan) -> Document | None:
         "outbox_seq": plan.outbox_seq,
         "updated_at": plan.updated_at,
     }
-    if plan.inbox_push:
+    if plan.inbox_after is not None:
+        after["inbox"] = plan.inbox_after
+    elif plan.inbox_push:
         after["inbox"] = kept_window(doc.get("inbox", ()), plan.inbox_push, plan.inbox_window)
     if plan.inbox_spill is not None:
-        after["inbox"] = list(plan.inbox_after or ())
         after["inbox_spill"] = dict(plan.inbox_spill)
     if plan.inbox_marks is not None:
         after["inbox_marks"] = list(plan.inbox_marks)
@@ -452,6 +464,7 @@ __all__ = [
     "TrimPlan",
     "WritePlan",
     "apply_plan",
+    "committed",
     "entry_id",
     "guard_size",
     "plan_commit",

@@ -60,6 +60,8 @@ class MemoryBackend:
             if after is None:
                 return False
             after = copy.deepcopy(after)
+            if type(after.get("inbox")) is tuple:  # stored as a database returns an array
+                after["inbox"] = list(after["inbox"])
             self.docs[plan.aggregate_id] = after
             self.changes.append(copy.deepcopy(after))
             return True

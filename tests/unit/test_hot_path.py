@@ -13,8 +13,8 @@ from pydantic import BaseModel
 from docoutbox import Decision, emit
 from docoutbox.errors import InvalidHandlerResult, InvalidPayload
 from docoutbox.handlers import check_result
-from docoutbox.store.document import from_millis
-from docoutbox.store.plans import CommitPlan, appended, apply_plan, kept_window
+from docoutbox.store.document import from_millis, read_snapshot
+from docoutbox.store.plans import CommitPlan, appended, apply_plan, committed, kept_window
 from docoutbox_mongo.backend import bson_size
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -140,3 +140,37 @@ def test_a_commit_plan_applies_to_its_version_and_to_no_missing_document() -> No
     assert (after["version"], after["state"], after["inbox"]) == (4, {"n": 1}, ["x", "y"])
     assert apply_plan(None, plan) is None
     assert apply_plan({**doc, "version": 2}, plan) is None
+
+
+def test_a_commit_builds_the_new_inbox_once() -> None:
+    """The store's copy of the committed document shares the plan's inbox tuple, and the
+    next snapshot reads it without a copy; apply_plan gives the same document with a
+    list, as a database returns it."""
+    doc = {
+        "_id": "a",
+        "type": "Small",
+        "version": 3,
+        "state": {"n": 0},
+        "inbox": ["x", "y"],
+        "outbox": [],
+        "outbox_seq": 0,
+    }
+    plan = CommitPlan(
+        aggregate_id="a",
+        expected_version=3,
+        state={"n": 1},
+        outbox_push=(),
+        outbox_seq=0,
+        inbox_push=("z",),
+        inbox_window=2,
+        inbox_after=appended(("x", "y"), "z", 2),
+        inbox_marks=None,
+        updated_at=EPOCH,
+    )
+    after = committed(doc, plan)
+    assert after is not None
+    assert after["inbox"] is plan.inbox_after
+    assert read_snapshot(after, Small).inbox is plan.inbox_after
+    listed = apply_plan(doc, plan)
+    assert listed == {**after, "inbox": ["y", "z"]}
+    assert doc["inbox"] == ["x", "y"]  # never changed in place
