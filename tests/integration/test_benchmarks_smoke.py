@@ -139,8 +139,9 @@ def test_kafka_benchmark_runs(mongo_uri: str) -> None:
     require_kafka()
     table = kafka.run(mongo_uri, QUICK)
     _sane(table)
-    assert set(table.figures) == {f"per_aggregate_{d}" for d in kafka.DENSITIES}
+    assert set(table.figures) == {f"per_aggregate_{d}" for d in kafka.DENSITIES} | {"live"}
     assert set(table.figures["per_aggregate_10"]) == set(kafka.LABELS)
+    assert set(table.figures["live"]) == set(kafka.KINDS)
 
 
 @pytest.mark.rabbitmq
