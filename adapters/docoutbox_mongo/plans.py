@@ -88,14 +88,20 @@ def release_update(plan: ReleasePlan) -> tuple[Filter, Update]:
     """Release and number a due entry, unless it was cancelled, or ``outbox_seq`` moved:
     ``seq = outbox_seq + 1``, and ``version`` incremented (a commit read before conflicts).
 
-    The ``outbox_seq`` guard also refuses an entry released since the dispatcher's copy:
-    every release moves it."""
+    The entry itself must not be released (``outbox_seq`` alone would let a release
+    renumber one whose document's counter still matches), and ``cancelled`` must be
+    absent, null, or an array not naming it: any other value is malformed and refuses the
+    release, as :func:`~docoutbox.store.plans.apply_plan` does. The positional ``$`` is
+    the entry ``outbox.id`` matched; the released guard is a negated ``$elemMatch``,
+    which sets no position (the wire server cannot update the position of a positive
+    one)."""
     seq = plan.outbox_seq + 1
     query: Filter = {
         "_id": plan.aggregate_id,
         "outbox_seq": plan.outbox_seq,
         "outbox.id": plan.entry_id,
-        CANCELLED: {"$ne": plan.entry_id},
+        "outbox": {"$not": {"$elemMatch": {"id": plan.entry_id, RELEASED: True}}},
+        "$or": [{CANCELLED: None}, {CANCELLED: {"$type": "array", "$ne": plan.entry_id}}],
     }
     update: Update = {
         "$set": {"outbox.$.seq": seq, f"outbox.$.{RELEASED}": True, "outbox_seq": seq},

@@ -348,7 +348,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
             after[CANCELLED] = [i for i in doc[CANCELLED] if i not in drop]
         return after
     if isinstance(plan, ReleasePlan):
-        if plan.entry_id in (doc.get(CANCELLED) or ()):
+        if _may_be_cancelled(doc.get(CANCELLED), plan.entry_id):
             return None
         if not _same_number(doc.get("outbox_seq"), plan.outbox_seq):
             return None
@@ -375,6 +375,15 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
                 return {**doc, "outbox": outbox}
         return None
     return _listed(committed(doc, plan))
+
+
+def _may_be_cancelled(cancelled: object, entry_id: str) -> bool:
+    """Whether a document's ``cancelled`` forbids releasing ``entry_id``: an array naming
+    it, or any value but an array or null (malformed: it may name the entry, and a
+    database matches no array element inside it)."""
+    if cancelled is None:
+        return False
+    return not isinstance(cancelled, list | tuple) or entry_id in cancelled
 
 
 def _listed(doc: Document | None) -> Document | None:

@@ -318,6 +318,37 @@ class StoreContract:
             assert type(doc["outbox_seq"]) is type(stored) and doc["outbox_seq"] == stored
             assert "seq" not in doc["outbox"][0] and doc["version"] == 1
 
+    def test_a_release_refuses_a_released_or_cancelled_entry(self, store: Any) -> None:
+        """A :class:`~docoutbox.store.plans.ReleasePlan` never renumbers an entry already
+        released, even while ``outbox_seq`` still matches, and never releases an entry
+        that ``cancelled`` may name: one the array names, or any entry of a document whose
+        ``cancelled`` is not an array (malformed: a string naming the entry, say)."""
+        backend = backend_of(store)
+        cancelled: dict[str, Any] = {
+            "named": ["named-e"],
+            "text": "text-e",
+            "inside": "[inside-e]",
+            "junk": "junk",
+            "empty": [],
+            "other": ["other-x"],
+        }
+        released = raw_document("released")
+        released["outbox"][0].update(seq=1, released=True)
+        assert backend.write(InsertPlan("released", released))
+        for aggregate_id, value in cancelled.items():
+            document = {**raw_document(aggregate_id), "cancelled": value}
+            assert backend.write(InsertPlan(aggregate_id, document))
+        for aggregate_id in ("released", "named", "text", "inside", "junk"):
+            assert not backend.write(ReleasePlan(aggregate_id, f"{aggregate_id}-e", 1))
+            doc = backend.load(aggregate_id)
+            assert (doc["outbox_seq"], doc["version"]) == (1, 1)
+            assert doc["outbox"][0].get("seq") == (1 if aggregate_id == "released" else None)
+        for aggregate_id in ("empty", "other"):
+            assert backend.write(ReleasePlan(aggregate_id, f"{aggregate_id}-e", 1))
+            doc = backend.load(aggregate_id)
+            assert (doc["outbox_seq"], doc["outbox"][0]["seq"], doc["version"]) == (2, 2, 2)
+            assert doc["cancelled"] == cancelled[aggregate_id]
+
     def test_commits_and_settles_compare_version_as_a_number(self, store: Any) -> None:
         """A commit and a settle apply only while the stored ``version`` equals the plan's,
         compared as the databases compare numbers: a stored ``true`` is not 1."""

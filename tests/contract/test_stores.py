@@ -22,6 +22,13 @@ class TestStoreContract(StoreContract):
         fails_on_mongomock(request, TypeError)
         super().test_a_release_compares_outbox_seq_as_a_number(store)
 
+    def test_a_release_refuses_a_released_or_cancelled_entry(
+        self, store: Any, request: pytest.FixtureRequest
+    ) -> None:
+        # The same positional update, beside outbox_seq.
+        fails_on_mongomock(request, TypeError)
+        super().test_a_release_refuses_a_released_or_cancelled_entry(store)
+
     def test_commits_and_settles_compare_version_as_a_number(
         self, store: Any, request: pytest.FixtureRequest
     ) -> None:
