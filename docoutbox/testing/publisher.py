@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from docoutbox.model import AggregateId, OutboxMessage
@@ -29,6 +29,20 @@ class MemoryPublisher:
         with self._lock:
             self.published.append(entry)
 
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """One outcome per entry, in order, each as :meth:`publish` gives it (a
+        :class:`~docoutbox.ports.dispatch.PipelinedPublisher`: a dispatcher publishes to
+        memory in rounds, as it does to a broker that pipelines)."""
+        outcomes: list[Exception | None] = []
+        for entry in entries:
+            try:
+                self.publish(entry)
+            except Exception as exc:  # noqa: BLE001 - this entry's outcome, reported in order
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        return outcomes
+
     def ids(self) -> list[str]:
         with self._lock:
             return [entry.id for entry in self.published]
@@ -42,6 +56,9 @@ class AsyncMemoryPublisher:
 
     async def publish(self, entry: OutboxMessage) -> None:
         self.sync.publish(entry)
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        return self.sync.publish_many(entries)
 
 
 class MemoryDeadLetters:

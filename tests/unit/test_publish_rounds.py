@@ -17,7 +17,7 @@ from docoutbox.errors import BrokerUnavailable, PublishError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import PipelinedPublisher
 from docoutbox.testing import AsyncMemoryBackend, MemoryBackend, MemoryPublisher
-from docoutbox.testing.publisher import MemoryDeadLetters
+from docoutbox.testing.publisher import FailureRule, MemoryDeadLetters
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -51,6 +51,19 @@ class Pipelined:
         return [PublishError("nacked") if e.aggregate_id == "b" else None for e in entries]
 
 
+class Plain:
+    """A publisher without ``publish_many``: a :class:`MemoryPublisher`'s ``publish``."""
+
+    def __init__(self, fail: FailureRule | None = None) -> None:
+        self.memory = MemoryPublisher(fail)
+
+    def publish(self, entry: OutboxMessage) -> None:
+        self.memory.publish(entry)
+
+    def ids(self) -> list[str]:
+        return self.memory.ids()
+
+
 def ports(publisher: Any) -> Ports:
     return Ports(MemoryBackend(), publisher, MemoryDeadLetters())
 
@@ -67,9 +80,7 @@ def test_a_pipelining_publisher_is_found_once_and_gets_the_whole_round() -> None
 
 
 def test_a_plain_publisher_gets_the_entries_one_at_a_time_each_with_its_outcome() -> None:
-    publisher = MemoryPublisher(
-        fail=lambda e: PublishError("nacked") if e.aggregate_id == "b" else None
-    )
+    publisher = Plain(fail=lambda e: PublishError("nacked") if e.aggregate_id == "b" else None)
     sync = ports(publisher)
     assert not sync.pipelined
     outcomes = sync.perform(PublishRound(tuple(message(a) for a in "abc")))
@@ -78,9 +89,7 @@ def test_a_plain_publisher_gets_the_entries_one_at_a_time_each_with_its_outcome(
 
 
 def test_once_the_broker_is_unreachable_the_rest_of_the_round_is_not_sent() -> None:
-    publisher = MemoryPublisher(
-        fail=lambda e: BrokerUnavailable("down") if e.aggregate_id == "b" else None
-    )
+    publisher = Plain(fail=lambda e: BrokerUnavailable("down") if e.aggregate_id == "b" else None)
     outcomes = ports(publisher).perform(PublishRound(tuple(message(a) for a in "abc")))
     assert publisher.ids() == ["a-1"]
     assert outcomes[0] is None
@@ -96,4 +105,4 @@ def test_a_publish_many_reply_of_the_wrong_shape_fails_the_round(reply: Any) -> 
 def test_in_thread_keeps_the_capability_of_the_sync_publisher_it_wraps() -> None:
     backend, dead = AsyncMemoryBackend(), in_thread(MemoryDeadLetters())
     assert AsyncPorts(backend, in_thread(Pipelined()), dead).pipelined
-    assert not AsyncPorts(backend, in_thread(MemoryPublisher()), dead).pipelined
+    assert not AsyncPorts(backend, in_thread(Plain()), dead).pipelined

@@ -4,7 +4,9 @@ entry once between them (see :mod:`docoutbox.dispatch.extras.immediate`).
 Whoever claims an entry first publishes it; the other path waits for the outcome and,
 on success, does not publish it again. :func:`claimed_publish` is that rule as a sans-IO
 flow, so threads (:meth:`Claims.publish`) and asyncio (:meth:`Claims.publish_async`)
-share it.
+share it; :func:`claimed_round` keeps it per entry for a round of entries published
+together (:class:`~docoutbox.ports.dispatch.PipelinedPublisher`), which a guarded
+publisher offers exactly when the publisher it guards does.
 """
 
 from __future__ import annotations
@@ -12,14 +14,24 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from docoutbox.dispatch.drivers.operations import checked_outcomes
 from docoutbox.dispatch.engine.flow import Publish
+from docoutbox.dispatch.engine.loop import PublishRound
 from docoutbox.drive import drive, drive_async
 from docoutbox.model import OutboxMessage
-from docoutbox.ports.dispatch import AsyncPublisher, Publisher
+from docoutbox.ports.dispatch import (
+    AsyncPipelinedPublisher,
+    AsyncPublisher,
+    PipelinedPublisher,
+    Publisher,
+)
+
+#: How long a path waits at most for another path's claim before publishing anyway.
+CLAIM_WAIT = 30.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ class Claims:
         entry: OutboxMessage,
         *,
         reserved: bool = False,
-        wait: float = 30.0,
+        wait: float = CLAIM_WAIT,
     ) -> bool:
         """Publish ``entry`` unless this process already did; True if *we* published it.
 
@@ -120,7 +132,7 @@ class Claims:
         entry: OutboxMessage,
         *,
         reserved: bool = False,
-        wait: float = 30.0,
+        wait: float = CLAIM_WAIT,
     ) -> bool:
         """The async twin of :meth:`publish`: it waits for a claim without blocking the
         event loop (the other path may run on that loop)."""
@@ -156,8 +168,68 @@ def claimed_publish(
         return True
 
 
+@dataclass
+class Round:
+    """What :func:`claimed_round` did: one outcome per entry, in order (None: published,
+    by this call or already by the other path), and how many it skipped as published."""
+
+    outcomes: list[Exception | None]
+    skipped: int = 0
+
+
+def claimed_round(
+    claims: Claims, entries: Sequence[OutboxMessage], *, wait: float
+) -> Generator[PublishRound | Publish | WaitClaim, Any, Round]:
+    """:func:`claimed_publish` for each of ``entries``, their publishes in one round.
+
+    An entry already published counts as published (skipped); the entries this call
+    claims go out together in one :class:`PublishRound`, and each claim ends with its own
+    outcome; an entry another path holds is done after the round, as
+    :func:`claimed_publish` does it (wait, then publish): its error becomes its outcome."""
+    done = Round([None] * len(entries))
+    mine: list[int] = []
+    held: list[int] = []
+    for index, entry in enumerate(entries):
+        claim = claims.claim(entry.id)
+        if claim == "done":
+            done.skipped += 1
+        elif claim == "mine":
+            mine.append(index)
+        else:
+            held.append(index)
+    if mine:
+        try:
+            outcomes = yield PublishRound(tuple(entries[i] for i in mine))
+        except BaseException:
+            for index in mine:
+                claims.finish(entries[index].id, False)
+            raise
+        for index, outcome in zip(mine, outcomes, strict=True):
+            claims.finish(entries[index].id, outcome is None)
+            done.outcomes[index] = outcome
+    for index in held:
+        try:
+            published = yield from claimed_publish(
+                claims, entries[index], reserved=False, wait=wait
+            )
+        except Exception as exc:  # noqa: BLE001 - this entry's outcome, reported in order
+            done.outcomes[index] = exc
+        else:
+            if not published:
+                done.skipped += 1
+    return done
+
+
 class GuardedPublisher:
-    """A publisher that skips entries this process's other path has published already."""
+    """A publisher that skips entries this process's other path has published already.
+
+    Built around a :class:`~docoutbox.ports.dispatch.PipelinedPublisher`, it is a
+    :class:`PipelinedGuardedPublisher`, which has ``publish_many``; around any other
+    publisher it has none, so a dispatcher never takes it for one that pipelines."""
+
+    def __new__(cls, publisher: Publisher, claims: Claims) -> GuardedPublisher:
+        pipelined = cls is GuardedPublisher and isinstance(publisher, PipelinedPublisher)
+        return object.__new__(PipelinedGuardedPublisher if pipelined else cls)
 
     def __init__(self, publisher: Publisher, claims: Claims) -> None:
         self.publisher = publisher
@@ -169,9 +241,35 @@ class GuardedPublisher:
             self.skipped += 1
 
 
+class PipelinedGuardedPublisher(GuardedPublisher):
+    """A :class:`GuardedPublisher` around a publisher with ``publish_many``."""
+
+    publisher: PipelinedPublisher
+
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """Each entry guarded as :meth:`publish` guards it; those to send in one round."""
+
+        def perform(op: PublishRound | Publish | WaitClaim) -> Any:
+            if isinstance(op, PublishRound):
+                replies = self.publisher.publish_many(op.entries)
+                return checked_outcomes(replies, len(op.entries))
+            if isinstance(op, Publish):
+                return self.publisher.publish(op.entry)
+            return op.event.wait(op.timeout)
+
+        done = drive(claimed_round(self.claims, entries, wait=CLAIM_WAIT), perform)
+        self.skipped += done.skipped
+        return done.outcomes
+
+
 class AsyncGuardedPublisher:
     """The async twin of :class:`GuardedPublisher`, for an
-    :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher`."""
+    :class:`~docoutbox.dispatch.drivers.aio.AsyncDispatcher` (an
+    :class:`AsyncPipelinedGuardedPublisher` around a publisher with ``publish_many``)."""
+
+    def __new__(cls, publisher: AsyncPublisher, claims: Claims) -> AsyncGuardedPublisher:
+        pipelined = cls is AsyncGuardedPublisher and isinstance(publisher, AsyncPipelinedPublisher)
+        return object.__new__(AsyncPipelinedGuardedPublisher if pipelined else cls)
 
     def __init__(self, publisher: AsyncPublisher, claims: Claims) -> None:
         self.publisher = publisher
@@ -181,3 +279,24 @@ class AsyncGuardedPublisher:
     async def publish(self, entry: OutboxMessage) -> None:
         if not await self.claims.publish_async(self.publisher, entry):
             self.skipped += 1
+
+
+class AsyncPipelinedGuardedPublisher(AsyncGuardedPublisher):
+    """An :class:`AsyncGuardedPublisher` around a publisher with ``publish_many``."""
+
+    publisher: AsyncPipelinedPublisher
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """The async twin of :meth:`PipelinedGuardedPublisher.publish_many`."""
+
+        async def perform(op: PublishRound | Publish | WaitClaim) -> Any:
+            if isinstance(op, PublishRound):
+                replies = await self.publisher.publish_many(op.entries)
+                return checked_outcomes(replies, len(op.entries))
+            if isinstance(op, Publish):
+                return await self.publisher.publish(op.entry)
+            return await asyncio.to_thread(op.event.wait, op.timeout)
+
+        done = await drive_async(claimed_round(self.claims, entries, wait=CLAIM_WAIT), perform)
+        self.skipped += done.skipped
+        return done.outcomes
