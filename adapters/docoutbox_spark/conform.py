@@ -228,9 +228,12 @@ def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
     for column in raw_cols:
         estimate = f"({estimate} + (coalesce(octet_length({name(column)}), 0) + {len(column) + 2}))"
     marks_raw = f"transform({_array('inbox_marks')}, m -> from_json(m, {literal(_MARK_RAW)}))"
+    # Every number of a mark must be an integer: a cast would read a boolean as 1, and an
+    # ``above`` element that is not one would be dropped unseen.
     bad_mark = (
         f"exists({marks_raw}, m -> (m IS NULL OR m.source IS NULL OR {_long('m.hw')} IS NULL "
-        f"OR (m.above IS NOT NULL AND {_array('m.above')} IS NULL)))"
+        f"OR (m.above IS NOT NULL AND {_array('m.above')} IS NULL) "
+        f"OR exists({_array('m.above')}, a -> {_long('a')} IS NULL)))"
     )
     problems = [
         _problem("`type` IS NULL", "type: missing"),
@@ -247,6 +250,8 @@ def _typed(raw: DataFrame, *, keep: bool = False) -> DataFrame:
         _optional_ts("created_at", "created_at"),
         _optional_ts("updated_at", "updated_at"),
     ]
+    if "state_version" in raw_cols:
+        problems.append(_optional_long("state_version", "state_version"))
     marks = (
         f"transform({marks_raw}, m -> named_struct('source', m.source, 'hw', {_long('m.hw')}, "
         f"'above', transform({_array('m.above')}, a -> {_long('a')})))"
