@@ -11,10 +11,13 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from py4j.clientserver import FinalizerWorker
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -103,6 +106,38 @@ def session(
     spark.dataSource.register(MongoSource)
     spark.dataSource.register(CosmosSource)
     return spark
+
+
+#: How long the JVM and py4j's finalizer worker may take to end (the worker sleeps 1 s).
+ENDING_TIMEOUT = 60.0
+
+
+def end_session(spark: SparkSession, timeout: float = ENDING_TIMEOUT) -> list[str]:
+    """Stop ``spark`` and the py4j gateway it runs on; return the names of the py4j
+    threads still running ``timeout`` seconds later (none: everything ended).
+
+    ``SparkSession.stop()`` stops the SparkContext but keeps the gateway: its JVM, and
+    py4j's ``FinalizerWorker`` thread, which sleeps a second whenever it is idle. This
+    also shuts the gateway down, waits for the JVM to exit and the worker to end, and
+    forgets the gateway, so that a later :func:`session` starts a new one. Call it only
+    for a session this process made (:func:`session` with no session active), never for
+    one it was handed (``spark-submit``, a notebook): their gateway is their owner's."""
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return []
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the JVM exits when its stdin ends
+        proc.wait(timeout=timeout)
+    workers = [t for t in threading.enumerate() if isinstance(t, FinalizerWorker)]
+    for worker in workers:
+        worker.join(timeout=timeout)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    return [t.name for t in workers if t.is_alive()]
 
 
 def _jars(jars: str | None) -> list[str]:

@@ -507,7 +507,13 @@ def main(argv: list[str]) -> int:
         return _failed("cannot read", exc, secrets)
     finally:
         if owned:
-            spark.stop()
+            # The session's gateway too: SparkSession.stop() leaves its JVM and a py4j
+            # thread running in the process that called main().
+            from docoutbox_spark.readers import end_session  # noqa: PLC0415
+
+            left = end_session(spark)
+            if left:
+                print(f"docoutbox: warning: py4j threads still running: {left}", file=sys.stderr)
 
 
 def _failed(what: str, exc: Exception, secrets: list[str]) -> int:
