@@ -66,7 +66,7 @@ def store_handle(package: str, collection: Any, accounts: list[str]) -> Handle:
 
     handlers = dx.Handlers()
 
-    @handlers.on("Deposit")  # type: ignore[misc]
+    @handlers.on("Deposit")  # type: ignore[untyped-decorator]
     def deposit(state: Any, message: Any) -> Any:
         n = message.payload["n"]
         update = {"balance": state.balance + n, "deposits": state.deposits + 1}

@@ -463,7 +463,9 @@ def scale_one(snapshot: Path, warm: Path) -> dict[str, Any]:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = session(jars=str(JARS), packages=False, master="local[2]", memory=DRIVER_MEMORY)
-    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    gateway = spark.sparkContext._jvm
+    assert gateway is not None, "a started session has a JVM"
+    jvm = int(gateway.java.lang.ProcessHandle.current().pid())
     config = _config()
     try:
         with PeakRss([jvm, os.getpid()]) as rss:

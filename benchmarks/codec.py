@@ -71,7 +71,7 @@ class Customer(Aggregate):
 
 def update(customer: Customer, message: Message) -> Decision[Customer]:
     changed = customer.model_copy(update={"visits": customer.visits + 1})
-    payload = {
+    payload: dict[str, Any] = {
         "customer": customer.name,
         "email": customer.email,
         "address": customer.address,

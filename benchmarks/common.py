@@ -164,7 +164,7 @@ def interleaved(variants: Mapping[str, Round], rounds: int, warmup: int) -> dict
     return samples
 
 
-def timed_rate(count: int, work: Callable[[], None]) -> float:
+def timed_rate(count: int, work: Callable[[], object]) -> float:
     """Operations per second of ``work``, which performs ``count`` operations."""
     start = time.perf_counter()
     work()

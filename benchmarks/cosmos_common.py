@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -193,8 +193,8 @@ def drain_table(
     title: str,
     readers: tuple[str, str],
     entries: int,
-    raw: tuple[list[float], list[float]],
-    dispatch: tuple[list[float], list[float]],
+    raw: tuple[Sequence[float], Sequence[float]],
+    dispatch: tuple[Sequence[float], Sequence[float]],
 ) -> Table:
     """A drain benchmark's table: the raw read's and the dispatcher's rates and requests
     per round (warm-up left out), as medians, with the paired ratio and its range."""

@@ -353,7 +353,7 @@ def timed_drain(reader: Any, entries: int, cpu: list[float] | None = None) -> fl
         cpu.append((time.process_time() - cpu_began) / entries * 1e6)
     rate = entries / (max(reader.seen.values()) - began)
     reader.finish()
-    return rate
+    return float(rate)
 
 
 def live(

@@ -22,6 +22,7 @@ indexes (``ensure_indexes``, including the partial ``docoutbox_pending_partition
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,9 +114,18 @@ def _seconds(work: Any) -> float:
     return time.perf_counter() - began
 
 
+def _timed_queries(coll: Any) -> dict[str, Callable[[], float]]:
+    """The seconds each pending-work query takes on ``coll``, one scrape per call."""
+    return {
+        "count": lambda: _seconds(lambda: coll.count_documents(PENDING)),
+        "work": lambda: _seconds(lambda: pending_work(coll, PARTITIONS)),
+        "stats": lambda: _seconds(lambda: outbox_stats(coll)),
+    }
+
+
 def _traffic(coll: Any, counter: CommandCounter) -> dict[str, tuple[int, int]]:
     """(round trips, bytes received) of one scrape by each query, on a counting client."""
-    queries = {
+    queries: dict[str, Callable[[], object]] = {
         "count": lambda: coll.count_documents(PENDING),
         "work": lambda: pending_work(coll, PARTITIONS),
         "stats": lambda: outbox_stats(coll),
@@ -147,11 +157,7 @@ def run(uri: str, scale: Scale) -> Table:
             _check(coll, aggregates, scale.lag_pending)
             traffic[aggregates] = _traffic(counted[coll.database.name][coll.name], counter)
             samples[aggregates] = interleaved(
-                {
-                    "count": lambda c=coll: _seconds(lambda: c.count_documents(PENDING)),
-                    "work": lambda c=coll: _seconds(lambda: pending_work(c, PARTITIONS)),
-                    "stats": lambda c=coll: _seconds(lambda: outbox_stats(c)),
-                },
+                _timed_queries(coll),
                 rounds=max(3, scale.rounds // 3),
                 warmup=scale.warmup,
             )

@@ -182,7 +182,7 @@ def raw_loop(
             began = time.perf_counter()
             if per_aggregate:
                 runs: dict[Any, list[OutboxMessage]] = {}
-                for entry in sorted(entries, key=lambda e: e.seq):
+                for entry in sorted(entries, key=lambda e: e.seq or 0):
                     runs.setdefault(entry.aggregate_id, []).append(entry)
                 await asyncio.gather(*(in_turn(run) for run in runs.values()))
             else:

@@ -309,7 +309,7 @@ class Topics:
         self.names: list[str] = []
 
     def create(self, prefix: str = "dx-topic", partitions: int = 1) -> str:
-        from confluent_kafka.admin import NewTopic
+        from confluent_kafka.cimpl import NewTopic
 
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         for future in self.admin.create_topics([NewTopic(name, partitions, 1)]).values():

@@ -199,12 +199,22 @@ def run(uri: str, scale: Scale) -> Table:
 
         def publish_bare() -> float:
             bare.published.clear()
-            return timed_rate(count, lambda: [bare.publish(entry) for _ in range(count)])
+
+            def work() -> None:
+                for _ in range(count):
+                    bare.publish(entry)
+
+            return timed_rate(count, work)
 
         def publish_traced() -> float:
             inner: Any = wrapped.inner
             inner.published.clear()
-            return timed_rate(count, lambda: [wrapped.publish(traced_entry) for _ in range(count)])
+
+            def work() -> None:
+                for _ in range(count):
+                    wrapped.publish(traced_entry)
+
+            return timed_rate(count, work)
 
         samples = interleaved(
             {"on": publish_traced, "off": publish_bare}, scale.rounds, scale.warmup
