@@ -121,20 +121,26 @@ def test_kept_window_is_append_then_slice() -> None:
         assert list(items) == before  # never changed in place
 
 
-def test_a_commit_plan_applies_to_its_version_and_to_no_missing_document() -> None:
-    doc = {"_id": "a", "version": 3, "state": {}, "inbox": ["x"], "outbox": [], "outbox_seq": 0}
-    plan = CommitPlan(
+def inbox_commit(inbox: tuple[str, ...], message_id: str) -> CommitPlan:
+    """A commit of aggregate ``a`` at version 3 setting ``{"n": 1}`` and adding
+    ``message_id`` to ``inbox`` in a window of 2, nothing to the outbox."""
+    return CommitPlan(
         aggregate_id="a",
         expected_version=3,
         state={"n": 1},
         outbox_push=(),
         outbox_seq=0,
-        inbox_push=("y",),
+        inbox_push=(message_id,),
         inbox_window=2,
-        inbox_after=("x", "y"),
+        inbox_after=appended(inbox, message_id, 2),
         inbox_marks=None,
         updated_at=EPOCH,
     )
+
+
+def test_a_commit_plan_applies_to_its_version_and_to_no_missing_document() -> None:
+    doc = {"_id": "a", "version": 3, "state": {}, "inbox": ["x"], "outbox": [], "outbox_seq": 0}
+    plan = inbox_commit(("x",), "y")
     after = apply_plan(doc, plan)
     assert after is not None
     assert (after["version"], after["state"], after["inbox"]) == (4, {"n": 1}, ["x", "y"])
@@ -155,18 +161,7 @@ def test_a_commit_builds_the_new_inbox_once() -> None:
         "outbox": [],
         "outbox_seq": 0,
     }
-    plan = CommitPlan(
-        aggregate_id="a",
-        expected_version=3,
-        state={"n": 1},
-        outbox_push=(),
-        outbox_seq=0,
-        inbox_push=("z",),
-        inbox_window=2,
-        inbox_after=appended(("x", "y"), "z", 2),
-        inbox_marks=None,
-        updated_at=EPOCH,
-    )
+    plan = inbox_commit(("x", "y"), "z")
     after = committed(doc, plan)
     assert after is not None
     assert after["inbox"] is plan.inbox_after
