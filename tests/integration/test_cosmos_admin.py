@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,15 +26,9 @@ from docoutbox_cosmos.coordination import CosmosDeadLetters, CosmosLeaseTable
 from docoutbox_cosmos.kit import open_kit
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
 from tests.integration.test_admin import Order, Poisonable, order_handlers
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
-
-
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +52,9 @@ def account(server: CosmosAccount, database: Any) -> tuple[str, ...]:
 
 @pytest.mark.cosmos
 def test_outbox_stats_match_the_container(
-    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+    cosmos_server: CosmosAccount, cosmos_database: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    container = create_container(database, "orders")
+    container = create_container(cosmos_database, "orders")
     orders = AggregateStore(CosmosBackend(container), Order, StoreConfig(partitions=4))
     for n in range(5):
         kinds = ["A"] * (n + 1) + ["B"]
@@ -69,7 +62,7 @@ def test_outbox_stats_match_the_container(
         orders.handle(f"o{n}", message, order_handlers, create=True)
     empty = Message(id="e", type="Place", payload={"emit": []})
     orders.handle("empty", empty, order_handlers, create=True)
-    where = (*account(cosmos_server, database), "--container", "orders")
+    where = (*account(cosmos_server, cosmos_database), "--container", "orders")
     code, out, err = run(capsys, "outbox", "stats", *where, "--json")
     assert code == 0, err
     stats = json.loads(out)
@@ -91,11 +84,11 @@ def test_outbox_stats_match_the_container(
 
 @pytest.mark.cosmos
 def test_leases_show_each_feed_range_owner_and_since(
-    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+    cosmos_server: CosmosAccount, cosmos_database: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monitored = create_container(database, "orders")
+    monitored = create_container(cosmos_database, "orders")
     table = CosmosFeedRangeLeases(
-        create_container(database, "docoutbox_leases"), monitored, "orders"
+        create_container(cosmos_database, "docoutbox_leases"), monitored, "orders"
     )
     keeper = LeaseKeeper(
         table, partitions=table.partitions, owner="inst-a", timing=LeaseTiming(ttl=10.0)
@@ -106,7 +99,7 @@ def test_leases_show_each_feed_range_owner_and_since(
         while len(keeper.owned() or ()) < table.partitions:
             assert time.monotonic() < deadline, "the leases were not acquired"
             time.sleep(0.05)
-        code, out, err = run(capsys, "leases", *account(cosmos_server, database), "--json")
+        code, out, err = run(capsys, "leases", *account(cosmos_server, cosmos_database), "--json")
         assert code == 0, err
         rows = json.loads(out)
         leases = [r for r in rows if r["partition"] is not None]
@@ -114,9 +107,11 @@ def test_leases_show_each_feed_range_owner_and_since(
         assert {r["owner"] for r in rows} == {"inst-a"} and {r["group"] for r in rows} == {"orders"}
         assert all(r["since"] and not r["expired"] for r in rows)  # acquired_at, joined_at
         assert [r["partition"] for r in rows if r not in leases] == [None]  # its member row
-        code, out, _ = run(capsys, "leases", *account(cosmos_server, database), "--group", "x")
+        code, out, _ = run(
+            capsys, "leases", *account(cosmos_server, cosmos_database), "--group", "x"
+        )
         assert code == 0 and out.strip() == "no leases"
-        code, out, _ = run(capsys, "leases", *account(cosmos_server, database))
+        code, out, _ = run(capsys, "leases", *account(cosmos_server, cosmos_database))
         assert code == 0 and "inst-a" in out and "member" in out
     finally:
         keeper.stop()
@@ -161,8 +156,8 @@ def test_bad_store_options_exit_2(
 
 
 @pytest.mark.cosmos
-def test_a_numbered_cosmos_lease_records_when_it_was_acquired(database: Any) -> None:
-    container = create_container(database, "docoutbox_leases")
+def test_a_numbered_cosmos_lease_records_when_it_was_acquired(cosmos_database: Any) -> None:
+    container = create_container(cosmos_database, "docoutbox_leases")
     table = CosmosLeaseTable(container, "orders")
     now = datetime.now(UTC)
     assert table.acquire(3, "inst-b", now, now + timedelta(seconds=10))
@@ -180,15 +175,15 @@ def wait_for(check: Any, timeout: float = 30.0) -> None:
 
 @pytest.mark.cosmos
 def test_an_entry_the_broker_refused_is_listed_replayed_and_published_once(
-    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+    cosmos_server: CosmosAccount, cosmos_database: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    common = account(cosmos_server, database)
-    orders = AggregateStore(CosmosBackend(create_container(database, "orders")), Order)
+    common = account(cosmos_server, cosmos_database)
+    orders = AggregateStore(CosmosBackend(create_container(cosmos_database, "orders")), Order)
     first = Message(id="m1", type="Place", payload={"emit": ["Event"]})
     orders.handle("o/1", first, order_handlers, create=True)  # "/" is escaped in item IDs
     second = Message(id="m2", type="Place", payload={"emit": ["Poison", "Event"]})
     orders.handle("o/1", second, order_handlers)
-    target = open_kit(cosmos_server.endpoint, cosmos_server.key, database.id, "orders")
+    target = open_kit(cosmos_server.endpoint, cosmos_server.key, cosmos_database.id, "orders")
     sink = MemoryPublisher()
     publisher = Poisonable(sink)  # type: ignore[arg-type]
     config = DispatcherConfig(name="adm", sweep_interval=0.5, grace=0, poll_interval=0.05)
@@ -242,12 +237,12 @@ def test_an_entry_the_broker_refused_is_listed_replayed_and_published_once(
 
 
 @pytest.mark.cosmos
-def test_a_replay_where_the_seq_is_pending_appends_nothing(database: Any) -> None:
-    orders = AggregateStore(CosmosBackend(create_container(database, "orders")), Order)
+def test_a_replay_where_the_seq_is_pending_appends_nothing(cosmos_database: Any) -> None:
+    orders = AggregateStore(CosmosBackend(create_container(cosmos_database, "orders")), Order)
     placed = Message(id="m", type="Place", payload={"emit": ["A"]})
     orders.handle("o1", placed, order_handlers, create=True)
     store = CosmosDeadLetterStore(
-        create_container(database, "dead"), database.get_container_client("orders")
+        create_container(cosmos_database, "dead"), cosmos_database.get_container_client("orders")
     )
     pending = orders.get("o1").outbox[0].model_dump(mode="json")
     assert not store.append("o1", {**pending, "id": "other"})
@@ -259,14 +254,14 @@ def test_a_replay_where_the_seq_is_pending_appends_nothing(database: Any) -> Non
 
 @pytest.mark.cosmos
 def test_purge_deletes_the_named_or_every_dead_letter(
-    cosmos_server: CosmosAccount, database: Any, capsys: pytest.CaptureFixture[str]
+    cosmos_server: CosmosAccount, cosmos_database: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dead = CosmosDeadLetters(create_container(database, "docoutbox_dead_letters"))
+    dead = CosmosDeadLetters(create_container(cosmos_database, "docoutbox_dead_letters"))
     for n in range(3):
         entry = {"id": f"e/{n}", "type": "T", "seq": n + 1, "aggregate_id": "a"}
         dead.put("a", entry, "refused", 1)
         time.sleep(0.002)  # quarantined_at is kept to the millisecond
-    common = account(cosmos_server, database)
+    common = account(cosmos_server, cosmos_database)
     code, out, _ = run(capsys, "dead-letters", "list", *common, "--limit", "2", "--json")
     assert code == 0 and [r["id"] for r in json.loads(out)] == ["e/0", "e/1"]  # oldest first
     code, out, _ = run(capsys, "dead-letters", "purge", *common, "e/1", "--yes")

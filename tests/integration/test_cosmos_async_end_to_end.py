@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from benchmarks.rabbit import Sandbox
 from benchmarks.servers import CosmosAccount
 from docoutbox_cosmos import CosmosBackend
-from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.cosmos import all_items, create_container
 from tests.support.processes import CliProcess
 from tests.support.traffic import ledger_problems, rabbit_traffic
 
@@ -29,12 +28,6 @@ pytestmark = [pytest.mark.cosmos, pytest.mark.rabbitmq]
 
 PRODUCERS = 8
 EMITS = 2
-
-
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
 
 
 def _dispatch(account: CosmosAccount, database: str, url: str, exchange: str) -> CliProcess:
@@ -65,23 +58,23 @@ def _pending_seqs(container: Any) -> dict[str, list[int]]:
 
 
 def test_async_dispatch_is_exactly_once_across_a_sigterm(
-    cosmos_server: CosmosAccount, database: Any, box: Sandbox
+    cosmos_server: CosmosAccount, cosmos_database: Any, box: Sandbox
 ) -> None:
     exchange, queue, _ = box.names()
-    container = create_container(database, "producers")
+    container = create_container(cosmos_database, "producers")
     producers, receiver = rabbit_traffic(
         box.url,
         exchange,
         queue,
         CosmosBackend(container),
-        CosmosBackend(create_container(database, "ledgers")),
+        CosmosBackend(create_container(cosmos_database, "ledgers")),
         random.Random(7),
         count=PRODUCERS,
         emits=EMITS,
     )
     producers.run_commands(2)  # pending before the start: found by the sweep
     receiver.start()
-    proc = _dispatch(cosmos_server, database.id, box.url, exchange)
+    proc = _dispatch(cosmos_server, cosmos_database.id, box.url, exchange)
     try:
         producers.start(threads=2, pause=0.02)  # committed while it follows the feed
         deadline = time.monotonic() + 60
@@ -110,7 +103,7 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
             assert sorted(delivered + left) == list(range(1, last + 1)), (source, delivered, left)
         assert any(pending.values()), "SIGTERM came too late to leave work for the restart"
 
-        second = _dispatch(cosmos_server, database.id, box.url, exchange)  # resumes
+        second = _dispatch(cosmos_server, cosmos_database.id, box.url, exchange)  # resumes
         applied = receiver.wait_for(expected, timeout=90)
         _stop(second)
     finally:
@@ -120,6 +113,6 @@ def test_async_dispatch_is_exactly_once_across_a_sigterm(
     assert ledger_problems(applied, expected) == {}
     assert not any(_pending_seqs(container).values())
     assert sum(expected.values()) == producers.commands * EMITS
-    assert all_items(database, "docoutbox_dead_letters") == []
+    assert all_items(cosmos_database, "docoutbox_dead_letters") == []
     assert "async=True" in first
     assert cosmos_server.key not in first

@@ -6,7 +6,6 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_app.cli import main
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 from tests.support.processes import CliProcess
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudA=="
@@ -63,24 +62,18 @@ def test_an_unreachable_account_is_one_masked_line_and_exit_1() -> None:
     assert KEY not in err and out == ""
 
 
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
-
-
 @pytest.mark.cosmos
 @pytest.mark.parametrize("flags", [(), ("--async",)], ids=["threaded", "async"])
 def test_sigterm_finishes_checkpoints_releases_and_exits_0(
-    cosmos_server: CosmosAccount, database: Any, flags: tuple[str, ...]
+    cosmos_server: CosmosAccount, cosmos_database: Any, flags: tuple[str, ...]
 ) -> None:
-    container = create_container(database, "aggs")
+    container = create_container(cosmos_database, "aggs")
     store = AggregateStore(CosmosBackend(container), Counter)
     for i in range(10):
         store.handle(f"early{i % 3}", add_msg(f"e{i}", emits=2), counter_handlers, create=True)
     proc = cli(
         "dispatch",
-        *("--cosmos-endpoint", cosmos_server.endpoint, "--database", database.id),
+        *("--cosmos-endpoint", cosmos_server.endpoint, "--database", cosmos_database.id),
         # A heartbeat renews each lease with its own request: on the loaded local server a
         # 2 s TTL can lapse between heartbeats and make work re-publish (tests/README.md).
         *("--container", "aggs", "--publisher", "stdout", "--lease-ttl", "5"),
@@ -93,10 +86,10 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         published = [json.loads(lines.get(timeout=60)) for _ in range(20)]
         # Leased instances checkpoint each feed range's continuation in its lease.
         leases = CosmosFeedRangeLeases(
-            database.get_container_client("docoutbox_leases"), container, "aggs"
+            cosmos_database.get_container_client("docoutbox_leases"), container, "aggs"
         )
         deadline = time.monotonic() + 30
-        while len(before := continuations(database)) < leases.partitions:
+        while len(before := continuations(cosmos_database)) < leases.partitions:
             assert time.monotonic() < deadline, "no first checkpoint"
             time.sleep(0.05)
         for i in range(10):
@@ -113,7 +106,7 @@ def test_sigterm_finishes_checkpoints_releases_and_exits_0(
         "SELECT c.aid, c.outbox_seq FROM c", enable_cross_partition_query=True
     )
     assert seqs == {r["aid"]: list(range(1, r["outbox_seq"] + 1)) for r in rows}
-    after = continuations(database)
+    after = continuations(cosmos_database)
     assert after.keys() == before.keys() and after != before  # written on stop
     view = leases.read()
     assert view.leases == {} and view.members == {}  # released, left the group

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from docoutbox.errors import StoreError
 from docoutbox.testing import MemoryBackend
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.leases import CosmosFeedRangeLeases
-from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.cosmos import all_items, create_container
 from tests.support.processes import CliProcess
 from tests.support.traffic import (
     ledger_problems,
@@ -72,14 +71,8 @@ class Instance(CliProcess):
         )
 
 
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
-
-
 def test_kill_9_one_of_two_leased_instances_loses_nothing(
-    cosmos_server: CosmosAccount, database: Any, box: Sandbox
+    cosmos_server: CosmosAccount, cosmos_database: Any, box: Sandbox
 ) -> None:
     seed = int(os.environ.get("DOCOUTBOX_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     print(f"\ncosmos crash test seed={seed} (DOCOUTBOX_CRASH_SEED replays it)")
@@ -89,7 +82,7 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
         box.url,
         exchange,
         queue,
-        CosmosBackend(create_container(database, "producers")),
+        CosmosBackend(create_container(cosmos_database, "producers")),
         MemoryBackend(),
         rng,
         count=PRODUCERS,
@@ -100,13 +93,13 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
     producers.start(threads=2, pause=0.05)
 
     def launch() -> Instance:
-        return Instance(cosmos_server, database.id, box.url, exchange)
+        return Instance(cosmos_server, cosmos_database.id, box.url, exchange)
 
     instances = [launch(), launch()]
     pending_at_kill: list[set[str]] = []
     leases = CosmosFeedRangeLeases(
-        database.get_container_client("docoutbox_leases"),
-        database.get_container_client("producers"),
+        cosmos_database.get_container_client("docoutbox_leases"),
+        cosmos_database.get_container_client("producers"),
         "producers",
     )
     try:
@@ -143,9 +136,9 @@ def test_kill_9_one_of_two_leased_instances_loses_nothing(
 
     assert ledger_problems(applied, expected) == {}
     assert producers.pending() == {}
-    assert all_items(database, "docoutbox_dead_letters") == []
+    assert all_items(cosmos_database, "docoutbox_dead_letters") == []
     assert _leases(leases) == {}  # both stopped cleanly: every lease released
-    tokens = _continuations(database)  # where each feed range resumes
+    tokens = _continuations(cosmos_database)  # where each feed range resumes
     assert len(tokens) == leases.partitions and all(isinstance(t, str) for t in tokens)
 
     again = republished(receiver.deliveries)

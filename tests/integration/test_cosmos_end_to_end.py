@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from docoutbox.dispatch.drivers.threads import Dispatcher, DispatcherConfig
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox_cosmos import CosmosBackend, open_kit
 from docoutbox_rabbitmq import RabbitPublisher
-from tests.support.cosmos import all_items, create_container, scratch_database
+from tests.support.cosmos import all_items, create_container
 from tests.support.traffic import (
     ledger_problems,
     rabbit_traffic,
@@ -36,22 +35,16 @@ COMMANDS = 6
 EMITS = 3
 
 
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
-
-
 def test_every_message_is_processed_exactly_once_in_order(
-    cosmos_server: CosmosAccount, database: Any, box: Sandbox
+    cosmos_server: CosmosAccount, cosmos_database: Any, box: Sandbox
 ) -> None:
     exchange, queue, _ = box.names()
     producers, receiver = rabbit_traffic(
         box.url,
         exchange,
         queue,
-        CosmosBackend(create_container(database, "producers")),
-        CosmosBackend(create_container(database, "ledgers")),
+        CosmosBackend(create_container(cosmos_database, "producers")),
+        CosmosBackend(create_container(cosmos_database, "ledgers")),
         random.Random(1),
         count=PRODUCERS,
         emits=EMITS,
@@ -59,7 +52,7 @@ def test_every_message_is_processed_exactly_once_in_order(
     target = open_kit(
         cosmos_server.endpoint,
         cosmos_server.key,
-        database.id,
+        cosmos_database.id,
         "producers",
         client_options=cosmos_server.client_kwargs,
     )
@@ -92,7 +85,7 @@ def test_every_message_is_processed_exactly_once_in_order(
     assert sum(expected.values()) == PRODUCERS * COMMANDS * EMITS
     assert ledger_problems(applied, expected) == {}
     assert producers.pending() == {}
-    assert all_items(database, "docoutbox_dead_letters") == []
+    assert all_items(cosmos_database, "docoutbox_dead_letters") == []
     firsts: dict[str, list[int]] = {}
     for delivery in receiver.deliveries:
         if not delivery.duplicate and delivery.source and delivery.seq is not None:

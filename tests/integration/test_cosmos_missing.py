@@ -5,7 +5,6 @@ bare ``404: {"message":""}``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,15 +17,9 @@ from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend
 from docoutbox_cosmos.admin import connect_database
 from docoutbox_cosmos.errors import ContainerNotFound
 from docoutbox_cosmos.kit import open_kit
-from tests.support.cosmos import create_container, scratch_database, unique
+from tests.support.cosmos import create_container, unique
 
 pytestmark = pytest.mark.cosmos
-
-
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
 
 
 def _missing(error: ContainerNotFound, database: str, container: str | None) -> None:
@@ -36,19 +29,19 @@ def _missing(error: ContainerNotFound, database: str, container: str | None) -> 
 
 
 def test_a_missing_container_is_named_by_create_handle_and_ensure_indexes(
-    database: Any,
+    cosmos_database: Any,
 ) -> None:
     name = unique("absent")
-    backend = CosmosBackend(database.get_container_client(name))
+    backend = CosmosBackend(cosmos_database.get_container_client(name))
     store = AggregateStore(backend, Counter)
     with pytest.raises(ContainerNotFound) as caught:
         store.create("a", Counter())
-    _missing(caught.value, database.id, name)
-    fresh = AggregateStore(CosmosBackend(database.get_container_client(name)), Counter)
+    _missing(caught.value, cosmos_database.id, name)
+    fresh = AggregateStore(CosmosBackend(cosmos_database.get_container_client(name)), Counter)
     with pytest.raises(ContainerNotFound):
         fresh.handle("a", add_msg("m1"), counter_handlers, create=True)
     with pytest.raises(ContainerNotFound):
-        CosmosBackend(database.get_container_client(name)).ensure_indexes()
+        CosmosBackend(cosmos_database.get_container_client(name)).ensure_indexes()
 
 
 def test_a_missing_database_is_named(cosmos_server: CosmosAccount) -> None:
@@ -74,8 +67,8 @@ def test_a_missing_database_is_named(cosmos_server: CosmosAccount) -> None:
     _missing(caught.value, absent, None)
 
 
-def test_an_existing_container_still_reads_a_missing_item_as_none(database: Any) -> None:
-    container = create_container(database)
+def test_an_existing_container_still_reads_a_missing_item_as_none(cosmos_database: Any) -> None:
+    container = create_container(cosmos_database)
     backend = CosmosBackend(container)
     store = AggregateStore(backend, Counter)
     assert backend.load("nobody") is None  # the container checked once: the item's 404
@@ -84,17 +77,17 @@ def test_an_existing_container_still_reads_a_missing_item_as_none(database: Any)
 
 
 def test_the_async_store_names_a_missing_container(
-    cosmos_server: CosmosAccount, database: Any
+    cosmos_server: CosmosAccount, cosmos_database: Any
 ) -> None:
     name = unique("absent")
 
     async def scenario() -> None:
         async with cosmos_server.async_client() as client:
-            proxy = client.get_database_client(database.id).get_container_client(name)
+            proxy = client.get_database_client(cosmos_database.id).get_container_client(name)
             store = AsyncAggregateStore(AsyncCosmosBackend(proxy), Counter)
             with pytest.raises(ContainerNotFound) as caught:
                 await store.create("a", Counter())
-            _missing(caught.value, database.id, name)
+            _missing(caught.value, cosmos_database.id, name)
             with pytest.raises(ContainerNotFound):
                 await AsyncCosmosBackend(proxy).ensure_indexes()
             gone = client.get_database_client(unique("absent_db")).get_container_client(name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,17 +14,11 @@ from docoutbox.ports.kit import StoreSettings
 from docoutbox_cosmos import CosmosBackend
 from docoutbox_cosmos.clients import open_client, pool_size
 from docoutbox_cosmos.kit import STORE
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 
 pytestmark = pytest.mark.cosmos
 
 WORKERS = 32
-
-
-@pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
 
 
 def _hammer(backend: CosmosBackend, rounds: int = 5) -> None:
@@ -49,9 +42,9 @@ def _discarded(caplog: pytest.LogCaptureFixture) -> int:
 
 
 def test_the_dispatch_client_keeps_a_connection_per_worker(
-    cosmos_server: CosmosAccount, database: Any, caplog: pytest.LogCaptureFixture
+    cosmos_server: CosmosAccount, cosmos_database: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    container = create_container(database)
+    container = create_container(cosmos_database)
     container.create_item({"id": "a", "aid": "a"})
     account = cosmos_server
     if not account.endpoint.startswith("http://"):
@@ -59,7 +52,7 @@ def test_the_dispatch_client_keeps_a_connection_per_worker(
     with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
         plain = open_client(account.endpoint, account.key)  # the SDK's default pool
         try:
-            proxy = plain.get_database_client(database.id).get_container_client(container.id)
+            proxy = plain.get_database_client(cosmos_database.id).get_container_client(container.id)
             _hammer(CosmosBackend(proxy))
         finally:
             plain.close()
@@ -67,7 +60,7 @@ def test_the_dispatch_client_keeps_a_connection_per_worker(
         caplog.clear()
         settings = StoreSettings(
             account.endpoint,
-            database.id,
+            cosmos_database.id,
             container.id,
             key=account.key,
             timeout=5.0,

@@ -5,7 +5,6 @@ every backend in ``test_concurrency.py``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,20 +16,14 @@ from docoutbox.store.plans import plan_trim
 from docoutbox.testing.contract import Counter, add_msg, counter_handlers
 from docoutbox_cosmos import AsyncCosmosBackend, CosmosBackend, Throttled
 from tests.support.backends import PATIENT
-from tests.support.cosmos import create_container, scratch_database
+from tests.support.cosmos import create_container
 
 pytestmark = pytest.mark.cosmos
 
 
 @pytest.fixture
-def database(cosmos_server: CosmosAccount) -> Iterator[Any]:
-    with scratch_database(cosmos_server) as db:
-        yield db
-
-
-@pytest.fixture
-def container(database: Any) -> Any:
-    return create_container(database)
+def container(cosmos_database: Any) -> Any:
+    return create_container(cosmos_database)
 
 
 def test_a_trim_aimed_by_an_older_copy_keeps_a_concurrent_append(container: Any) -> None:
@@ -83,8 +76,8 @@ def test_ids_cosmos_cannot_store_are_encoded_and_partition_keys_checked(containe
         store.handle("/" * 130, add_msg("m"), counter_handlers, create=True)
 
 
-def test_a_dedicated_partition_key_field(database: Any) -> None:
-    container = create_container(database, path="/tenant")
+def test_a_dedicated_partition_key_field(cosmos_database: Any) -> None:
+    container = create_container(cosmos_database, path="/tenant")
     backend = CosmosBackend(
         container, partition_key_path="/tenant", partition_key=lambda a: str(a)[:1]
     )
@@ -125,17 +118,17 @@ def _impatient_container(account: CosmosAccount, database: Any, container: Any) 
 
 
 def test_throttled_requests_are_resent_after_the_servers_delay(
-    cosmos_server: CosmosAccount, database: Any, container: Any
+    cosmos_server: CosmosAccount, cosmos_database: Any, container: Any
 ) -> None:
     account = _faulty(cosmos_server)
     charges: list[tuple[str, int, float]] = []
     backend = CosmosBackend(
-        _impatient_container(account, database, container),
+        _impatient_container(account, cosmos_database, container),
         on_charge=lambda *c: charges.append(c),
     )
     store = AggregateStore(backend, Counter)
     store.create("c1", Counter())
-    where = f"/dbs/{database.id}/"
+    where = f"/dbs/{cosmos_database.id}/"
     account.inject_fault(status=429, retryAfterMs=20, count=4, method="PATCH", pathContains=where)
     outcome = store.handle("c1", add_msg("m1"), counter_handlers)
     assert outcome.applied and outcome.attempts == 1  # resent by the backend, not the core
@@ -150,12 +143,12 @@ def test_throttled_requests_are_resent_after_the_servers_delay(
 
 
 def test_unavailable_and_lost_replies_never_apply_a_message_twice(
-    cosmos_server: CosmosAccount, database: Any, container: Any
+    cosmos_server: CosmosAccount, cosmos_database: Any, container: Any
 ) -> None:
     account = _faulty(cosmos_server)
     store = AggregateStore(CosmosBackend(container), Counter, PATIENT)
     store.create("c1", Counter())
-    where = f"/dbs/{database.id}/"
+    where = f"/dbs/{cosmos_database.id}/"
     account.inject_fault(status=503, count=1, method="PATCH", pathContains=where)
     first = store.handle("c1", add_msg("m1"), counter_handlers)
     assert first.applied and first.attempts == 2  # TransientStoreError, retried by the core
@@ -169,7 +162,7 @@ def test_unavailable_and_lost_replies_never_apply_a_message_twice(
 
 
 def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
-    cosmos_server: CosmosAccount, database: Any, container: Any
+    cosmos_server: CosmosAccount, cosmos_database: Any, container: Any
 ) -> None:
     """azure.cosmos.aio resends a write whose reply was lost and then gets 412 for its own
     commit: the store reloads, finds the message in the inbox, and applies nothing twice."""
@@ -177,10 +170,12 @@ def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
 
     async def scenario() -> None:
         async with account.async_client() as client:
-            proxy = client.get_database_client(database.id).get_container_client(container.id)
+            proxy = client.get_database_client(cosmos_database.id).get_container_client(
+                container.id
+            )
             store = AsyncAggregateStore(AsyncCosmosBackend(proxy), Counter, PATIENT)
             await store.create("c1", Counter())
-            where = f"/dbs/{database.id}/"
+            where = f"/dbs/{cosmos_database.id}/"
             account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
             await store.handle("c1", add_msg("m1"), counter_handlers)
             snap = await store.get("c1")
@@ -191,7 +186,7 @@ def test_a_lost_reply_to_an_aio_commit_is_not_applied_twice(
 
 @pytest.mark.parametrize("driver", ["sync", "aio"])
 def test_a_lost_reply_on_the_last_attempt_is_read_back_the_same_on_sync_and_aio(
-    cosmos_server: CosmosAccount, database: Any, container: Any, driver: str
+    cosmos_server: CosmosAccount, cosmos_database: Any, container: Any, driver: str
 ) -> None:
     """The commit applies and its reply is lost. The sync SDK raises (ServiceResponseError),
     azure.cosmos.aio resends and gets 412 for its own write. With no attempt left, both
@@ -200,11 +195,13 @@ def test_a_lost_reply_on_the_last_attempt_is_read_back_the_same_on_sync_and_aio(
 
     account = _faulty(cosmos_server)
     last = StoreConfig(retry=RetryPolicy(max_attempts=1))
-    where = f"/dbs/{database.id}/"
+    where = f"/dbs/{cosmos_database.id}/"
 
     async def aio() -> Any:
         async with account.async_client() as client:
-            proxy = client.get_database_client(database.id).get_container_client(container.id)
+            proxy = client.get_database_client(cosmos_database.id).get_container_client(
+                container.id
+            )
             store = AsyncAggregateStore(AsyncCosmosBackend(proxy), Counter, last)
             await store.create("c1", Counter())
             account.inject_fault(dropReply=True, count=1, method="PATCH", pathContains=where)
