@@ -344,7 +344,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
     if isinstance(plan, TrimPlan):
         drop = set(plan.entry_ids)
         after = {**doc, "outbox": [e for e in doc.get("outbox", ()) if e.get("id") not in drop]}
-        if CANCELLED in doc:
+        if isinstance(doc.get(CANCELLED), list):  # a malformed one is left as it is
             after[CANCELLED] = [i for i in doc[CANCELLED] if i not in drop]
         return after
     if isinstance(plan, ReleasePlan):

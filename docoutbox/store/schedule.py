@@ -89,7 +89,11 @@ def bad_due(entry: object) -> bool:
 
 
 def cancelled_ids(doc: Mapping[str, Any]) -> frozenset[str]:
-    found = doc.get(CANCELLED) or ()
+    """The entry IDs in the document's ``cancelled`` array (none when it is not an array:
+    a malformed document, whose releases every store refuses)."""
+    found = doc.get(CANCELLED)
+    if not isinstance(found, list):
+        return frozenset()
     return frozenset(i for i in found if isinstance(i, str))
 
 

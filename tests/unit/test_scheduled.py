@@ -433,3 +433,31 @@ def test_a_partition_acquired_is_queried_for_due_entries_at_the_next_turn() -> N
     ownership.acquired = [frozenset({0})]
     world.step()
     assert len(queries) == 2
+
+
+@pytest.mark.parametrize("corrupt", ["x", {"a": 1}, 3])
+def test_a_corrupt_cancelled_quarantines_the_due_entry_once_and_never_spins(corrupt: Any) -> None:
+    """``cancelled`` must be an array of entry IDs: every store refuses a release on a
+    document where it is not, so the due entry is quarantined (dead letter with the
+    reason) instead of being released again at every turn."""
+    world = World()
+    world.start()
+    world.handle("t", msg("m1", "Start", after=1, key="a"))
+    world.handle("u", msg("m2", "Start", after=1, key="a"))
+    world.backend.docs["t"]["cancelled"] = corrupt
+    releases: list[Any] = []
+    perform = world.ports.perform
+
+    def counting(op: Any) -> Any:
+        if isinstance(getattr(op, "plan", None), ReleasePlan):
+            releases.append(op.plan.aggregate_id)
+        return perform(op)
+
+    world.ports.perform = counting  # type: ignore[method-assign]
+    for _ in range(steps_for(4)):
+        world.step()
+    assert releases == ["u"]  # the good document's only; none tried on the corrupt one
+    assert world.published() == ["Timeout"]
+    [dead] = world.dead.entries.values()
+    assert dead["aggregate_id"] == "t" and "cancelled" in dead["error"]
+    assert world.backend.docs["t"]["outbox"] == []

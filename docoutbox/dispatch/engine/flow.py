@@ -70,7 +70,7 @@ from docoutbox.retry import MAX_COUNT, backoff, check_int, check_seconds
 from docoutbox.store.core import Sleep, Write
 from docoutbox.store.document import ID, REVISION, Document, is_sequence_number
 from docoutbox.store.plans import FailurePlan, plan_trim
-from docoutbox.store.schedule import due_of
+from docoutbox.store.schedule import CANCELLED, due_of
 from docoutbox.stored.claim import DeletePayloads, GetPayload, resolve_stored
 from docoutbox.stored.reference import claim_of
 from docoutbox.stored.sweep import DeadLettered
@@ -299,16 +299,22 @@ def _counter(doc: Document, name: str) -> int:
 
 
 def _numbering_fault(doc: Document) -> str | None:
-    """Why the document's ``outbox_seq`` cannot number a release (None: it can).
+    """Why the document cannot have a due entry released (None: it can).
 
-    A release is guarded by ``outbox_seq`` being the value read; one that is not a
-    sequence number (not a non-negative integer, or absent) never matches, so the
-    release would fail at every run: the due entries it cannot number are quarantined
-    instead (I7), once, and the run goes on."""
+    A release is guarded by ``outbox_seq`` being the value read and by ``cancelled``
+    being an array (absent or null: nothing cancelled) that does not name the entry. An
+    ``outbox_seq`` that is not a sequence number (not a non-negative integer, or absent)
+    or a ``cancelled`` that is not an array never matches, so the release would fail at
+    every run: the due entries are quarantined instead (I7), once, and the run goes on."""
     value = doc.get("outbox_seq")
-    if is_sequence_number(value):
-        return None
-    return f"the document's outbox_seq {value!r} is not a sequence number: cannot number a release"
+    if not is_sequence_number(value):
+        return (
+            f"the document's outbox_seq {value!r} is not a sequence number: cannot number a release"
+        )
+    cancelled = doc.get(CANCELLED)
+    if cancelled is not None and not isinstance(cancelled, list):
+        return f"the document's cancelled {cancelled!r} is not an array: cannot release an entry"
+    return None
 
 
 def _earliest(current: datetime | None, raw: Any) -> datetime | None:
