@@ -15,13 +15,13 @@ How: :class:`~docoutbox_rabbitmq.inbound.Reader` parses the broker's bytes in
 ``data_received``; an ack or nack settles its tag, or with ``multiple`` every tag up to
 it, by walking the tags from the lowest unsettled one (each tag is walked once). No
 task, queue or future exists per frame or per entry. A ``basic.return`` (method, header,
-body frames) fails the first unsettled entry after the previous return whose message
-id, exchange and routing key are the returned message's: the broker returns messages in
-the order they were published, so two rounds with the same entry id are never
-confused. The rare frames (handshake, channel open and close, ``connection.blocked``)
-are marshalled by pamqp. Heartbeats go both ways: a broker silent for two intervals is a
-lost connection. While the broker blocks the connection (``connection.blocked``) rounds
-wait, within their deadline.
+body frames) fails the oldest unsettled entry whose message id and routing key are the
+returned message's (the broker returns messages in the order they were published, each
+before its ack, and a returned entry leaves the pending ones), so two rounds in flight
+with the same entry id are never confused. The rare frames (handshake, channel open
+and close, ``connection.blocked``) are marshalled by pamqp. Heartbeats go both ways: a
+broker silent for two intervals is a lost connection. While the broker blocks the
+connection (``connection.blocked``) rounds wait, within their deadline.
 """
 
 from __future__ import annotations
@@ -173,8 +173,6 @@ class Link(asyncio.Protocol):
         self.tag = 0
         self.low = 1
         self.pending: dict[int, Slot] = {}
-        #: Tags up to this one cannot be returned any more (returns come in order).
-        self.returned_up_to = 0
         #: A ``basic.return`` being read: the method, then its header.
         self._return: spec.Basic.Return | None = None
         self._return_header: ContentHeader | None = None
@@ -311,11 +309,10 @@ class Link(asyncio.Protocol):
             return
         message_id = header.properties.message_id or ""
         key = (method.routing_key or "").encode("utf-8")
-        for tag in range(max(self.low, self.returned_up_to + 1), self.tag + 1):
+        for tag in range(self.low, self.tag + 1):
             slot = self.pending.get(tag)
             if slot is not None and slot[2] == message_id and slot[3] == key:
                 del self.pending[tag]
-                self.returned_up_to = tag
                 round_, index = slot[0], slot[1]
                 round_.settle(index, returned([method.reply_code or 0], round_.whats[index]))
                 return
@@ -333,7 +330,7 @@ class Link(asyncio.Protocol):
 
     def _settle_all(self, error: Failure, cause: BaseException) -> None:
         pending, self.pending = self.pending, {}
-        self.tag, self.low, self.returned_up_to = 0, 1, 0
+        self.tag, self.low = 0, 1
         self._return = self._return_header = None
         for round_, index, _, _ in pending.values():
             if not round_.settled[index]:
@@ -428,7 +425,7 @@ class Link(asyncio.Protocol):
     async def open_channel(self) -> None:
         """A new channel in confirm mode (the next number: a closed one is never reused)."""
         self.channel = self.channel % self.channel_max + 1
-        self.tag, self.low, self.returned_up_to = 0, 1, 0
+        self.tag, self.low = 0, 1
         await self.call(self.channel, spec.Channel.Open(), spec.Channel.OpenOk)
         await self.call(self.channel, spec.Confirm.Select(), spec.Confirm.SelectOk)
         self.channel_open = True
