@@ -111,7 +111,7 @@ def wait_until_trimmed(backend: MemoryBackend, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-# -- RabbitMQ (aio-pika) -----------------------------------------------------------------
+# -- RabbitMQ (the publisher's own connection) ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
