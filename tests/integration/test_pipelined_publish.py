@@ -273,28 +273,51 @@ def test_a_channel_closing_mid_round_fails_only_the_unconfirmed_entries(
         assert [type(r) for r in replies] == [Connection.CloseOk] and link.lost is not None
 
 
-def test_a_return_fails_the_entry_it_was_even_when_another_round_has_its_id() -> None:
-    """Two rounds hold an entry with the same id, the first to a routing key with no
-    queue: the broker returns that one, and the return is matched by message id, routing
-    key and order, so the first round's entry fails and the second's is confirmed."""
+@pytest.mark.parametrize("keys", [("nowhere", "Event"), ("Event", "nowhere")])
+def test_a_return_fails_the_entry_it_was_even_when_another_round_has_its_id(
+    keys: tuple[str, str],
+) -> None:
+    """Two rounds hold an entry with the same id, one to a routing key with no queue:
+    the broker returns that one (before it acks it, while the other may still await its
+    ack), and the return is matched by message id, routing key and order, so only that
+    round's entry fails."""
 
     async def rounds() -> list[list[Exception | None]]:
         link, _ = open_link()
         publisher = publisher_on(link, route=lambda e: str(e.headers["to"]))
-        first = asyncio.ensure_future(
-            publisher.publish_many([make_entry(id="same", headers={"to": "nowhere"})])
-        )
-        second = asyncio.ensure_future(
-            publisher.publish_many([make_entry(id="same", headers={"to": "Event"})])
+        sending = [
+            asyncio.ensure_future(
+                publisher.publish_many([make_entry(id="same", headers={"to": key})])
+            )
+            for key in keys
+        ]
+        await turn()
+        returned_tag = keys.index("nowhere") + 1
+        answer(link, *returned_message("same", "nowhere"), Basic.Ack(returned_tag))
+        answer(link, Basic.Ack(3 - returned_tag))
+        return [await s for s in sending]
+
+    outcomes = asyncio.run(rounds())
+    for key, outcome in zip(keys, outcomes, strict=True):
+        if key == "nowhere":
+            assert type(outcome[0]) is PublishError and "unroutable" in str(outcome[0])
+        else:
+            assert outcome == [None]
+
+
+def test_a_multiple_nack_fails_every_entry_up_to_its_tag_and_no_other() -> None:
+    async def round_() -> list[Exception | None]:
+        link, _ = open_link()
+        sending = asyncio.ensure_future(
+            publisher_on(link).publish_many([make_entry(id=f"m{i}") for i in range(5)])
         )
         await turn()
-        answer(link, *returned_message("same", "nowhere"), Basic.Ack(1))
-        answer(link, Basic.Ack(2))
-        return [await first, await second]
+        answer(link, Basic.Ack(1), Basic.Nack(3, multiple=True), Basic.Ack(5, multiple=True))
+        return await sending
 
-    first, second = asyncio.run(rounds())
-    assert type(first[0]) is PublishError and "unroutable" in str(first[0]), first
-    assert second == [None]
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[3:] == [None, None]
+    assert all(type(o) is PublishError and "nack" in str(o) for o in outcomes[1:3]), outcomes
 
 
 def test_frames_split_anywhere_settle_the_same_round() -> None:
@@ -333,11 +356,19 @@ def test_a_blocked_connection_holds_rounds_until_unblocked_within_the_deadline()
         await turn()
         sent = wire.sent()
         answer(link, Basic.Ack(1))
-        return expired, await waiting, sent
+        link.pause_writing()  # the socket's buffer is full: the next round waits too
+        paused = asyncio.ensure_future(publisher_on(link).publish_many([make_entry(id="z")]))
+        await turn()
+        sent.append(str(wire.sent()))
+        link.resume_writing()
+        await turn()
+        sent += wire.sent()
+        answer(link, Basic.Ack(2))
+        return expired, [*await waiting, *await paused], sent
 
     expired, waited, sent = asyncio.run(rounds())
     assert isinstance(expired[0], BrokerUnavailable) and "timed out" in str(expired[0])
-    assert waited == [None] and sent == ["y"]
+    assert waited == [None, None] and sent == ["y", "[]", "z"]
 
 
 def test_a_silent_broker_is_a_lost_connection_and_heartbeats_are_sent() -> None:
@@ -345,7 +376,7 @@ def test_a_silent_broker_is_a_lost_connection_and_heartbeats_are_sent() -> None:
     that answers, and gives up on one silent for two intervals: every entry still
     unconfirmed fails with ``BrokerUnavailable``."""
 
-    async def silence() -> tuple[list[Exception | None], list[bytes], bool]:
+    async def silence() -> tuple[list[Exception | None], list[bytes], bool, Link]:
         link, wire = open_link(heartbeat=1)
         link._tick()
         sending = asyncio.ensure_future(publisher_on(link).publish_many([make_entry(id="s")]))
@@ -353,11 +384,13 @@ def test_a_silent_broker_is_a_lost_connection_and_heartbeats_are_sent() -> None:
         answer(link, Heartbeat(), channel=0)  # heard: the link keeps going
         kept = link.lost is None
         wire.written = [w for w in wire.written if w == _HEARTBEAT]
-        return await sending, wire.written, kept
+        return await sending, wire.written, kept, link
 
-    outcomes, beats, kept = asyncio.run(silence())
+    outcomes, beats, kept, link = asyncio.run(silence())
     assert kept and beats and isinstance(outcomes[0], BrokerUnavailable)
     assert "timed out" in str(outcomes[0])
+    assert "no heartbeat from the broker in 2 s" in str(link.lost)
+    assert link.transport is not None and link.transport.is_closing()  # aborted
 
 
 @pytest.mark.rabbitmq
