@@ -450,6 +450,29 @@ def test_two_rounds_with_the_same_entry_id_get_the_return_of_their_own(
 
 
 @pytest.mark.rabbitmq
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [(("guest:guest@", "guest:wrong@"), "403 ACCESS_REFUSED"), (("/%2F", "/no-such"), "530")],
+)
+def test_refused_credentials_or_virtual_host_fail_the_round_with_the_brokers_reason(
+    url: str, change: tuple[str, str], says: str
+) -> None:
+    """The handshake sends the URL's credentials and virtual host: the broker's refusal
+    (``connection.close``) fails every entry with ``BrokerUnavailable`` naming it, the
+    password masked."""
+    assert change[0] in url
+    refused = url.replace(*change)
+
+    async def round_() -> list[Exception | None]:
+        async with AsyncRabbitPublisher(refused, "", timeout=10) as publisher:
+            return await publisher.publish_many([make_entry(id="a"), make_entry(id="b")])
+
+    outcomes = asyncio.run(round_())
+    assert all(type(o) is BrokerUnavailable and says in str(o) for o in outcomes), outcomes
+    assert ":wrong@" not in str(outcomes[0])
+
+
+@pytest.mark.rabbitmq
 def test_a_long_round_arrives_in_order_with_bodies_over_frame_max(url: str, box: Sandbox) -> None:
     """One round of 1,500 entries, three of them with bodies of several ``frame_max``
     (131,072 bytes by default): all confirmed, delivered in the round's order, intact."""
