@@ -15,11 +15,15 @@ that cuts the connection while rounds are in flight.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pamqp.frame
@@ -48,6 +52,7 @@ from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
 from docoutbox_rabbitmq.link import _HEARTBEAT, Address, Link
 from docoutbox_rabbitmq.pipelined import PipelinedRabbitPublisher
+from tests.conftest import missing
 from tests.support.e2e import broker_address, require_rabbitmq, through
 from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
@@ -470,6 +475,80 @@ def test_refused_credentials_or_virtual_host_fail_the_round_with_the_brokers_rea
     outcomes = asyncio.run(round_())
     assert all(type(o) is BrokerUnavailable and says in str(o) for o in outcomes), outcomes
     assert ":wrong@" not in str(outcomes[0])
+
+
+def self_signed(directory: Path) -> tuple[str, str]:
+    """A throwaway certificate for 127.0.0.1 and its key (PEM files in ``directory``)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        missing("openssl is needed to make a test certificate")
+    cert, key = directory / "broker.pem", directory / "broker.key"
+    subprocess.run(
+        [
+            str(openssl), "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+async def tls_front(upstream: tuple[str, int], cert: str, key: str) -> asyncio.Server:
+    """A TLS endpoint on 127.0.0.1 forwarding to the broker's plain port, as a broker
+    with a TLS listener would answer."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*upstream)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+
+
+@pytest.mark.rabbitmq
+def test_amqps_urls_publish_over_tls_verified_by_the_urls_cafile(
+    url: str, box: Sandbox, tmp_path: Path
+) -> None:
+    """``amqps://`` publishes over TLS: trusted through the URL's ``cafile``, refused
+    (``BrokerUnavailable``, nothing sent) without it, accepted unverified with
+    ``no_verify_ssl=1``."""
+    exchange, queue = bounded_queue(box, 100)
+    cert, key = self_signed(tmp_path)
+
+    async def rounds() -> list[list[Exception | None]]:
+        front = await tls_front(broker_address(url), cert, key)
+        port = front.sockets[0].getsockname()[1]
+        secure = url.replace("amqp://", "amqps://").replace(":5672/", f":{port}/")
+        joined = "&" if "?" in secure else "?"
+        outcomes = []
+        try:
+            for query, seq in ((f"cafile={cert}", 1), ("", 2), ("no_verify_ssl=1", 3)):
+                target = secure + (joined + query if query else "")
+                async with AsyncRabbitPublisher(target, exchange, timeout=10) as publisher:
+                    outcomes.append(await publisher.publish_many([make_entry("t", seq)]))
+        finally:
+            front.close()
+        return outcomes
+
+    assert ":5672/" in url
+    trusted, refused, unverified = asyncio.run(rounds())
+    assert trusted == [None] and unverified == [None]
+    assert isinstance(refused[0], BrokerUnavailable), refused
+    assert "TLS failed (self-signed certificate)" in str(refused[0])
+    assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 3]
 
 
 @pytest.mark.rabbitmq
