@@ -6,9 +6,12 @@ confirmed publish spends its time.
 - ``aiormq``: ``basic_publish`` on aiormq's channel per entry, one task each, as
   ``AsyncRabbitPublisher`` did before its rounds were written as frames;
 - ``lean``: ``AsyncRabbitPublisher.publish_many`` of every entry in one round (frames
-  written once, confirms settled into the round, no task or future per entry);
+  written once on the publisher's own connection, confirms settled into the round, no
+  task or future per entry or per confirm frame);
 - ``lean-rounds``: the same in rounds of 6 from 32 concurrent callers, the shape of the
-  dispatcher's rounds at 10 entries per aggregate.
+  dispatcher's rounds at 10 entries per aggregate;
+- ``lean-singles``: rounds of one entry from 32 concurrent callers: the broker then
+  confirms mostly one message per ack frame.
 
 Persistent messages of the benchmark's records to a durable queue on the shared broker,
 interleaved rounds; client CPU is ``time.process_time`` over each publish span. Run:
@@ -35,7 +38,7 @@ from docoutbox.codec import WireFormat
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher, amqp_properties
 from docoutbox_rabbitmq.amqp import message_for
 
-KINDS = ["aio-pika", "aiormq", "lean", "lean-rounds"]
+KINDS = ["aio-pika", "aiormq", "lean", "lean-rounds", "lean-singles"]
 
 
 async def publish_all(
@@ -85,7 +88,15 @@ async def publish_all(
 
         await asyncio.gather(*(caller(chunks[c::32]) for c in range(32)))
 
-    return (one_round if kind == "lean" else rounds_of_6), publisher.close
+    async def singles() -> None:
+        async def caller(mine: list[OutboxMessage]) -> None:
+            for entry in mine:
+                assert await publisher.publish_many([entry]) == [None]
+
+        await asyncio.gather(*(caller(entries[c::32]) for c in range(32)))
+
+    shapes = {"lean": one_round, "lean-rounds": rounds_of_6, "lean-singles": singles}
+    return shapes[kind], publisher.close
 
 
 def measure(

@@ -5,10 +5,13 @@ commit.
 - :mod:`docoutbox_rabbitmq.consumer`: :class:`RabbitConsumer` (ack after commit);
 - :mod:`docoutbox_rabbitmq.pipelined`: ``PipelinedRabbitPublisher``, aio-pika on a loop
   thread, for the threaded dispatcher to pipeline confirms;
-- :mod:`docoutbox_rabbitmq.aio`: the aio-pika twins (``AsyncRabbitPublisher``,
+- :mod:`docoutbox_rabbitmq.aio`: the asyncio twins (``AsyncRabbitPublisher``,
   ``AsyncRabbitConsumer``);
-- :mod:`docoutbox_rabbitmq.rounds`: a publish round on aiormq's confirm-mode channel,
-  written once and settled by the broker's confirms;
+- :mod:`docoutbox_rabbitmq.rounds`: a publish round, written once and settled by the
+  broker's confirms;
+- :mod:`docoutbox_rabbitmq.link`: the publishing connection of the asyncio publisher
+  (handshake, TLS, heartbeats, ``connection.blocked``, one confirm-mode channel);
+- :mod:`docoutbox_rabbitmq.inbound`: AMQP frames out of the broker's byte stream;
 - :mod:`docoutbox_rabbitmq.frames`: the AMQP frames of one ``basic.publish``;
 - :mod:`docoutbox_rabbitmq.amqp`: message properties, declarations, masked URLs;
 - :mod:`docoutbox_rabbitmq.broker`: the ``docoutbox.brokers`` adapter;

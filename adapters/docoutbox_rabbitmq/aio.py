@@ -1,4 +1,5 @@
-"""asyncio twins of the RabbitMQ publisher and consumer, on aio-pika.
+"""asyncio twins of the RabbitMQ publisher and consumer: the consumer, declarations and
+checks on aio-pika, publishing on docoutbox's own connection (:mod:`~docoutbox_rabbitmq.link`).
 
 They share the sync adapter's decisions: message properties and topology
 (:mod:`~docoutbox_rabbitmq.amqp`), error mapping by reply code
@@ -40,7 +41,8 @@ from docoutbox_rabbitmq import frames
 from docoutbox_rabbitmq.amqp import Routing, masked, topology
 from docoutbox_rabbitmq.consumer import Settlement
 from docoutbox_rabbitmq.errors import by_reply_code, connection_failed, nacked, returned
-from docoutbox_rabbitmq.rounds import Outgoing, confirm_channel, message_id_of, publish_round
+from docoutbox_rabbitmq.link import Address, Link, connect
+from docoutbox_rabbitmq.rounds import Outgoing, message_id_of, publish_round
 
 S = TypeVar("S", bound=BaseModel)
 log = logging.getLogger("docoutbox.rabbitmq")
@@ -83,15 +85,6 @@ def translate(exc: BaseException, what: str) -> DocOutboxError:
     return PublishError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def round_error(exc: BaseException, what: str) -> DocOutboxError:
-    """:func:`translate` for an entry of a round: a channel closed without a reason (aiormq
-    then fails its futures with a bare ``Exception``) leaves the entry unconfirmed, as a
-    lost connection does."""
-    if type(exc) is Exception:
-        exc = ax.ChannelInvalidStateError(f"the channel closed: {exc!r}")
-    return translate(exc, what)
-
-
 #: What :func:`translated` turns into docoutbox's publish errors.
 _TRANSLATED: tuple[type[BaseException], ...] = (TimeoutError, ax.AMQPError, OSError, RuntimeError)
 
@@ -130,16 +123,17 @@ class AsyncRabbitPublisher(Routing):
     """A :class:`docoutbox.AsyncPublisher` for RabbitMQ: returns only once confirmed.
 
     The twin of :class:`~docoutbox_rabbitmq.RabbitPublisher`: the same routing, message
-    properties, body and errors. The channel runs in publisher-confirm mode with
-    ``on_return_raises``, so a returned (unroutable) message raises ``PublishError``.
-    ``publish_many`` writes a whole round's frames on that channel at once and then
-    awaits the confirms (:class:`~docoutbox.ports.dispatch.AsyncPipelinedPublisher`, in
+    properties, body and errors; a returned (unroutable) ``mandatory`` message raises
+    ``PublishError``. Publishing runs on a connection of its own
+    (:mod:`~docoutbox_rabbitmq.link`: handshake, TLS for ``amqps``, heartbeats both
+    ways, ``connection.blocked``, one confirm-mode channel). ``publish_many`` writes a
+    whole round's frames at once and then awaits the confirms
+    (:class:`~docoutbox.ports.dispatch.AsyncPipelinedPublisher`, in
     :mod:`~docoutbox_rabbitmq.rounds`); ``publish`` is a round of one, and concurrent
-    calls share the channel, so a dispatcher keeps many messages in flight. aio-pika
-    (aiormq) keeps the connection: handshake, TLS, heartbeats, ``connection.blocked``
-    and close. A lost connection
-    raises ``BrokerUnavailable`` and the next call reconnects. Options as the twin's
-    (:class:`~docoutbox_rabbitmq.amqp.Routing`).
+    calls share the channel, so a dispatcher keeps many messages in flight. A lost
+    connection raises ``BrokerUnavailable`` and the next call reconnects. ``declare`` and
+    ``check`` use an aio-pika connection, opened when first needed. Options as the
+    twin's (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
 
     def __init__(
@@ -152,14 +146,17 @@ class AsyncRabbitPublisher(Routing):
         **options: Any,
     ) -> None:
         super().__init__(url, exchange, **options)
+        Address.of(url)  # an unusable heartbeat or TLS file fails here, not at a publish
         self.connection_name = connection_name
         self.timeout = timeout
         self._url = url
+        self._link: Link | None = None
+        #: aio-pika's connection and channel, for declarations and checks only.
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
         self._used_at = 0.0
-        #: Publishes awaiting their confirms: the idle probe never closes their channel.
+        #: Rounds awaiting their confirms: the idle probe never runs under them.
         self._in_flight = 0
 
     async def publish(self, entry: OutboxMessage) -> None:
@@ -188,29 +185,19 @@ class AsyncRabbitPublisher(Routing):
         if not sends:
             return outcomes
         try:
-            channel = await self._open()
-            async with translated(f"publish to exchange {self.exchange!r}"):
-                underlay = confirm_channel(await channel.get_underlay_channel())
+            link = await self._open()
         except DocOutboxError as exc:  # nothing was sent
             for index, _ in sends:
                 outcomes[index] = exc
             return outcomes
         self._in_flight += 1
         try:
-            await publish_round(
-                underlay,
-                self.exchange,
-                self.mandatory,
-                sends,
-                outcomes,
-                self.timeout,
-                round_error,
-            )
+            await publish_round(link, self.exchange, self.mandatory, sends, outcomes, self.timeout)
         finally:
             self._in_flight -= 1
-            self._used_at = asyncio.get_running_loop().time()
+            self._used_at = link.loop.time()
         if any(isinstance(outcome, BrokerUnavailable) for outcome in outcomes):
-            await self._drop(channel)  # the next call reconnects
+            await self._drop(link)  # the next call reconnects
         return outcomes
 
     def _outgoing(self, entry: OutboxMessage) -> Outgoing:
@@ -231,7 +218,7 @@ class AsyncRabbitPublisher(Routing):
         dead_letters: str | None = None,
     ) -> None:
         """Declare this publisher's exchange and queues (as :func:`~docoutbox_rabbitmq.declare`)."""
-        channel = await self._open()
+        channel = await self._declaring()
         await declare_async(
             channel,
             self.exchange,
@@ -243,7 +230,8 @@ class AsyncRabbitPublisher(Routing):
     async def check(self, *, declare_type: str | None = None) -> None:
         """Fail fast on a broker this publisher cannot use (as
         :meth:`~docoutbox_rabbitmq.RabbitPublisher.check`): connect, log in, and make sure
-        the exchange exists (declaring it, durable, of ``declare_type`` when given).
+        the exchange exists (declaring it, durable, of ``declare_type`` when given), then
+        open the publishing connection.
 
         Raises ``BrokerUnavailable`` when the broker cannot be reached, and
         ``PermanentPublishError`` when it refuses the credentials or the exchange does not
@@ -251,16 +239,13 @@ class AsyncRabbitPublisher(Routing):
         """
         where = masked(self._url)
         try:
-            channel = await self._open()
+            channel = await self._declaring()
         except BrokerUnavailable as exc:
             if isinstance(exc.__cause__, ax.AuthenticationError | ax.ProbableAuthenticationError):
                 raise PermanentPublishError(
                     f"RabbitMQ at {where} refused the credentials ({type(exc.__cause__).__name__})"
                 ) from exc
             raise
-        async with translated(f"open a channel on {where}"):
-            underlay = await channel.get_underlay_channel()
-        confirm_channel(underlay)  # rounds need this aiormq's channel parts
         if declare_type is not None:
             await self.declare(exchange_type=declare_type)
         elif self.exchange:
@@ -274,27 +259,31 @@ class AsyncRabbitPublisher(Routing):
                 ) from exc
             except (ax.AMQPError, OSError, RuntimeError, TimeoutError) as exc:
                 raise translate(exc, f"check exchange {self.exchange!r}") from exc
+        await self._open()
 
     async def close(self) -> None:
-        """Close the connection. A later publish opens a new one."""
+        """Close the connections. A later publish opens a new one."""
         async with self._lock:
             await self._discard()
+            connection, self._connection, self._channel = self._connection, None, None
+            if connection is not None and not connection.is_closed:
+                try:
+                    await connection.close()
+                except (ax.AMQPError, OSError, RuntimeError) as exc:  # already broken
+                    log.debug("closing a broken RabbitMQ connection: %r", exc)
 
-    async def _drop(self, channel: aio_pika.abc.AbstractChannel) -> None:
-        """After a publish on ``channel`` found the broker unavailable: discard the
-        connection, unless another call replaced that channel meanwhile (under the lock,
-        so never while another call is opening a connection)."""
+    async def _drop(self, link: Link) -> None:
+        """After a round on ``link`` found the broker unavailable: discard the connection,
+        unless another call replaced it meanwhile (under the lock, so never while another
+        call is opening a connection)."""
         async with self._lock:
-            if self._channel is channel:
+            if self._link is link:
                 await self._discard()
 
     async def _discard(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and not connection.is_closed:
-            try:
-                await connection.close()
-            except (ax.AMQPError, OSError, RuntimeError) as exc:  # already broken
-                log.debug("closing a broken RabbitMQ connection: %r", exc)
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -304,11 +293,11 @@ class AsyncRabbitPublisher(Routing):
     ) -> None:
         await self.close()
 
-    async def _open(self) -> aio_pika.abc.AbstractChannel:
-        """The confirm-mode channel, reconnecting if needed. After ``probe_idle`` seconds
-        unused, and with no publish awaiting its confirm, the channel is reopened first:
-        that round trip finds a connection the broker or the network closed meanwhile,
-        and it is replaced before the publish."""
+    async def _open(self) -> Link:
+        """The publishing connection with its confirm-mode channel open, reconnecting if
+        needed. After ``probe_idle`` seconds unused, and with no round awaiting its
+        confirms, one round trip on the channel comes first: it finds a connection the
+        broker or the network closed meanwhile, which is replaced before the publish."""
         async with self._lock:
             for attempt in (1, 2):  # nothing is published here: a retry sends nothing twice
                 try:
@@ -319,27 +308,49 @@ class AsyncRabbitPublisher(Routing):
                         raise
             raise AssertionError("unreachable")
 
-    async def _open_once(self) -> aio_pika.abc.AbstractChannel:
-        idle = asyncio.get_running_loop().time() - self._used_at >= self.probe_idle
-        if self._connection is None or self._connection.is_closed:
-            self._channel = None
-            async with translated(f"connect to {masked(self._url)}"):
-                self._connection = await aio_pika.connect(
-                    self._url,
-                    client_properties={"connection_name": self.connection_name},
-                    timeout=self.timeout,
+    async def _open_once(self) -> Link:
+        where = masked(self._url)
+        link = self._link
+        if link is None or link.lost is not None:
+            self._link = None
+            try:
+                link = await connect(
+                    self._url, {"connection_name": self.connection_name}, self.timeout
                 )
-        elif idle and self._channel is not None and not self._in_flight:
-            stale, self._channel = self._channel, None
-            async with translated(f"probe {masked(self._url)}"):
-                await stale.close()
-        if self._channel is None or self._channel.is_closed:
-            async with translated(f"open a channel on {masked(self._url)}"):
-                self._channel = await self._connection.channel(
-                    publisher_confirms=True, on_return_raises=True
-                )
-            self._used_at = asyncio.get_running_loop().time()
-        return self._channel
+            except BrokerUnavailable as exc:
+                raise BrokerUnavailable(f"connect to {where}: {exc}") from exc
+            self._link = link
+            self._used_at = link.loop.time()
+            return link
+        try:
+            async with asyncio.timeout(self.timeout):
+                if not link.channel_open:
+                    await link.open_channel()
+                    self._used_at = link.loop.time()
+                elif link.loop.time() - self._used_at >= self.probe_idle and not self._in_flight:
+                    await link.probe()
+        except TimeoutError as exc:
+            link.abort(exc)
+            raise connection_failed(exc, f"probe {where}") from exc
+        except DocOutboxError as exc:
+            raise BrokerUnavailable(f"open a channel on {where}: {exc}") from exc
+        return link
+
+    async def _declaring(self) -> aio_pika.abc.AbstractChannel:
+        """aio-pika's channel for declarations and checks, reconnecting if needed."""
+        async with self._lock:
+            if self._connection is None or self._connection.is_closed:
+                self._channel = None
+                async with translated(f"connect to {masked(self._url)}"):
+                    self._connection = await aio_pika.connect(
+                        self._url,
+                        client_properties={"connection_name": self.connection_name},
+                        timeout=self.timeout,
+                    )
+            if self._channel is None or self._channel.is_closed:
+                async with translated(f"open a channel on {masked(self._url)}"):
+                    self._channel = await self._connection.channel()
+            return self._channel
 
 
 async def declare_async(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -67,7 +68,8 @@ def _inner(exc: BaseException) -> list[BaseException]:
 def connection_cause(exc: BaseException) -> str:
     """Why a connection failed, in one line: the first socket error found in ``exc`` and
     the errors it wraps (refused, timed out, reset, unreachable, a host name not
-    resolved), else the error's own text (pika and aiormq often give none)."""
+    resolved, TLS refused with its reason), else the error's own text (pika and aiormq
+    often give none)."""
     todo, seen = [exc], set()
     while todo:
         error = todo.pop(0)
@@ -78,6 +80,9 @@ def connection_cause(exc: BaseException) -> str:
             return f"host name not resolved ({error.strerror})"
         if isinstance(error, TimeoutError):
             return "timed out"
+        if isinstance(error, ssl.SSLError):  # an OSError whose errno says nothing
+            detail = getattr(error, "verify_message", None) or error.reason or str(error)
+            return f"TLS failed ({detail})"
         if isinstance(error, OSError) and isinstance(error.errno, int) and error.errno > 0:
             return _CAUSES.get(error.errno) or os.strerror(error.errno).lower()
         todo += _inner(error)

@@ -3,7 +3,8 @@
 
 Rule: every call is carried out by one :class:`~docoutbox_rabbitmq.aio.AsyncRabbitPublisher`
 on one private event loop thread, so the rounds of all worker threads share one
-confirm-mode channel, each sent whole before its confirms are awaited. pika's blocking
+confirm-mode channel (on the publisher's own connection), each sent whole before its
+confirms are awaited. pika's blocking
 channel cannot do that: it waits for each confirm inside ``basic_publish``.
 """
 

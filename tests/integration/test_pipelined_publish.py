@@ -2,8 +2,10 @@
 confirm, each gets its own outcome, and a dispatcher keeps per-aggregate first-delivery
 order (I4) and loses nothing while the broker refuses entries in the middle of rounds.
 
-RabbitMQ runs on aio-pika: ``AsyncRabbitPublisher`` for the asyncio dispatcher, and
-``PipelinedRabbitPublisher`` (the same on a loop thread of its own) for the threaded one.
+RabbitMQ runs on the publisher's own connection (``docoutbox_rabbitmq.link``):
+``AsyncRabbitPublisher`` for the asyncio dispatcher, and ``PipelinedRabbitPublisher`` (the
+same on a loop thread of its own) for the threaded one; a fake socket stands in for the
+broker where a test needs to say exactly which frames come back.
 RabbitMQ faults: a queue of ``x-max-length`` with ``x-overflow: reject-publish`` (the
 broker nacks what does not fit) and an unroutable ``mandatory`` publish (returned).
 Kafka faults: a record over ``message.max.bytes`` in the middle of a round, and a proxy
@@ -13,19 +15,24 @@ that cuts the connection while rounds are in flight.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-import aiormq.exceptions as ax
 import pamqp.frame
 import pika
 import pytest
-from pamqp.commands import Basic
+from pamqp.body import ContentBody
+from pamqp.commands import Basic, Channel, Connection
 from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
 
 from benchmarks.ledger import make_entry
 from benchmarks.rabbit import Sandbox
@@ -35,7 +42,7 @@ from docoutbox.dispatch.drivers.aio import AsyncDispatcher, in_thread
 from docoutbox.dispatch.drivers.threads import Dispatcher
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import DispatcherConfig
-from docoutbox.errors import BrokerUnavailable, InvalidConfig, PermanentPublishError, PublishError
+from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import AsyncPipelinedPublisher, PipelinedPublisher
 from docoutbox.store.document import partition_of, utcnow
@@ -43,7 +50,9 @@ from docoutbox.testing import AsyncMemoryBackend, MemoryBackend
 from docoutbox.testing.publisher import MemoryDeadLetters
 from docoutbox_kafka import AsyncKafkaPublisher, KafkaPublisher
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from docoutbox_rabbitmq.link import _HEARTBEAT, Address, Link
 from docoutbox_rabbitmq.pipelined import PipelinedRabbitPublisher
+from tests.conftest import missing
 from tests.support.e2e import broker_address, require_rabbitmq, through
 from tests.support.kafka import proxied_ports
 from tests.support.tcpproxy import TcpProxy
@@ -107,7 +116,7 @@ def wait_until_trimmed(backend: MemoryBackend, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-# -- RabbitMQ (aio-pika) -----------------------------------------------------------------
+# -- RabbitMQ (the publisher's own connection) ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -126,139 +135,267 @@ def bounded_queue(box: Sandbox, length: int) -> tuple[str, str]:
     return exchange, queue
 
 
-class _FakeChannel:
-    """aiormq's confirm-mode channel as a round uses it, with no broker: the test reads
-    what was written and settles the slots itself."""
-
-    number = 1
-    max_content_size = 131_064
+class _Wire(asyncio.Transport):
+    """The socket of a :class:`Link` with no broker: the test reads what was written and
+    answers with frames of its own."""
 
     def __init__(self) -> None:
-        self.delivery_tag = 0
-        self.confirmations: dict[int, Any] = {}
-        self.message_id_delivery_tag: dict[str, int] = {}
-        self.write_queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.closing: list[asyncio.Future[Any]] = []
-        self._lock = asyncio.Lock()
+        super().__init__()
+        self.written: list[bytes] = []
+        self.aborted = False
 
-    @property
-    def lock(self) -> asyncio.Lock:
-        return self._lock
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
 
-    def create_future(self) -> asyncio.Future[Any]:
-        future = asyncio.get_running_loop().create_future()
-        self.closing.append(future)
-        return future
+    def abort(self) -> None:
+        self.aborted = True
 
-    async def get_underlay_channel(self) -> _FakeChannel:
-        return self
+    def is_closing(self) -> bool:
+        return self.aborted
 
-    async def sent(self) -> list[str]:
-        """The message ids of the next write, in order (one write per round)."""
-        payload = (await self.write_queue.get()).payload
-        ids = []
-        while payload:
-            used, _, frame = pamqp.frame.unmarshal(payload)
-            payload = payload[used:]
-            if isinstance(frame, ContentHeader):
-                ids.append(frame.properties.message_id)
-        return ids
+    def frames(self) -> list[Any]:
+        """Every frame written since the last call, decoded by pamqp."""
+        data, self.written = b"".join(self.written), []
+        decoded = []
+        while data:
+            used, _, frame = pamqp.frame.unmarshal(data)
+            data = data[used:]
+            decoded.append(frame)
+        return decoded
+
+    def sent(self) -> list[str]:
+        """The message ids of the publishes written since the last call, in order."""
+        return [f.properties.message_id for f in self.frames() if isinstance(f, ContentHeader)]
 
 
-def publisher_on(channel: _FakeChannel, timeout: float = 30.0) -> AsyncRabbitPublisher:
-    publisher = AsyncRabbitPublisher("amqp://guest:guest@127.0.0.1:1/", "ex", timeout=timeout)
+def open_link(heartbeat: int = 0) -> tuple[Link, _Wire]:
+    """A :class:`Link` whose handshake is done and whose channel 1 is open, on a
+    :class:`_Wire` (call inside a running loop)."""
+    link = Link(Address.of("amqp://guest:guest@127.0.0.1:1/"), {})
+    wire = _Wire()
+    link.connection_made(wire)
+    wire.frames()  # the protocol header
+    link.channel, link.channel_open, link.heartbeat = 1, True, heartbeat
+    return link, wire
 
-    async def opened() -> Any:
-        return channel
+
+def answer(link: Link, *frames: Any, channel: int = 1) -> None:
+    """The broker's ``frames`` on ``channel``, arriving in one read."""
+    link.data_received(b"".join(pamqp.frame.marshal(f, channel) for f in frames))
+
+
+def returned_message(message_id: str, key: str) -> list[Any]:
+    """The frames of a ``basic.return`` (method, header, body) of an unroutable publish."""
+    body = b'{"x": 1}'
+    header = ContentHeader(0, len(body), Basic.Properties(message_id=message_id))
+    return [Basic.Return(312, "NO_ROUTE", "ex", key), header, ContentBody(body)]
+
+
+def publisher_on(link: Link, timeout: float = 30.0, **options: Any) -> AsyncRabbitPublisher:
+    publisher = AsyncRabbitPublisher(
+        "amqp://guest:guest@127.0.0.1:1/", "ex", timeout=timeout, **options
+    )
+
+    async def opened() -> Link:
+        return link
 
     publisher._open = opened  # type: ignore[method-assign]
     return publisher
+
+
+async def turn() -> None:
+    """Let the publishing tasks run until they wait for the broker."""
+    for _ in range(5):
+        await asyncio.sleep(0)
 
 
 def test_a_rabbitmq_round_has_one_deadline_and_fails_only_what_it_did_not_confirm() -> None:
     """The asyncio publisher bounds a whole round by ``timeout``: an entry still
     unconfirmed then fails with ``BrokerUnavailable``, and its late confirm is ignored;
     the others keep their own outcomes, in order."""
-    channel = _FakeChannel()
 
-    async def round_() -> tuple[list[Exception | None], list[str]]:
-        publisher = publisher_on(channel, timeout=0.05)
+    async def round_() -> tuple[list[Exception | None], list[str], Link]:
+        link, wire = open_link()
+        publisher = publisher_on(link, timeout=0.05)
         entries = [make_entry(id=i) for i in ("a", "b", "c")]
         sending = asyncio.ensure_future(publisher.publish_many(entries))
-        sent = await channel.sent()
-        channel.confirmations[1].set_result(None)
-        channel.confirmations[3].set_result(None)
+        await turn()
+        sent = wire.sent()
+        answer(link, Basic.Ack(1), Basic.Ack(3))
         outcomes = await sending
-        late = channel.confirmations[2]
-        assert late.done()  # aiormq ignores a late confirm of a settled slot
-        return outcomes, sent
+        answer(link, Basic.Ack(2))  # late: nothing left to settle
+        return outcomes, sent, link
 
-    outcomes, sent = asyncio.run(round_())
+    outcomes, sent, link = asyncio.run(round_())
     assert sent == ["a", "b", "c"]
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], BrokerUnavailable)
     assert "publish entry b " in str(outcomes[1]) and "timed out" in str(outcomes[1])
     assert "127.0.0.1:1" in str(outcomes[1])
-    assert channel.message_id_delivery_tag == {}
-
-
-class _OtherAiormqChannel(_FakeChannel):
-    """A channel of an aiormq release whose confirms live elsewhere."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        del self.confirmations
-
-
-def test_a_round_refuses_a_channel_it_cannot_settle_and_writes_nothing() -> None:
-    """Rounds use parts of aiormq's channel that are not its public API: on a channel
-    without them every entry fails with ``InvalidConfig`` and nothing is sent."""
-    channel = _OtherAiormqChannel()
-
-    async def round_() -> list[Exception | None]:
-        return await publisher_on(channel).publish_many([make_entry(id="a"), make_entry(id="b")])
-
-    outcomes = asyncio.run(round_())
-    assert all(isinstance(outcome, InvalidConfig) for outcome in outcomes)
-    assert "confirmations" in str(outcomes[0])
-    assert channel.write_queue.empty()
+    assert link.pending == {}
 
 
 @pytest.mark.parametrize(
-    ("reason", "expected"),
+    ("close", "expected"),
     [
-        (ax.ChannelNotFoundEntity("NOT_FOUND - no exchange 'ex'"), PermanentPublishError),
-        (ax.AMQPConnectionError("connection lost"), BrokerUnavailable),
-        (Exception, BrokerUnavailable),  # aiormq's close without a reason
+        (Channel.Close(404, "NOT_FOUND - no exchange 'ex'", 60, 40), PermanentPublishError),
+        (Connection.Close(320, "CONNECTION_FORCED", 0, 0), BrokerUnavailable),
+        (None, BrokerUnavailable),  # the socket ends
     ],
 )
 def test_a_channel_closing_mid_round_fails_only_the_unconfirmed_entries(
-    reason: BaseException | type[BaseException], expected: type[Exception]
+    close: Any, expected: type[Exception]
 ) -> None:
-    """A nack, a return, an ack, then the channel closes: each entry keeps what the broker
-    said, and the unconfirmed ones take the close reason, translated."""
-    channel = _FakeChannel()
+    """A nack, a return, an ack, then the channel or the connection closes: each entry
+    keeps what the broker said, and the unconfirmed ones take the close reason,
+    translated; the close is answered."""
 
-    async def round_() -> list[Exception | None]:
-        publisher = publisher_on(channel)
+    async def round_() -> tuple[list[Exception | None], list[Any], Link]:
+        link, wire = open_link()
         sending = asyncio.ensure_future(
-            publisher.publish_many([make_entry(id=f"e{i}") for i in range(6)])
+            publisher_on(link).publish_many([make_entry(id=f"e{i}") for i in range(6)])
         )
-        await channel.sent()
-        channel.confirmations[1].set_result(None)
-        channel.confirmations[2].set_exception(ax.DeliveryError(None, Basic.Nack(2)))
-        returned = Basic.Return(312, "NO_ROUTE", "ex", "k")
-        channel.confirmations[3].set_exception(ax.DeliveryError(None, returned))
-        channel.confirmations[4].set_result(None)
-        for future in channel.closing:
-            future.set_exception(reason)
-        return await sending
+        await turn()
+        wire.frames()
+        answer(link, Basic.Ack(1), Basic.Nack(2), *returned_message("e2", "Event"))
+        answer(link, Basic.Ack(4, multiple=True))
+        if close is None:
+            link.connection_lost(None)
+        else:
+            answer(link, close, channel=1 if isinstance(close, Channel.Close) else 0)
+        return await sending, wire.frames(), link
 
-    outcomes = asyncio.run(round_())
+    outcomes, replies, link = asyncio.run(round_())
     assert outcomes[0] is None and outcomes[3] is None
     assert type(outcomes[1]) is PublishError and "nack" in str(outcomes[1]).lower()
     assert type(outcomes[2]) is PublishError and "312" in str(outcomes[2])
     assert all(type(o) is expected for o in outcomes[4:]), outcomes
+    if isinstance(close, Channel.Close):
+        assert "404" in str(outcomes[4])
+        assert [type(r) for r in replies] == [Channel.CloseOk] and not link.channel_open
+        assert link.lost is None  # the connection stays; the next round opens a channel
+    elif close is not None:
+        assert [type(r) for r in replies] == [Connection.CloseOk] and link.lost is not None
+
+
+@pytest.mark.parametrize("keys", [("nowhere", "Event"), ("Event", "nowhere")])
+def test_a_return_fails_the_entry_it_was_even_when_another_round_has_its_id(
+    keys: tuple[str, str],
+) -> None:
+    """Two rounds hold an entry with the same id, one to a routing key with no queue:
+    the broker returns that one (before it acks it, while the other may still await its
+    ack), and the return is matched by message id, routing key and order, so only that
+    round's entry fails."""
+
+    async def rounds() -> list[list[Exception | None]]:
+        link, _ = open_link()
+        publisher = publisher_on(link, route=lambda e: str(e.headers["to"]))
+        sending = [
+            asyncio.ensure_future(
+                publisher.publish_many([make_entry(id="same", headers={"to": key})])
+            )
+            for key in keys
+        ]
+        await turn()
+        returned_tag = keys.index("nowhere") + 1
+        answer(link, *returned_message("same", "nowhere"), Basic.Ack(returned_tag))
+        answer(link, Basic.Ack(3 - returned_tag))
+        return [await s for s in sending]
+
+    outcomes = asyncio.run(rounds())
+    for key, outcome in zip(keys, outcomes, strict=True):
+        if key == "nowhere":
+            assert type(outcome[0]) is PublishError and "unroutable" in str(outcome[0])
+        else:
+            assert outcome == [None]
+
+
+def test_a_multiple_nack_fails_every_entry_up_to_its_tag_and_no_other() -> None:
+    async def round_() -> list[Exception | None]:
+        link, _ = open_link()
+        sending = asyncio.ensure_future(
+            publisher_on(link).publish_many([make_entry(id=f"m{i}") for i in range(5)])
+        )
+        await turn()
+        answer(link, Basic.Ack(1), Basic.Nack(3, multiple=True), Basic.Ack(5, multiple=True))
+        return await sending
+
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[3:] == [None, None]
+    assert all(type(o) is PublishError and "nack" in str(o) for o in outcomes[1:3]), outcomes
+
+
+def test_frames_split_anywhere_settle_the_same_round() -> None:
+    """The broker's confirms and a return, cut into reads of one byte: the same outcomes."""
+
+    async def round_() -> list[Exception | None]:
+        link, _ = open_link()
+        sending = asyncio.ensure_future(
+            publisher_on(link).publish_many([make_entry(id=f"e{i}") for i in range(4)])
+        )
+        await turn()
+        answers = [*returned_message("e1", "Event"), Basic.Ack(2, multiple=True)]
+        answers += [Basic.Nack(3), Basic.Ack(4)]
+        data = b"".join(pamqp.frame.marshal(f, 1) for f in answers)
+        for offset in range(len(data)):
+            link.data_received(data[offset : offset + 1])
+        return await sending
+
+    outcomes = asyncio.run(round_())
+    assert outcomes[0] is None and outcomes[3] is None
+    assert "312" in str(outcomes[1]) and "nack" in str(outcomes[2]).lower()
+
+
+def test_a_blocked_connection_holds_rounds_until_unblocked_within_the_deadline() -> None:
+    """``connection.blocked``: nothing is written until ``connection.unblocked``; a round
+    still blocked at its deadline fails with ``BrokerUnavailable`` having sent nothing."""
+
+    async def rounds() -> tuple[list[Exception | None], list[Exception | None], list[str]]:
+        link, wire = open_link()
+        answer(link, Connection.Blocked("low on memory"), channel=0)
+        expired = await publisher_on(link, timeout=0.05).publish_many([make_entry(id="x")])
+        waiting = asyncio.ensure_future(publisher_on(link).publish_many([make_entry(id="y")]))
+        await turn()
+        assert wire.sent() == []
+        answer(link, Connection.Unblocked(), channel=0)
+        await turn()
+        sent = wire.sent()
+        answer(link, Basic.Ack(1))
+        link.pause_writing()  # the socket's buffer is full: the next round waits too
+        paused = asyncio.ensure_future(publisher_on(link).publish_many([make_entry(id="z")]))
+        await turn()
+        sent.append(str(wire.sent()))
+        link.resume_writing()
+        await turn()
+        sent += wire.sent()
+        answer(link, Basic.Ack(2))
+        return expired, [*await waiting, *await paused], sent
+
+    expired, waited, sent = asyncio.run(rounds())
+    assert isinstance(expired[0], BrokerUnavailable) and "timed out" in str(expired[0])
+    assert waited == [None, None] and sent == ["y", "[]", "z"]
+
+
+def test_a_silent_broker_is_a_lost_connection_and_heartbeats_are_sent() -> None:
+    """With a heartbeat of 1 s, the link writes heartbeats while idle, keeps a broker
+    that answers, and gives up on one silent for two intervals: every entry still
+    unconfirmed fails with ``BrokerUnavailable``."""
+
+    async def silence() -> tuple[list[Exception | None], list[bytes], bool, Link]:
+        link, wire = open_link(heartbeat=1)
+        link._tick()
+        sending = asyncio.ensure_future(publisher_on(link).publish_many([make_entry(id="s")]))
+        await asyncio.sleep(1.2)
+        answer(link, Heartbeat(), channel=0)  # heard: the link keeps going
+        kept = link.lost is None
+        wire.written = [w for w in wire.written if w == _HEARTBEAT]
+        return await sending, wire.written, kept, link
+
+    outcomes, beats, kept, link = asyncio.run(silence())
+    assert kept and beats and isinstance(outcomes[0], BrokerUnavailable)
+    assert "timed out" in str(outcomes[0])
+    assert "no heartbeat from the broker in 2 s" in str(link.lost)
+    assert link.transport is not None and link.transport.is_closing()  # aborted
 
 
 @pytest.mark.rabbitmq
@@ -286,6 +423,132 @@ def test_a_rabbitmq_round_confirms_or_refuses_each_entry_on_its_own(url: str, bo
     assert "312" in str(mixed[1])
     assert len(box.drain(queue)) == 2
     assert len(box.drain(routed)) == 2
+
+
+@pytest.mark.rabbitmq
+def test_two_rounds_with_the_same_entry_id_get_the_return_of_their_own(
+    url: str, box: Sandbox
+) -> None:
+    """The same entry id in two rounds in flight together, the first routed nowhere: the
+    broker's return fails the first round's entry only (matched by id, routing key and
+    order), and the second is confirmed and delivered."""
+    exchange, queue = bounded_queue(box, 100)
+    box.channel.queue_unbind(queue, exchange, "#")
+    box.channel.queue_bind(queue, exchange, "Event")
+
+    async def rounds() -> list[list[Exception | None]]:
+        route = lambda e: str(e.headers["to"])  # noqa: E731
+        async with AsyncRabbitPublisher(url, exchange, route=route) as publisher:
+            await publisher.publish(make_entry(id="warm", headers={"to": "Event"}))
+            return list(
+                await asyncio.gather(
+                    publisher.publish_many([make_entry(id="same", headers={"to": "nowhere"})]),
+                    publisher.publish_many([make_entry(id="same", headers={"to": "Event"})]),
+                )
+            )
+
+    for _ in range(3):
+        first, second = asyncio.run(rounds())
+        assert type(first[0]) is PublishError and "unroutable" in str(first[0]), first
+        assert second == [None]
+        assert [e.id for e in (decode_entry(b) for _, b in box.drain(queue))] == ["warm", "same"]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [(("guest:guest@", "guest:wrong@"), "403 ACCESS_REFUSED"), (("/%2F", "/no-such"), "530")],
+)
+def test_refused_credentials_or_virtual_host_fail_the_round_with_the_brokers_reason(
+    url: str, change: tuple[str, str], says: str
+) -> None:
+    """The handshake sends the URL's credentials and virtual host: the broker's refusal
+    (``connection.close``) fails every entry with ``BrokerUnavailable`` naming it, the
+    password masked."""
+    assert change[0] in url
+    refused = url.replace(*change)
+
+    async def round_() -> list[Exception | None]:
+        async with AsyncRabbitPublisher(refused, "", timeout=10) as publisher:
+            return await publisher.publish_many([make_entry(id="a"), make_entry(id="b")])
+
+    outcomes = asyncio.run(round_())
+    assert all(type(o) is BrokerUnavailable and says in str(o) for o in outcomes), outcomes
+    assert ":wrong@" not in str(outcomes[0])
+
+
+def self_signed(directory: Path) -> tuple[str, str]:
+    """A throwaway certificate for 127.0.0.1 and its key (PEM files in ``directory``)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        missing("openssl is needed to make a test certificate")
+    cert, key = directory / "broker.pem", directory / "broker.key"
+    subprocess.run(
+        [
+            str(openssl), "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+async def tls_front(upstream: tuple[str, int], cert: str, key: str) -> asyncio.Server:
+    """A TLS endpoint on 127.0.0.1 forwarding to the broker's plain port, as a broker
+    with a TLS listener would answer."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*upstream)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+
+
+@pytest.mark.rabbitmq
+def test_amqps_urls_publish_over_tls_verified_by_the_urls_cafile(
+    url: str, box: Sandbox, tmp_path: Path
+) -> None:
+    """``amqps://`` publishes over TLS: trusted through the URL's ``cafile``, refused
+    (``BrokerUnavailable``, nothing sent) without it, accepted unverified with
+    ``no_verify_ssl=1``."""
+    exchange, queue = bounded_queue(box, 100)
+    cert, key = self_signed(tmp_path)
+
+    async def rounds() -> list[list[Exception | None]]:
+        front = await tls_front(broker_address(url), cert, key)
+        port = front.sockets[0].getsockname()[1]
+        secure = url.replace("amqp://", "amqps://").replace(":5672/", f":{port}/")
+        joined = "&" if "?" in secure else "?"
+        outcomes = []
+        try:
+            for query, seq in ((f"cafile={cert}", 1), ("", 2), ("no_verify_ssl=1", 3)):
+                target = secure + (joined + query if query else "")
+                async with AsyncRabbitPublisher(target, exchange, timeout=10) as publisher:
+                    outcomes.append(await publisher.publish_many([make_entry("t", seq)]))
+        finally:
+            front.close()
+        return outcomes
+
+    assert ":5672/" in url
+    trusted, refused, unverified = asyncio.run(rounds())
+    assert trusted == [None] and unverified == [None]
+    assert isinstance(refused[0], BrokerUnavailable), refused
+    assert "TLS failed (self-signed certificate)" in str(refused[0])
+    assert [decode_entry(body).seq for _, body in box.drain(queue)] == [1, 3]
 
 
 @pytest.mark.rabbitmq
@@ -336,18 +599,20 @@ def test_a_routing_key_amqp_cannot_carry_fails_its_entry_only(url: str, box: San
 
 @pytest.mark.rabbitmq
 def test_heartbeats_keep_the_connection_of_the_rounds_open(url: str, box: Sandbox) -> None:
-    """Rounds write on aiormq's connection, whose heartbeats (every second here) keep it
-    open while the publisher is idle for several heartbeat timeouts."""
+    """The publishing connection's heartbeats (every second here, from the URL) keep it
+    open while the publisher is idle for several heartbeat timeouts: the broker would
+    close a connection after two missed beats."""
     exchange, queue = bounded_queue(box, 100)
     beating = url + ("&" if "?" in url else "?") + "heartbeat=1"
 
     async def rounds() -> tuple[list[Exception | None], list[Exception | None], bool]:
         async with AsyncRabbitPublisher(beating, exchange, probe_idle=3600) as publisher:
             first = await publisher.publish_many([make_entry("h", 1)])
-            connection = publisher._connection
+            connection = publisher._link
+            assert connection is not None and connection.heartbeat == 1
             await asyncio.sleep(4)  # the broker closes a connection after 2 missed beats
             second = await publisher.publish_many([make_entry("h", 2)])
-            return first, second, publisher._connection is connection
+            return first, second, publisher._link is connection
 
     first, second, same = asyncio.run(rounds())
     assert first == [None] and second == [None] and same

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import aio_pika
 import pytest
+from pamqp import encode
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.frame import marshal
@@ -116,3 +117,34 @@ def test_a_value_amqp_cannot_carry_is_refused_before_sending() -> None:
     fields["headers"] = {"bad": object()}
     with pytest.raises(PermanentPublishError, match="AMQP table"):
         frames.properties(fields)
+
+
+#: Every integer type boundary pamqp distinguishes, and either side of it.
+BOUNDARIES = [
+    edge + step
+    for edge in (-(2**63), -(2**31), -32768, -128, 0, 127, 32767, 65535, 2**31 - 1, 2**32 - 1)
+    for step in (-1, 0, 1)
+] + [2**63 - 1]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"seq": 1, "aggregate_id": "a-1", "aggregate_type": "Order"},
+        {"z": "last", "a": "first", "m": "ünïcödé ✓", "empty": ""},
+        *({"n": n, "s": str(n)} for n in BOUNDARIES),
+        {"big": 2**63},  # pamqp refuses it: so does the table
+        {"flag": True, "seq": 3},  # bool: pamqp's way
+        {"nested": {"seq": 1}, "list": [1, "a"], "none": None, "f": 1.5},
+        {"k" * 129: "a key pamqp truncates"},
+    ],
+)
+def test_a_field_table_is_the_bytes_pamqp_encodes(values: dict[str, object]) -> None:
+    try:
+        expected = encode.field_table(values)
+    except TypeError:
+        with pytest.raises(TypeError):
+            frames.table(values)
+        return
+    assert frames.table(values) == expected
