@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any
 
 from docoutbox.dispatch.engine.backlog import stream_lag
+from docoutbox.dispatch.engine.batching import deal
 from docoutbox.dispatch.engine.checkpoint import (
     Done,
     Gate,
@@ -805,6 +806,16 @@ class DispatchEngine:
     def start_runs(self, limit: int | None = None) -> list[RunSlot]:
         """The runs that may begin now; run each with :meth:`run`, then :meth:`finish` it."""
         return self.queue.start(self._mono(), limit)
+
+    def start_batches(self, free: int) -> list[list[RunSlot]]:
+        """The runs that may begin now, up to ``run_batch`` for each of ``free`` workers,
+        dealt into batches (:func:`~docoutbox.dispatch.engine.batching.deal`: packed with
+        publish rounds, spread without); run each batch with :meth:`run_batch` on a
+        worker of its own, then :meth:`finish` each of its runs."""
+        if free <= 0:
+            return []
+        run_batch = self.config.run_batch
+        return deal(self.start_runs(free * run_batch), free, run_batch, rounds=self.rounds)
 
     def finish(self, slot: RunSlot, outcome: RunOutcome) -> None:
         if outcome is RunOutcome.DONE and self.deferred is not None:
