@@ -108,7 +108,10 @@ class DispatcherConfig:
     concurrency: int = 32
     #: Aggregates one worker runs together: it publishes each one's entries, then trims
     #: them all in one round (:class:`TrimRound`), so the trims of many aggregates go out
-    #: in one round trip and a worker is handed many runs at once.
+    #: in one round trip and a worker is handed many runs at once. With publish rounds,
+    #: the runs begun are packed at up to this many per worker, so a round carries up to
+    #: this many entries; without, they are spread over every free worker
+    #: (:mod:`~docoutbox.dispatch.engine.batching`).
     run_batch: int = 16
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
