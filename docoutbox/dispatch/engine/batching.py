@@ -28,16 +28,16 @@ T = TypeVar("T")
 
 
 def deal(slots: list[T], workers: int, run_batch: int, *, rounds: bool) -> list[list[T]]:
-    """``slots`` as at most ``workers`` batches of about equal size: packed at up to
-    ``run_batch`` per batch with ``rounds``, else spread over every worker (see the
-    module docstring). Every slot is in exactly one batch; none is empty."""
+    """``slots`` as at most ``workers`` batches of about equal size: with ``rounds``, as
+    few as hold them at ``run_batch`` each (more each only past ``workers`` x
+    ``run_batch`` slots, which the engine never starts at once), else spread over every
+    worker (see the module docstring). Every slot is in exactly one batch; none is
+    empty."""
     if workers < 1 or run_batch < 1:
         raise InvalidConfig(
             f"runs are dealt to at least one worker, at least one run each "
             f"(workers={workers}, run_batch={run_batch})"
         )
-    if not slots:
-        return []
     wanted = -(-len(slots) // run_batch) if rounds else len(slots)
     count = min(workers, wanted)
     return [slots[i::count] for i in range(count)]
