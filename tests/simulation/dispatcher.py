@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from docoutbox.dispatch.drivers.operations import batches
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import Publish
 from docoutbox.dispatch.engine.loop import (
@@ -133,7 +132,7 @@ def dispatcher(env: Env, rng: random.Random) -> Process:
             flush = _begin(Task(engine.flush_trims(), None))
         free = cfg.concurrency - len(runs)
         if free > 0:
-            for batch in batches(engine.start_runs(free * cfg.run_batch), free):
+            for batch in engine.start_batches(free):
                 runs.append(_begin(Task(engine.run_batch(batch), batch)))
         quiet = False
         if control.done:  # a turn that performed nothing is never busy

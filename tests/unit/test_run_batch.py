@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.drivers.operations import GroupWriter, batches
+from docoutbox.dispatch.drivers.operations import GroupWriter
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PublishRound, TrimRound
-from docoutbox.dispatch.engine.scheduler import RunOutcome, RunSlot
+from docoutbox.dispatch.engine.scheduler import RunOutcome
 from docoutbox.drive import Abandoned, drive
 from docoutbox.errors import (
     BrokerUnavailable,
@@ -190,16 +190,6 @@ def test_a_batch_of_one_run_yields_the_same_operations_as_the_run() -> None:
         "PublishRound",
         "TrimRound",
     ]
-
-
-def test_batches_spread_few_runs_one_per_worker_and_many_over_all_workers() -> None:
-    slots = [RunSlot(f"a{i}", 0, i, 0) for i in range(10)]
-    assert [len(b) for b in batches(slots[:3], 8)] == [1, 1, 1]
-    assert sorted(len(b) for b in batches(slots, 4)) == [2, 2, 3, 3]
-    assert sorted(s.aggregate_id for b in batches(slots, 4) for s in b) == sorted(
-        s.aggregate_id for s in slots
-    )
-    assert batches([], 4) == []
 
 
 class Grouped:

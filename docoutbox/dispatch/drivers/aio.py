@@ -30,7 +30,6 @@ from docoutbox.dispatch.drivers.operations import (
     AsyncGroupWriter,
     AsyncPorts,
     IdleWait,
-    batches,
     wall_clock_engine,
 )
 from docoutbox.dispatch.drivers.ownership import SoleOwner
@@ -213,7 +212,7 @@ class AsyncDispatcher:
         free = self.config.concurrency - len(self._tasks)
         if free <= 0:
             return
-        for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+        for batch in self.engine.start_batches(free):
             task = asyncio.create_task(self._work(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

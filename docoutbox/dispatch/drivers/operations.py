@@ -36,7 +36,6 @@ from docoutbox.dispatch.engine.loop import (
     TrimRound,
 )
 from docoutbox.dispatch.engine.metrics import Metrics
-from docoutbox.dispatch.engine.scheduler import RunSlot
 from docoutbox.errors import BrokerUnavailable, InvalidConfig, PublishError, StoreError
 from docoutbox.model import OutboxMessage
 from docoutbox.ports.dispatch import (
@@ -541,13 +540,6 @@ class IdleWait:
         if not self.announced:
             wait = min(wait, self._engine.config.poll_interval)
         return max(wait, MIN_IDLE_WAIT)
-
-
-def batches(slots: list[RunSlot], workers: int) -> list[list[RunSlot]]:
-    """``slots`` spread over at most ``workers`` batches, as evenly as possible: few ready
-    runs go out one per worker (publishing in parallel), many share the workers."""
-    count = min(workers, len(slots))
-    return [slots[i::count] for i in range(count)]
 
 
 def wall_clock_engine(

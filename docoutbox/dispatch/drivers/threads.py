@@ -21,7 +21,6 @@ from docoutbox.dispatch.drivers.operations import (
     GroupWriter,
     IdleWait,
     Ports,
-    batches,
     wall_clock_engine,
 )
 from docoutbox.dispatch.drivers.ownership import SoleOwner
@@ -162,7 +161,7 @@ class Dispatcher:
                 self._launch_flush()
                 return
             self._launch_flush()
-            for batch in batches(self.engine.start_runs(free * self.config.run_batch), free):
+            for batch in self.engine.start_batches(free):
                 self._busy += 1
                 self._pool.submit(self._work, batch)
 

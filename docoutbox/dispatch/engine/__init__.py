@@ -7,6 +7,8 @@
   entries, I4 among due entries);
 - :mod:`~docoutbox.dispatch.engine.due_clock`: when to query for scheduled entries fallen due;
 - :mod:`~docoutbox.dispatch.engine.scheduler`: which aggregate runs are due;
+- :mod:`~docoutbox.dispatch.engine.batching`: how the runs begun are dealt to workers
+  (packed under publish rounds, spread without);
 - :mod:`~docoutbox.dispatch.engine.checkpoint`: how far the checkpoint may move (I5);
 - :mod:`~docoutbox.dispatch.engine.leases`: pure lease planning (keep, give up, take);
 - :mod:`~docoutbox.dispatch.engine.trimmed`: what was trimmed lately, so an older copy is

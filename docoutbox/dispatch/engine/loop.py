@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any
 
 from docoutbox.dispatch.engine.backlog import stream_lag
+from docoutbox.dispatch.engine.batching import deal
 from docoutbox.dispatch.engine.checkpoint import (
     Done,
     Gate,
@@ -107,7 +108,10 @@ class DispatcherConfig:
     concurrency: int = 32
     #: Aggregates one worker runs together: it publishes each one's entries, then trims
     #: them all in one round (:class:`TrimRound`), so the trims of many aggregates go out
-    #: in one round trip and a worker is handed many runs at once.
+    #: in one round trip and a worker is handed many runs at once. With publish rounds,
+    #: the runs begun are packed at up to this many per worker, so a round carries up to
+    #: this many entries; without, they are spread over every free worker
+    #: (:mod:`~docoutbox.dispatch.engine.batching`).
     run_batch: int = 16
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     sweep_interval: float = 60.0
@@ -805,6 +809,16 @@ class DispatchEngine:
     def start_runs(self, limit: int | None = None) -> list[RunSlot]:
         """The runs that may begin now; run each with :meth:`run`, then :meth:`finish` it."""
         return self.queue.start(self._mono(), limit)
+
+    def start_batches(self, free: int) -> list[list[RunSlot]]:
+        """The runs that may begin now, up to ``run_batch`` for each of ``free`` workers,
+        dealt into batches (:func:`~docoutbox.dispatch.engine.batching.deal`: packed with
+        publish rounds, spread without); run each batch with :meth:`run_batch` on a
+        worker of its own, then :meth:`finish` each of its runs."""
+        if free <= 0:
+            return []
+        run_batch = self.config.run_batch
+        return deal(self.start_runs(free * run_batch), free, run_batch, rounds=self.rounds)
 
     def finish(self, slot: RunSlot, outcome: RunOutcome) -> None:
         if outcome is RunOutcome.DONE and self.deferred is not None:
