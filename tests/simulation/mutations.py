@@ -294,6 +294,20 @@ def round_misattributed() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def finished_before_over() -> Iterator[None]:
+    """Each run of a batch reported done as its batch starts, before it has published."""
+    run_batch = loop.DispatchEngine.run_batch
+
+    def early(self: Any, slots: Any) -> Generator[Any, Any, Any]:
+        for slot in slots:
+            self.finish(slot, loop.RunOutcome.DONE)
+        return (yield from run_batch(self, slots))
+
+    with mock.patch.object(loop.DispatchEngine, "run_batch", early):
+        yield
+
+
 #: Later than any due time of a simulated schedule.
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 
@@ -607,6 +621,7 @@ MUTATIONS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "trim-version": trim_version,
     "run-ahead": run_ahead,
     "round-misattributed": round_misattributed,
+    "finished-before-over": finished_before_over,
     "due-early": due_early,
     "trim-not-due": trim_not_due,
     "hint-off": hint_off,

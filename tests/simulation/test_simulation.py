@@ -144,7 +144,7 @@ def test_a_seed_with_random_entry_ids_replays_its_faults() -> None:
     """Entry IDs are random UUIDs unless ``deterministic_ids``: what the world decides
     about an entry (a broker refusing it while faults last) must not depend on them, or
     a seed would not replay, and a mutation caught by one run could escape the next."""
-    for seed in (20, 57, 66):  # schedules whose broker refuses entries while faults last
+    for seed in (57, 66, 153):  # schedules whose broker refuses entries while faults last
         schedule = Variant(seed).schedule()
         assert not schedule.deterministic_ids and schedule.stuck
         first, again = run_schedule(Variant(seed)), run_schedule(Variant(seed))

@@ -280,3 +280,68 @@ def test_a_round_that_fails_as_a_whole_fails_each_of_its_entries() -> None:
 
     outcomes = drive(engine.run_batch(engine.start_runs()), broken)
     assert outcomes == [RunOutcome.UNAVAILABLE, RunOutcome.UNAVAILABLE]
+
+
+def test_a_run_is_finished_as_soon_as_it_is_over_not_when_its_batch_is() -> None:
+    """With deferred trims a run is over after its last publish: its aggregate is free to
+    run again (and to count for the checkpoint) while the batch's longer runs go on, and
+    the driver's finish of the whole batch afterwards leaves it alone."""
+    engine = DispatchEngine(
+        DispatcherConfig(name="b", trim_delay=5),
+        SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: T0,
+        rng=random.Random(0),
+    )
+    engine.request(doc("a", 1))
+    engine.request(doc("b", 3))
+    slots = engine.start_runs()
+    running: list[int] = []
+    recorder = Recorder()
+
+    def perform(op: Any) -> Any:
+        running.append(engine.queue.running)
+        return recorder(op)
+
+    outcomes = drive(engine.run_batch(slots), perform)
+    assert recorder.ops == ["publish a-1 b-1", "publish b-2", "publish b-3"]
+    assert running == [2, 1, 1]  # a was finished once its one entry was confirmed
+    assert engine.queue.running == 0
+    engine.request(doc("a", 2))  # a's next run starts while the batch is not yet reported
+    [again] = engine.start_runs()
+    assert again.aggregate_id == "a"
+    for slot, outcome in zip(slots, outcomes, strict=True):
+        engine.finish(slot, outcome)  # the old run of a is not finished twice
+    assert engine.queue.running == 1 and engine.queue.holds(again)
+
+
+def test_a_batch_that_fails_after_a_run_is_over_retries_only_the_runs_not_over() -> None:
+    engine = DispatchEngine(
+        DispatcherConfig(name="b", trim_delay=5),
+        SoleOwner(),
+        stream=True,
+        checkpoints=False,
+        monotonic=lambda: 0.0,
+        clock=lambda: T0,
+        rng=random.Random(0),
+    )
+    engine.request(doc("a", 1))
+    engine.request(doc("b", 2))
+    slots = engine.start_runs()
+    calls = 0
+
+    def perform(op: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise Abandoned  # the driver stops the batch after a's run is over
+        return Recorder()(op)
+
+    with pytest.raises(Abandoned):
+        drive(engine.run_batch(slots), perform)
+    assert engine.queue.running == 1  # a was finished done; b is still the driver's
+    for slot in slots:
+        engine.finish(slot, RunOutcome.STOPPED)
+    assert engine.queue.running == 0

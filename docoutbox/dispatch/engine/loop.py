@@ -352,12 +352,14 @@ def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
 class _Lockstep:
     """One run of :meth:`DispatchEngine.run_batch`: its flow, and what to send it next."""
 
-    __slots__ = ("error", "flow", "outcome", "slot", "trim", "value")
+    __slots__ = ("error", "finished", "flow", "outcome", "slot", "trim", "value")
 
     def __init__(self, slot: RunSlot, flow: Generator[RunOp, Any, RunOutcome]) -> None:
         self.slot = slot
         self.flow = flow
         self.outcome: RunOutcome | None = None
+        #: Whether the engine has finished this run (:meth:`DispatchEngine.finish`).
+        self.finished = False
         self.value: Any = None
         self.error: Exception | None = None
         #: The trim this run waits at, until the batch's next trim round.
@@ -821,6 +823,12 @@ class DispatchEngine:
         return deal(self.start_runs(free * run_batch), free, run_batch, rounds=self.rounds)
 
     def finish(self, slot: RunSlot, outcome: RunOutcome) -> None:
+        """Record the end of ``slot``'s run. A run is finished once: :meth:`run_batch`
+        finishes each of its runs as soon as it is over, and the driver's finish of the
+        whole batch afterwards (with the batch's outcome if it failed) then leaves those
+        alone. Only the worker running a slot finishes it, so the check cannot race."""
+        if not self.queue.holds(slot):
+            return
         if outcome is RunOutcome.DONE and self.deferred is not None:
             self.deferred.finished(slot.aggregate_id, slot.generation)
         self.queue.finish(slot, outcome, self._mono())
@@ -948,7 +956,10 @@ class DispatchEngine:
         :class:`TrimRound`, and so on until every run is over. A run that fails
         unexpectedly is retried later and does not stop the others. Without rounds
         (:attr:`rounds` False: a publisher that confirms each publish before it returns),
-        a run's publishes are performed as they come, like its loads.
+        a run's publishes are performed as they come, like its loads. Each run is
+        finished (:meth:`finish`) as soon as it is over, not when the batch is: a short
+        run packed with a long one does not hold its aggregate (and the checkpoint past
+        it) until the long one ends.
 
         Rule (I4 with confirms in flight): a round holds at most one entry of an
         aggregate, and the aggregate's next entry goes out in a later round, once this
@@ -978,6 +989,9 @@ class DispatchEngine:
                             run.reply((yield op))
                         except Exception as exc:  # noqa: BLE001 - thrown into the run
                             run.fail(exc)
+                    if run.outcome is not None and not run.finished:
+                        run.finished = True  # its aggregate may run again elsewhere now
+                        self.finish(run.slot, run.outcome)
                 if publishes:
                     yield from self._publish_round(publishes)
                     continue

@@ -56,6 +56,8 @@ class RunSlot:
     generation: int
     epoch: int
     document: Document | None = None
+    #: This run's number, unique in its queue: a run is finished once (:meth:`holds`).
+    run: int = 0
 
 
 @dataclass
@@ -64,6 +66,8 @@ class _Agg:
     requested: int
     completed: int
     running: bool = False
+    #: The number of the run in progress (:attr:`RunSlot.run`), while ``running``.
+    run: int = 0
     failures: int = 0
     document: Document | None = None
 
@@ -82,6 +86,7 @@ class AggregateQueue:
         self._queued: set[AggregateId] = set()
         self._later: list[tuple[float, int, AggregateId]] = []
         self._tiebreak = itertools.count()
+        self._runs = itertools.count(1)
         self._generation = 0
         self._running = 0
         self._paused_until = 0.0
@@ -173,14 +178,20 @@ class AggregateQueue:
                 agg = self._aggs.get(aggregate_id)
                 if agg is None or agg.running or agg.completed >= agg.requested:
                     continue
-                agg.running = True
+                agg.running, agg.run = True, next(self._runs)
                 self._running += 1
                 slot = RunSlot(
-                    aggregate_id, agg.partition, agg.requested, self._epoch, agg.document
+                    aggregate_id, agg.partition, agg.requested, self._epoch, agg.document, agg.run
                 )
                 agg.document = None
                 slots.append(slot)
         return slots
+
+    def holds(self, slot: RunSlot) -> bool:
+        """Whether ``slot``'s run is in progress, so not finished yet."""
+        with self._lock:
+            agg = self._aggs.get(slot.aggregate_id)
+            return agg is not None and agg.running and agg.run == slot.run
 
     def finish(self, slot: RunSlot, outcome: RunOutcome, now: float) -> None:
         with self._lock:
