@@ -355,13 +355,17 @@ def reconcile_sources(
         .where(F.col("emitted").isNotNull())
     )
     emitted, marks = F.col("emitted"), F.col("marks")
-    return grouped.select(
-        "source",
-        "emitted",
-        F.when(F.size(marks) <= 1, _one_mark(emitted, marks))
-        .otherwise(_any_marks(emitted, marks))
-        .alias("r"),
-    ).select("source", "emitted", "r.counts", "r.issues")
+    return (
+        _with_mark_sets(grouped, emitted, marks)
+        .select(
+            "source",
+            "emitted",
+            F.when(F.size(marks) <= 1, _one_mark(emitted, marks))
+            .otherwise(_any_marks(emitted, marks))
+            .alias("r"),
+        )
+        .select("source", "emitted", "r.counts", "r.issues")
+    )
 
 
 def _any_marks(emitted: Column, m: Column) -> Column:
@@ -444,21 +448,19 @@ def _any_marks(emitted: Column, m: Column) -> Column:
     return F.transform(F.array(statuses), by_seq)[0]
 
 
-def _one_mark(emitted: Column, marks: Column) -> Column:
-    """The statuses of :func:`reconcile_sources` for a stream with at most one mark (the
-    usual case), from ranges and set operations: the seqs no mark covers are the few
-    above its ``hw``, so nothing is computed per emitted seq."""
+def _mark_sets(emitted: Column, marks: Column) -> list[Column]:
+    """The sets :func:`_one_mark` counts, as columns (``_one``, ``_hw``, ``_above``,
+    ``_beyond``; then ``_uncovered``, ``_unpending``, ``_missing``) of projections of
+    their own: each is computed once per stream, where built inside the statuses' struct
+    each was computed again at every use (a branch of a ``CASE`` gets no common
+    subexpression elimination). Sorted by ``sort_array`` (generated code), not
+    ``array_sort`` (an interpreted comparator): the elements are never null."""
     one = F.size(marks) == 1
     mark = F.get(marks, F.lit(0))
     hw = F.when(one, F.greatest(mark["hw"], F.lit(0))).otherwise(F.lit(0)).cast("bigint")
     above = F.when(one, mark["above"]).otherwise(F.array().cast("array<bigint>"))
     none = F.array().cast("array<bigint>")
-    uncovered = F.array_except(
-        F.when(emitted > hw, F.sequence(hw + 1, emitted)).otherwise(none), above
-    )
-    unpending = F.array_except(uncovered, F.col("pending"))
-    missing = F.array_except(unpending, F.col("dead"))
-    beyond = F.array_sort(
+    beyond = F.sort_array(
         F.array_distinct(
             F.concat(
                 F.when(one & (mark["hw"] > emitted), F.sequence(emitted + 1, mark["hw"])).otherwise(
@@ -468,6 +470,41 @@ def _one_mark(emitted: Column, marks: Column) -> Column:
             )
         )
     )
+    return [one.alias("_one"), hw.alias("_hw"), above.alias("_above"), beyond.alias("_beyond")]
+
+
+def _mark_steps(emitted: Column) -> list[list[Column]]:
+    """The projections after :func:`_mark_sets`, each set from the one before it."""
+    none = F.array().cast("array<bigint>")
+    hw = F.col("_hw")
+    uncovered = F.array_except(
+        F.when(emitted > hw, F.sequence(hw + 1, emitted)).otherwise(none), F.col("_above")
+    )
+    return [
+        [uncovered.alias("_uncovered")],
+        [F.array_except("_uncovered", "pending").alias("_unpending")],
+        [F.array_except("_unpending", "dead").alias("_missing")],
+    ]
+
+
+def _with_mark_sets(frame: DataFrame, emitted: Column, marks: Column) -> DataFrame:
+    """``frame`` (a stream per row: ``pending``, ``dead`` and ``emitted``, ``marks``)
+    with the columns :func:`_one_mark` reads."""
+    out = frame.select("*", *_mark_sets(emitted, marks))
+    for step in _mark_steps(emitted):
+        out = out.select("*", *step)
+    return out
+
+
+def _one_mark(emitted: Column, marks: Column) -> Column:
+    """The statuses of :func:`reconcile_sources` for a stream with at most one mark (the
+    usual case), from ranges and set operations: the seqs no mark covers are the few
+    above its ``hw``, so nothing is computed per emitted seq. Reads the columns of
+    :func:`_with_mark_sets`."""
+    one = F.col("_one")
+    mark = F.get(marks, F.lit(0))
+    uncovered, unpending, missing = F.col("_uncovered"), F.col("_unpending"), F.col("_missing")
+    beyond = F.col("_beyond")
     gone = F.size(missing).cast("long")
     counts = F.struct(
         (F.greatest(emitted, F.lit(0)) - F.size(uncovered)).cast("long").alias("marks"),

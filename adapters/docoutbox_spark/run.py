@@ -469,8 +469,9 @@ def _by_key(keyed: DataFrame) -> DataFrame:
     the figures, which need percentiles, have their own aggregation (:func:`_figures`)."""
     grouped = keyed.groupBy("ns", "a", "b", "c").agg(
         F.collect_list("cand").alias("cands"),
-        F.array_sort(F.collect_set("consumer")).alias("consumers"),
-        F.array_sort(F.collect_set("producer")).alias("aggregates"),
+        # sort_array: generated code; a set holds no null.
+        F.sort_array(F.collect_set("consumer")).alias("consumers"),
+        F.sort_array(F.collect_set("producer")).alias("aggregates"),
         F.flatten(F.collect_list("issues")).alias("issues"),
         F.sum("n").alias("n"),
     )

@@ -198,11 +198,15 @@ def test_streams_with_one_mark_get_the_statuses_every_seq_would_get(spark: Any) 
     )
     streams = spark.createDataFrame(_streams(600), schema)
     emitted, marks = F.col("emitted"), F.col("marks")
-    rows = streams.select(
-        "source",
-        audit._one_mark(emitted, marks).alias("short"),
-        audit._any_marks(emitted, marks).alias("every"),
-    ).collect()
+    rows = (
+        audit._with_mark_sets(streams, emitted, marks)
+        .select(
+            "source",
+            audit._one_mark(emitted, marks).alias("short"),
+            audit._any_marks(emitted, marks).alias("every"),
+        )
+        .collect()
+    )
     assert len(rows) == 600
     differ = [r.source for r in rows if r.short != r.every]
     assert differ == []
