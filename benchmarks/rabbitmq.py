@@ -309,8 +309,8 @@ LABELS = {
     "raw-per-aggregate": "raw aio-pika loop, one entry per aggregate in flight",
     "raw-lean": "raw lean loop: one AsyncRabbitPublisher.publish_many round",
     "threads": "Dispatcher (threads) -> RabbitPublisher (pika)",
-    "threads-pipelined": "Dispatcher (threads) -> PipelinedRabbitPublisher (aio-pika)",
-    "async": "AsyncDispatcher -> AsyncRabbitPublisher (aio-pika)",
+    "threads-pipelined": "Dispatcher (threads) -> PipelinedRabbitPublisher (own AMQP connection)",
+    "async": "AsyncDispatcher -> AsyncRabbitPublisher (own AMQP connection)",
     "threads-memory": "Dispatcher (threads) -> memory",
     "async-memory": "AsyncDispatcher -> memory",
 }
