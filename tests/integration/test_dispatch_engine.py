@@ -315,11 +315,14 @@ def test_stream_loss_while_running_is_recovered_by_the_sweep(harness: Harness) -
     assert source.opened[-1] > 2  # restarted from a fresh marker, past b and c
 
 
-class SerialCheckingPublisher(MemoryPublisher):
-    """Slow publishes that record how many run at once, overall and per aggregate."""
+class SerialCheckingPublisher:
+    """Slow publishes that record how many run at once, overall and per aggregate. It
+    confirms each publish before it returns (no ``publish_many``): its concurrency comes
+    from the workers, over which the dispatcher spreads the aggregates."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.memory = MemoryPublisher()
+        self.published = self.memory.published
         self.active: dict[Any, int] = defaultdict(int)
         self.overlaps: list[Any] = []
         self.peak = 0
@@ -332,7 +335,7 @@ class SerialCheckingPublisher(MemoryPublisher):
                 self.overlaps.append(entry.aggregate_id)
             self.peak = max(self.peak, sum(self.active.values()))
         time.sleep(0.002)
-        super().publish(entry)
+        self.memory.publish(entry)
         with self._guard:
             self.active[entry.aggregate_id] -= 1
 
