@@ -59,9 +59,17 @@ class CountingOwner(SoleOwner):
         self.inside -= 1
 
 
-def engine_with(*docs: dict[str, Any], ownership: SoleOwner | None = None) -> DispatchEngine:
+#: Each batch writes its own trims.
+OWN_TRIMS = DispatcherConfig(name="b", trim_delay=0)
+
+
+def engine_with(
+    *docs: dict[str, Any],
+    ownership: SoleOwner | None = None,
+    config: DispatcherConfig = OWN_TRIMS,
+) -> DispatchEngine:
     engine = DispatchEngine(
-        DispatcherConfig(name="b", trim_delay=0),  # each batch writes its own trims
+        config,
         ownership or SoleOwner(),
         stream=True,
         checkpoints=False,
@@ -118,17 +126,8 @@ def test_runs_publish_in_rounds_of_one_entry_each_then_trim_together() -> None:
 
 
 def test_a_trim_every_n_entries_is_a_round_of_its_own() -> None:
-    engine = DispatchEngine(
-        DispatcherConfig(name="b", policy=DispatchPolicy(trim_every=2), trim_delay=0),
-        SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: T0,
-        rng=random.Random(0),
-    )
-    engine.request(doc("a", 3))
-    engine.request(doc("b", 1))
+    config = DispatcherConfig(name="b", policy=DispatchPolicy(trim_every=2), trim_delay=0)
+    engine = engine_with(doc("a", 3), doc("b", 1), config=config)
     perform = Recorder()
     assert drive(engine.run_batch(engine.start_runs()), perform) == [RunOutcome.DONE] * 2
     # a trims after two entries; b's trim waits for that round, then a's last one.
@@ -282,21 +281,15 @@ def test_a_round_that_fails_as_a_whole_fails_each_of_its_entries() -> None:
     assert outcomes == [RunOutcome.UNAVAILABLE, RunOutcome.UNAVAILABLE]
 
 
+#: Trims handed to the deferred trimmer: a run is over after its last publish.
+DEFERRED_TRIMS = DispatcherConfig(name="b", trim_delay=5)
+
+
 def test_a_run_is_finished_as_soon_as_it_is_over_not_when_its_batch_is() -> None:
     """With deferred trims a run is over after its last publish: its aggregate is free to
     run again (and to count for the checkpoint) while the batch's longer runs go on, and
     the driver's finish of the whole batch afterwards leaves it alone."""
-    engine = DispatchEngine(
-        DispatcherConfig(name="b", trim_delay=5),
-        SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: T0,
-        rng=random.Random(0),
-    )
-    engine.request(doc("a", 1))
-    engine.request(doc("b", 3))
+    engine = engine_with(doc("a", 1), doc("b", 3), config=DEFERRED_TRIMS)
     slots = engine.start_runs()
     running: list[int] = []
     recorder = Recorder()
@@ -318,17 +311,7 @@ def test_a_run_is_finished_as_soon_as_it_is_over_not_when_its_batch_is() -> None
 
 
 def test_a_batch_that_fails_after_a_run_is_over_retries_only_the_runs_not_over() -> None:
-    engine = DispatchEngine(
-        DispatcherConfig(name="b", trim_delay=5),
-        SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: T0,
-        rng=random.Random(0),
-    )
-    engine.request(doc("a", 1))
-    engine.request(doc("b", 2))
+    engine = engine_with(doc("a", 1), doc("b", 2), config=DEFERRED_TRIMS)
     slots = engine.start_runs()
     calls = 0
 
