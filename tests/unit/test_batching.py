@@ -4,21 +4,17 @@ run never waits for company."""
 
 from __future__ import annotations
 
-import random
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.batching import deal
-from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PublishRound, TrimRound
+from docoutbox.dispatch.engine.loop import DispatchEngine, PublishRound, TrimRound
 from docoutbox.dispatch.engine.scheduler import RunOutcome
 from docoutbox.drive import drive
 from docoutbox.errors import InvalidConfig
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
+from tests.support.engines import doc, engine_with
 
 
 def sizes(batches: list[list[int]]) -> list[int]:
@@ -63,35 +59,9 @@ def test_no_worker_or_no_run_per_worker_is_refused(workers: int, run_batch: int)
         deal([1], workers, run_batch, rounds=True)
 
 
-def doc(aggregate: str, entries: int) -> dict[str, Any]:
-    outbox = [
-        {
-            "id": f"{aggregate}-{n}",
-            "type": "Added",
-            "payload": {},
-            "created_at": T0,
-            "seq": n,
-            "aggregate_id": aggregate,
-            "aggregate_type": "Counter",
-        }
-        for n in range(1, entries + 1)
-    ]
-    return {"_id": aggregate, "partition": 0, "version": entries, "outbox": outbox}
-
-
 def engine(aggregates: int, per_aggregate: int, *, rounds: bool) -> DispatchEngine:
-    made = DispatchEngine(
-        DispatcherConfig(name="b", trim_delay=0),
-        SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: T0,
-        rng=random.Random(0),
-    )
+    made = engine_with(*(doc(f"a{index:03}", per_aggregate) for index in range(aggregates)))
     made.rounds = rounds
-    for index in range(aggregates):
-        made.request(doc(f"a{index:03}", per_aggregate))
     return made
 
 

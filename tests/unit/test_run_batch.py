@@ -4,9 +4,7 @@ failure neither stops nor fails the others."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Generator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from docoutbox.dispatch.drivers.operations import GroupWriter
 from docoutbox.dispatch.drivers.ownership import SoleOwner
 from docoutbox.dispatch.engine.flow import DispatchPolicy
-from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig, PublishRound, TrimRound
+from docoutbox.dispatch.engine.loop import DispatcherConfig, PublishRound, TrimRound
 from docoutbox.dispatch.engine.scheduler import RunOutcome
 from docoutbox.drive import Abandoned, drive
 from docoutbox.errors import (
@@ -25,25 +23,7 @@ from docoutbox.errors import (
 )
 from docoutbox.store.core import Write
 from docoutbox.store.plans import WritePlan, plan_trim
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-def entry(aggregate: str, n: int) -> dict[str, Any]:
-    return {
-        "id": f"{aggregate}-{n}",
-        "type": "Added",
-        "payload": {},
-        "created_at": T0,
-        "seq": n,
-        "aggregate_id": aggregate,
-        "aggregate_type": "Counter",
-    }
-
-
-def doc(aggregate: str, entries: int = 1) -> dict[str, Any]:
-    outbox = [entry(aggregate, n) for n in range(1, entries + 1)]
-    return {"_id": aggregate, "partition": 0, "version": entries, "outbox": outbox}
+from tests.support.engines import doc, engine_with
 
 
 class CountingOwner(SoleOwner):
@@ -57,29 +37,6 @@ class CountingOwner(SoleOwner):
 
     def leave(self, partition: int) -> None:
         self.inside -= 1
-
-
-#: Each batch writes its own trims.
-OWN_TRIMS = DispatcherConfig(name="b", trim_delay=0)
-
-
-def engine_with(
-    *docs: dict[str, Any],
-    ownership: SoleOwner | None = None,
-    config: DispatcherConfig = OWN_TRIMS,
-) -> DispatchEngine:
-    engine = DispatchEngine(
-        config,
-        ownership or SoleOwner(),
-        stream=True,
-        checkpoints=False,
-        monotonic=lambda: 0.0,
-        clock=lambda: T0,
-        rng=random.Random(0),
-    )
-    for d in docs:
-        engine.request(d)
-    return engine
 
 
 class Recorder:
