@@ -42,7 +42,7 @@ from docoutbox_mongo.plans import (
     pending_filter,
     release_update,
     settle_update,
-    trim_update,
+    trim_updates,
 )
 
 MAX_BSON_BYTES = 16 * 1024 * 1024
@@ -86,13 +86,21 @@ def _ascii_strings_size(items: list[Any] | tuple[Any, ...]) -> int | None:
     return 7 * count + _KEY_DIGITS[count] + len(joined)
 
 
-def _update_args(
+def _updates(
     plan: CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan,
+) -> tuple[tuple[dict[str, Any], dict[str, Any]], ...]:
+    """The plan's updates: one, or a trim's two whose filters exclude each other (at most
+    one of them matches a document: the plan applied when one did)."""
+    if isinstance(plan, TrimPlan):
+        return trim_updates(plan)
+    return (_update_args(plan),)
+
+
+def _update_args(
+    plan: CommitPlan | FailurePlan | ReleasePlan | SettlePlan,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     if isinstance(plan, CommitPlan):
         return commit_update(plan)
-    if isinstance(plan, TrimPlan):
-        return trim_update(plan)
     if isinstance(plan, ReleasePlan):
         return release_update(plan)
     if isinstance(plan, SettlePlan):
@@ -133,19 +141,23 @@ class MongoBackend:
                         raise
                     return False
                 return True
-            query, update = _update_args(plan)
-            return bool(self.collection.update_one(query, update).matched_count == 1)
+            for query, update in _updates(plan):
+                if self.collection.update_one(query, update).matched_count == 1:
+                    return True
+            return False
 
     def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
         """Several trims (or other updates) in one round trip: an unordered ``bulk_write``.
 
         Each result is True only when every plan matched its document (a bulk reply does
-        not say which one did not). Inserts, and clients whose ``bulk_write`` cannot take
-        updates (mongomock, issue #912), are written one by one.
+        not say which one did not); a trim is its two updates, of which at most one
+        matches (:func:`~docoutbox_mongo.plans.trim_updates`). Inserts, and clients
+        whose ``bulk_write`` cannot take updates (mongomock, issue #912), are written one
+        by one.
         """
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [self.write(p) for p in plans]
-        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        ops = [UpdateOne(*u) for p in plans for u in _updates(p)]  # type: ignore[arg-type]
         with translated():
             try:
                 result = self.collection.bulk_write(ops, ordered=False)
@@ -238,15 +250,17 @@ class AsyncMongoBackend:
                         raise
                     return False
                 return True
-            query, update = _update_args(plan)
-            result = await self.collection.update_one(query, update)
-            return bool(result.matched_count == 1)
+            for query, update in _updates(plan):
+                result = await self.collection.update_one(query, update)
+                if result.matched_count == 1:
+                    return True
+            return False
 
     async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
         """The async twin of :meth:`MongoBackend.write_many`."""
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [await self.write(p) for p in plans]
-        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        ops = [UpdateOne(*u) for p in plans for u in _updates(p)]  # type: ignore[arg-type]
         with translated():
             try:
                 result = await self.collection.bulk_write(ops, ordered=False)

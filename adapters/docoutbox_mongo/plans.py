@@ -74,13 +74,24 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
     return query, update
 
 
-def trim_update(plan: TrimPlan) -> tuple[Filter, Update]:
+#: A document whose ``cancelled`` may be pulled from: an array, or absent.
+_PULLABLE: Filter = {"$or": [{CANCELLED: {"$exists": False}}, {CANCELLED: {"$type": "array"}}]}
+
+
+def trim_updates(plan: TrimPlan) -> tuple[tuple[Filter, Update], tuple[Filter, Update]]:
     """Pull published (or cancelled) entries by ID, and their IDs from ``cancelled``.
-    No version filter, no version change."""
+    No version filter, no version change.
+
+    Two updates whose filters exclude each other, so at most one matches a document: the
+    first pulls from ``outbox`` and ``cancelled`` when ``cancelled`` is an array or
+    absent; the second pulls from ``outbox`` only, leaving any other ``cancelled``
+    (malformed, or null) as it is, since a ``$pull`` on a value that is not an array
+    fails the whole update (:func:`~docoutbox.store.plans.apply_plan` trims the same)."""
     ids = list(plan.entry_ids)
+    outbox = {"outbox": {"id": {"$in": ids}}}
     return (
-        {"_id": plan.aggregate_id},
-        {"$pull": {"outbox": {"id": {"$in": ids}}, CANCELLED: {"$in": ids}}},
+        ({"_id": plan.aggregate_id, **_PULLABLE}, {"$pull": {**outbox, CANCELLED: {"$in": ids}}}),
+        ({"_id": plan.aggregate_id, "$nor": [_PULLABLE]}, {"$pull": outbox}),
     )
 
 

@@ -27,7 +27,14 @@ from docoutbox.handlers import Decision, Handlers
 from docoutbox.model import Aggregate, InboxPolicy, Message, emit
 from docoutbox.store.core import StoreConfig
 from docoutbox.store.document import utcnow
-from docoutbox.store.plans import CommitPlan, InsertPlan, ReleasePlan, SettlePlan, entry_id
+from docoutbox.store.plans import (
+    CommitPlan,
+    InsertPlan,
+    ReleasePlan,
+    SettlePlan,
+    TrimPlan,
+    entry_id,
+)
 from docoutbox.testing.blocking import BlockingStore
 
 MakeStore = Callable[..., Any]
@@ -348,6 +355,45 @@ class StoreContract:
             doc = backend.load(aggregate_id)
             assert (doc["outbox_seq"], doc["outbox"][0]["seq"], doc["version"]) == (2, 2, 2)
             assert doc["cancelled"] == cancelled[aggregate_id]
+
+    def test_a_trim_removes_entries_whatever_cancelled_holds(self, store: Any) -> None:
+        """A :class:`~docoutbox.store.plans.TrimPlan` removes its entries from the outbox
+        whatever the document's ``cancelled`` holds, alone or several in one round trip
+        (``write_many``). It leaves a ``cancelled`` that is not an array (malformed, or
+        null) as it is; an array keeps the IDs not trimmed (a store may leave the trimmed
+        ones: the next commit drops them)."""
+        backend = backend_of(store)
+        batch = getattr(backend, "write_many", None)
+        cancelled: dict[str, Any] = {
+            "text": "a-e",
+            "number": 3,
+            "object": {"id": "a-e"},
+            "null": None,
+            "array": ["a-e", "kept"],
+            "absent": ...,
+        }
+        for round_ in ("one", "many"):
+            for name, value in cancelled.items():
+                aggregate_id = f"{round_}-{name}"
+                document = raw_document(aggregate_id)
+                document["outbox"].append({**document["outbox"][0], "id": "a-e"})
+                if value is not ...:
+                    document["cancelled"] = value
+                assert backend.write(InsertPlan(aggregate_id, document))
+        for name in cancelled:
+            assert backend.write(TrimPlan(f"one-{name}", ("a-e",)))
+        plans = [TrimPlan(f"many-{name}", ("a-e",)) for name in cancelled]
+        assert (batch(plans) if batch else [backend.write(p) for p in plans]) == [True] * 6
+        for round_ in ("one", "many"):
+            for name, value in cancelled.items():
+                doc = backend.load(f"{round_}-{name}")
+                assert [e["id"] for e in doc["outbox"]] == [f"{round_}-{name}-e"]
+                if name == "array":
+                    assert doc["cancelled"] in (["kept"], ["a-e", "kept"])
+                elif value is ...:
+                    assert doc.get("cancelled") in (None, [])
+                else:
+                    assert doc["cancelled"] == value
 
     def test_commits_and_settles_compare_version_as_a_number(self, store: Any) -> None:
         """A commit and a settle apply only while the stored ``version`` equals the plan's,
