@@ -11,7 +11,11 @@ publish.
 - :class:`TracingPublisher` / :class:`AsyncTracingPublisher` wrap any publisher: a
   ``publish {destination}`` span, a child of the context stored in the entry, whose own
   context replaces it in the published headers, so the consumer's ``process`` span is its
-  child;
+  child. Around a publisher with ``publish_many`` (a
+  :class:`~docoutbox.ports.dispatch.PipelinedPublisher`) they have it too, so the
+  dispatcher keeps publishing in rounds: one span per entry of a round, open while the
+  round is, each ending with that entry's own outcome as the wrapped publisher reports
+  it (the outcomes are returned unchanged);
 - :class:`OtelMetrics`: the dispatcher's metrics through the OpenTelemetry meter: outbox
   depth and aggregates, oldest pending age, publish latency (commit to confirm), stream
   lag, publishes, failures and quarantines.
@@ -31,7 +35,7 @@ destination is the entry's ``destination``, else its type.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,7 +45,7 @@ try:
     from opentelemetry.context import Context
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.propagators.textmap import TextMapPropagator
-    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -50,8 +54,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from docoutbox.dispatch.engine.backlog import Bucket, OutboxStats
 from docoutbox.dispatch.engine.lag import PendingWork
+from docoutbox.errors import PublishError
 from docoutbox.model import AggregateId, Message, OutboxMessage
-from docoutbox.ports.dispatch import AsyncPublisher, Closeable, Publisher, TracedPublisher
+from docoutbox.ports.dispatch import (
+    AsyncPipelinedPublisher,
+    AsyncPublisher,
+    Closeable,
+    PipelinedPublisher,
+    Publisher,
+    TracedPublisher,
+)
 
 SCOPE = "docoutbox"
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -171,21 +183,48 @@ class _PublishSpans:
 
     @contextmanager
     def span(self, entry: OutboxMessage) -> Iterator[OutboxMessage]:
+        span, traced = self.start(entry)
+        with trace.use_span(span, end_on_exit=True):
+            yield traced
+
+    def start(self, entry: OutboxMessage) -> tuple[Span, OutboxMessage]:
+        """A started ``publish`` span for ``entry`` (not made current, so the spans of
+        one round are siblings), and the entry to publish, carrying that span's context."""
         parent = self.propagator.extract(entry.headers) if "traceparent" in entry.headers else None
         attributes = self.attributes(entry)
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             f"publish {attributes[DESTINATION]}",
             context=parent,
             kind=SpanKind.PRODUCER,
             attributes=attributes,
-        ):
-            carrier = {k: v for k, v in entry.headers.items() if k not in TRACE_HEADERS}
-            self.propagator.inject(carrier)
-            yield entry.model_copy(update={"headers": carrier})
+        )
+        carrier = {k: v for k, v in entry.headers.items() if k not in TRACE_HEADERS}
+        self.propagator.inject(carrier, context=trace.set_span_in_context(span))
+        return span, entry.model_copy(update={"headers": carrier})
+
+    def round(self, entries: Sequence[OutboxMessage]) -> tuple[list[Span], list[OutboxMessage]]:
+        """The spans of a round's entries, started, and the entries to publish."""
+        started = [self.start(entry) for entry in entries]
+        return [span for span, _ in started], [traced for _, traced in started]
+
+    @staticmethod
+    def end(spans: Sequence[Span], outcomes: Sequence[BaseException | None]) -> None:
+        """End each span with its entry's outcome: an error is recorded on the span and
+        sets its status, as a failed :meth:`span` does."""
+        for span, error in zip(spans, outcomes, strict=True):
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.end()
 
 
 class TracingPublisher:
-    """A :class:`~docoutbox.ports.dispatch.Publisher` that publishes in a span."""
+    """A :class:`~docoutbox.ports.dispatch.Publisher` that publishes in a span (a
+    :class:`PipelinedTracingPublisher` around a publisher with ``publish_many``)."""
+
+    def __new__(cls, inner: Publisher, *args: Any, **options: Any) -> TracingPublisher:
+        pipelined = cls is TracingPublisher and isinstance(inner, PipelinedPublisher)
+        return object.__new__(PipelinedTracingPublisher if pipelined else cls)
 
     def __init__(
         self,
@@ -207,8 +246,38 @@ class TracingPublisher:
             self.inner.close()
 
 
+class PipelinedTracingPublisher(TracingPublisher):
+    """A :class:`TracingPublisher` around a publisher with ``publish_many``."""
+
+    def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """The round published by the wrapped publisher, one span per entry, each ended
+        with that entry's outcome; the outcomes are the wrapped publisher's, unchanged.
+        A round that raises records its error on every span and raises it."""
+        assert isinstance(self.inner, PipelinedPublisher)
+        spans, traced = self._spans.round(entries)
+        try:
+            outcomes = self.inner.publish_many(traced)
+        except BaseException as exc:
+            self._spans.end(spans, [exc] * len(spans))
+            raise
+        self._spans.end(spans, _padded(outcomes, len(spans)))
+        return outcomes
+
+
+def _padded(outcomes: Sequence[Exception | None], count: int) -> list[Exception | None]:
+    """``outcomes`` cut or padded to ``count`` (the dispatcher refuses a reply of the
+    wrong length itself; the spans end either way)."""
+    missing = PublishError("the publisher gave no outcome for this entry")
+    return [*outcomes[:count], *[missing] * (count - len(outcomes))]
+
+
 class AsyncTracingPublisher:
-    """The async twin of :class:`TracingPublisher`."""
+    """The async twin of :class:`TracingPublisher` (an :class:`AsyncPipelinedTracingPublisher`
+    around a publisher with ``publish_many``)."""
+
+    def __new__(cls, inner: AsyncPublisher, *args: Any, **options: Any) -> AsyncTracingPublisher:
+        pipelined = cls is AsyncTracingPublisher and isinstance(inner, AsyncPipelinedPublisher)
+        return object.__new__(AsyncPipelinedTracingPublisher if pipelined else cls)
 
     def __init__(
         self,
@@ -224,6 +293,22 @@ class AsyncTracingPublisher:
     async def publish(self, entry: OutboxMessage) -> None:
         with self._spans.span(entry) as traced:
             await self.inner.publish(traced)
+
+
+class AsyncPipelinedTracingPublisher(AsyncTracingPublisher):
+    """An :class:`AsyncTracingPublisher` around a publisher with ``publish_many``."""
+
+    async def publish_many(self, entries: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """The async twin of :meth:`PipelinedTracingPublisher.publish_many`."""
+        assert isinstance(self.inner, AsyncPipelinedPublisher)
+        spans, traced = self._spans.round(entries)
+        try:
+            outcomes = await self.inner.publish_many(traced)
+        except BaseException as exc:
+            self._spans.end(spans, [exc] * len(spans))
+            raise
+        self._spans.end(spans, _padded(outcomes, len(spans)))
+        return outcomes
 
 
 class OtelMetrics:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -30,12 +31,19 @@ from docoutbox.dispatch.engine.backlog import (
 )
 from docoutbox.errors import InvalidMessage, PublishError, TransientStoreError
 from docoutbox.handlers import Decision, Handlers
-from docoutbox.model import Aggregate
-from docoutbox.observability.otel import OtelMetrics, OtelStoreObserver, TracingPublisher
+from docoutbox.model import Aggregate, OutboxMessage
+from docoutbox.observability.otel import (
+    AsyncTracingPublisher,
+    OtelMetrics,
+    OtelStoreObserver,
+    TracingPublisher,
+)
 from docoutbox.observability.prometheus import PrometheusStoreObserver
+from docoutbox.ports.dispatch import AsyncPipelinedPublisher, PipelinedPublisher
 from docoutbox.receive import Action, HandlerRetry, Rejects, receive_retrying
 from docoutbox.testing import (
     AsyncMemoryBackend,
+    AsyncMemoryPublisher,
     MemoryBackend,
     MemoryDeadLetters,
     MemoryPublisher,
@@ -195,6 +203,102 @@ def test_a_failed_publish_is_recorded_on_its_span_and_raised() -> None:
         TracingPublisher(Refusing(), tracer_provider=provider).publish(entry)
     (span,) = exporter.get_finished_spans()
     assert not span.status.is_ok and span.events[0].name == "exception"
+
+
+def traced_round() -> tuple[TracerProvider, InMemorySpanExporter, list[OutboxMessage]]:
+    """A tracer, and three entries of three aggregates, each stored in a handling span."""
+    provider, exporter = tracer()
+    store = AggregateStore(
+        MemoryBackend(), Box, StoreConfig(observer=OtelStoreObserver(tracer_provider=provider))
+    )
+    entries = [
+        store.handle(f"b{i}", Message(id=f"m{i}", type="Put"), handlers, create=True).emitted[1]
+        for i in range(3)
+    ]
+    exporter.clear()
+    return provider, exporter, entries
+
+
+def refuse_second(entry: OutboxMessage) -> Exception | None:
+    return PublishError("nack") if entry.aggregate_id == "b1" else None
+
+
+@pytest.mark.parametrize("fail", [None, refuse_second])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_traced_round_has_a_span_per_entry_and_the_inner_outcomes(
+    asynchronous: bool, fail: Any
+) -> None:
+    """A traced publisher keeps its publisher's rounds (``publish_many``): one span per
+    entry, a sibling of the others and a child of the entry's stored context, whose own
+    context the published entry carries; the outcomes are the inner publisher's, and a
+    refused entry's span records its error."""
+    provider, exporter, entries = traced_round()
+    parents = [TraceContextTextMapPropagator().extract(e.headers) for e in entries]
+    inner = MemoryPublisher(fail)
+    if asynchronous:
+        traced: Any = AsyncTracingPublisher(AsyncMemoryPublisher(inner), tracer_provider=provider)
+        assert isinstance(traced, AsyncPipelinedPublisher)
+        outcomes = loopless.run(traced.publish_many(entries))
+    else:
+        traced = TracingPublisher(inner, tracer_provider=provider)
+        assert isinstance(traced, PipelinedPublisher)
+        outcomes = traced.publish_many(entries)
+    refused = [fail is not None and e.aggregate_id == "b1" for e in entries]
+    assert [isinstance(o, PublishError) for o in outcomes] == refused
+    assert [o is None for o in outcomes] == [not r for r in refused]
+    spans = exporter.get_finished_spans()
+    assert [s.attributes["messaging.message.id"] for s in spans if s.attributes] == [
+        e.id for e in entries
+    ]
+    for span, parent, failed, outcome in zip(spans, parents, refused, outcomes, strict=True):
+        stored = trace.get_current_span(parent).get_span_context()
+        assert span.parent is not None and span.parent.span_id == stored.span_id
+        assert span.status.is_ok is not failed
+        assert [e.name for e in span.events] == (["exception"] if failed else [])
+        if failed:
+            assert span.status.description == f"PublishError: {outcome}"
+    sent = {e.id: e for e in inner.published}
+    assert sorted(sent) == sorted(e.id for e, r in zip(entries, refused, strict=True) if not r)
+    for span in spans:
+        message_id = span.attributes["messaging.message.id"] if span.attributes else None
+        if message_id in sent:
+            assert f"{span.context.span_id:016x}" in sent[message_id].headers["traceparent"]
+
+
+def test_a_round_that_raises_ends_every_span_with_its_error() -> None:
+    provider, exporter, entries = traced_round()
+
+    class Broken(MemoryPublisher):
+        def publish_many(self, entries: Any) -> list[Exception | None]:
+            raise PublishError("connection lost")
+
+    with pytest.raises(PublishError, match="connection lost"):
+        TracingPublisher(Broken(), tracer_provider=provider).publish_many(entries)  # type: ignore[attr-defined]
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 3 and not any(s.status.is_ok for s in spans)
+
+
+def test_a_reply_short_of_outcomes_is_returned_as_is_and_ends_every_span() -> None:
+    """The dispatcher refuses a reply of the wrong length itself; the spans still end,
+    those without an outcome in error."""
+    provider, exporter, entries = traced_round()
+
+    class Short(MemoryPublisher):
+        def publish_many(self, entries: Any) -> list[Exception | None]:
+            return [None]
+
+    traced: Any = TracingPublisher(Short(), tracer_provider=provider)
+    assert traced.publish_many(entries) == [None]
+    spans = exporter.get_finished_spans()
+    assert [s.status.is_ok for s in spans] == [True, False, False]
+
+
+def test_a_publisher_without_rounds_is_traced_without_rounds() -> None:
+    class Single:
+        def publish(self, entry: Any) -> None:
+            return None
+
+    assert not isinstance(TracingPublisher(Single()), PipelinedPublisher)
 
 
 def test_store_conflicts_and_retries_are_counted() -> None:
