@@ -32,6 +32,14 @@ DUE_KEYS = [(EARLIEST_DUE, 1)]
 DUE_FILTER: Filter = {EARLIEST_DUE: {"$exists": True}}
 
 
+#: An entry that may be released or cancelled: ``released`` absent or ``false``; and its
+#: complement, released (``true``) or malformed (any other value, null included), as
+#: :func:`~docoutbox.store.schedule.release_open` tells them apart. ``$ne: false``
+#: compares types, so a stored 0 or 1 is not ``false``.
+_OPEN: Filter = {"$or": [{RELEASED: {"$exists": False}}, {RELEASED: False}]}
+_CLOSED: Filter = {RELEASED: {"$exists": True, "$ne": False}}
+
+
 def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
     """One conditional update: guarded by ``version``; appends, never replaces, the outbox."""
     update: Update = {
@@ -59,10 +67,9 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
         update["$set"]["state_version"] = plan.state_version
     query: Filter = {"_id": plan.aggregate_id, "version": plan.expected_version}
     if plan.cancel_ids:
-        # Each cancelled entry must still be pending and not released (schedule.py).
+        # Each cancelled entry must still be pending and open (schedule.py).
         query["$and"] = [
-            {"outbox": {"$elemMatch": {"id": entry_id, RELEASED: {"$ne": True}}}}
-            for entry_id in plan.cancel_ids
+            {"outbox": {"$elemMatch": {"id": entry_id, **_OPEN}}} for entry_id in plan.cancel_ids
         ]
         push[CANCELLED] = {"$each": list(plan.cancel_ids)}
         update["$push"] = push
@@ -99,19 +106,19 @@ def release_update(plan: ReleasePlan) -> tuple[Filter, Update]:
     """Release and number a due entry, unless it was cancelled, or ``outbox_seq`` moved:
     ``seq = outbox_seq + 1``, and ``version`` incremented (a commit read before conflicts).
 
-    The entry itself must not be released (``outbox_seq`` alone would let a release
-    renumber one whose document's counter still matches), and ``cancelled`` must be
-    absent, null, or an array not naming it: any other value is malformed and refuses the
-    release, as :func:`~docoutbox.store.plans.apply_plan` does. The positional ``$`` is
-    the entry ``outbox.id`` matched; the released guard is a negated ``$elemMatch``,
-    which sets no position (the wire server cannot update the position of a positive
-    one)."""
+    The entry itself must be open, neither released nor malformed (``outbox_seq`` alone
+    would let a release renumber one whose document's counter still matches), and
+    ``cancelled`` must be absent, null, or an array not naming it: any other value is
+    malformed and refuses the release, as :func:`~docoutbox.store.plans.apply_plan`
+    does. The positional ``$`` is the entry ``outbox.id`` matched; the released guard is
+    a negated ``$elemMatch``, which sets no position (the wire server cannot update the
+    position of a positive one)."""
     seq = plan.outbox_seq + 1
     query: Filter = {
         "_id": plan.aggregate_id,
         "outbox_seq": plan.outbox_seq,
         "outbox.id": plan.entry_id,
-        "outbox": {"$not": {"$elemMatch": {"id": plan.entry_id, RELEASED: True}}},
+        "outbox": {"$not": {"$elemMatch": {"id": plan.entry_id, **_CLOSED}}},
         "$or": [{CANCELLED: None}, {CANCELLED: {"$type": "array", "$ne": plan.entry_id}}],
     }
     update: Update = {

@@ -38,6 +38,7 @@ from docoutbox.store.schedule import (
     cancellable,
     ceil_millis,
     earliest_due,
+    release_open,
 )
 
 DETERMINISTIC_NAMESPACE = uuid.UUID("5b0a3c1e-7d2f-4c52-9a43-0d6f0c1b8e21")
@@ -354,7 +355,7 @@ def apply_plan(doc: Document | None, plan: WritePlan) -> Document | None:
             return None
         outbox = list(doc.get("outbox", ()))
         for index, entry in enumerate(outbox):
-            if entry.get("id") == plan.entry_id and not entry.get(RELEASED):
+            if entry.get("id") == plan.entry_id and release_open(entry):
                 seq = plan.outbox_seq + 1
                 outbox[index] = {**entry, "seq": seq, RELEASED: True}
                 version = doc.get("version", 0)
@@ -434,8 +435,9 @@ def committed(doc: Document, plan: CommitPlan) -> Document | None:
 
 
 def _cancellable(doc: Document, entry_ids: Sequence[str]) -> bool:
-    """Whether every one of ``entry_ids`` is in the outbox and not released."""
-    open_ids = {e.get("id") for e in doc.get("outbox", ()) if not e.get(RELEASED)}
+    """Whether every one of ``entry_ids`` is in the outbox and neither released nor
+    malformed (:func:`~docoutbox.store.schedule.release_open`)."""
+    open_ids = {e.get("id") for e in doc.get("outbox", ()) if release_open(e)}
     return all(i in open_ids for i in entry_ids)
 
 

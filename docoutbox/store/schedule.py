@@ -35,6 +35,13 @@ commit read before a release conflicts and is retried on the reloaded document; 
 that lands first moves ``outbox_seq`` (if it added entries) and the release fails. No two
 entries of an aggregate ever share a ``seq``.
 
+Rule (the release mark): an entry is released only when its ``released`` is exactly
+``true``; absent or ``false``, it is not, and it may be released or cancelled. Any other
+value (``1``, ``"yes"``, null) is malformed: neither released nor open, so no store
+releases or cancels it and the dispatcher quarantines it (:func:`bad_released`). Every
+store compares the same way (MongoDB's filters test the stored value's type, where Python
+would take ``1`` for ``true``).
+
 A scheduled entry carries ``due`` (UTC, stored to the millisecond, rounded up so that it is
 never published early) and, optionally, ``key``.
 """
@@ -83,6 +90,22 @@ def due_of(entry: object) -> datetime | None:
     return as_utc(entry[DUE])
 
 
+def is_released(entry: object) -> bool:
+    """Whether the entry is released: its ``released`` is exactly ``true``."""
+    return isinstance(entry, dict) and entry.get(RELEASED) is True
+
+
+def release_open(entry: object) -> bool:
+    """Whether the entry may still be released or cancelled: ``released`` absent or
+    ``false`` (a malformed value is neither released nor open)."""
+    return isinstance(entry, dict) and (RELEASED not in entry or entry[RELEASED] is False)
+
+
+def bad_released(entry: object) -> bool:
+    """Whether the entry has a ``released`` that is not a boolean (malformed)."""
+    return isinstance(entry, dict) and RELEASED in entry and not isinstance(entry[RELEASED], bool)
+
+
 def bad_due(entry: object) -> bool:
     """Whether the entry has a ``due`` that cannot be read as a time (malformed)."""
     return isinstance(entry, dict) and entry.get(DUE) is not None and due_of(entry) is None
@@ -108,7 +131,7 @@ def cancellable(
         key, entry_id, due = entry.get(KEY), entry.get("id"), due_of(entry)
         if not isinstance(key, str) or not isinstance(entry_id, str) or due is None:
             continue
-        if entry_id in gone or entry.get(RELEASED):
+        if entry_id in gone or not release_open(entry):
             continue
         found[key] = (entry_id, due)
     return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -355,6 +356,45 @@ class StoreContract:
             doc = backend.load(aggregate_id)
             assert (doc["outbox_seq"], doc["outbox"][0]["seq"], doc["version"]) == (2, 2, 2)
             assert doc["cancelled"] == cancelled[aggregate_id]
+
+    def test_only_a_released_true_is_released(self, store: Any) -> None:
+        """An entry is released only when its ``released`` is exactly ``true``; absent or
+        ``false``, a release numbers it and a commit may cancel it; any other value
+        (``1``, ``"yes"``, null) is malformed: neither released nor cancelled, the
+        document left as it is (:func:`~docoutbox.store.schedule.release_open`)."""
+        backend = backend_of(store)
+        marks: dict[str, Any] = {
+            "true": True,
+            "false": False,
+            "one": 1,
+            "yes": "yes",
+            "null": None,
+            "missing": ...,
+        }
+        open_ = {"false", "missing"}
+        for action in ("release", "cancel"):
+            for name, value in marks.items():
+                aggregate_id = f"{action}-{name}"
+                document = raw_document(aggregate_id)
+                if value is not ...:
+                    document["outbox"][0]["released"] = value
+                assert backend.write(InsertPlan(aggregate_id, document))
+        for name, value in marks.items():
+            release = ReleasePlan(f"release-{name}", f"release-{name}-e", 1)
+            assert backend.write(release) is (name in open_), name
+            cancel = replace(bare_commit(f"cancel-{name}", 1), cancel_ids=(f"cancel-{name}-e",))
+            assert backend.write(cancel) is (name in open_), name
+            released, cancelled = backend.load(release.aggregate_id), backend.load(f"cancel-{name}")
+            if name in open_:
+                assert released["outbox"][0]["released"] is True
+                assert (released["outbox"][0]["seq"], released["version"]) == (2, 2)
+                assert cancelled["cancelled"] == [f"cancel-{name}-e"]
+                continue
+            for doc in (released, cancelled):
+                assert doc["version"] == 1 and "seq" not in doc["outbox"][0]
+                assert not doc.get("cancelled")
+                kept = doc["outbox"][0]["released"]
+                assert type(kept) is type(value) and kept == value, name
 
     def test_a_trim_removes_entries_whatever_cancelled_holds(self, store: Any) -> None:
         """A :class:`~docoutbox.store.plans.TrimPlan` removes its entries from the outbox

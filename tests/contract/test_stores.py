@@ -29,6 +29,13 @@ class TestStoreContract(StoreContract):
         fails_on_mongomock(request, TypeError)
         super().test_a_release_refuses_a_released_or_cancelled_entry(store)
 
+    def test_only_a_released_true_is_released(
+        self, store: Any, request: pytest.FixtureRequest
+    ) -> None:
+        # The positional release update, beside outbox_seq.
+        fails_on_mongomock(request, TypeError)
+        super().test_only_a_released_true_is_released(store)
+
     def test_commits_and_settles_compare_version_as_a_number(
         self, store: Any, request: pytest.FixtureRequest
     ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from docoutbox import Aggregate, AggregateStore, Decision, Handlers, Message, StoreConfig, emit
-from docoutbox.dispatch.engine.due import due_order
+from docoutbox.dispatch.engine.due import due_order, unreleased
 from docoutbox.dispatch.engine.flow import DispatchPolicy, Publish, dispatch_document
 from docoutbox.dispatch.engine.loop import FindDue
 from docoutbox.errors import InvalidHandlerResult, InvalidMessage
@@ -242,6 +242,19 @@ def test_numbered_entries_go_in_seq_order_then_due_ones_by_due_then_stored_order
     assert [e["id"] for e in due_order(doc, None).entries] == ["e1", "e2", "r3", "e4"]
 
 
+@pytest.mark.parametrize(
+    ("mark", "numbered"), [(True, True), (False, False), (1, False), ("yes", False), (None, False)]
+)
+def test_only_released_true_counts_as_numbered(mark: Any, numbered: bool) -> None:
+    """A scheduled entry is released only by ``released: true``: any other mark leaves it
+    unreleased (to the dispatcher's due path, where a malformed one is quarantined, and
+    out of the immediate path)."""
+    stored = entry("s", 1, due=10, released=mark)
+    assert unreleased(stored) is not numbered
+    order = due_order({"_id": "t", "outbox": [stored]}, None)
+    assert [e["id"] for e in order.entries] == (["s"] if numbered else [])
+
+
 def test_a_stale_copy_never_publishes_an_entry_cancelled_since() -> None:
     world = World()
     world.handle("t", msg("m1", "Start", after=1, key="a"))
@@ -418,6 +431,39 @@ def test_a_corrupt_field_quarantines_the_due_entry_once_and_never_spins(
     assert dead["aggregate_id"] == "t" and field in dead["error"]
     assert world.backend.docs["t"]["outbox"] == []
     assert "earliest_due" not in world.backend.docs["t"]
+
+
+@pytest.mark.parametrize("mark", [1, "yes", None, 0])
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_an_entry_whose_released_is_not_a_boolean_is_quarantined_unpublished(
+    mark: Any, scheduled: bool
+) -> None:
+    """Only ``released: true`` is released, ``false`` or absent is not; any other value is
+    malformed: the entry (scheduled and due, or immediate) is quarantined with the
+    reason, never released nor published, and the aggregate's other entries go on."""
+    world = World()
+    world.start()
+    if scheduled:
+        world.handle("t", msg("m1", "Start", after=1, key="a"))
+    else:
+        world.handle("t", msg("m1", "Ping"))
+    world.handle("t", msg("m2", "Ping"))
+    world.backend.docs["t"]["outbox"][0]["released"] = mark
+    releases: list[Any] = []
+    perform = world.ports.perform
+
+    def counting(op: Any) -> Any:
+        if isinstance(getattr(op, "plan", None), ReleasePlan):
+            releases.append(op.plan.aggregate_id)
+        return perform(op)
+
+    world.ports.perform = counting  # type: ignore[method-assign]
+    for _ in range(steps_for(4)):
+        world.step()
+    assert releases == [] and world.published() == ["Pong"]
+    [dead] = world.dead.entries.values()
+    assert dead["aggregate_id"] == "t" and f"released {mark!r} is not a boolean" in dead["error"]
+    assert world.backend.docs["t"]["outbox"] == []
 
 
 def test_a_partition_acquired_is_queried_for_due_entries_at_the_next_turn() -> None:

@@ -29,11 +29,12 @@ from docoutbox.store.document import Document
 from docoutbox.store.plans import ReleasePlan, SettlePlan
 from docoutbox.store.schedule import (
     EARLIEST_DUE,
-    RELEASED,
     as_utc,
     bad_due,
+    bad_released,
     cancelled_ids,
     due_of,
+    is_released,
     pending_due,
 )
 
@@ -57,7 +58,7 @@ def _seq_key(entry: Any) -> tuple[int, int]:
 
 def unreleased(entry: Any) -> bool:
     """Whether ``entry`` is a scheduled entry not released yet (so not numbered yet)."""
-    return due_of(entry) is not None and not entry.get(RELEASED)
+    return due_of(entry) is not None and not is_released(entry)
 
 
 def due_order(doc: Document, now: datetime | None, outbox: Sequence[Any] | None = None) -> DueOrder:
@@ -78,7 +79,7 @@ def due_order(doc: Document, now: datetime | None, outbox: Sequence[Any] | None 
             cancelled.append(entry_id)
             continue
         due = due_of(entry)
-        if due is None or entry.get(RELEASED):
+        if due is None or is_released(entry):
             numbered.append(entry)  # including a malformed due: quarantined by the flow
         elif now is not None and due <= now:
             scheduled.append((due, position, entry))
@@ -112,4 +113,12 @@ def settle_plan(doc: Document, removed: list[str], version: int | None = None) -
     return SettlePlan(doc["_id"], version, after)
 
 
-__all__ = ["DueOrder", "bad_due", "due_order", "release_plan", "settle_plan", "unreleased"]
+__all__ = [
+    "DueOrder",
+    "bad_due",
+    "bad_released",
+    "due_order",
+    "release_plan",
+    "settle_plan",
+    "unreleased",
+]

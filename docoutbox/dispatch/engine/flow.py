@@ -56,7 +56,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from docoutbox.dispatch.engine.due import bad_due, due_order, release_plan, settle_plan
+from docoutbox.dispatch.engine.due import (
+    bad_due,
+    bad_released,
+    due_order,
+    release_plan,
+    settle_plan,
+)
 from docoutbox.errors import (
     BrokerUnavailable,
     InvalidInput,
@@ -193,6 +199,8 @@ def dispatch_document(
             continue
         release = release_plan(result.aggregate_id, raw, seq)
         try:
+            if bad_released(raw):  # before its payload is read: it is never published
+                raise InvalidInput(f"released {raw.get('released')!r} is not a boolean")
             if release is not None and numbering is not None:
                 raise InvalidInput(numbering)
             if claim is not None and "payload" not in raw:
