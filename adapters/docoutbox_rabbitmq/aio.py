@@ -132,8 +132,9 @@ class AsyncRabbitPublisher(Routing):
     :mod:`~docoutbox_rabbitmq.rounds`); ``publish`` is a round of one, and concurrent
     calls share the channel, so a dispatcher keeps many messages in flight. A lost
     connection raises ``BrokerUnavailable`` and the next call reconnects. ``declare`` and
-    ``check`` use an aio-pika connection, opened when first needed. Options as the
-    twin's (:class:`~docoutbox_rabbitmq.amqp.Routing`).
+    ``check`` each open an aio-pika connection and close it before they return, so a
+    publisher holds one connection to the broker (its own) once checked, and none once
+    closed. Options as the twin's (:class:`~docoutbox_rabbitmq.amqp.Routing`).
     """
 
     def __init__(
@@ -151,9 +152,6 @@ class AsyncRabbitPublisher(Routing):
         self.timeout = timeout
         self._url = url
         self._link: Link | None = None
-        #: aio-pika's connection and channel, for declarations and checks only.
-        self._connection: aio_pika.abc.AbstractConnection | None = None
-        self._channel: aio_pika.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
         self._used_at = 0.0
         #: Rounds awaiting their confirms: the idle probe never runs under them.
@@ -217,15 +215,16 @@ class AsyncRabbitPublisher(Routing):
         queues: Mapping[str, Iterable[str]] | None = None,
         dead_letters: str | None = None,
     ) -> None:
-        """Declare this publisher's exchange and queues (as :func:`~docoutbox_rabbitmq.declare`)."""
-        channel = await self._declaring()
-        await declare_async(
-            channel,
-            self.exchange,
-            exchange_type=exchange_type,
-            queues=queues,
-            dead_letters=dead_letters,
-        )
+        """Declare this publisher's exchange and queues (as :func:`~docoutbox_rabbitmq.declare`),
+        on a connection closed once they are declared."""
+        async with self._declaring() as channel:
+            await declare_async(
+                channel,
+                self.exchange,
+                exchange_type=exchange_type,
+                queues=queues,
+                dead_letters=dead_letters,
+            )
 
     async def check(self, *, declare_type: str | None = None) -> None:
         """Fail fast on a broker this publisher cannot use (as
@@ -239,38 +238,34 @@ class AsyncRabbitPublisher(Routing):
         """
         where = masked(self._url)
         try:
-            channel = await self._declaring()
+            async with self._declaring() as channel:
+                if declare_type is not None:
+                    await declare_async(channel, self.exchange, exchange_type=declare_type)
+                elif self.exchange:
+                    await self._check_exchange(channel)
         except BrokerUnavailable as exc:
             if isinstance(exc.__cause__, ax.AuthenticationError | ax.ProbableAuthenticationError):
                 raise PermanentPublishError(
                     f"RabbitMQ at {where} refused the credentials ({type(exc.__cause__).__name__})"
                 ) from exc
             raise
-        if declare_type is not None:
-            await self.declare(exchange_type=declare_type)
-        elif self.exchange:
-            try:
-                await channel.get_exchange(self.exchange, ensure=True)
-            except ax.ChannelNotFoundEntity as exc:
-                self._channel = None  # the 404 closed it; the next call opens another
-                raise PermanentPublishError(
-                    f"exchange {self.exchange!r} does not exist on {where}; declare it, or "
-                    f"start with --declare-exchange"
-                ) from exc
-            except (ax.AMQPError, OSError, RuntimeError, TimeoutError) as exc:
-                raise translate(exc, f"check exchange {self.exchange!r}") from exc
         await self._open()
 
+    async def _check_exchange(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        try:
+            await channel.get_exchange(self.exchange, ensure=True)
+        except ax.ChannelNotFoundEntity as exc:
+            raise PermanentPublishError(
+                f"exchange {self.exchange!r} does not exist on {masked(self._url)}; declare "
+                f"it, or start with --declare-exchange"
+            ) from exc
+        except (ax.AMQPError, OSError, RuntimeError, TimeoutError) as exc:
+            raise translate(exc, f"check exchange {self.exchange!r}") from exc
+
     async def close(self) -> None:
-        """Close the connections. A later publish opens a new one."""
+        """Close the connection. A later publish opens a new one."""
         async with self._lock:
             await self._discard()
-            connection, self._connection, self._channel = self._connection, None, None
-            if connection is not None and not connection.is_closed:
-                try:
-                    await connection.close()
-                except (ax.AMQPError, OSError, RuntimeError) as exc:  # already broken
-                    log.debug("closing a broken RabbitMQ connection: %r", exc)
 
     async def _drop(self, link: Link) -> None:
         """After a round on ``link`` found the broker unavailable: discard the connection,
@@ -336,21 +331,35 @@ class AsyncRabbitPublisher(Routing):
             raise BrokerUnavailable(f"open a channel on {where}: {exc}") from exc
         return link
 
-    async def _declaring(self) -> aio_pika.abc.AbstractChannel:
-        """aio-pika's channel for declarations and checks, reconnecting if needed."""
-        async with self._lock:
-            if self._connection is None or self._connection.is_closed:
-                self._channel = None
-                async with translated(f"connect to {masked(self._url)}"):
-                    self._connection = await aio_pika.connect(
-                        self._url,
-                        client_properties={"connection_name": self.connection_name},
-                        timeout=self.timeout,
-                    )
-            if self._channel is None or self._channel.is_closed:
-                async with translated(f"open a channel on {masked(self._url)}"):
-                    self._channel = await self._connection.channel()
-            return self._channel
+    @asynccontextmanager
+    async def _declaring(self) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+        """An aio-pika channel for declarations and checks, on a connection of its own,
+        closed when the block ends (however it ends): the publisher keeps no connection
+        but its publishing one."""
+        where = masked(self._url)
+        async with translated(f"connect to {where}"):
+            connection = await aio_pika.connect(
+                self._url,
+                client_properties={"connection_name": self.connection_name},
+                timeout=self.timeout,
+            )
+        try:
+            async with translated(f"open a channel on {where}"):
+                channel = await connection.channel()
+            yield channel
+        finally:
+            await _close_quietly(connection)
+
+
+async def _close_quietly(connection: aio_pika.abc.AbstractConnection) -> None:
+    """Close ``connection``; one already broken is only logged (its error, if any, is the
+    caller's to report)."""
+    if connection.is_closed:
+        return
+    try:
+        await connection.close()
+    except (ax.AMQPError, OSError, RuntimeError) as exc:
+        log.debug("closing a broken RabbitMQ connection: %r", exc)
 
 
 async def declare_async(

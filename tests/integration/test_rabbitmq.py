@@ -7,10 +7,15 @@ Tests taking ``make_publisher`` run for pika's ``RabbitPublisher`` and aio-pika'
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import aio_pika
 import jsonschema
 import pytest
 
@@ -20,6 +25,7 @@ from docoutbox.codec import WireFormat, decode_entry, decode_message, schema
 from docoutbox.errors import BrokerUnavailable, PermanentPublishError, PublishError
 from docoutbox.ports.dispatch import Publisher
 from docoutbox_rabbitmq import RabbitPublisher
+from docoutbox_rabbitmq.link import Link
 from tests.support.e2e import broker_address, require_rabbitmq, through
 from tests.support.tcpproxy import TcpProxy
 
@@ -198,6 +204,77 @@ def test_one_connection_per_thread(url: str, box: Sandbox) -> None:
     assert len(entries) == 100
     for worker in range(4):  # one thread's publishes keep their order
         assert [e.seq for e in entries if e.aggregate_id == f"w{worker}"] == list(range(1, 26))
+
+
+def broker_connections(name: str) -> int | None:
+    """How many connections named ``name`` the broker lists (``rabbitmqctl``), or None
+    where ``rabbitmqctl`` cannot be run (not installed, or not as this user)."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        return None
+    try:
+        done = subprocess.run(
+            [ctl, "-q", "list_connections", "client_properties"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return sum(f'"{name}"' in line for line in done.stdout.splitlines())
+
+
+def own_connections(publisher: Any) -> int:
+    """How many open connections the publisher holds, from its own state: pika's links,
+    docoutbox's AMQP link, and any aio-pika connection among its attributes."""
+    target = getattr(publisher, "_store", publisher)  # the async publisher in Blocking
+    count = 0
+    for value in vars(target).values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, Link):
+                count += item.lost is None
+            elif isinstance(item, aio_pika.abc.AbstractConnection):
+                count += not item.is_closed
+            elif hasattr(item, "connection") and hasattr(item.connection, "is_open"):
+                count += bool(item.connection.is_open)  # a pika thread's link
+    return count
+
+
+def connections(publisher: Any, name: str, expected: int) -> int:
+    """The publisher's connections as the broker lists them (as the publisher's own state
+    counts them where the broker cannot be asked); the broker's list is read again for a
+    while until it shows ``expected``, since it drops a closed connection asynchronously."""
+    for _ in range(50):
+        listed = broker_connections(name)
+        if listed is None:
+            return own_connections(publisher)
+        if listed == expected:
+            return listed
+        time.sleep(0.1)
+    return listed
+
+
+def test_one_connection_remains_after_declare_and_check_and_none_after_close(
+    url: str, box: Sandbox, make_publisher: Any
+) -> None:
+    """Declarations and checks do not leave a connection of their own open beside the
+    publishing one; close leaves none."""
+    exchange, queue, _ = box.names()
+    name = f"docoutbox-test-{uuid.uuid4().hex[:12]}"
+    publisher = make_publisher(url, exchange, connection_name=name)
+    publisher.declare(queues={queue: ["#"]})
+    publisher.check()
+    publisher.check(declare_type="topic")
+    publisher.publish(make_entry(seq=1))
+    assert connections(publisher, name, 1) == 1
+    assert own_connections(publisher) == 1
+    publisher.close()
+    assert connections(publisher, name, 0) == 0
+    assert own_connections(publisher) == 0
+    assert [decode_entry(b).seq for _, b in box.drain(queue)] == [1]
 
 
 def test_repr_masks_the_password() -> None:
