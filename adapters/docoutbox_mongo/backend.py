@@ -96,6 +96,15 @@ def _updates(
     return (_update_args(plan),)
 
 
+def _bulk_passes(plans: Sequence[WritePlan]) -> list[list[UpdateOne]]:
+    """The bulk writes of ``plans`` (none an insert), in order: every plan's first update,
+    then the trims' second ones (sent only while some plan has not matched)."""
+    updates = [_updates(p) for p in plans]  # type: ignore[arg-type]
+    first = [UpdateOne(*u[0]) for u in updates]
+    second = [UpdateOne(*u[1]) for u in updates if len(u) > 1]
+    return [first, second] if second else [first]
+
+
 def _update_args(
     plan: CommitPlan | FailurePlan | ReleasePlan | SettlePlan,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -150,20 +159,25 @@ class MongoBackend:
         """Several trims (or other updates) in one round trip: an unordered ``bulk_write``.
 
         Each result is True only when every plan matched its document (a bulk reply does
-        not say which one did not); a trim is its two updates, of which at most one
-        matches (:func:`~docoutbox_mongo.plans.trim_updates`). Inserts, and clients
+        not say which one did not). A trim is two updates of which at most one matches
+        (:func:`~docoutbox_mongo.plans.trim_updates`): the first of every plan goes in
+        one round trip, and the trims' second ones only when a plan did not match (a
+        ``cancelled`` that is not an array, or a document gone). Inserts, and clients
         whose ``bulk_write`` cannot take updates (mongomock, issue #912), are written one
         by one.
         """
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [self.write(p) for p in plans]
-        ops = [UpdateOne(*u) for p in plans for u in _updates(p)]  # type: ignore[arg-type]
-        with translated():
-            try:
-                result = self.collection.bulk_write(ops, ordered=False)
-            except TypeError:  # mongomock: bulk_write rejects UpdateOne
-                return [self.write(p) for p in plans]
-        return [result.matched_count == len(plans)] * len(plans)
+        matched = 0
+        for ops in _bulk_passes(plans):
+            with translated():
+                try:
+                    matched += self.collection.bulk_write(ops, ordered=False).matched_count
+                except TypeError:  # mongomock: bulk_write rejects UpdateOne
+                    return [self.write(p) for p in plans]
+            if matched >= len(plans):
+                break
+        return [matched == len(plans)] * len(plans)
 
     def find_pending(
         self,
@@ -260,13 +274,17 @@ class AsyncMongoBackend:
         """The async twin of :meth:`MongoBackend.write_many`."""
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [await self.write(p) for p in plans]
-        ops = [UpdateOne(*u) for p in plans for u in _updates(p)]  # type: ignore[arg-type]
-        with translated():
-            try:
-                result = await self.collection.bulk_write(ops, ordered=False)
-            except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
-                return [await self.write(p) for p in plans]
-        return [result.matched_count == len(plans)] * len(plans)
+        matched = 0
+        for ops in _bulk_passes(plans):
+            with translated():
+                try:
+                    result = await self.collection.bulk_write(ops, ordered=False)
+                except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
+                    return [await self.write(p) for p in plans]
+            matched += result.matched_count
+            if matched >= len(plans):
+                break
+        return [matched == len(plans)] * len(plans)
 
     async def find_pending(
         self,
