@@ -12,7 +12,7 @@ from typing import Any
 
 import bson
 from pymongo import ASCENDING, UpdateOne
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, WriteError
 
 from docoutbox.errors import InvalidPayload
 from docoutbox.model import AggregateId
@@ -36,13 +36,15 @@ from docoutbox_mongo.plans import (
     PENDING_PARTITION_FILTER,
     PENDING_PARTITION_INDEX,
     PENDING_PARTITION_KEYS,
+    PULL_REFUSED,
     commit_update,
     due_filter,
     failure_update,
     pending_filter,
     release_update,
     settle_update,
-    trim_updates,
+    trim_outbox_update,
+    trim_update,
 )
 
 MAX_BSON_BYTES = 16 * 1024 * 1024
@@ -86,35 +88,36 @@ def _ascii_strings_size(items: list[Any] | tuple[Any, ...]) -> int | None:
     return 7 * count + _KEY_DIGITS[count] + len(joined)
 
 
-def _updates(
-    plan: CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan,
-) -> tuple[tuple[dict[str, Any], dict[str, Any]], ...]:
-    """The plan's updates: one, or a trim's two whose filters exclude each other (at most
-    one of them matches a document: the plan applied when one did)."""
-    if isinstance(plan, TrimPlan):
-        return trim_updates(plan)
-    return (_update_args(plan),)
-
-
-def _bulk_passes(plans: Sequence[WritePlan]) -> list[list[UpdateOne]]:
-    """The bulk writes of ``plans`` (none an insert), in order: every plan's first update,
-    then the trims' second ones (sent only while some plan has not matched)."""
-    updates = [_updates(p) for p in plans]  # type: ignore[arg-type]
-    first = [UpdateOne(*u[0]) for u in updates]
-    second = [UpdateOne(*u[1]) for u in updates if len(u) > 1]
-    return [first, second] if second else [first]
-
-
 def _update_args(
-    plan: CommitPlan | FailurePlan | ReleasePlan | SettlePlan,
+    plan: CommitPlan | TrimPlan | FailurePlan | ReleasePlan | SettlePlan,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     if isinstance(plan, CommitPlan):
         return commit_update(plan)
+    if isinstance(plan, TrimPlan):
+        return trim_update(plan)
     if isinstance(plan, ReleasePlan):
         return release_update(plan)
     if isinstance(plan, SettlePlan):
         return settle_update(plan)
     return failure_update(plan)
+
+
+def _pull_refused(exc: WriteError) -> bool:
+    """Whether a trim's update was refused whole (its ``$pull`` met a malformed
+    ``cancelled``): then the outbox-only update is written instead."""
+    return exc.code == PULL_REFUSED
+
+
+def _refused_trims(plans: Sequence[WritePlan], exc: BulkWriteError) -> list[TrimPlan] | None:
+    """The trims of an unordered bulk write whose updates were refused whole, and only
+    they (None: some other write failed, or failed otherwise: the error stands)."""
+    refused: list[TrimPlan] = []
+    for error in exc.details.get("writeErrors", ()):
+        plan = plans[error["index"]]
+        if error.get("code") != PULL_REFUSED or not isinstance(plan, TrimPlan):
+            return None
+        refused.append(plan)
+    return refused or None
 
 
 class MongoBackend:
@@ -150,33 +153,39 @@ class MongoBackend:
                         raise
                     return False
                 return True
-            for query, update in _updates(plan):
-                if self.collection.update_one(query, update).matched_count == 1:
-                    return True
-            return False
+            query, update = _update_args(plan)
+            try:
+                return bool(self.collection.update_one(query, update).matched_count == 1)
+            except WriteError as exc:
+                if not isinstance(plan, TrimPlan) or not _pull_refused(exc):
+                    raise
+            query, update = trim_outbox_update(plan)
+            return bool(self.collection.update_one(query, update).matched_count == 1)
 
     def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
         """Several trims (or other updates) in one round trip: an unordered ``bulk_write``.
 
         Each result is True only when every plan matched its document (a bulk reply does
-        not say which one did not). A trim is two updates of which at most one matches
-        (:func:`~docoutbox_mongo.plans.trim_updates`): the first of every plan goes in
-        one round trip, and the trims' second ones only when a plan did not match (a
-        ``cancelled`` that is not an array, or a document gone). Inserts, and clients
+        not say which one did not). The trims refused whole (a ``cancelled`` that is not
+        an array) are written again, outbox only, in a second one. Inserts, and clients
         whose ``bulk_write`` cannot take updates (mongomock, issue #912), are written one
         by one.
         """
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [self.write(p) for p in plans]
-        matched = 0
-        for ops in _bulk_passes(plans):
-            with translated():
-                try:
-                    matched += self.collection.bulk_write(ops, ordered=False).matched_count
-                except TypeError:  # mongomock: bulk_write rejects UpdateOne
-                    return [self.write(p) for p in plans]
-            if matched >= len(plans):
-                break
+        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        with translated():
+            try:
+                matched: int = self.collection.bulk_write(ops, ordered=False).matched_count
+            except TypeError:  # mongomock: bulk_write rejects UpdateOne
+                return [self.write(p) for p in plans]
+            except BulkWriteError as exc:
+                refused = _refused_trims(plans, exc)
+                if refused is None:
+                    raise
+                again = [UpdateOne(*trim_outbox_update(p)) for p in refused]
+                matched = exc.details.get("nMatched", 0)
+                matched += self.collection.bulk_write(again, ordered=False).matched_count
         return [matched == len(plans)] * len(plans)
 
     def find_pending(
@@ -264,26 +273,36 @@ class AsyncMongoBackend:
                         raise
                     return False
                 return True
-            for query, update in _updates(plan):
+            query, update = _update_args(plan)
+            try:
                 result = await self.collection.update_one(query, update)
-                if result.matched_count == 1:
-                    return True
-            return False
+                return bool(result.matched_count == 1)
+            except WriteError as exc:
+                if not isinstance(plan, TrimPlan) or not _pull_refused(exc):
+                    raise
+            query, update = trim_outbox_update(plan)
+            result = await self.collection.update_one(query, update)
+            return bool(result.matched_count == 1)
 
     async def write_many(self, plans: Sequence[WritePlan]) -> list[bool]:
         """The async twin of :meth:`MongoBackend.write_many`."""
         if len(plans) < 2 or any(isinstance(p, InsertPlan) for p in plans):
             return [await self.write(p) for p in plans]
-        matched = 0
-        for ops in _bulk_passes(plans):
-            with translated():
-                try:
-                    result = await self.collection.bulk_write(ops, ordered=False)
-                except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
-                    return [await self.write(p) for p in plans]
-            matched += result.matched_count
-            if matched >= len(plans):
-                break
+        ops = [UpdateOne(*_update_args(p)) for p in plans]  # type: ignore[arg-type]
+        with translated():
+            try:
+                result = await self.collection.bulk_write(ops, ordered=False)
+                matched: int = result.matched_count
+            except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
+                return [await self.write(p) for p in plans]
+            except BulkWriteError as exc:
+                refused = _refused_trims(plans, exc)
+                if refused is None:
+                    raise
+                again = [UpdateOne(*trim_outbox_update(p)) for p in refused]
+                matched = exc.details.get("nMatched", 0)
+                result = await self.collection.bulk_write(again, ordered=False)
+                matched += result.matched_count
         return [matched == len(plans)] * len(plans)
 
     async def find_pending(

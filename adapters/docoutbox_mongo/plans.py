@@ -81,24 +81,33 @@ def commit_update(plan: CommitPlan) -> tuple[Filter, Update]:
     return query, update
 
 
-#: A document whose ``cancelled`` may be pulled from: an array, or absent.
-_PULLABLE: Filter = {"$or": [{CANCELLED: {"$exists": False}}, {CANCELLED: {"$type": "array"}}]}
-
-
-def trim_updates(plan: TrimPlan) -> tuple[tuple[Filter, Update], tuple[Filter, Update]]:
+def trim_update(plan: TrimPlan) -> tuple[Filter, Update]:
     """Pull published (or cancelled) entries by ID, and their IDs from ``cancelled``.
     No version filter, no version change.
 
-    Two updates whose filters exclude each other, so at most one matches a document: the
-    first pulls from ``outbox`` and ``cancelled`` when ``cancelled`` is an array or
-    absent; the second pulls from ``outbox`` only, leaving any other ``cancelled``
-    (malformed, or null) as it is, since a ``$pull`` on a value that is not an array
-    fails the whole update (:func:`~docoutbox.store.plans.apply_plan` trims the same)."""
+    The filter is the ``_id`` alone, which every server answers from its index. On a
+    document whose ``cancelled`` is not an array (malformed), MongoDB refuses the whole
+    update (``$pull`` on a value that is not an array, code :data:`PULL_REFUSED`); the
+    store then writes :func:`trim_outbox_update` instead."""
     ids = list(plan.entry_ids)
-    outbox = {"outbox": {"id": {"$in": ids}}}
     return (
-        ({"_id": plan.aggregate_id, **_PULLABLE}, {"$pull": {**outbox, CANCELLED: {"$in": ids}}}),
-        ({"_id": plan.aggregate_id, "$nor": [_PULLABLE]}, {"$pull": outbox}),
+        {"_id": plan.aggregate_id},
+        {"$pull": {"outbox": {"id": {"$in": ids}}, CANCELLED: {"$in": ids}}},
+    )
+
+
+#: MongoDB's code (BadValue) for an update refused as a whole, e.g. a ``$pull`` on a
+#: field that is not an array.
+PULL_REFUSED = 2
+
+
+def trim_outbox_update(plan: TrimPlan) -> tuple[Filter, Update]:
+    """The trim of a document whose ``cancelled`` cannot be pulled from: the entries
+    leave the outbox, and ``cancelled`` stays as it is, as
+    :func:`~docoutbox.store.plans.apply_plan` trims a malformed one."""
+    return (
+        {"_id": plan.aggregate_id},
+        {"$pull": {"outbox": {"id": {"$in": list(plan.entry_ids)}}}},
     )
 
 

@@ -11,7 +11,13 @@ from docoutbox.errors import DocumentTooLarge, PermanentStoreError, TransientSto
 from docoutbox.store.plans import CommitPlan, FailurePlan, TrimPlan
 from docoutbox_mongo.backend import AsyncMongoBackend, MongoBackend
 from docoutbox_mongo.errors import is_duplicate_id, translated
-from docoutbox_mongo.plans import commit_update, failure_update, pending_filter, trim_updates
+from docoutbox_mongo.plans import (
+    commit_update,
+    failure_update,
+    pending_filter,
+    trim_outbox_update,
+    trim_update,
+)
 from tests.support.loopless import run
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -50,14 +56,15 @@ def test_commit_without_emits_or_inbox_pushes_nothing() -> None:
 
 
 def test_trim_never_touches_version() -> None:
-    (query, update), (other, outbox_only) = trim_updates(TrimPlan("a", ("e1", "e2")))
-    pullable = [{"cancelled": {"$exists": False}}, {"cancelled": {"$type": "array"}}]
-    assert query == {"_id": "a", "$or": pullable}
+    query, update = trim_update(TrimPlan("a", ("e1", "e2")))
+    assert query == {"_id": "a"}
     assert update == {
         "$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}, "cancelled": {"$in": ["e1", "e2"]}}
     }
-    assert other == {"_id": "a", "$nor": [{"$or": pullable}]}
-    assert outbox_only == {"$pull": {"outbox": {"id": {"$in": ["e1", "e2"]}}}}
+    assert trim_outbox_update(TrimPlan("a", ("e1",))) == (
+        {"_id": "a"},
+        {"$pull": {"outbox": {"id": {"$in": ["e1"]}}}},
+    )
 
 
 def test_pending_filter_pages_across_id_types() -> None:
