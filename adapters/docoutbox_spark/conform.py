@@ -107,7 +107,13 @@ _ENTRY_RAW = (
 _MARK_RAW = "struct<source:string,hw:string,above:string>"
 
 
-def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool = True) -> Conformed:
+def conform(
+    raw: DataFrame,
+    persist: StorageLevel | None = None,
+    *,
+    read: bool = True,
+    entry_fields: tuple[str, ...] | None = None,
+) -> Conformed:
     """Split raw document rows (:data:`~docoutbox_spark.schema.RAW_DOCUMENT_SCHEMA`), or
     the typed rows of a typed snapshot (:func:`typed_layout`), which need no typing.
 
@@ -119,8 +125,12 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
     afterwards; call :meth:`Conformed.unpersist` when done. ``read=False`` leaves the
     reading to the caller, who may fill several caches in one job. ``documents`` carries
     ``seqs``, the ``seq`` of each readable outbox entry (positive integers only), for
-    per-document checks that need no shuffle."""
+    per-document checks that need no shuffle. ``entry_fields``: the only fields the
+    entries keep (with ``position`` and ``problems``, which the malformed rows read), so
+    that what is persisted holds no more than its reader needs (default: every field)."""
     base = _from_layout(raw) if is_typed(raw) else _typed(raw)
+    if entry_fields is not None:
+        base = _lean(base, entry_fields)
     if persist is not None:
         base = base.persist(persist)
         if read:
@@ -144,6 +154,17 @@ def conform(raw: DataFrame, persist: StorageLevel | None = None, *, read: bool =
         entries,
         malformed.unionByName(bad_entries),
         (base,) if persist is not None else (),
+    )
+
+
+def _lean(base: DataFrame, fields: tuple[str, ...]) -> DataFrame:
+    """``base`` with its typed entries reduced to ``fields``, ``position`` and
+    ``problems``, in one projection."""
+    kept = dict.fromkeys(("position", *fields, "problems"))
+    entry = ", ".join(f"{literal(f)}, e.{name(f)}" for f in kept)
+    return base.selectExpr(
+        *[name(c) for c in TYPED_COLUMNS if c != "_entries"],
+        f"transform(_entries, e -> named_struct({entry})) AS _entries",
     )
 
 

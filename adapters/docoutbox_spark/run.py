@@ -25,6 +25,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from docoutbox.errors import DocOutboxError
 from docoutbox_spark import audit
 from docoutbox_spark.conform import Conformed, conform, conform_dead_letters
 from docoutbox_spark.spilled import with_spilled
@@ -54,6 +55,17 @@ DEFAULT_THRESHOLDS: dict[str, int | None] = {
 #: Persisted sources are kept as objects (read back without deserializing them, as each
 #: branch of the query reads them again), and spill to disk when memory is short.
 LEVEL = StorageLevel.MEMORY_AND_DISK_DESER
+#: The fields of the outbox entries the audit reads: only these are persisted.
+ENTRY_FIELDS = (
+    "id",
+    "type",
+    "destination",
+    "created_at",
+    "due",
+    "seq",
+    "attempts",
+    "last_error",
+)
 #: Rows kept of the figures that are lists.
 BACKLOG_ROWS = 500
 DEAD_LETTER_ROWS = 200
@@ -256,7 +268,7 @@ def run_audit(
     config = config or AuditConfig()
     persisted: list[Conformed | DataFrame] = []
     try:
-        produced = conform(producer, persist=LEVEL, read=False)
+        produced = conform(producer, persist=LEVEL, read=False, entry_fields=ENTRY_FIELDS)
         persisted.append(produced)
         items, facts, keyed = _producer_parts(produced, config)
         dead = None
@@ -272,7 +284,7 @@ def run_audit(
             )
             facts.append(_fact(dead, "dead_error", k1="error", t="unix_micros(quarantined_at)"))
         if consumer is not None:
-            consumed = conform(consumer, persist=LEVEL, read=False)
+            consumed = conform(consumer, persist=LEVEL, read=False, entry_fields=ENTRY_FIELDS)
             persisted.append(consumed)
             cdocs = consumed.documents
             if consumer_archive is not None:
@@ -314,15 +326,23 @@ def read_once(frames: list[Conformed | DataFrame]) -> None:
         _union(marks).write.format("noop").mode("overwrite").save()
 
 
+class ColumnsMismatch(DocOutboxError, ValueError):
+    """Frames to be unioned whose columns differ (a fault of the audit's own query)."""
+
+
 def _union(frames: list[DataFrame]) -> DataFrame:
-    """The rows of ``frames`` (each with the columns of the first), as one frame built in
-    one step: one ``UNION ALL`` analysed once, where a chain of ``unionByName`` calls
-    analyses the growing union again at each call."""
-    if len(frames) == 1:
-        return frames[0]
-    columns = ", ".join(name(column) for column in frames[0].columns)
-    query = " UNION ALL ".join(f"SELECT {columns} FROM {{f{i}}}" for i in range(len(frames)))
-    return frames[0].sparkSession.sql(query, **{f"f{i}": f for i, f in enumerate(frames)})
+    """The rows of ``frames``, which all carry the columns of the first in its order
+    (checked): unioned by position, one JVM call per frame. (A ``UNION ALL`` of SQL text
+    over the frames registers each as a view and parses and analyses the whole text, and
+    ``unionByName`` resolves the names again at each call: each costs the driver more.)"""
+    columns = frames[0].columns
+    for frame in frames[1:]:
+        if frame.columns != columns:
+            raise ColumnsMismatch(f"cannot union {frame.columns} with {columns}")
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.union(frame)
+    return out
 
 
 def _saturation(documents: DataFrame, collection: str, config: AuditConfig) -> DataFrame:

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from docoutbox_spark import audit
 from docoutbox_spark.conform import conform
-from docoutbox_spark.run import AuditConfig, run_audit
+from docoutbox_spark.run import ENTRY_FIELDS, AuditConfig, ColumnsMismatch, _union, run_audit
 from docoutbox_spark.schema import RAW_DEAD_LETTER_SCHEMA, RAW_DOCUMENT_SCHEMA, raw_row
 from docoutbox_spark.sqltext import literal, name
 from tests.spark import planted
@@ -227,3 +227,27 @@ def test_sql_text_quotes_any_literal_and_column_name(spark: Any) -> None:
     odd = "it's a \\ `test` \\' with \"quotes\""
     row = spark.range(1).selectExpr(f"{literal(odd)} AS {name(odd)}").collect()[0]
     assert row[odd] == odd
+
+
+def test_lean_entries_keep_only_the_fields_asked_for_and_the_same_rows(spark: Any) -> None:
+    """``entry_fields``: the entries (persisted or not) keep those fields, ``position`` and
+    ``problems``; the documents, entries and malformed rows are otherwise the same."""
+    raw = frame(spark, planted.producer())
+    whole = conform(raw)
+    lean = conform(raw, entry_fields=ENTRY_FIELDS)
+    fields = ["position", *ENTRY_FIELDS, "problems"]
+    head = ["aggregate_id", "aggregate_type", "partition"]
+    assert lean.entries.columns == head + fields
+    assert sorted(lean.entries.collect()) == sorted(whole.entries.select(*head, *fields).collect())
+    assert sorted(lean.malformed.collect()) == sorted(whole.malformed.collect())
+    documents = whole.documents.columns
+    assert sorted(lean.documents.select(*documents).collect()) == sorted(whole.documents.collect())
+
+
+def test_union_refuses_frames_whose_columns_differ(spark: Any) -> None:
+    """The audit's result frames are unioned by position: a frame whose columns differ
+    from the first's (in name or order) is refused, never read into the wrong column."""
+    first = spark.range(1).selectExpr("1 AS a", "2 AS b")
+    assert _union([first, first.selectExpr("a", "b")]).collect() == [(1, 2), (1, 2)]
+    with pytest.raises(ColumnsMismatch):
+        _union([first, first.selectExpr("b", "a")])
