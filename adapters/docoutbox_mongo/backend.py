@@ -108,16 +108,20 @@ def _pull_refused(exc: WriteError) -> bool:
     return exc.code == PULL_REFUSED
 
 
-def _refused_trims(plans: Sequence[WritePlan], exc: BulkWriteError) -> list[TrimPlan] | None:
-    """The trims of an unordered bulk write whose updates were refused whole, and only
-    they (None: some other write failed, or failed otherwise: the error stands)."""
+def _trims_again(plans: Sequence[WritePlan], exc: BulkWriteError) -> tuple[list[UpdateOne], int]:
+    """After an unordered bulk write of ``plans`` failed with ``exc``: the outbox-only
+    updates of the trims it refused whole, to be written in a second one, and how many
+    documents it matched. ``exc`` is raised again when anything else failed, or failed
+    otherwise: the error stands."""
     refused: list[TrimPlan] = []
     for error in exc.details.get("writeErrors", ()):
         plan = plans[error["index"]]
         if error.get("code") != PULL_REFUSED or not isinstance(plan, TrimPlan):
-            return None
+            raise exc
         refused.append(plan)
-    return refused or None
+    if not refused:
+        raise exc
+    return [UpdateOne(*trim_outbox_update(p)) for p in refused], exc.details.get("nMatched", 0)
 
 
 class MongoBackend:
@@ -180,11 +184,7 @@ class MongoBackend:
             except TypeError:  # mongomock: bulk_write rejects UpdateOne
                 return [self.write(p) for p in plans]
             except BulkWriteError as exc:
-                refused = _refused_trims(plans, exc)
-                if refused is None:
-                    raise
-                again = [UpdateOne(*trim_outbox_update(p)) for p in refused]
-                matched = exc.details.get("nMatched", 0)
+                again, matched = _trims_again(plans, exc)
                 matched += self.collection.bulk_write(again, ordered=False).matched_count
         return [matched == len(plans)] * len(plans)
 
@@ -296,11 +296,7 @@ class AsyncMongoBackend:
             except TypeError:  # mongomock-motor: bulk_write rejects UpdateOne
                 return [await self.write(p) for p in plans]
             except BulkWriteError as exc:
-                refused = _refused_trims(plans, exc)
-                if refused is None:
-                    raise
-                again = [UpdateOne(*trim_outbox_update(p)) for p in refused]
-                matched = exc.details.get("nMatched", 0)
+                again, matched = _trims_again(plans, exc)
                 result = await self.collection.bulk_write(again, ordered=False)
                 matched += result.matched_count
         return [matched == len(plans)] * len(plans)
