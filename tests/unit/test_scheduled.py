@@ -391,6 +391,20 @@ def test_the_due_query_clears_the_hint_a_run_died_before_settling() -> None:
     assert world.published() == []
 
 
+def releases_of(world: World) -> list[Any]:
+    """The aggregates of every release ``world`` performs from now on, in order."""
+    releases: list[Any] = []
+    perform = world.ports.perform
+
+    def counting(op: Any) -> Any:
+        if isinstance(getattr(op, "plan", None), ReleasePlan):
+            releases.append(op.plan.aggregate_id)
+        return perform(op)
+
+    world.ports.perform = counting  # type: ignore[method-assign]
+    return releases
+
+
 @pytest.mark.parametrize(
     ("field", "corrupt"),
     [
@@ -414,15 +428,7 @@ def test_a_corrupt_field_quarantines_the_due_entry_once_and_never_spins(
         del world.backend.docs["t"][field]
     else:
         world.backend.docs["t"][field] = corrupt
-    releases: list[Any] = []
-    perform = world.ports.perform
-
-    def counting(op: Any) -> Any:
-        if isinstance(getattr(op, "plan", None), ReleasePlan):
-            releases.append(op.plan.aggregate_id)
-        return perform(op)
-
-    world.ports.perform = counting  # type: ignore[method-assign]
+    releases = releases_of(world)
     for _ in range(steps_for(4)):
         world.step()
     assert releases == ["u"]  # the good document's only; none tried on the corrupt one
@@ -449,15 +455,7 @@ def test_an_entry_whose_released_is_not_a_boolean_is_quarantined_unpublished(
         world.handle("t", msg("m1", "Ping"))
     world.handle("t", msg("m2", "Ping"))
     world.backend.docs["t"]["outbox"][0]["released"] = mark
-    releases: list[Any] = []
-    perform = world.ports.perform
-
-    def counting(op: Any) -> Any:
-        if isinstance(getattr(op, "plan", None), ReleasePlan):
-            releases.append(op.plan.aggregate_id)
-        return perform(op)
-
-    world.ports.perform = counting  # type: ignore[method-assign]
+    releases = releases_of(world)
     for _ in range(steps_for(4)):
         world.step()
     assert releases == [] and world.published() == ["Pong"]
