@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from docoutbox.dispatch.drivers.latches import Latch, Wakeup
 from docoutbox.dispatch.drivers.operations import (
     GroupWriter,
     IdleWait,
@@ -74,8 +75,10 @@ class Dispatcher:
         self.engine.due_scans = self.ports.due
         #: Trims of concurrent runs go out together.
         self.trims = GroupWriter(backend, direct_workers=self.config.concurrency)
-        self._stop = threading.Event()
-        self._crashed = threading.Event()
+        #: Signal-safe (:mod:`~docoutbox.dispatch.drivers.latches`): :meth:`stop` may be
+        #: called from a signal handler on the loop's own thread.
+        self._stop = Latch()
+        self._crashed = Latch()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "docoutbox-dispatch")
         #: Writes the deferred trims, one flush at a time, off the workers' path.
         self._flusher = ThreadPoolExecutor(1, "docoutbox-trims")
@@ -83,7 +86,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._busy = 0  # batches submitted and not finished
         self._closed = False
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         #: Set by :meth:`nudge`; the control loop reads the stream at its next turn.
         self._nudged = False
         #: How long an idle loop sleeps (until its next timed work).
@@ -104,7 +107,10 @@ class Dispatcher:
         return self.engine.stream_open
 
     def stop(self) -> None:
-        """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns."""
+        """Stop taking work; :meth:`run` finishes in-flight work, checkpoints and returns.
+
+        Safe to call from any thread, and from a signal handler: it takes no lock.
+        """
         self._stop.set()
         self._wake.set()
 
