@@ -5,6 +5,8 @@ commit.
 - :mod:`docoutbox_rabbitmq.consumer`: :class:`RabbitConsumer` (ack after commit);
 - :mod:`docoutbox_rabbitmq.pipelined`: ``PipelinedRabbitPublisher``, aio-pika on a loop
   thread, for the threaded dispatcher to pipeline confirms;
+- :mod:`docoutbox_rabbitmq.handoff`: calls from worker threads handed to that loop
+  thread, one wake-up for those that arrive together;
 - :mod:`docoutbox_rabbitmq.aio`: the asyncio twins (``AsyncRabbitPublisher``,
   ``AsyncRabbitConsumer``);
 - :mod:`docoutbox_rabbitmq.rounds`: a publish round, written once and settled by the

@@ -1,9 +1,10 @@
 """A publishing connection to RabbitMQ of docoutbox's own: one AMQP 0-9-1 connection with
 one confirm-mode channel, written by rounds and settled by the broker's confirms.
 
-Rule (I4 under nacks): a round's entries are written in order, in one write, and get
-consecutive delivery tags; each entry gets its own outcome: None once the broker acks
-it, else its error (a nack, or a ``mandatory`` return, fails that entry only). A round
+Rule (I4 under nacks): a round's entries are written in order, in one write (shared by
+every round sent in the same turn of the loop), and get consecutive delivery tags; each
+entry gets its own outcome: None once the broker acks it, else its error (a nack, or a
+``mandatory`` return, fails that entry only). A round
 holds at most one entry per aggregate and the engine republishes an aggregate's run from
 its first failure, so per-aggregate first-delivery order holds whatever the broker
 confirms later. Every entry still unconfirmed when the channel closes fails with the
@@ -186,6 +187,8 @@ class Link(asyncio.Protocol):
         self._wrote = False
         self._silent = 0
         self._beat: asyncio.TimerHandle | None = None
+        #: Rounds sent in this turn of the loop, written together at its end.
+        self._corked: list[bytes] = []
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -277,6 +280,7 @@ class Link(asyncio.Protocol):
             self._return, self._return_header = value, None
         elif isinstance(value, spec.Channel.Close):
             if channel == self.channel:
+                self._corked.clear()  # publishes on a closed channel: their entries fail
                 self.write(pamqp.frame.marshal(spec.Channel.CloseOk(), channel))
                 self._channel_closed(value)
         elif isinstance(value, spec.Connection.Close):
@@ -343,7 +347,15 @@ class Link(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         assert self.transport is not None
         self._wrote = True
+        if self._corked:  # rounds sent before this frame go first
+            data = b"".join((*self._corked, data))
+            self._corked.clear()
         self.transport.write(data)
+
+    def _uncork(self) -> None:
+        """Write the rounds sent in the loop's last turn, in the order they were sent."""
+        if self._corked and self.lost is None and self.transport is not None:
+            self.write(b"")
 
     def abort(self, reason: BaseException) -> None:
         """End the connection now; every unconfirmed entry fails with ``BrokerUnavailable``."""
@@ -355,6 +367,7 @@ class Link(asyncio.Protocol):
         if self.lost is None:
             self.lost = reason
         self.channel_open = False
+        self._corked.clear()
         if self._beat is not None:
             self._beat.cancel()
             self._beat = None
@@ -452,12 +465,17 @@ class Link(asyncio.Protocol):
     def send(self, payload: bytes, round_: Round, slots: Sequence[tuple[int, str, bytes]]) -> None:
         """Write a round's frames (``payload``, one ``basic.publish`` per slot, in order;
         the round already expects each slot's index) and await each entry's confirm:
-        ``slots`` gives (index in the round, message id, routing key) per publish."""
+        ``slots`` gives (index in the round, message id, routing key) per publish. The
+        rounds sent in one turn of the loop go out in one write at its end, in the order
+        of their delivery tags (any other frame written meanwhile follows them)."""
         if self.lost is not None:
             raise connection_failed(self.lost, "publish")
         if not self.channel_open:
             raise BrokerUnavailable("publish: the channel is closed")
-        self.write(payload)
+        if not self._corked:
+            self.loop.call_soon(self._uncork)
+        self._corked.append(payload)
+        self._wrote = True
         tag, pending = self.tag, self.pending
         for index, message_id, key in slots:
             tag += 1

@@ -5,7 +5,9 @@ Rule: every call is carried out by one :class:`~docoutbox_rabbitmq.aio.AsyncRabb
 on one private event loop thread, so the rounds of all worker threads share one
 confirm-mode channel (on the publisher's own connection), each sent whole before its
 confirms are awaited. pika's blocking
-channel cannot do that: it waits for each confirm inside ``basic_publish``.
+channel cannot do that: it waits for each confirm inside ``basic_publish``. Calls reach
+the loop through a :class:`~docoutbox_rabbitmq.handoff.Handoff`: the rounds of several
+workers that arrive together share one wake-up of the loop.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
+from docoutbox_rabbitmq.handoff import Handoff
 
 T = TypeVar("T")
 
@@ -45,6 +47,7 @@ class PipelinedRabbitPublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._target: AsyncRabbitPublisher | None = None
+        self._handoff: Handoff | None = None
 
     def __repr__(self) -> str:
         return f"<PipelinedRabbitPublisher exchange={self._args[1]!r}>"
@@ -77,15 +80,16 @@ class PipelinedRabbitPublisher:
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
         with self._lock:
-            loop, thread, target = self._loop, self._thread, self._target
-            self._loop = self._thread = self._target = None
-        if loop is None or thread is None or target is None:
+            loop, thread, target, handoff = self._loop, self._thread, self._target, self._handoff
+            self._loop = self._thread = self._target = self._handoff = None
+        if loop is None or thread is None or target is None or handoff is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(target.close(), loop).result(target.timeout + MARGIN)
+            handoff.call(target.close, target.timeout + MARGIN)
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
+            handoff.fail_queued(BrokerUnavailable("RabbitMQ publisher: closed during the call"))
             loop.close()
 
     def __enter__(self) -> Self:
@@ -98,18 +102,15 @@ class PipelinedRabbitPublisher:
 
     def _call(self, work: Any) -> Any:
         """Run ``work(target)``, a coroutine, on the loop thread and wait for its result."""
-        loop, target = self._started()
-        coroutine: Coroutine[Any, Any, Any] = work(target)
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        try:
-            return future.result(target.timeout + MARGIN)
-        except FutureTimeout:
-            future.cancel()
-            raise BrokerUnavailable(
-                f"RabbitMQ publisher: no answer within {target.timeout + MARGIN:.0f}s"
-            ) from None
+        handoff, target = self._started()
 
-    def _started(self) -> tuple[asyncio.AbstractEventLoop, AsyncRabbitPublisher]:
+        def coroutine() -> Coroutine[Any, Any, Any]:
+            made: Coroutine[Any, Any, Any] = work(target)
+            return made
+
+        return handoff.call(coroutine, target.timeout + MARGIN)
+
+    def _started(self) -> tuple[Handoff, AsyncRabbitPublisher]:
         with self._lock:
             if self._loop is None or self._target is None:
                 loop = asyncio.new_event_loop()
@@ -120,4 +121,6 @@ class PipelinedRabbitPublisher:
                 # A publisher of its own per loop: its connection and lock belong to it.
                 self._target = AsyncRabbitPublisher(*self._args, **self._options)
                 self._loop, self._thread = loop, thread
-            return self._loop, self._target
+                self._handoff = Handoff(loop)
+            assert self._handoff is not None
+            return self._handoff, self._target

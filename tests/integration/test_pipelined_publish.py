@@ -310,6 +310,40 @@ def test_a_return_fails_the_entry_it_was_even_when_another_round_has_its_id(
             assert outcome == [None]
 
 
+def test_rounds_sent_in_one_turn_of_the_loop_go_out_in_one_write_in_tag_order() -> None:
+    """Concurrent rounds share one socket write at the end of the loop's turn, their
+    publishes in the order of their delivery tags; a frame written meanwhile (here the
+    answer to a channel close) follows them, and a round still corked when the channel
+    closes is never written."""
+
+    async def rounds() -> tuple[int, list[str], list[list[Exception | None]], list[Any]]:
+        link, wire = open_link()
+        publisher = publisher_on(link)
+        first = [make_entry(id=i) for i in ("a", "b")]
+        second = [make_entry(id=i) for i in ("c", "d", "e")]
+        sending = asyncio.gather(publisher.publish_many(first), publisher.publish_many(second))
+        await turn()
+        writes = len(wire.written)
+        sent = wire.sent()
+        answer(link, Basic.Ack(5, multiple=True))
+        outcomes = list(await sending)
+        late = asyncio.ensure_future(publisher.publish_many([make_entry(id="f")]))
+        for _ in range(3):  # the round is sent, not yet written
+            await asyncio.sleep(0)
+            if link.pending:
+                break
+        answer(link, Channel.Close(404, "NOT_FOUND - no exchange 'ex'", 60, 40))
+        outcomes.append(await late)
+        return writes, sent, outcomes, wire.frames()
+
+    writes, sent, outcomes, after_close = asyncio.run(rounds())
+    assert writes == 1
+    assert sent == ["a", "b", "c", "d", "e"]
+    assert outcomes[:2] == [[None, None], [None, None, None]]
+    assert isinstance(outcomes[2][0], PermanentPublishError)
+    assert [type(frame) for frame in after_close] == [Channel.CloseOk]
+
+
 def test_a_multiple_nack_fails_every_entry_up_to_its_tag_and_no_other() -> None:
     async def round_() -> list[Exception | None]:
         link, _ = open_link()
