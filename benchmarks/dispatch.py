@@ -235,6 +235,9 @@ class DispatchReader:
             client: Any = AsyncMongoClient(
                 uri, uuidRepresentation="standard", event_listeners=list(listeners)
             )
+            # Connected before the timed drain, as the raw loop's client is: an async
+            # client opens its topology and first connection on its first command.
+            await client.admin.command("ping")
             coll = client[self.bench.coll.database.name][self.bench.coll.name]
             publisher = self._async_publisher()
             self.dispatcher = AsyncDispatcher(

@@ -1,8 +1,9 @@
-"""What a drain does, counted: the same backlog dispatched to memory, Kafka and RabbitMQ.
+"""What a drain does, counted: the same backlog dispatched to memory, Kafka and RabbitMQ,
+and read by the raw change-stream loop of ``benchmarks.dispatch``.
 
 For each dispatcher (threads and asyncio; to memory, to Kafka with ``linger.ms`` 5, to
-RabbitMQ through the pipelining publishers) over a fresh backlog of ``--entries`` at
-``--density`` entries per aggregate, per drain:
+RabbitMQ through the pipelining publishers) and for the raw read, over a fresh backlog of
+``--entries`` at ``--density`` entries per aggregate, per drain:
 
 - store operations: copies loaded, single writes and grouped writes, the plans written by
   kind (``TrimPlan`` per aggregate says whether an aggregate's trims were split into
@@ -11,12 +12,18 @@ RabbitMQ through the pipelining publishers) over a fresh backlog of ``--entries`
 - publish rounds and entries per round;
 - client CPU per entry (every thread of this process) split by thread (the dispatcher's
   loop, its workers, the broker clients' own threads), and context switches per round,
-  over the timed span (start to the last publish).
+  over the timed span (start to the last publish);
+- garbage collections per generation and their time, over the same span;
+- the time after the stream's answer: from the change stream's opening (whose reply
+  carries the first batch) to the last publish; for the raw read, from its first event
+  to its last. The answer itself is the server's, the same for every reader.
 
 Counts cover the drain from its start until the dispatcher stopped (deferred trims
 included); only this process is counted, the database and the brokers run apart.
 Variants run interleaved, ``--rounds`` times. Run:
-``DOCOUTBOX_KAFKA_PORT=19092 python -m benchmarks.drain_counts [--density 10] [--rounds 2]``.
+``DOCOUTBOX_KAFKA_PORT=19092 python -m benchmarks.drain_counts [--density 10] [--rounds 2]``;
+``--variants raw memory`` runs the raw read and the two dispatchers to memory only (no
+broker needed).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import collections
 import contextlib
 import functools
+import gc
 import inspect
 import json
 import os
@@ -54,7 +62,21 @@ class Counting:
 
     def __init__(self) -> None:
         self.counts: Counts = collections.Counter()
+        #: When the change stream last opened (``perf_counter``): its reply is the answer.
+        self.opened = 0.0
         self._lock = threading.Lock()
+        self._collecting = 0.0
+
+    def open(self, _: tuple[Any, ...], __: object) -> None:
+        self.opened = time.perf_counter()
+
+    def collection(self, phase: str, info: dict[str, Any]) -> None:
+        """A ``gc.callbacks`` hook: counts collections per generation, and their time."""
+        if phase == "start":
+            self._collecting = time.perf_counter()
+            return
+        self.bump(f"gc{info['generation']}")
+        self.bump("gc µs", round((time.perf_counter() - self._collecting) * 1e6))
 
     def bump(self, key: str, by: int = 1) -> None:
         with self._lock:
@@ -115,6 +137,7 @@ def counted(counting: Counting) -> Iterator[None]:
         (backend.MongoBackend, "load", lambda _a, _r: counting.bump("loads")),
         (backend.MongoBackend, "find_pending", lambda _a, _r: counting.bump("pending queries")),
         (changes.MongoChangeSource, "poll", counting.poll),
+        (changes.MongoChangeSource, "open", counting.open),
         (Ports, "publish_round", counting.publish_round),
     ]
     notes += [
@@ -127,12 +150,15 @@ def counted(counting: Counting) -> Iterator[None]:
             lambda _a, _r: counting.bump("pending queries"),
         ),
         (changes.AsyncMongoChangeSource, "poll", counting.poll),
+        (changes.AsyncMongoChangeSource, "open", counting.open),
         (AsyncPorts, "publish_round", counting.publish_round),
     ]
     originals = [(cls, name, _after(cls, name, note)) for cls, name, note in notes]
+    gc.callbacks.append(counting.collection)
     try:
         yield
     finally:
+        gc.callbacks.remove(counting.collection)
         for cls, name, original in reversed(originals):
             setattr(cls, name, original)
 
@@ -168,7 +194,8 @@ def switches(before: Snapshot, after: Snapshot) -> int:
 
 
 class Drain:
-    """``benchmarks.dispatch.timed_drain`` with the counts of one drain noted."""
+    """``benchmarks.dispatch.timed_drain`` with the counts of one drain noted; also the
+    raw read of a backlog, measured alike (:meth:`raw`)."""
 
     def __init__(self, counting: Counting) -> None:
         self.counting = counting
@@ -182,17 +209,53 @@ class Drain:
         dispatch._wait(lambda: len(reader.seen) >= entries)
         after = threads()
         spent = (time.process_time() - cpu_began) / entries * 1e6
-        rate = entries / (max(reader.seen.values()) - began)
-        reader.finish()
-        counts = {key: 0 for key in SHOWN} | dict(self.counting.counts)
+        last = max(reader.seen.values())
+        rate = entries / (last - began)
+        collected = {k: v for k, v in self.counting.counts.items() if k.startswith("gc")}
+        reader.finish()  # its trims count, its collections do not (the span is timed)
+        counts = dict(self.counting.counts) | collected
+        self._note(rate, spent, before, after, entries, last - self.counting.opened, counts)
+        return float(rate)
+
+    def raw(self, client: Any, entries: int, density: int) -> float:
+        """The raw change-stream read of a fresh backlog (``benchmarks.dispatch.RawReader``),
+        measured as a drain; its "answer" is its first event."""
+        reader = dispatch.RawReader(dispatch.backlog(client, entries, density))
+        self.counting.counts.clear()
+        cpu_began, before = time.process_time(), threads()
+        began = time.perf_counter()
+        reader.run(until_events=entries)
+        ended = time.perf_counter()
+        after = threads()
+        spent = (time.process_time() - cpu_began) / entries * 1e6
+        counts = dict(self.counting.counts)
+        rate = entries / (ended - began)
+        self._note(rate, spent, before, after, entries, ended - min(reader.seen.values()), counts)
+        return rate
+
+    def _note(
+        self,
+        rate: float,
+        spent: float,
+        before: Snapshot,
+        after: Snapshot,
+        entries: int,
+        after_answer: float,
+        counts: dict[str, int],
+    ) -> None:
         self.row = {
             "entries/s": round(rate),
+            "after answer ms": round(after_answer * 1000, 1),
             "CPU µs/entry": round(spent, 1),
             "switches": switches(before, after),
             "threads µs/entry": by_group(before, after, entries),
+            **{key: 0 for key in SHOWN},
             **counts,
         }
-        return float(rate)
+
+
+#: Variant groups: the raw read, the dispatchers to memory, to Kafka, to RabbitMQ.
+GROUPS = ("raw", "memory", "kafka", "rabbitmq")
 
 
 def main() -> None:
@@ -200,43 +263,72 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--density", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=GROUPS, default=list(GROUPS))
     args = parser.parse_args()
-    entries, density = args.entries, args.density
-    bootstrap, url = kafka.broker(), rabbitmq.broker()
+    entries, density, groups = args.entries, args.density, set(args.variants)
+    brokers = bool(groups & {"kafka", "rabbitmq"})
     counting = Counting()
     drain = Drain(counting)
     for module in (dispatch, kafka, rabbitmq):
         module.timed_drain = drain  # type: ignore[attr-defined]
     with mongo_server() as uri, counted(counting):
         client = connect(uri)
-        topics, box = Topics(bootstrap), Sandbox(url)
+        stack = contextlib.ExitStack()
         try:
-            topic = topics.create(f"counts-{uuid.uuid4().hex[:6]}", partitions=4)
-            exchange, queue, _ = box.names()
-            box.channel.exchange_declare(exchange, "topic", durable=True)
-            box.channel.queue_declare(queue, durable=True)
-            box.channel.queue_bind(queue, exchange, "#")
-            on_kafka = functools.partial(kafka.dispatcher, client, bootstrap, topic, entries)
-            on_rabbit = functools.partial(rabbitmq.dispatcher, client, url, exchange, entries)
-            variants: dict[str, Callable[[], float]] = {
-                "threads -> memory": lambda: on_kafka(density, "threads-memory"),
-                "asyncio -> memory": lambda: on_kafka(density, "async-memory"),
-                "threads -> Kafka": lambda: on_kafka(density, "threads"),
-                "asyncio -> Kafka": lambda: on_kafka(density, "async"),
-                "threads -> RabbitMQ": lambda: on_rabbit(density, "threads-pipelined"),
-                "asyncio -> RabbitMQ": lambda: on_rabbit(density, "async"),
-            }
-            on_kafka(density, "async")  # a warm-up of the broker, the server, the drivers
+            variants: dict[str, Callable[[], float]] = {}
+            if "raw" in groups:
+                variants["raw read"] = lambda: drain.raw(client, entries, density)
+            if "memory" in groups:
+                for name, kind in (("threads", "dispatcher"), ("asyncio", "async")):
+                    variants[f"{name} -> memory"] = functools.partial(
+                        dispatch.drain_dispatcher, client, entries, density, kind
+                    )
+            if brokers:
+                variants |= _broker_variants(client, entries, density, groups, stack)
+            for variant in variants.values():
+                variant()  # a warm-up of the server, the drivers and the brokers
             for round_ in range(args.rounds):
                 for name, variant in variants.items():
                     variant()
-                    box.channel.queue_purge(queue)
                     print(round_, name, json.dumps(drain.row, ensure_ascii=False), flush=True)
         finally:
-            box.close()
-            topics.close()
+            stack.close()
             client.drop_database("docoutbox_bench")
             client.close()
+
+
+def _broker_variants(
+    client: Any, entries: int, density: int, groups: set[str], stack: contextlib.ExitStack
+) -> dict[str, Callable[[], float]]:
+    """The dispatchers to Kafka and RabbitMQ named in ``groups``, over a topic and a queue
+    of their own (removed when ``stack`` closes)."""
+    variants: dict[str, Callable[[], float]] = {}
+    if "kafka" in groups:
+        bootstrap = kafka.broker()
+        topics = Topics(bootstrap)
+        stack.callback(topics.close)
+        topic = topics.create(f"counts-{uuid.uuid4().hex[:6]}", partitions=4)
+        on_kafka = functools.partial(kafka.dispatcher, client, bootstrap, topic, entries)
+        variants["threads -> Kafka"] = lambda: on_kafka(density, "threads")
+        variants["asyncio -> Kafka"] = lambda: on_kafka(density, "async")
+    if "rabbitmq" in groups:
+        url = rabbitmq.broker()
+        box = Sandbox(url)
+        stack.callback(box.close)
+        exchange, queue, _ = box.names()
+        box.channel.exchange_declare(exchange, "topic", durable=True)
+        box.channel.queue_declare(queue, durable=True)
+        box.channel.queue_bind(queue, exchange, "#")
+        on_rabbit = functools.partial(rabbitmq.dispatcher, client, url, exchange, entries)
+
+        def purged(kind: str) -> float:
+            rate = on_rabbit(density, kind)
+            box.channel.queue_purge(queue)
+            return rate
+
+        variants["threads -> RabbitMQ"] = lambda: purged("threads-pipelined")
+        variants["asyncio -> RabbitMQ"] = lambda: purged("async")
+    return variants
 
 
 if __name__ == "__main__":
