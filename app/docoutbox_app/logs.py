@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import sys
+import warnings
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TextIO
@@ -114,3 +115,14 @@ def configure(
     logging.getLogger("pymongo").setLevel(logging.WARNING)
     logging.getLogger("azure").setLevel(logging.WARNING)  # every HTTP request at INFO
     return handler
+
+
+def quiet_unverified_tls() -> None:
+    """Stop urllib3's warning on every request to a server whose certificate is not
+    checked (``--cosmos-insecure``, said once and loudly by the command instead).
+    urllib3 comes with the ``cosmos`` extra only: without it there is nothing to quiet."""
+    try:
+        from urllib3.exceptions import InsecureRequestWarning  # noqa: PLC0415 - cosmos extra
+    except ImportError:
+        return
+    warnings.filterwarnings("ignore", category=InsecureRequestWarning)

@@ -28,13 +28,10 @@ import os
 import signal
 import sys
 import threading
-import warnings
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
-
-from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox import __version__
 from docoutbox.codec import WireFormat, encode_entry
@@ -473,7 +470,7 @@ def _dispatch(
             where,
         )
         # Said once, loudly, here; not once per request.
-        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+        logs.quiet_unverified_tls()
     log.debug("connecting %s=%s timeout_s=%s", kind, where, args.server_timeout)
     try:
         kit = adapter.open(settings)

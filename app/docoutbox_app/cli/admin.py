@@ -27,12 +27,9 @@ import argparse
 import json
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
-
-from urllib3.exceptions import InsecureRequestWarning
 
 from docoutbox.dispatch.engine.lag import desired_replicas
 from docoutbox.errors import DocOutboxError, InvalidConfig, InvalidInput, NotFound
@@ -319,7 +316,7 @@ def _connect(args: argparse.Namespace, store: str) -> tuple[Any, Any, Any]:
 
         if args.cosmos_insecure:
             # Said by the command's warning; not once per request.
-            warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+            logs.quiet_unverified_tls()
         client, database = admin.connect_database(
             args.cosmos_endpoint,
             args.cosmos_key,
