@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from docoutbox.dispatch.drivers.latches import Latch
 from docoutbox.errors import BrokerUnavailable
 
 #: A call: the coroutine to run on the loop.
@@ -35,8 +36,7 @@ class Reply:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # settles the reply once
-        self._done = threading.Lock()
-        self._done.acquire()  # released once the reply is settled
+        self._done = Latch()
         self._result: Any = None
         self._error: BaseException | None = None
         #: The task running the call, once the loop started it (read on the loop only).
@@ -45,10 +45,10 @@ class Reply:
     def settle(self, result: Any = None, error: BaseException | None = None) -> bool:
         """Settle the reply (the first settle wins); False if it was settled already."""
         with self._lock:
-            if not self._done.locked():
+            if self._done.is_set():
                 return False
             self._result, self._error = result, error
-            self._done.release()
+            self._done.set()
             return True
 
     def finished(self, task: asyncio.Task[Any]) -> None:
@@ -63,9 +63,8 @@ class Reply:
     def wait(self, timeout: float) -> Any:
         """The call's result (its error is raised); ``TimeoutError`` if it is still
         unsettled after ``timeout`` seconds."""
-        if not self._done.acquire(timeout=timeout):
+        if not self._done.wait(timeout):
             raise TimeoutError
-        self._done.release()
         if self._error is not None:
             raise self._error
         return self._result

@@ -1,4 +1,6 @@
-"""The threaded dispatcher's stop and wake-up flags, safe to set from a signal handler.
+"""Flags whose setter never blocks, so a signal handler may set them, each one plain lock:
+the threaded dispatcher's stop and wake-up flags, and the replies of the RabbitMQ
+publisher's hand-off to its loop thread.
 
 A signal handler runs on the main thread between two of its lines, and the main thread is
 often the one running the dispatcher's loop. ``threading.Event.set`` takes the event's
