@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -44,7 +44,6 @@ class PipelinedRabbitPublisher:
         self._args = (url, exchange)
         self._options = options
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._target: AsyncRabbitPublisher | None = None
         self._handoff: Handoff | None = None
@@ -80,10 +79,11 @@ class PipelinedRabbitPublisher:
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
         with self._lock:
-            loop, thread, target, handoff = self._loop, self._thread, self._target, self._handoff
-            self._loop = self._thread = self._target = self._handoff = None
-        if loop is None or thread is None or target is None or handoff is None:
+            thread, target, handoff = self._thread, self._target, self._handoff
+            self._thread = self._target = self._handoff = None
+        if thread is None or target is None or handoff is None:
             return
+        loop = handoff.loop
         try:
             handoff.call(target.close, target.timeout + MARGIN)
         finally:
@@ -103,16 +103,11 @@ class PipelinedRabbitPublisher:
     def _call(self, work: Any) -> Any:
         """Run ``work(target)``, a coroutine, on the loop thread and wait for its result."""
         handoff, target = self._started()
-
-        def coroutine() -> Coroutine[Any, Any, Any]:
-            made: Coroutine[Any, Any, Any] = work(target)
-            return made
-
-        return handoff.call(coroutine, target.timeout + MARGIN)
+        return handoff.call(lambda: work(target), target.timeout + MARGIN)
 
     def _started(self) -> tuple[Handoff, AsyncRabbitPublisher]:
         with self._lock:
-            if self._loop is None or self._target is None:
+            if self._handoff is None or self._target is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
                     target=loop.run_forever, name="docoutbox-rabbitmq-loop", daemon=True
@@ -120,7 +115,5 @@ class PipelinedRabbitPublisher:
                 thread.start()
                 # A publisher of its own per loop: its connection and lock belong to it.
                 self._target = AsyncRabbitPublisher(*self._args, **self._options)
-                self._loop, self._thread = loop, thread
-                self._handoff = Handoff(loop)
-            assert self._handoff is not None
+                self._thread, self._handoff = thread, Handoff(loop)
             return self._handoff, self._target
