@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("aio_pika")
-
 from docoutbox.errors import BrokerUnavailable
 from docoutbox_rabbitmq.handoff import Handoff
 
