@@ -12,6 +12,8 @@ from datetime import datetime
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from docoutbox_spark.sqltext import literal
+
 MONGODB_LIMIT = 16 * 1024 * 1024
 COSMOS_LIMIT = 2 * 1024 * 1024
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -308,233 +310,176 @@ def reconcile_sources(
     in each status) and ``issues`` (``seq``, ``status``, ``consumers``) for every seq not
     reconciled. One shuffle, by stream.
     """
-    producers = producer_documents.where(F.col("outbox_seq").isNotNull()).select(
-        F.concat("type", F.lit("/"), "aggregate_id").alias("source"),
-        F.col("outbox_seq"),
-        F.col("seqs").alias("pending"),
-        F.lit(None).cast(_MARK).alias("mark"),
-        F.lit(None).cast("bigint").alias("dead"),
+    producers = producer_documents.where("outbox_seq IS NOT NULL").selectExpr(
+        "concat(`type`, '/', aggregate_id) AS source",
+        "outbox_seq",
+        "seqs AS pending",
+        f"CAST(NULL AS {_MARK}) AS mark",
+        "CAST(NULL AS bigint) AS dead",
     )
     marks = (
-        consumer_documents.select("aggregate_id", F.explode("inbox_marks").alias("m"))
-        .where(F.col("m.source").isNotNull() & F.col("m.hw").isNotNull())
-        .select(
-            F.col("m.source").alias("source"),
-            F.lit(None).cast("bigint").alias("outbox_seq"),
-            F.lit(None).cast("array<bigint>").alias("pending"),
-            F.struct(
-                F.col("aggregate_id").alias("consumer"),
-                F.col("m.hw").alias("hw"),
-                F.filter(
-                    F.coalesce("m.above", F.array().cast("array<bigint>")),
-                    lambda a: a.isNotNull(),
-                ).alias("above"),
-            ).alias("mark"),
-            F.lit(None).cast("bigint").alias("dead"),
+        consumer_documents.selectExpr("aggregate_id", "explode(inbox_marks) AS m")
+        .where("m.source IS NOT NULL AND m.hw IS NOT NULL")
+        .selectExpr(
+            "m.source AS source",
+            "CAST(NULL AS bigint) AS outbox_seq",
+            f"{_NONE} AS pending",
+            "CAST(named_struct('consumer', aggregate_id, 'hw', m.hw, 'above', "
+            f"filter(coalesce(m.above, {_NONE}), a -> a IS NOT NULL)) AS {_MARK}) AS mark",
+            "CAST(NULL AS bigint) AS dead",
         )
     )
     parts = producers.unionByName(marks)
     if dead_letters is not None:
         parts = parts.unionByName(
-            dead_letters.where(F.col("source").isNotNull() & F.col("seq").isNotNull()).select(
+            dead_letters.where("source IS NOT NULL AND seq IS NOT NULL").selectExpr(
                 "source",
-                F.lit(None).cast("bigint").alias("outbox_seq"),
-                F.lit(None).cast("array<bigint>").alias("pending"),
-                F.lit(None).cast(_MARK).alias("mark"),
-                F.col("seq").alias("dead"),
+                "CAST(NULL AS bigint) AS outbox_seq",
+                f"{_NONE} AS pending",
+                f"CAST(NULL AS {_MARK}) AS mark",
+                "seq AS dead",
             )
         )
     grouped = (
         parts.groupBy("source")
         .agg(
-            F.max("outbox_seq").alias("emitted"),
-            F.flatten(F.collect_list("pending")).alias("pending"),
-            F.collect_list("mark").alias("marks"),
-            F.collect_list("dead").alias("dead"),
+            F.expr("max(outbox_seq) AS emitted"),
+            F.expr("flatten(collect_list(pending)) AS pending"),
+            F.expr("collect_list(mark) AS marks"),
+            F.expr("collect_list(dead) AS dead"),
         )
-        .where(F.col("emitted").isNotNull())
+        .where("emitted IS NOT NULL")
     )
-    emitted, marks = F.col("emitted"), F.col("marks")
+    one, every = _one_mark("emitted", "marks"), _any_marks("emitted", "marks")
     return (
-        _with_mark_sets(grouped, emitted, marks)
-        .select(
+        _with_mark_sets(grouped, "emitted", "marks")
+        .selectExpr(
             "source",
             "emitted",
-            F.when(F.size(marks) <= 1, _one_mark(emitted, marks))
-            .otherwise(_any_marks(emitted, marks))
-            .alias("r"),
+            f"CASE WHEN size(marks) <= 1 THEN {one} ELSE {every} END AS r",
         )
-        .select("source", "emitted", "r.counts", "r.issues")
+        .selectExpr("source", "emitted", "r.counts", "r.issues")
     )
 
 
-def _any_marks(emitted: Column, m: Column) -> Column:
+#: An empty array of seqs, as SQL.
+_NONE = "CAST(array() AS array<bigint>)"
+
+
+def _any_marks(emitted: str, m: str) -> str:
     """The statuses of :func:`reconcile_sources` (``counts``, ``issues``) of a stream
-    with any number of marks, from the status of every emitted seq. ``emitted``: the
-    stream's last seq; ``m``: its marks; the columns ``pending`` and ``dead`` hold its
-    pending and quarantined seqs."""
+    with any number of marks, from the status of every emitted seq, as SQL. ``emitted``:
+    the stream's last seq; ``m``: its marks (SQL expressions); the columns ``pending`` and
+    ``dead`` hold its pending and quarantined seqs."""
 
-    def seen(mark: Column, seq: Column) -> Column:
-        return (seq <= mark["hw"]) | F.array_contains(mark["above"], seq)
+    def seen(seq: str) -> str:
+        return f"filter({m}, k -> {seq} <= k.hw OR array_contains(k.above, {seq}))"
 
-    def who(seq: Column) -> Column:
-        return F.array_sort(
-            F.array_distinct(
-                F.transform(F.filter(m, lambda k: seen(k, seq)), lambda k: k["consumer"])
-            )
-        )
+    def who(seq: str) -> str:
+        return f"array_sort(array_distinct(transform({seen(seq)}, k -> k.consumer)))"
 
-    def status(seq: Column) -> Column:
-        n = F.size(F.filter(m, lambda k: seen(k, seq)))
-        return (
-            F.when(n == 1, F.lit("marks"))
-            .when(n > 1, F.lit("duplicated"))
-            .when(F.array_contains("pending", seq), F.lit("pending"))
-            .when(F.array_contains("dead", seq), F.lit("dead_letter"))
-            .when(F.size(m) > 0, F.lit("lost"))
-            .otherwise(F.lit("candidate"))
-        )
-
-    every = F.when(emitted >= 1, F.sequence(F.lit(1).cast("bigint"), emitted)).otherwise(
-        F.array().cast("array<bigint>")
+    status = (
+        f"CASE WHEN size({seen('s')}) = 1 THEN 'marks' "
+        f"WHEN size({seen('s')}) > 1 THEN 'duplicated' "
+        "WHEN array_contains(pending, s) THEN 'pending' "
+        "WHEN array_contains(dead, s) THEN 'dead_letter' "
+        f"WHEN size({m}) > 0 THEN 'lost' ELSE 'candidate' END"
     )
-    beyond = F.array_sort(
-        F.array_distinct(
-            F.flatten(
-                F.transform(
-                    m,
-                    lambda k: F.concat(
-                        F.when(k["hw"] > emitted, F.sequence(emitted + 1, k["hw"])).otherwise(
-                            F.array().cast("array<bigint>")
-                        ),
-                        F.filter(k["above"], lambda a: a > emitted),
-                    ),
-                )
-            )
-        )
+    every = f"CASE WHEN {emitted} >= 1 THEN sequence(CAST(1 AS bigint), {emitted}) ELSE {_NONE} END"
+    beyond = (
+        f"array_sort(array_distinct(flatten(transform({m}, k -> concat("
+        f"CASE WHEN k.hw > {emitted} THEN sequence({emitted} + 1, k.hw) ELSE {_NONE} END, "
+        f"filter(k.above, a -> a > {emitted}))))))"
     )
-
-    def count(st: Column, name: str) -> Column:
-        return F.size(F.filter(st, lambda x: x["status"] == name)).cast("long").alias(name)
-
-    def by_seq(st: Column) -> Column:
-        """Every emitted seq's status: the general case, any number of marks."""
-        issues = F.concat(
-            F.transform(
-                F.filter(st, lambda x: ~x["status"].isin(*RECONCILED)),
-                lambda x: F.struct(
-                    x["seq"].alias("seq"),
-                    x["status"].alias("status"),
-                    F.when(x["status"] == "duplicated", who(x["seq"]))
-                    .otherwise(F.array().cast("array<string>"))
-                    .alias("consumers"),
-                ),
-            ),
-            F.transform(
-                beyond,
-                lambda s: F.struct(
-                    s.alias("seq"), F.lit("unexpected").alias("status"), who(s).alias("consumers")
-                ),
-            ),
-        ).cast(f"array<{ISSUE}>")
-        counts = F.struct(
-            *(count(st, name) for name in (*RECONCILED, "duplicated", "lost", "candidate")),
-            F.size(beyond).cast("long").alias("unexpected"),
-        )
-        return F.struct(counts.alias("counts"), issues.alias("issues"))
-
-    statuses = F.transform(every, lambda s: F.struct(s.alias("seq"), status(s).alias("status")))
+    reconciled = ", ".join(literal(name) for name in RECONCILED)
+    issues = (
+        "CAST(concat("
+        f"transform(filter(st, x -> NOT x.status IN ({reconciled})), x -> named_struct("
+        "'seq', x.seq, 'status', x.status, 'consumers', "
+        f"CASE WHEN x.status = 'duplicated' THEN {who('x.seq')} "
+        "ELSE CAST(array() AS array<string>) END)), "
+        f"transform({beyond}, s -> named_struct('seq', s, 'status', 'unexpected', "
+        f"'consumers', {who('s')}))"
+        f") AS array<{ISSUE}>)"
+    )
+    counts = ", ".join(
+        f"{literal(name)}, CAST(size(filter(st, x -> x.status = {literal(name)})) AS bigint)"
+        for name in (*RECONCILED, "duplicated", "lost", "candidate")
+    )
+    counts += f", 'unexpected', CAST(size({beyond}) AS bigint)"
+    statuses = f"transform({every}, s -> named_struct('seq', s, 'status', {status}))"
     # Bound once (a lambda's argument), read by every count and the issues.
-    return F.transform(F.array(statuses), by_seq)[0]
+    by_seq = f"named_struct('counts', named_struct({counts}), 'issues', {issues})"
+    return f"get(transform(array({statuses}), st -> {by_seq}), 0)"
 
 
-def _mark_sets(emitted: Column, marks: Column) -> list[Column]:
-    """The sets :func:`_one_mark` counts, as columns (``_one``, ``_hw``, ``_above``,
+def _mark_sets(emitted: str, marks: str) -> list[str]:
+    """The sets :func:`_one_mark` counts, as SQL (``_one``, ``_hw``, ``_above``,
     ``_beyond``; then ``_uncovered``, ``_unpending``, ``_missing``) of projections of
     their own: each is computed once per stream, where built inside the statuses' struct
     each was computed again at every use (a branch of a ``CASE`` gets no common
     subexpression elimination). Sorted by ``sort_array`` (generated code), not
     ``array_sort`` (an interpreted comparator): the elements are never null."""
-    one = F.size(marks) == 1
-    mark = F.get(marks, F.lit(0))
-    hw = F.when(one, F.greatest(mark["hw"], F.lit(0))).otherwise(F.lit(0)).cast("bigint")
-    above = F.when(one, mark["above"]).otherwise(F.array().cast("array<bigint>"))
-    none = F.array().cast("array<bigint>")
-    beyond = F.sort_array(
-        F.array_distinct(
-            F.concat(
-                F.when(one & (mark["hw"] > emitted), F.sequence(emitted + 1, mark["hw"])).otherwise(
-                    none
-                ),
-                F.filter(above, lambda a: a > emitted),
-            )
-        )
-    )
-    return [one.alias("_one"), hw.alias("_hw"), above.alias("_above"), beyond.alias("_beyond")]
-
-
-def _mark_steps(emitted: Column) -> list[list[Column]]:
-    """The projections after :func:`_mark_sets`, each set from the one before it."""
-    none = F.array().cast("array<bigint>")
-    hw = F.col("_hw")
-    uncovered = F.array_except(
-        F.when(emitted > hw, F.sequence(hw + 1, emitted)).otherwise(none), F.col("_above")
+    one = f"size({marks}) = 1"
+    mark = f"get({marks}, 0)"
+    above = f"CASE WHEN {one} THEN {mark}.above ELSE {_NONE} END"
+    beyond = (
+        "sort_array(array_distinct(concat("
+        f"CASE WHEN {one} AND {mark}.hw > {emitted} THEN sequence({emitted} + 1, {mark}.hw) "
+        f"ELSE {_NONE} END, filter({above}, a -> a > {emitted}))))"
     )
     return [
-        [uncovered.alias("_uncovered")],
-        [F.array_except("_uncovered", "pending").alias("_unpending")],
-        [F.array_except("_unpending", "dead").alias("_missing")],
+        f"{one} AS _one",
+        f"CAST(CASE WHEN {one} THEN greatest({mark}.hw, 0) ELSE 0 END AS bigint) AS _hw",
+        f"{above} AS _above",
+        f"{beyond} AS _beyond",
     ]
 
 
-def _with_mark_sets(frame: DataFrame, emitted: Column, marks: Column) -> DataFrame:
-    """``frame`` (a stream per row: ``pending``, ``dead`` and ``emitted``, ``marks``)
-    with the columns :func:`_one_mark` reads."""
-    out = frame.select("*", *_mark_sets(emitted, marks))
+def _mark_steps(emitted: str) -> list[str]:
+    """The projections after :func:`_mark_sets`, each set from the one before it."""
+    return [
+        "array_except(CASE WHEN "
+        f"{emitted} > _hw THEN sequence(_hw + 1, {emitted}) ELSE {_NONE} END, _above) "
+        "AS _uncovered",
+        "array_except(_uncovered, pending) AS _unpending",
+        "array_except(_unpending, dead) AS _missing",
+    ]
+
+
+def _with_mark_sets(frame: DataFrame, emitted: str, marks: str) -> DataFrame:
+    """``frame`` (a stream per row: ``pending``, ``dead`` and ``emitted``, ``marks``, SQL
+    expressions) with the columns :func:`_one_mark` reads."""
+    out = frame.selectExpr("*", *_mark_sets(emitted, marks))
     for step in _mark_steps(emitted):
-        out = out.select("*", *step)
+        out = out.selectExpr("*", step)
     return out
 
 
-def _one_mark(emitted: Column, marks: Column) -> Column:
+def _one_mark(emitted: str, marks: str) -> str:
     """The statuses of :func:`reconcile_sources` for a stream with at most one mark (the
-    usual case), from ranges and set operations: the seqs no mark covers are the few
-    above its ``hw``, so nothing is computed per emitted seq. Reads the columns of
+    usual case), from ranges and set operations, as SQL: the seqs no mark covers are the
+    few above its ``hw``, so nothing is computed per emitted seq. Reads the columns of
     :func:`_with_mark_sets`."""
-    one = F.col("_one")
-    mark = F.get(marks, F.lit(0))
-    uncovered, unpending, missing = F.col("_uncovered"), F.col("_unpending"), F.col("_missing")
-    beyond = F.col("_beyond")
-    gone = F.size(missing).cast("long")
-    counts = F.struct(
-        (F.greatest(emitted, F.lit(0)) - F.size(uncovered)).cast("long").alias("marks"),
-        F.size(F.array_intersect(uncovered, F.col("pending"))).cast("long").alias("pending"),
-        F.size(F.array_intersect(unpending, F.col("dead"))).cast("long").alias("dead_letter"),
-        F.lit(0).cast("long").alias("duplicated"),
-        F.when(one, gone).otherwise(F.lit(0).cast("long")).alias("lost"),
-        F.when(one, F.lit(0).cast("long")).otherwise(gone).alias("candidate"),
-        F.size(beyond).cast("long").alias("unexpected"),
+    counts = (
+        f"'marks', CAST(greatest({emitted}, 0) - size(_uncovered) AS bigint), "
+        "'pending', CAST(size(array_intersect(_uncovered, pending)) AS bigint), "
+        "'dead_letter', CAST(size(array_intersect(_unpending, dead)) AS bigint), "
+        "'duplicated', CAST(0 AS bigint), "
+        "'lost', CAST(CASE WHEN _one THEN size(_missing) ELSE 0 END AS bigint), "
+        "'candidate', CAST(CASE WHEN _one THEN 0 ELSE size(_missing) END AS bigint), "
+        "'unexpected', CAST(size(_beyond) AS bigint)"
     )
-    status = F.when(one, F.lit("lost")).otherwise(F.lit("candidate"))
-    issues = F.concat(
-        F.transform(
-            missing,
-            lambda s: F.struct(
-                s.alias("seq"),
-                status.alias("status"),
-                F.array().cast("array<string>").alias("consumers"),
-            ),
-        ),
-        F.transform(
-            beyond,
-            lambda s: F.struct(
-                s.alias("seq"),
-                F.lit("unexpected").alias("status"),
-                F.array(mark["consumer"]).alias("consumers"),
-            ),
-        ),
-    ).cast(f"array<{ISSUE}>")
-    return F.struct(counts.alias("counts"), issues.alias("issues"))
+    issues = (
+        "CAST(concat("
+        "transform(_missing, s -> named_struct('seq', s, "
+        "'status', CASE WHEN _one THEN 'lost' ELSE 'candidate' END, "
+        "'consumers', CAST(array() AS array<string>))), "
+        "transform(_beyond, s -> named_struct('seq', s, 'status', 'unexpected', "
+        f"'consumers', array(get({marks}, 0).consumer)))"
+        f") AS array<{ISSUE}>)"
+    )
+    return f"named_struct('counts', named_struct({counts}), 'issues', {issues})"
 
 
 def window_ids(consumer_documents: DataFrame) -> DataFrame:
