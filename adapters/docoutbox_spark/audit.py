@@ -7,7 +7,7 @@ anything; ``now`` is a parameter so results are reproducible.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -19,20 +19,36 @@ COSMOS_LIMIT = 2 * 1024 * 1024
 PERCENTILES = (0.5, 0.9, 0.99)
 
 
-def ready_at() -> Column:
-    """When an entry became publishable: its creation, or its due time if scheduled later."""
-    return F.greatest(F.col("created_at"), F.col("due"))
+def _micros(now: datetime) -> int:
+    """``now`` in microseconds since the epoch (a naive ``now`` is local time, as Spark
+    reads a naive Python datetime)."""
+    aware = now if now.tzinfo is not None else now.astimezone()
+    return (aware - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def waiting_sql(now: datetime) -> str:
+    """Entries with a readable date that are publishable at ``now``, as SQL: a scheduled
+    entry not yet due is not waiting, however old it is."""
+    return f"created_at IS NOT NULL AND (due IS NULL OR due <= timestamp_micros({_micros(now)}))"
+
+
+def age_sql(now: datetime) -> str:
+    """Seconds an entry has waited to be published at ``now``, as SQL: from its creation,
+    or its due time if scheduled later."""
+    return f"({_micros(now)} - unix_micros(greatest(created_at, due))) / 1e6"
 
 
 def waiting(now: datetime) -> Column:
-    """Entries with a readable date that are publishable at ``now``: a scheduled entry not
-    yet due is not waiting, however old it is."""
-    return F.col("created_at").isNotNull() & (F.col("due").isNull() | (F.col("due") <= now))
+    """:func:`waiting_sql` as a Column."""
+    return F.expr(waiting_sql(now))
 
 
 def age(now: datetime) -> Column:
-    """Seconds an entry has waited to be published at ``now``, from :func:`ready_at`."""
-    return (F.unix_micros(F.lit(now)) - F.unix_micros(ready_at())) / 1e6
+    """:func:`age_sql` as a Column."""
+    return F.expr(age_sql(now))
 
 
 def backlog(entries: DataFrame) -> DataFrame:
@@ -66,8 +82,8 @@ def stuck(
 ) -> DataFrame:
     """Entries pending for longer than the SLA."""
     out = (
-        entries.where(waiting(now))
-        .select("aggregate_id", F.col("id").alias("entry_id"), "seq", "type", age(now).alias("age"))
+        entries.where(waiting_sql(now))
+        .selectExpr("aggregate_id", "id AS entry_id", "seq", "`type`", f"{age_sql(now)} AS age")
         .where(F.col("age") > sla_seconds)
     )
     return out.orderBy(F.desc("age"), "aggregate_id", "seq") if ordered else out
@@ -89,8 +105,8 @@ def payload_sizes(entries: DataFrame) -> DataFrame:
 
 def retries(entries: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Entries whose publication failed at least once, with their last error."""
-    out = entries.where(F.col("attempts") > 0).select(
-        "aggregate_id", F.col("id").alias("entry_id"), "seq", "attempts", "last_error"
+    out = entries.where("attempts > 0").selectExpr(
+        "aggregate_id", "id AS entry_id", "seq", "attempts", "last_error"
     )
     return out.orderBy(F.desc("attempts"), "aggregate_id", "seq") if ordered else out
 
@@ -110,39 +126,26 @@ def seq_anomalies(documents: DataFrame, *, ordered: bool = True) -> DataFrame:
 
     Computed per document from its ``seqs`` (no shuffle): an aggregate's entries are all in
     its own document."""
-    seqs = F.col("seqs")
-    gaps = documents.where(F.size(seqs) > 0).select(
+    gaps = documents.where("size(seqs) > 0").selectExpr(
         "aggregate_id",
-        F.lit("seq_gap").alias("kind"),
-        F.explode(F.array_except(F.sequence(F.array_min(seqs), F.array_max(seqs)), seqs)).alias(
-            "seq"
-        ),
-        F.lit(0).cast("long").alias("count"),
+        "'seq_gap' AS kind",
+        "explode(array_except(sequence(array_min(seqs), array_max(seqs)), seqs)) AS seq",
+        "CAST(0 AS bigint) AS `count`",
     )
-    repeated = documents.select(
+    repeated = documents.selectExpr(
         "aggregate_id",
-        F.explode(
-            F.filter(
-                F.transform(
-                    F.array_distinct(seqs),
-                    lambda s: F.struct(
-                        s.alias("seq"),
-                        F.size(F.filter(seqs, lambda x: x == s)).cast("long").alias("count"),
-                    ),
-                ),
-                lambda r: r["count"] > 1,
-            )
-        ).alias("r"),
-    ).select("aggregate_id", F.lit("seq_duplicate").alias("kind"), "r.seq", "r.count")
+        "explode(filter(transform(array_distinct(seqs), s -> named_struct('seq', s, "
+        "'count', CAST(size(filter(seqs, x -> x = s)) AS bigint))), r -> r.`count` > 1)) AS r",
+    ).selectExpr("aggregate_id", "'seq_duplicate' AS kind", "r.seq", "r.`count`")
     out = gaps.unionByName(repeated)
     return out.orderBy("aggregate_id", "seq", "kind") if ordered else out
 
 
 def outbox_seq_behind(documents: DataFrame, *, ordered: bool = True) -> DataFrame:
     """Aggregates whose ``outbox_seq`` is lower than the ``seq`` of a pending entry."""
-    out = documents.select(
-        "aggregate_id", "outbox_seq", F.array_max("seqs").alias("max_seq")
-    ).where(F.col("outbox_seq").isNotNull() & (F.col("max_seq") > F.col("outbox_seq")))
+    out = documents.selectExpr("aggregate_id", "outbox_seq", "array_max(seqs) AS max_seq").where(
+        "outbox_seq IS NOT NULL AND max_seq > outbox_seq"
+    )
     return out.orderBy("aggregate_id") if ordered else out
 
 
@@ -177,21 +180,21 @@ def inbox_saturation(
     """Documents whose ID window is full (``window``: older IDs are being forgotten) and
     exact-mode marks whose ``above`` set reached ``above_limit`` (``above``: a producer's
     sequence numbers are not all reaching this receiver, so the set keeps growing)."""
-    full = documents.select(
+    full = documents.selectExpr(
         "aggregate_id",
-        F.lit("window").alias("kind"),
-        F.lit(None).cast("string").alias("source"),
-        F.coalesce(F.size("inbox"), F.lit(0)).alias("size"),
-        F.lit(window).alias("limit"),
-    ).where(F.col("size") >= window)
-    marks = documents.select("aggregate_id", F.explode("inbox_marks").alias("m"))
-    above = marks.select(
+        "'window' AS kind",
+        "CAST(NULL AS string) AS source",
+        "coalesce(size(inbox), 0) AS `size`",
+        f"{int(window)} AS `limit`",
+    ).where(f"`size` >= {int(window)}")
+    marks = documents.selectExpr("aggregate_id", "explode(inbox_marks) AS m")
+    above = marks.selectExpr(
         "aggregate_id",
-        F.lit("above").alias("kind"),
-        F.col("m.source").alias("source"),
-        F.coalesce(F.size("m.above"), F.lit(0)).alias("size"),
-        F.lit(above_limit).alias("limit"),
-    ).where(F.col("size") >= above_limit)
+        "'above' AS kind",
+        "m.source AS source",
+        "coalesce(size(m.above), 0) AS `size`",
+        f"{int(above_limit)} AS `limit`",
+    ).where(f"`size` >= {int(above_limit)}")
     out = full.unionByName(above)
     return out.orderBy("kind", "aggregate_id", "source") if ordered else out
 
@@ -220,8 +223,8 @@ def near_size_limit(
     documents: DataFrame, limit: int, fraction: float, *, ordered: bool = True
 ) -> DataFrame:
     """Documents larger than ``fraction`` of ``limit`` bytes."""
-    out = documents.where(F.col("size_bytes") > limit * fraction).select(
-        "aggregate_id", "size_bytes", "size_exact", (F.col("size_bytes") / limit).alias("used")
+    out = documents.where(F.col("size_bytes") > limit * fraction).selectExpr(
+        "aggregate_id", "size_bytes", "size_exact", f"size_bytes / {int(limit)} AS used"
     )
     return out.orderBy(F.desc("size_bytes"), "aggregate_id") if ordered else out
 

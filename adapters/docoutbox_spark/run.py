@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from docoutbox.errors import DocOutboxError
@@ -392,7 +392,9 @@ def _producer_parts(
     ]
     inbox = "coalesce(size(inbox), 0)"
     bucket = f"least(floor(size_bytes * 10 / {int(config.size_limit)}), 10)"
-    ages = entries.where(audit.waiting(config.now)).select(audit.age(config.now).alias("age"))
+    ages = entries.where(audit.waiting_sql(config.now)).selectExpr(
+        f"{audit.age_sql(config.now)} AS age"
+    )
     facts = [
         _fact(
             docs,
@@ -463,20 +465,27 @@ def _figure() -> list[tuple[str, str]]:
     return _item_parts("concat('figure:', a)", row, a=order, b="b", d="c", n="n")
 
 
+def _exprs(*expressions: str) -> list[Column]:
+    """SQL ``expressions`` as Columns (for ``agg``, which takes no SQL text)."""
+    return [F.expr(expression) for expression in expressions]
+
+
 def _figures(facts: DataFrame) -> DataFrame:
     """The figures: one aggregation over the few groups of :func:`_fact` (sums, counts,
     percentiles, bounds), which each task folds to a row per group before the shuffle."""
-    pct = F.percentile_approx("v", list(audit.PERCENTILES), PERCENTILE_ACCURACY)
+    percentiles = ", ".join(f"{float(p)!r}D" for p in audit.PERCENTILES)
     grouped = facts.groupBy("a", "b", "c").agg(
-        F.sum("n").alias("n"),
-        F.sum("pending").alias("pending"),
-        F.sum("flag").alias("flag"),
-        F.count("v").alias("values"),
-        pct.alias("pct"),
-        F.max("v").alias("max"),
-        F.min("x").alias("xmin"),
-        F.min("t").alias("tmin"),
-        F.max("t").alias("tmax"),
+        *_exprs(
+            "sum(n) AS n",
+            "sum(pending) AS pending",
+            "sum(flag) AS flag",
+            "count(v) AS `values`",
+            f"percentile_approx(v, array({percentiles}), {PERCENTILE_ACCURACY}) AS pct",
+            "max(v) AS max",
+            "min(x) AS xmin",
+            "min(t) AS tmin",
+            "max(t) AS tmax",
+        )
     )
     return grouped.selectExpr(*aliased(_figure()))
 
@@ -488,12 +497,14 @@ def _by_key(keyed: DataFrame) -> DataFrame:
     reconciliation's counts. Its aggregates are the lists a message ID needs and one sum;
     the figures, which need percentiles, have their own aggregation (:func:`_figures`)."""
     grouped = keyed.groupBy("ns", "a", "b", "c").agg(
-        F.collect_list("cand").alias("cands"),
-        # sort_array: generated code; a set holds no null.
-        F.sort_array(F.collect_set("consumer")).alias("consumers"),
-        F.sort_array(F.collect_set("producer")).alias("aggregates"),
-        F.flatten(F.collect_list("issues")).alias("issues"),
-        F.sum("n").alias("n"),
+        *_exprs(
+            "collect_list(cand) AS cands",
+            # sort_array: generated code; a set holds no null.
+            "sort_array(collect_set(consumer)) AS consumers",
+            "sort_array(collect_set(producer)) AS aggregates",
+            "flatten(collect_list(issues)) AS issues",
+            "sum(n) AS n",
+        )
     )
     # The reconciliation's counts are figures with a sum only.
     grouped = grouped.selectExpr(
@@ -562,22 +573,20 @@ _Collected = dict[str, tuple[int, int, list[dict[str, Any]]]]
 def _collect(everything: DataFrame, sample: int) -> _Collected:
     """Per kind: its number of rows, the sum of their ``n``, and its first rows
     (``sample`` for findings, every figure row but the longest lists' tails)."""
-    kind = F.col("kind")
     limit = (
-        F.when(kind == "figure:backlog", BACKLOG_ROWS)
-        .when(kind == "figure:dead_error", DEAD_LETTER_ROWS)
-        .when(kind.startswith("figure:"), F.lit(2**31 - 1))
-        .when(kind.startswith("count:"), F.lit(1))
-        .otherwise(F.lit(sample))
+        f"CASE WHEN kind = 'figure:backlog' THEN {BACKLOG_ROWS} "
+        f"WHEN kind = 'figure:dead_error' THEN {DEAD_LETTER_ROWS} "
+        f"WHEN startswith(kind, 'figure:') THEN {2**31 - 1} "
+        "WHEN startswith(kind, 'count:') THEN 1 "
+        f"ELSE {int(sample)} END"
     )
-    whole = Window.partitionBy("kind")
-    ranked = everything.select(
+    ranked = everything.selectExpr(
         "kind",
         "row",
-        F.row_number().over(whole.orderBy("sort")).alias("rank"),
-        F.count(F.lit(1)).over(whole).alias("total"),
-        F.sum("n").over(whole).alias("sum"),
-    ).where(F.col("rank") <= limit)
+        "row_number() OVER (PARTITION BY kind ORDER BY sort) AS `rank`",
+        "count(1) OVER (PARTITION BY kind) AS total",
+        "sum(n) OVER (PARTITION BY kind) AS `sum`",
+    ).where(f"`rank` <= {limit}")
     out: dict[str, tuple[int, int, list[tuple[int, dict[str, Any]]]]] = {}
     for r in ranked.collect():
         _, _, rows = out.setdefault(r["kind"], (int(r["total"]), int(r["sum"] or 0), []))
