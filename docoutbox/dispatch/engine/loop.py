@@ -923,13 +923,13 @@ class DispatchEngine:
         if result is None:
             return RunOutcome.DONE
         self.due.expect(result.next_due)
-        if result.orphaned:
+        if result.count("orphaned"):
             log.warning(
                 "payload_delete_failed aggregate=%r payloads=%d (left to the orphan sweep)",
                 aggregate_id,
-                len(result.orphaned),
+                result.count("orphaned"),
             )
-        if result.missing:
+        if result.count("missing"):
             log.error(
                 "payload_missing aggregate=%r entries=%s (left pending, tried again)",
                 aggregate_id,
@@ -939,9 +939,9 @@ class DispatchEngine:
         log.debug(
             "dispatched aggregate=%r published=%d quarantined=%d held=%d",
             aggregate_id,
-            len(result.published),
-            len(result.quarantined),
-            len(result.held),
+            result.count("published"),
+            result.count("quarantined"),
+            result.count("held"),
         )
         return RunOutcome.UNAVAILABLE if result.unavailable else RunOutcome.DONE
 
