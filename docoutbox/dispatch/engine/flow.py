@@ -217,7 +217,9 @@ def dispatch_document(
     their payloads to the orphan sweep (consumers fetch them)."""
     sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
-    ids = stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    #: The outbox as stored, less what was trimmed since: made for a first trim of
+    #: ``trim_every`` entries (a run's only trim reads it from ``doc``).
+    ids: list[str | None] | None = None
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
     order = due_order(doc, now, pending_entries(doc))
@@ -295,6 +297,7 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
+            ids = stored_ids(doc) if ids is None else ids
             plan = plan_trim(result.aggregate_id, removable, ids, revision)
             done = bool((yield Write(plan)))
             applied = done and applied is not False
@@ -302,7 +305,8 @@ def dispatch_document(
                 yield from _delete_payloads(removable, claimed, result)
             ids, revision, removable = _without(ids, removable), None, []
     if removable:
-        plan = plan_trim(result.aggregate_id, removable, ids, revision)
+        hint = stored_ids(doc) if ids is None else ids
+        plan = plan_trim(result.aggregate_id, removable, hint, revision)
         done = bool((yield Write(plan)))
         applied = done and applied is not False
         if done and claimed:
