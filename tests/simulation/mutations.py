@@ -228,7 +228,8 @@ def trim_version() -> Iterator[None]:
         yield
 
 
-Publishes = list[tuple[Any, OutboxMessage]]
+#: The runs of a publish round (``_publish_round``'s ``publishes``); their entries come apart.
+Publishes = list[Any]
 
 
 @contextmanager
@@ -251,17 +252,19 @@ def run_ahead() -> Iterator[None]:
                 found.append(other)
         return found
 
-    def ahead(self: Any, publishes: Publishes) -> Generator[Any, Any, None]:
+    def ahead(
+        self: Any, publishes: Publishes, entries: list[OutboxMessage]
+    ) -> Generator[Any, Any, None]:
         sent: list[OutboxMessage] = []
         mine: list[int] = []
-        for _, entry in publishes:
+        for entry in entries:
             mine.append(len(sent))
             sent.extend([entry, *later(entry)])
         try:
             outcomes = yield loop.PublishRound(tuple(sent))
         except Exception as exc:
             outcomes = [exc] * len(sent)
-        for (run, _), index in zip(publishes, mine, strict=True):
+        for run, index in zip(publishes, mine, strict=True):
             outcome = outcomes[index]
             if outcome is None:
                 run.reply(None)
@@ -278,8 +281,10 @@ def run_ahead() -> Iterator[None]:
 def round_misattributed() -> Iterator[None]:
     publish_round = loop.DispatchEngine._publish_round
 
-    def reversed_outcomes(self: Any, publishes: Publishes) -> Generator[Any, Any, None]:
-        flow = publish_round(self, publishes)
+    def reversed_outcomes(
+        self: Any, publishes: Publishes, entries: list[OutboxMessage]
+    ) -> Generator[Any, Any, None]:
+        flow = publish_round(self, publishes, entries)
         op = next(flow)
         try:
             outcomes = yield op

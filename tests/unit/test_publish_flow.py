@@ -41,6 +41,16 @@ def test_publishes_in_seq_order_then_trims_once() -> None:
     assert result.trimmed and result.published == ["e1", "e2", "e3"]
 
 
+def test_a_plain_run_makes_no_list_it_does_not_fill() -> None:
+    # A run holds its result until it ends: the lists of outcomes it never has (held,
+    # quarantined, ...) are not made, so runs in flight give the collector less to scan.
+    _, result = drive({"_id": "a", "outbox": [entry(1), entry(2)]}, DispatchPolicy(), {})
+    assert result.trimmed and result.published == ["e1", "e2"]
+    assert result.lists == {} and not result.unavailable
+    assert result.count("held") == result.count("quarantined") == 0 and result.lists == {}
+    assert result.quarantined == [] and result.removed() == ["e1", "e2"]
+
+
 def test_large_backlogs_are_trimmed_in_batches() -> None:
     doc = {"_id": "a", "outbox": [entry(i) for i in range(1, 8)]}
     ops, _ = drive(doc, DispatchPolicy(trim_every=3), {})

@@ -51,7 +51,7 @@ entries are quarantined with that reason.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -123,28 +123,71 @@ class DispatchPolicy:
 
 @dataclass
 class DispatchResult:
+    """What a run did with a document's entries.
+
+    Besides ``published``, the lists of entries are made when first used: most runs have
+    none, and a run holds its result until it ends (every list held is one more object
+    for the garbage collector to scan, for every run in flight).
+    """
+
     aggregate_id: AggregateId
     published: list[str] = field(default_factory=list)
-    quarantined: list[str] = field(default_factory=list)
-    #: Entries left pending because the broker became unavailable.
-    held: list[str] = field(default_factory=list)
     trimmed: bool = False
-    #: Cancelled scheduled entries trimmed without a publish.
-    dropped: list[str] = field(default_factory=list)
     #: The earliest due time of the entries left because they were not due yet, or
     #: because their release lost a race with a commit (then already due).
     next_due: datetime | None = None
-    #: Due scheduled entries left unreleased: their release lost a race with a commit.
-    raced: list[str] = field(default_factory=list)
-    #: Claim-checked entries left pending: their payload is missing from the payload
-    #: store (or only in part); they, and the entries after them, are tried again later.
-    missing: list[str] = field(default_factory=list)
-    #: Payloads of trimmed entries whose delete failed (the orphan sweep removes them).
-    orphaned: list[str] = field(default_factory=list)
+    #: The other lists, by name, once made.
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def _listed(self, name: str) -> list[str]:
+        found = self.lists.get(name)
+        if found is None:
+            found = self.lists[name] = []
+        return found
+
+    @property
+    def quarantined(self) -> list[str]:
+        return self._listed("quarantined")
+
+    @property
+    def held(self) -> list[str]:
+        """Entries left pending because the broker became unavailable."""
+        return self._listed("held")
+
+    @property
+    def dropped(self) -> list[str]:
+        """Cancelled scheduled entries trimmed without a publish."""
+        return self._listed("dropped")
+
+    @property
+    def raced(self) -> list[str]:
+        """Due scheduled entries left unreleased: their release lost a race with a commit."""
+        return self._listed("raced")
+
+    @property
+    def missing(self) -> list[str]:
+        """Claim-checked entries left pending: their payload is missing from the payload
+        store (or only in part); they, and the entries after them, are tried again later."""
+        return self._listed("missing")
+
+    @property
+    def orphaned(self) -> list[str]:
+        """Payloads of trimmed entries whose delete failed (the orphan sweep removes them)."""
+        return self._listed("orphaned")
 
     @property
     def unavailable(self) -> bool:
-        return bool(self.held)
+        return bool(self.lists.get("held"))
+
+    def removed(self) -> list[str]:
+        """The entries the run's trims removed, applied or not: the dropped, published and
+        quarantined ones."""
+        lists = self.lists
+        return [*lists.get("dropped", ()), *self.published, *lists.get("quarantined", ())]
+
+    def count(self, name: str) -> int:
+        """How many entries the list ``name`` holds (none made: 0), without making it."""
+        return len(self.published) if name == "published" else len(self.lists.get(name, ()))
 
 
 def pending_entries(doc: Document) -> list[dict[str, Any]]:
@@ -174,26 +217,29 @@ def dispatch_document(
     their payloads to the orphan sweep (consumers fetch them)."""
     sealed = values is not None and values.codec is not None
     result = DispatchResult(doc[ID])
-    ids = stored_ids(doc)  # the outbox as stored, less what was trimmed since
+    #: The outbox as stored, less what was trimmed since: made for a first trim of
+    #: ``trim_every`` entries (a run's only trim reads it from ``doc``).
+    ids: list[str | None] | None = None
     revision = doc.get(REVISION)  # the tag of that copy: true for the first trim only
     revision = revision if isinstance(revision, str) else None
     order = due_order(doc, now, pending_entries(doc))
     seq, version = _counter(doc, "outbox_seq"), _counter(doc, "version")
-    numbering = _numbering_fault(doc)
     result.next_due = order.next_due
-    result.dropped.extend(order.cancelled)
+    if order.cancelled:
+        result.dropped.extend(order.cancelled)
     removable: list[str] = list(order.cancelled)
-    removed: list[str] = []
-    trims: list[bool] = []
+    #: Whether every trim applied so far (None: none written yet).
+    applied: bool | None = None
     blocked = False
     #: The payload ID of each claim-checked entry to remove, deleted once trimmed.
     claimed: dict[str, str] = {}
     for raw in order.entries:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
+        reference = claim_of(raw)
         # A claim-checked entry as stored (its reference): what its quarantine records,
         # whether the run publishes its payload or its reference.
-        kept = _as_dict(raw) if claim_of(raw) is not None and "payload" not in raw else None
-        claim = None if references else claim_of(raw)
+        kept = _as_dict(raw) if reference is not None and "payload" not in raw else None
+        claim = None if references else reference
         if claim is not None and blocked and isinstance(raw_id, str):
             result.held.append(raw_id)  # not read from the payload store for nothing
             continue
@@ -201,7 +247,7 @@ def dispatch_document(
         try:
             if bad_released(raw):  # before its payload is read: it is never published
                 raise InvalidInput(f"released {raw.get('released')!r} is not a boolean")
-            if release is not None and numbering is not None:
+            if release is not None and (numbering := _numbering_fault(doc)) is not None:
                 raise InvalidInput(numbering)
             if claim is not None and "payload" not in raw:
                 raw = yield from resolve_stored(raw)  # rule: never publish a reference
@@ -228,7 +274,7 @@ def dispatch_document(
             result.held.append(entry.id)
             continue
         if release is not None:
-            if result.raced or not (yield Write(release)):
+            if result.count("raced") or not (yield Write(release)):
                 # Cancelled, released by another instance, or ``outbox_seq`` moved: never
                 # published unreleased; a later run reads the document again.
                 result.raced.append(entry.id)
@@ -251,33 +297,40 @@ def dispatch_document(
             result.held.append(entry.id)
             blocked = True
         if len(removable) >= policy.trim_every:
+            ids = stored_ids(doc) if ids is None else ids
             plan = plan_trim(result.aggregate_id, removable, ids, revision)
-            trims.append(bool((yield Write(plan))))
-            if trims[-1]:
+            done = bool((yield Write(plan)))
+            applied = done and applied is not False
+            if done and claimed:
                 yield from _delete_payloads(removable, claimed, result)
-            gone = set(removable)
-            removed.extend(removable)
-            ids, revision, removable = [i for i in ids if i not in gone], None, []
+            ids, revision, removable = _without(ids, removable), None, []
     if removable:
-        plan = plan_trim(result.aggregate_id, removable, ids, revision)
-        trims.append(bool((yield Write(plan))))
-        if trims[-1]:
+        hint = stored_ids(doc) if ids is None else ids
+        plan = plan_trim(result.aggregate_id, removable, hint, revision)
+        done = bool((yield Write(plan)))
+        applied = done and applied is not False
+        if done and claimed:
             yield from _delete_payloads(removable, claimed, result)
-        removed.extend(removable)
-    result.trimmed = bool(trims) and all(trims)
-    settle = settle_plan(doc, removed, version)
+    result.trimmed = bool(applied)
+    settle = settle_plan(doc, result.removed(), version)
     if settle is not None:
         yield Write(settle)  # not applied: an entry came since, with a hint of its own
     return result
+
+
+def _without(ids: list[str | None], trimmed: list[str]) -> list[str | None]:
+    """``ids`` less those ``trimmed``: the position hint of the next trim."""
+    gone = set(trimmed)
+    return [i for i in ids if i not in gone]
 
 
 def _delete_payloads(
     trimmed: list[str], claimed: dict[str, str], result: DispatchResult
 ) -> Generator[DispatchOp, Any, None]:
     """Rule: a payload is deleted only after the trim that removed its entry committed
-    (called once the trim of ``trimmed`` applied). A failed delete leaves an orphan,
-    which the sweep removes: it is reported in ``result.orphaned``, never raised, since
-    the entries were published and trimmed.
+    (called once the trim of ``trimmed`` applied, when some of them were claim-checked).
+    A failed delete leaves an orphan, which the sweep removes: it is reported in
+    ``result.orphaned``, never raised, since the entries were published and trimmed.
 
     Rule: a payload a dead letter refers to is kept. An entry quarantined once can still
     be published from another copy (a trim whose reply was lost, a second instance), and
@@ -351,24 +404,29 @@ def _publish_with_retries(
     ``stored``: the entry as stored, quarantined instead of its plain form (encoded
     values stay encoded in the dead-letter store)."""
     attempt = entry.attempts
-    dead: Callable[[], dict[str, Any]] = entry.model_dump if stored is None else stored.copy
     while True:
         attempt += 1
         try:
             yield Publish(entry)
             return "published"
         except PermanentPublishError as exc:
-            yield Quarantine(entry.aggregate_id, dead(), _describe(exc), attempt)
+            yield Quarantine(entry.aggregate_id, _dead(entry, stored), _describe(exc), attempt)
             return "quarantined"
         except BrokerUnavailable:
             return "held"
         except PublishError as exc:
             if attempt >= policy.max_attempts:
-                yield Quarantine(entry.aggregate_id, dead(), _describe(exc), attempt)
+                yield Quarantine(entry.aggregate_id, _dead(entry, stored), _describe(exc), attempt)
                 return "quarantined"
             error = _describe(exc)[:1000]
             yield Write(FailurePlan(entry.aggregate_id, entry.id, attempt, error))
             yield Sleep(backoff(attempt - entry.attempts, policy.base_delay, policy.max_delay, rng))
+
+
+def _dead(entry: OutboxMessage, stored: dict[str, Any] | None) -> dict[str, Any]:
+    """What a quarantine records of ``entry``: ``stored`` (as stored) if given, else its
+    plain form."""
+    return entry.model_dump() if stored is None else stored.copy()
 
 
 def _describe(exc: BaseException) -> str:

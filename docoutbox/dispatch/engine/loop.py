@@ -38,7 +38,6 @@ from collections import deque
 from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 from docoutbox.dispatch.engine.backlog import stream_lag
@@ -349,6 +348,28 @@ def partition_mismatch(docs: list[Document], partitions: int) -> str | None:
     return None
 
 
+class _Completion:
+    """Whether the work behind a request is complete: a run that began after it
+    succeeded, and what that run published (or found published) is trimmed (I5).
+
+    One object per event the checkpoint waits for (a bound method in a ``partial`` was
+    three, each one more for the garbage collector while the event is in flight).
+    """
+
+    __slots__ = ("engine", "ticket")
+
+    def __init__(self, engine: DispatchEngine, ticket: Ticket) -> None:
+        self.engine = engine
+        self.ticket = ticket
+
+    def __call__(self) -> bool:
+        ticket, engine = self.ticket, self.engine
+        if not engine.queue.done(ticket):
+            return False
+        deferred = engine.deferred
+        return deferred is None or deferred.settled(ticket.aggregate_id, ticket.generation)
+
+
 class _Lockstep:
     """One run of :meth:`DispatchEngine.run_batch`: its flow, and what to send it next."""
 
@@ -632,15 +653,7 @@ class DispatchEngine:
         if not self.ownership.valid(partition):
             return None
         ticket = self.queue.request(aggregate_id, partition, doc if reuse else None)
-        return partial(self._complete, ticket)
-
-    def _complete(self, ticket: Ticket) -> bool:
-        """Whether the work behind a request is complete: a run that began after it
-        succeeded, and what that run published (or found published) is trimmed (I5)."""
-        if not self.queue.done(ticket):
-            return False
-        deferred = self.deferred
-        return deferred is None or deferred.settled(ticket.aggregate_id, ticket.generation)
+        return _Completion(self, ticket)
 
     # -- the change stream ------------------------------------------------------------
 
@@ -923,13 +936,13 @@ class DispatchEngine:
         if result is None:
             return RunOutcome.DONE
         self.due.expect(result.next_due)
-        if result.orphaned:
+        if result.count("orphaned"):
             log.warning(
                 "payload_delete_failed aggregate=%r payloads=%d (left to the orphan sweep)",
                 aggregate_id,
-                len(result.orphaned),
+                result.count("orphaned"),
             )
-        if result.missing:
+        if result.count("missing"):
             log.error(
                 "payload_missing aggregate=%r entries=%s (left pending, tried again)",
                 aggregate_id,
@@ -939,9 +952,9 @@ class DispatchEngine:
         log.debug(
             "dispatched aggregate=%r published=%d quarantined=%d held=%d",
             aggregate_id,
-            len(result.published),
-            len(result.quarantined),
-            len(result.held),
+            result.count("published"),
+            result.count("quarantined"),
+            result.count("held"),
         )
         return RunOutcome.UNAVAILABLE if result.unavailable else RunOutcome.DONE
 
@@ -976,11 +989,15 @@ class DispatchEngine:
         runs = [_Lockstep(slot, self.run(slot)) for slot in slots]
         try:
             while True:
-                publishes: list[tuple[_Lockstep, OutboxMessage]] = []
+                # The runs waiting to publish, and their entries (a pair per run would be
+                # one more object per run in flight).
+                publishes: list[_Lockstep] = []
+                entries: list[OutboxMessage] = []
                 for run in runs:
                     while run.trim is None and (op := run.step()) is not None:
                         if isinstance(op, Publish) and self.rounds:
-                            publishes.append((run, op.entry))
+                            publishes.append(run)
+                            entries.append(op.entry)
                             break
                         if isinstance(op, Write) and isinstance(op.plan, TrimPlan):
                             run.trim = op.plan
@@ -993,7 +1010,7 @@ class DispatchEngine:
                         run.finished = True  # its aggregate may run again elsewhere now
                         self.finish(run.slot, run.outcome)
                 if publishes:
-                    yield from self._publish_round(publishes)
+                    yield from self._publish_round(publishes, entries)
                     continue
                 trims = [run for run in runs if run.trim is not None]
                 if not trims:
@@ -1013,15 +1030,15 @@ class DispatchEngine:
                 run.flow.close()
 
     def _publish_round(
-        self, publishes: list[tuple[_Lockstep, OutboxMessage]]
+        self, publishes: list[_Lockstep], entries: list[OutboxMessage]
     ) -> Generator[BatchOp, Any, None]:
-        """One :class:`PublishRound`; each run gets its own entry's outcome."""
-        entries = tuple(entry for _, entry in publishes)
+        """One :class:`PublishRound` of ``entries``, one of each run of ``publishes``; each
+        run gets its own entry's outcome."""
         try:
-            outcomes: list[Exception | None] = yield PublishRound(entries)
+            outcomes: list[Exception | None] = yield PublishRound(tuple(entries))
         except Exception as exc:  # noqa: BLE001 - the round failed as a whole
             outcomes = [exc] * len(publishes)
-        for (run, _), outcome in zip(publishes, outcomes, strict=True):
+        for run, outcome in zip(publishes, outcomes, strict=True):
             if outcome is None:
                 run.reply(None)
             else:
