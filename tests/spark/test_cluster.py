@@ -107,6 +107,7 @@ def test_the_cluster_finds_what_local_finds(spark: Any, planted_db: Any, tmp_pat
     assert "codes [3, 3, 3]" in child.stdout, child.stdout + child.stderr[-3000:]
     # A fresh driver without --verbose: none of Spark's own log lines or progress bars.
     assert " WARN " not in child.stderr and "[Stage " not in child.stderr, child.stderr[-3000:]
+    assert "Setting default log level" not in child.stderr, child.stderr[-3000:]
     for name in sources:
         local = _findings(tmp_path / f"local-{name}.json")
         assert _findings(tmp_path / f"cluster-{name}.json") == local, name
