@@ -54,7 +54,7 @@ import random
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from docoutbox.dispatch.engine.due import (
     bad_due,
@@ -121,6 +121,28 @@ class DispatchPolicy:
         check_seconds("DispatchPolicy.max_delay", self.max_delay)
 
 
+class _MadeOnUse:
+    """A list of entries of a :class:`DispatchResult`, made when first used and kept in
+    its ``lists`` under the attribute's name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, result: None, owner: type) -> _MadeOnUse: ...
+
+    @overload
+    def __get__(self, result: DispatchResult, owner: type) -> list[str]: ...
+
+    def __get__(self, result: DispatchResult | None, owner: type) -> list[str] | _MadeOnUse:
+        if result is None:
+            return self
+        found = result.lists.get(self.name)
+        if found is None:
+            found = result.lists[self.name] = []
+        return found
+
+
 @dataclass
 class DispatchResult:
     """What a run did with a document's entries.
@@ -139,41 +161,19 @@ class DispatchResult:
     #: The other lists, by name, once made.
     lists: dict[str, list[str]] = field(default_factory=dict)
 
-    def _listed(self, name: str) -> list[str]:
-        found = self.lists.get(name)
-        if found is None:
-            found = self.lists[name] = []
-        return found
-
-    @property
-    def quarantined(self) -> list[str]:
-        return self._listed("quarantined")
-
-    @property
-    def held(self) -> list[str]:
-        """Entries left pending because the broker became unavailable."""
-        return self._listed("held")
-
-    @property
-    def dropped(self) -> list[str]:
-        """Cancelled scheduled entries trimmed without a publish."""
-        return self._listed("dropped")
-
-    @property
-    def raced(self) -> list[str]:
-        """Due scheduled entries left unreleased: their release lost a race with a commit."""
-        return self._listed("raced")
-
-    @property
-    def missing(self) -> list[str]:
-        """Claim-checked entries left pending: their payload is missing from the payload
-        store (or only in part); they, and the entries after them, are tried again later."""
-        return self._listed("missing")
-
-    @property
-    def orphaned(self) -> list[str]:
-        """Payloads of trimmed entries whose delete failed (the orphan sweep removes them)."""
-        return self._listed("orphaned")
+    #: Entries quarantined (dead-lettered) by the run.
+    quarantined = _MadeOnUse()
+    #: Entries left pending because the broker became unavailable.
+    held = _MadeOnUse()
+    #: Cancelled scheduled entries trimmed without a publish.
+    dropped = _MadeOnUse()
+    #: Due scheduled entries left unreleased: their release lost a race with a commit.
+    raced = _MadeOnUse()
+    #: Claim-checked entries left pending: their payload is missing from the payload
+    #: store (or only in part); they, and the entries after them, are tried again later.
+    missing = _MadeOnUse()
+    #: Payloads of trimmed entries whose delete failed (the orphan sweep removes them).
+    orphaned = _MadeOnUse()
 
     @property
     def unavailable(self) -> bool:
