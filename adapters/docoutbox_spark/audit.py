@@ -19,14 +19,14 @@ COSMOS_LIMIT = 2 * 1024 * 1024
 PERCENTILES = (0.5, 0.9, 0.99)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _micros(now: datetime) -> int:
     """``now`` in microseconds since the epoch (a naive ``now`` is local time, as Spark
     reads a naive Python datetime)."""
     aware = now if now.tzinfo is not None else now.astimezone()
-    return (aware - _EPOCH) // timedelta(microseconds=1)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+    return (aware - EPOCH) // timedelta(microseconds=1)
 
 
 def waiting_sql(now: datetime) -> str:

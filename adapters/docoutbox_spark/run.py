@@ -101,14 +101,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def _instant(micros: Any) -> str | None:
     """Microseconds since the epoch as an ISO 8601 UTC instant."""
     if micros is None:
         return None
-    return (_EPOCH + timedelta(microseconds=int(micros))).isoformat()
+    return (audit.EPOCH + timedelta(microseconds=int(micros))).isoformat()
 
 
 # --- the one result frame: (kind, sort, row) --------------------------------------------
