@@ -7,8 +7,10 @@ queued by then as a task of its own, in the order they were queued. Each reply i
 settled exactly once: with the task's result or error, or, if the caller stops waiting
 (:meth:`Reply.wait` timed out) or the loop stops first (:meth:`Handoff.fail_queued`),
 with ``BrokerUnavailable``; a call that cannot even start raises its error to its caller
-alone. A task whose caller stopped waiting is cancelled: the cancel is queued on the loop
-after the start, so a call that had not started yet is cancelled before its first step.
+alone. A task whose caller stopped waiting is cancelled: the cancel is queued on the
+loop after the start, so a call that had not started yet is cancelled before its first
+step. :meth:`Handoff.shut` ends the calls still running with ``BrokerUnavailable``
+(cancelled and awaited, never left pending on a stopped loop) and starts none after.
 The threaded dispatcher's workers hand their rounds over in bursts (an ack with
 ``multiple`` ends several rounds at once): one wake-up per burst, not per round, and no
 ``concurrent.futures`` future (a condition and a callback chain) per round.
@@ -25,6 +27,8 @@ from typing import Any
 from docoutbox.dispatch.drivers.latches import Latch
 from docoutbox.errors import BrokerUnavailable
 
+#: The error of a call that the publisher's closing ended or refused.
+CLOSED = "RabbitMQ publisher: closed during the call"
 #: A call: the coroutine to run on the loop.
 Work = Callable[[], Coroutine[Any, Any, Any]]
 
@@ -78,6 +82,9 @@ class Handoff:
         self._lock = threading.Lock()
         self._queue: list[tuple[Work, Reply]] = []
         self._scheduled = False
+        #: The calls started and not yet finished, and whether :meth:`shut` began (loop only).
+        self._running: dict[asyncio.Task[Any], Reply] = {}
+        self._shut = False
         #: Wake-ups of the loop so far (each a ``call_soon_threadsafe``).
         self.wakeups = 0
 
@@ -105,6 +112,22 @@ class Handoff:
                 self._cancel(reply)
             return reply.wait(0)
 
+    def shut(self, last: Work, timeout: float) -> Any:
+        """End every call still running with ``BrokerUnavailable`` (each is cancelled and
+        awaited), refuse every later one, then run ``last`` (closing what the calls used)
+        and return its result."""
+
+        async def shutting() -> Any:
+            self._shut = True
+            running = [task for task in self._running if task is not asyncio.current_task()]
+            for task in running:
+                self._running[task].settle(error=BrokerUnavailable(CLOSED))
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            return await last()
+
+        return self.call(shutting, timeout)
+
     def fail_queued(self, error: BrokerUnavailable) -> None:
         """Settle every call not yet started with ``error`` (the loop is stopping)."""
         with self._lock:
@@ -118,13 +141,20 @@ class Handoff:
             queued, self._queue = self._queue, []
             self._scheduled = False
         for work, reply in queued:
+            if self._shut:
+                reply.settle(error=BrokerUnavailable(CLOSED))
+                continue
             try:
                 task = self.loop.create_task(work())
             except Exception as exc:  # noqa: BLE001 - raised to its caller; the others start
                 reply.settle(error=exc)
                 continue
             reply.task = task
-            task.add_done_callback(reply.finished)
+            self._running[task] = reply
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._running.pop(task).finished(task)
 
     def _cancel(self, reply: Reply) -> None:
         def cancel() -> None:

@@ -21,7 +21,7 @@ from typing import Any, Self, TypeVar
 from docoutbox.errors import BrokerUnavailable
 from docoutbox.model import OutboxMessage
 from docoutbox_rabbitmq.aio import AsyncRabbitPublisher
-from docoutbox_rabbitmq.handoff import Handoff
+from docoutbox_rabbitmq.handoff import CLOSED, Handoff
 
 T = TypeVar("T")
 
@@ -77,7 +77,9 @@ class PipelinedRabbitPublisher:
         self._call(lambda target: target.check(declare_type=declare_type))
 
     def close(self) -> None:
-        """Close the connection and stop the loop thread."""
+        """Close the connection and stop the loop thread. Calls still in flight (rounds
+        awaiting their confirms) fail at once with ``BrokerUnavailable``: their entries
+        may or may not have reached the broker, and are published again."""
         with self._lock:
             thread, target, handoff = self._thread, self._target, self._handoff
             self._thread = self._target = self._handoff = None
@@ -85,11 +87,11 @@ class PipelinedRabbitPublisher:
             return
         loop = handoff.loop
         try:
-            handoff.call(target.close, target.timeout + MARGIN)
+            handoff.shut(target.close, target.timeout + MARGIN)
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
-            handoff.fail_queued(BrokerUnavailable("RabbitMQ publisher: closed during the call"))
+            handoff.fail_queued(BrokerUnavailable(CLOSED))
             loop.close()
 
     def __enter__(self) -> Self:
