@@ -90,12 +90,16 @@ class TrimPlan:
     ID), and the store's tag of that copy, if known. A store that removes entries by
     position (Cosmos DB) may aim its first attempt at those positions, guarded by the
     revision or by the IDs found there, and read only when the guard fails.
+
+    ``payloads`` is a hint for the dispatcher, not the store: some of the entries are
+    claim-checked, and their payloads are deleted once this trim commits.
     """
 
     aggregate_id: AggregateId
     entry_ids: tuple[str, ...]
     outbox: tuple[str | None, ...] | None = field(default=None, compare=False)
     revision: str | None = field(default=None, compare=False)
+    payloads: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -321,10 +325,12 @@ def plan_trim(
     entry_ids: Sequence[str],
     outbox: Sequence[str | None] | None = None,
     revision: str | None = None,
+    payloads: bool = False,
 ) -> TrimPlan:
-    """``outbox``, ``revision``: hints of where the entries are (see :class:`TrimPlan`)."""
+    """``outbox``, ``revision``: hints of where the entries are; ``payloads``: whether
+    payloads are deleted after it (see :class:`TrimPlan`)."""
     hint = None if outbox is None else tuple(outbox)
-    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint, revision)
+    return TrimPlan(aggregate_id, tuple(dict.fromkeys(entry_ids)), hint, revision, payloads)
 
 
 def _same_number(stored: Any, expected: int) -> bool:

@@ -2,7 +2,7 @@
 
 Orphans come from a handle that put its payloads and then did not commit (a crash, a
 conflict retried with other entries, a handler failing after a retry), from a
-dispatcher that crashed between a trim and the delete after it, from deferred trims,
+dispatcher that crashed between a trim and the delete after it, from a failed delete,
 and from published references (whose payloads consumers fetch within the grace).
 
 Rule: a payload is deleted only if it was put more than ``grace`` seconds ago **and**

@@ -54,8 +54,9 @@ The claim check, one mutation per rule (claim-checked schedules, a setting):
 - ``claim-unresolved``: the dispatcher publishes references instead of payloads;
 - ``claim-missing-dropped``: a missing payload makes its entry malformed, quarantined and
   trimmed, instead of pending (never drop an unresolved entry);
-- ``claim-delete-deferred``: a run whose trim was deferred deletes the payloads before
-  that trim is written (delete only after the trim commits);
+- ``claim-delete-deferred``: a trim that frees payloads is deferred like any other, and
+  the run deletes the payloads before that trim is written (delete only after the trim
+  commits: such a trim is written by its run);
 - ``claim-sweep-referenced``: the sweep deletes stale payloads whether or not a pending
   entry refers to them;
 - ``claim-sweep-young``: the sweep deletes unreferenced payloads of any age (the grace);
@@ -510,14 +511,16 @@ def claim_missing_dropped() -> Iterator[None]:
         yield
 
 
-class _NoOperation:
-    """Stands for :class:`DeletePayloads` in the engine's guard: no operation is one."""
-
-
 @contextmanager
 def claim_delete_deferred() -> Iterator[None]:
-    # The guard that leaves a deferred run's payloads to the sweep no longer sees them.
-    with mock.patch.object(loop, "DeletePayloads", _NoOperation):
+    # A trim that frees payloads no longer says so: it is deferred like any other, and
+    # the run deletes the payloads before that trim is written.
+    plan_trim = dispatch.plan_trim
+
+    def unmarked(*args: Any) -> TrimPlan:
+        return plan_trim(*args[:4])
+
+    with mock.patch.object(dispatch, "plan_trim", unmarked):
         yield
 
 

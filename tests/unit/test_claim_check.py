@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from docoutbox import AggregateStore, AsyncAggregateStore, Decision, Emit, StoreConfig
 from docoutbox.dispatch.drivers.operations import AsyncPorts, Ports
 from docoutbox.dispatch.drivers.ownership import SoleOwner
+from docoutbox.dispatch.engine.flow import DispatchPolicy
 from docoutbox.dispatch.engine.loop import DispatchEngine, DispatcherConfig
 from docoutbox.drive import drive
 from docoutbox.errors import InvalidConfig, InvalidInput, PayloadMissing, TransientStoreError
@@ -444,26 +445,10 @@ def _flow_of(doc: dict[str, Any], payloads: MemoryPayloads) -> tuple[list[Any], 
     return dispatch(backend, payloads)
 
 
-def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
-    """The run is retried after a backoff (RETRY), not taken for a broker outage
-    (UNAVAILABLE), which would pause every aggregate."""
-
-    class Flaky(MemoryPayloads):
-        missing = True
-        gets = 0
-
-        def get(self, payload_id: str) -> bytes:
-            self.gets += 1
-            if self.missing:
-                raise PayloadMissing("not there yet (a replica behind)")
-            return super().get(payload_id)
-
-    payloads = Flaky()
-    backend = MemoryBackend()
-    s = store(payloads, backend=backend)
-    s.handle("a", message(1), emit(BIG), create=True)
-    s.handle("a", message(2), emit(SMALL))
-    publisher = MemoryPublisher()
+def _engine(
+    backend: MemoryBackend, publisher: MemoryPublisher, payloads: MemoryPayloads, **options: Any
+) -> Callable[[], None]:
+    """A stream-following engine over ``backend``; what runs one step of it (5 ms later)."""
     ports = Ports(
         backend,
         publisher,
@@ -474,11 +459,7 @@ def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
     )
     now = [0.0]
     config = DispatcherConfig(
-        name="t",
-        sweep_interval=3600,
-        poll_interval=0.005,
-        checkpoint_interval=0,
-        backoff=Backoff(base=1.0, cap=1.0),  # 200 steps
+        name="t", sweep_interval=3600, poll_interval=0.005, checkpoint_interval=0, **options
     )
     engine = DispatchEngine(
         config,
@@ -503,6 +484,31 @@ def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
         for slot in engine.start_runs():
             engine.finish(slot, drive(engine.run(slot), perform))
 
+    return step
+
+
+def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
+    """The run is retried after a backoff (RETRY), not taken for a broker outage
+    (UNAVAILABLE), which would pause every aggregate."""
+
+    class Flaky(MemoryPayloads):
+        missing = True
+        gets = 0
+
+        def get(self, payload_id: str) -> bytes:
+            self.gets += 1
+            if self.missing:
+                raise PayloadMissing("not there yet (a replica behind)")
+            return super().get(payload_id)
+
+    payloads = Flaky()
+    backend = MemoryBackend()
+    s = store(payloads, backend=backend)
+    s.handle("a", message(1), emit(BIG), create=True)
+    s.handle("a", message(2), emit(SMALL))
+    publisher = MemoryPublisher()
+    step = _engine(backend, publisher, payloads, backoff=Backoff(base=1.0, cap=1.0))  # 200 steps
+
     while not payloads.gets:
         step()
     s.handle("b", message(3), emit(SMALL), create=True)
@@ -517,3 +523,28 @@ def test_a_missing_payload_retries_its_aggregate_and_pauses_no_other() -> None:
             break
     assert [m.payload for m in publisher.published] == [SMALL, BIG, SMALL]
     assert backend.docs["a"]["outbox"] == [] and payloads.items == {}
+
+
+@pytest.mark.parametrize("trim_every", [16, 1])
+def test_with_deferred_trims_a_run_trims_its_claimed_entries_itself_and_deletes_them(
+    trim_every: int,
+) -> None:
+    """Rule: a payload is deleted once its entry's trim committed. A deferred trim commits
+    later, so a run writes a trim that frees payloads itself, instead of leaving them to
+    the orphan sweep; its other trims, and those of other aggregates, stay deferred."""
+    payloads = MemoryPayloads()
+    backend = MemoryBackend()
+    s = store(payloads, backend=backend)
+    s.handle("a", message(1), emit(BIG), create=True)
+    s.handle("a", message(2), emit(SMALL))
+    s.handle("b", message(3), emit(SMALL), create=True)
+    publisher = MemoryPublisher()
+    policy = DispatchPolicy(trim_every=trim_every)
+    step = _engine(backend, publisher, payloads, trim_delay=60.0, policy=policy)
+    for _ in range(3):
+        step()
+    assert sorted(m.aggregate_id for m in publisher.published) == ["a", "a", "b"]
+    assert payloads.items == {}
+    # One trim of both, or the claimed entry's first and the other's deferred:
+    assert len(backend.docs["a"]["outbox"]) == (0 if trim_every > 1 else 1)
+    assert len(backend.docs["b"]["outbox"]) == 1  # its trim waits for the flush

@@ -298,7 +298,8 @@ def dispatch_document(
             blocked = True
         if len(removable) >= policy.trim_every:
             ids = stored_ids(doc) if ids is None else ids
-            plan = plan_trim(result.aggregate_id, removable, ids, revision)
+            frees = bool(claimed) and not claimed.keys().isdisjoint(removable)
+            plan = plan_trim(result.aggregate_id, removable, ids, revision, frees)
             done = bool((yield Write(plan)))
             applied = done and applied is not False
             if done and claimed:
@@ -306,7 +307,8 @@ def dispatch_document(
             ids, revision, removable = _without(ids, removable), None, []
     if removable:
         hint = stored_ids(doc) if ids is None else ids
-        plan = plan_trim(result.aggregate_id, removable, hint, revision)
+        frees = bool(claimed) and not claimed.keys().isdisjoint(removable)
+        plan = plan_trim(result.aggregate_id, removable, hint, revision, frees)
         done = bool((yield Write(plan)))
         applied = done and applied is not False
         if done and claimed:

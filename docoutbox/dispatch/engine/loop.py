@@ -1067,8 +1067,6 @@ class DispatchEngine:
         )
         send: Any = None
         error: Exception | None = None
-        #: Whether a trim of this run was deferred: it may not have committed yet.
-        deferred = False
         while True:
             try:
                 op = flow.send(send) if error is None else flow.throw(error)
@@ -1099,12 +1097,7 @@ class DispatchEngine:
                     op.attempts,
                     op.error,
                 )
-            elif isinstance(op, DeletePayloads) and deferred:
-                # Rule: never before the trim commits. A deferred trim is written later:
-                # its payloads are left to the orphan sweep (no entry refers to them).
-                continue
             elif self._deferred_trim(op, generation):
-                deferred = True
                 send = True  # written behind the publishes; this run goes on
             else:
                 try:
@@ -1119,10 +1112,13 @@ class DispatchEngine:
 
     def _deferred_trim(self, op: RunOp, generation: int) -> bool:
         """Whether the run's trim ``op`` was handed over to be written behind its publishes
-        (False: not a trim, deferral is off, or the bound is reached: the run writes it)."""
+        (False: not a trim, deferral is off, the trim frees payloads, or the bound is
+        reached: the run writes it)."""
         if self.deferred is None or not isinstance(op, Write):
             return False
-        if not isinstance(op.plan, TrimPlan):
+        if not isinstance(op.plan, TrimPlan) or op.plan.payloads:
+            # Rule: a payload is deleted only once its entry's trim committed, so the run
+            # writes a trim that frees payloads itself, and deletes them after it.
             return False
         completed = self.queue.completed(op.plan.aggregate_id)
         return self.deferred.add(op.plan, generation, completed, self._mono())
