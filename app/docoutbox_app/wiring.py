@@ -91,7 +91,7 @@ class DispatchOptions:
     due_interval: float = 0.5
     codec: Codec | None = None
     upcasters: Upcasters | None = None
-    trim_delay: float = 0.0
+    trim_delay: float = 0.002
     max_untrimmed: int = 2_000
     claim_check: bool = False
     publish_references: bool = False

@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from docoutbox.dispatch.engine.loop import DispatcherConfig
 from docoutbox.errors import InvalidConfig
 from docoutbox.ports.kit import BrokerSettings
 from docoutbox.stored import Codec, Zlib
-from docoutbox_app import cli
+from docoutbox_app import DispatchOptions, cli
 from docoutbox_app.cli import demo, main, spark
 from docoutbox_app.cli.options import stored_values
 from docoutbox_rabbitmq.broker import BROKER as RABBIT
@@ -82,6 +83,16 @@ def test_grace_nan_is_the_one_line_the_issue_quoted(capsys: pytest.CaptureFixtur
         "docoutbox dispatch: error: argument --grace: must be a finite number at least 0: "
         "nan (see docoutbox dispatch --help)\n"
     )
+
+
+def test_the_cli_the_options_and_the_engine_share_their_dispatch_defaults() -> None:
+    argv = ["dispatch", "--mongo-uri", "mongodb://127.0.0.1:1/", "--db", "d", "--collection", "c"]
+    argv += ["--publisher", "memory", "--discard-entries"]
+    from_cli = cli._options(cli._parser().parse_args(argv), "n").config()
+    from_options = DispatchOptions(name="n").config()
+    engine = DispatcherConfig(name="n")
+    for config in (from_cli, from_options, engine):
+        assert (config.trim_delay, config.max_untrimmed) == (0.002, 2_000)
 
 
 #: What ``--decode tests.unit.test_cli_arguments:CODEC`` names.

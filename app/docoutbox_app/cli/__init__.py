@@ -260,9 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--trim-delay",
         type=GRACE,
-        default=0.0,
-        help="write trims behind the publishes within this many seconds (0, the default: "
-        "each run trims)",
+        default=0.002,
+        help="write trims behind the publishes within this many seconds (default 0.002; "
+        "0: each run trims before it ends)",
     )
     d.add_argument(
         "--max-untrimmed",

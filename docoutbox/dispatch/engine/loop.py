@@ -143,10 +143,10 @@ class DispatcherConfig:
     due_interval: float = 0.5
     #: Trims off the publish path (:mod:`~docoutbox.dispatch.engine.deferred`): a run's
     #: trims are coalesced per aggregate and written behind its publishes, at the latest
-    #: this many seconds after the oldest is handed over (plus one round trip). 0 (the
-    #: default): each run writes its own trims before it ends. Deferral saves trim
-    #: requests on busy aggregates (Cosmos DB); after a crash it re-publishes more.
-    trim_delay: float = 0.0
+    #: this many seconds after the oldest is handed over (plus one round trip). 0: each
+    #: run writes its own trims before it ends. Longer delays save trim requests on busy
+    #: aggregates (Cosmos DB); after a crash, more entries are published again.
+    trim_delay: float = 0.002
     #: Published entries whose deferred trim is pending, at most: beyond it, a run writes
     #: its trim itself. A flush starts once half of it is pending.
     max_untrimmed: int = 2_000
